@@ -1,0 +1,3 @@
+"""disttrain: config-driven distributed PyTorch training."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,196 @@
+"""`disttrain <command>`: subcommands over one Hydra app. No heavy imports at module top (fast --help).
+
+    argv -> cli -> config (compose, check) -> run dir (frozen) -> launch -> worker per rank
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+USAGE = """\
+usage: disttrain <command> [flags] [key=value ...]
+
+Config-driven distributed PyTorch training: Hydra config groups, checked before launch, frozen
+into a run directory, ranks started by torchrun or mp.spawn.
+
+commands:
+  train    compose + check the config, freeze it into a run dir, launch the ranks, train.
+           Takes every @hydra.main flag: -m (multirun), --cfg job, --config-dir DIR, --help, ...
+  config   print the resolved config after the same checks (fast: no torch import)
+
+examples:
+  disttrain train                                   # MLP on digits, 2 CPU ranks, DDP over gloo
+  disttrain train strategy=single nproc_per_node=1 optim.lr=1e-2 trainer.max_epochs=3
+  disttrain train -m optim.lr=1e-3,1e-2             # two runs, each fully launched
+  disttrain train --config-dir ./configs experiment=paper
+  disttrain config data=synthetic model.hidden=[256,256]
+  torchrun --nproc-per-node 2 -m disttrain train    # runs as the ranks torchrun started
+
+`disttrain train --help` lists every config group and its options.
+"""
+
+
+def _hydra_args(rest: list[str]) -> Any:
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser().parse_args(rest)
+
+
+def _compose_checked(overrides: list[str], args: Any, runtime: bool) -> dict[str, Any]:
+    from disttrain.config import compose, resolve
+    from disttrain.config.validate import check_runtime, check_static
+
+    cfg = resolve(compose(overrides, args.config_dir, args.config_name or "config"), overrides)
+    check_static(cfg)
+    if runtime:
+        check_runtime(cfg)
+    return cfg
+
+
+def cmd_config(rest: list[str]) -> int:
+    """Print the resolved config (the same composition and static checks as `train`)."""
+    import yaml
+
+    args = _hydra_args(rest)
+    cfg = _compose_checked(args.overrides, args, runtime=False)
+    sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
+    return 0
+
+
+def cmd_train(rest: list[str]) -> int:
+    from disttrain.launch import launched_externally
+
+    args = _hydra_args(rest)
+    if launched_externally():
+        return _train_as_launched_rank(args)
+    informational = args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
+    if not informational:
+        # Check every job before Hydra creates a single run dir: nothing half-written on bad input.
+        from disttrain.config import expand_sweep
+
+        for job in expand_sweep(args.overrides) if args.multirun else [args.overrides]:
+            _compose_checked(job, args, runtime=True)
+    return _run_hydra_app(rest, args.config_name or "config")
+
+
+def _run_hydra_app(rest: list[str], config_name: str) -> int:
+    import hydra
+
+    from disttrain.config import config_dir
+    from disttrain.config.schema import register
+
+    register()
+    argv0 = sys.argv[0]
+    sys.argv = [argv0, *rest]
+    try:
+        hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")(_hydra_task)()
+    finally:
+        sys.argv = [argv0, "train", *rest]
+    return 0
+
+
+def _hydra_task(cfg: Any) -> dict[str, Any] | None:
+    """Runs once per job in the parent: freeze the resolved config, launch, summarise."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from disttrain.config import resolve
+
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir).resolve()
+    return _freeze_and_launch(resolve(cfg), run_dir, list(hc.overrides.task))
+
+
+def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
+    from disttrain.launch import LaunchError, launch
+    from disttrain.rundir import command_line, freeze
+
+    freeze(run_dir, cfg, overrides, command_line())
+    try:
+        launch(cfg, run_dir)
+    except LaunchError as exc:
+        sys.stderr.write(f"disttrain: {exc}\n")
+        raise SystemExit(1) from None
+    return _print_summary(run_dir)
+
+
+def _print_summary(run_dir: Path) -> dict[str, Any] | None:
+    import json
+
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return None
+    s = json.loads(path.read_text())
+    vals = " ".join(f"{k}={s[k]:.4f}" for k in sorted(s) if k.startswith("val/"))
+    sys.stdout.write(
+        f"done: {s['steps']} steps, {vals or 'no validation'}, {s['samples_per_s']:.0f} samples/s, "
+        f"{s['train_time_s']:.1f} s training | run dir: {run_dir}\n"
+    )
+    return dict(s)
+
+
+def _train_as_launched_rank(args: Any) -> int:
+    """Inside a rank torchrun/srun started: rank 0 freezes the run dir, every rank trains from it."""
+    import torch.distributed as dist
+
+    from disttrain import worker
+    from disttrain.config import compose
+    from disttrain.dist import DistEnv, init_process_group
+    from disttrain.rundir import command_line, freeze
+
+    cfg = _compose_checked(args.overrides, args, runtime=True)
+    env = DistEnv.from_env(cfg["backend"]["name"])
+    init_process_group(env, cfg["backend"]["timeout"])
+    box: list[Any] = [None]
+    if env.is_zero:
+        full = compose(args.overrides, args.config_dir, args.config_name or "config", with_hydra=True)
+        run_dir = Path(str(full.hydra.run.dir)).resolve()
+        freeze(run_dir, cfg, args.overrides, command_line())
+        box = [str(run_dir)]
+    dist.broadcast_object_list(box, src=0)
+    worker.run(box[0])
+    if env.is_zero:
+        _print_summary(Path(box[0]))
+    return 0
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {"train": cmd_train, "config": cmd_config}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        sys.stdout.write(USAGE)
+        return 0
+    if argv[0] == "--version":
+        from disttrain import __version__
+
+        sys.stdout.write(f"disttrain {__version__}\n")
+        return 0
+    command = COMMANDS.get(argv[0])
+    if command is None:
+        sys.stderr.write(
+            f"disttrain: unknown command {argv[0]!r}. Allowed: {', '.join(COMMANDS)}. "
+            "HINT: run `disttrain --help`.\n"
+        )
+        return 2
+    import os
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `_target_: mylab.nets.Net` from the user's working directory
+    from disttrain.config.errors import ConfigError
+
+    try:
+        return command(argv[1:])
+    except ConfigError as exc:
+        sys.stderr.write(f"disttrain: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("disttrain: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

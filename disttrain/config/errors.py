@@ -1,0 +1,108 @@
+"""User-facing config errors: one paragraph naming the key, the bad value, what is allowed, a hint."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A mistake in the user's config. The CLI prints it without a traceback and exits with 2."""
+
+    def __init__(self, key: str, value: Any, allowed: str, hint: str) -> None:
+        self.key, self.value, self.allowed, self.hint = key, value, allowed, hint
+        super().__init__(f"config error: {key}={_show(value)} is not valid. Allowed: {allowed}. HINT: {hint}")
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else repr(value) if isinstance(value, str) and value == "" else str(value)
+
+
+def one_of(values: Iterable[Any]) -> str:
+    return "one of " + ", ".join(str(v) for v in values)
+
+
+def _fields(object_type: Any) -> list[str]:
+    if object_type is not None and dataclasses.is_dataclass(object_type):
+        return [f.name for f in dataclasses.fields(object_type) if not f.name.startswith("_")]
+    return []
+
+
+def _override_value(key: str, overrides: list[str]) -> str:
+    for ov in overrides:
+        name, _, value = ov.lstrip("+~").partition("=")
+        if name == key:
+            return value
+    return "?"
+
+
+def translate(exc: BaseException, overrides: list[str]) -> ConfigError | None:
+    """Turn a Hydra/OmegaConf composition error into a ConfigError, or None if it is not one."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import MissingMandatoryValue
+
+    cause = exc.__cause__ or exc
+    text = f"{exc}\n{cause}"
+    full_key = getattr(cause, "full_key", None) or _search(r"full_key: (\S+)", text)
+
+    if isinstance(exc, MissingConfigException):
+        missing = _search(r"Could not find '([^']+)'", text) or "?"
+        group, _, option = missing.rpartition("/")
+        options = [o for o in (exc.options or []) if not o.startswith("base_")]
+        if group:
+            return ConfigError(
+                group,
+                option,
+                one_of(options) if options else "no options found",
+                f"pick one of the listed options, or add {missing}.yaml to your own folder "
+                "and pass it with --config-dir DIR.",
+            )
+        return ConfigError("config", missing, "a config file on the search path", "check --config-name.")
+    if isinstance(exc, OverrideParseException):
+        return ConfigError(
+            "override",
+            getattr(exc, "override", "?"),
+            "key=value, +new.key=value, ~key, or a sweep a,b with -m",
+            f"the override could not be parsed ({str(exc).splitlines()[0]}).",
+        )
+    unknown = _search(r"Key '([^']+)' not in '([^']+)'", text)
+    if unknown is not None and full_key:
+        parent = full_key.rpartition(".")[0] or "the top level"
+        allowed = _fields(getattr(cause, "object_type", None))
+        return ConfigError(
+            full_key,
+            _override_value(full_key, overrides),
+            f"the keys of {parent}: " + (", ".join(allowed) if allowed else "see `disttrain config`"),
+            f"check the spelling; to add a key the schema does not know, write +{full_key}=VALUE "
+            "(only for your own _target_ classes).",
+        )
+    converted = re.search(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", text)
+    if converted is not None and full_key:
+        return ConfigError(
+            full_key,
+            converted.group(1),
+            f"a value of type {converted.group(3).lower()}",
+            f"write {full_key}=<{converted.group(3).lower()}>; lists as [a,b], null for none.",
+        )
+    if isinstance(cause, MissingMandatoryValue) or "Missing mandatory value" in text:
+        return ConfigError(
+            full_key or "?",
+            "???",
+            "a value (this key has no default)",
+            f"set it on the command line: {full_key}=VALUE.",
+        )
+    if "Interpolation" in type(cause).__name__ or "interpolation" in text.lower():
+        return ConfigError(
+            full_key or "?",
+            "${...}",
+            "an interpolation that resolves",
+            f"the interpolation failed: {str(cause).splitlines()[0]}",
+        )
+    return None
+
+
+def _search(pattern: str, text: str) -> str | None:
+    m = re.search(pattern, text)
+    return m.group(1) if m else None

@@ -1,0 +1,146 @@
+"""Cross-field checks, run in the parent before any rank starts.
+
+`check_static` needs no torch (used by `disttrain config`); `check_runtime` looks at the machine
+(GPUs) and builds the data sets and the model on the meta device, so a wrong `_target_`, a data set
+too small for the world size, or nccl without a GPU fails in seconds, before a queue wait.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from disttrain.config.errors import ConfigError, one_of
+from disttrain.strategies import STRATEGIES
+
+BACKENDS = ("auto", "gloo", "nccl")
+LAUNCHERS = ("torchrun", "spawn")
+SCHEDULES = ("constant", "cosine")
+SCALE_LR = ("none", "linear")
+AMP = ("off",)
+TASKS = ("classification", "regression")
+COMM_HOOKS = (None, "fp16", "bf16")
+
+
+def world_size(cfg: dict[str, Any]) -> int:
+    return int(cfg["nodes"]) * int(cfg["nproc_per_node"])
+
+
+def _at_least(cfg: dict[str, Any], key: str, low: float, hint: str) -> None:
+    value = _get(cfg, key)
+    if value is None or value < low:
+        raise ConfigError(key, value, f"a number >= {low:g}", hint)
+
+
+def _choice(cfg: dict[str, Any], key: str, allowed: tuple[Any, ...], hint: str) -> None:
+    value = _get(cfg, key)
+    if value not in allowed:
+        raise ConfigError(key, value, one_of("null" if a is None else a for a in allowed), hint)
+
+
+def _get(cfg: dict[str, Any], key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def check_static(cfg: dict[str, Any]) -> None:
+    """Checks that need only the resolved config."""
+    _at_least(cfg, "nodes", 1, "use nodes=1 for a single machine.")
+    _at_least(cfg, "nproc_per_node", 1, "one rank per GPU; on CPU 2 is a good start.")
+    nodes = cfg["nodes"]
+    if not 0 <= cfg["node_rank"] < nodes:
+        raise ConfigError("node_rank", cfg["node_rank"], f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0.")
+    if nodes > 1 and cfg["master_addr"] in ("127.0.0.1", "localhost"):
+        raise ConfigError(
+            "master_addr", cfg["master_addr"], "the address of node 0 reachable from every node",
+            f"with nodes={nodes}, set master_addr=HOST on every node.",
+        )
+    _choice(cfg, "backend.name", BACKENDS, "auto picks nccl when CUDA GPUs are present, else gloo.")
+    _at_least(cfg, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
+    _choice(cfg, "strategy.name", tuple(STRATEGIES), "choose the strategy group option: strategy=ddp.")
+    ws = world_size(cfg)
+    if cfg["strategy"]["name"] == "single" and ws != 1:
+        raise ConfigError(
+            "strategy", "single", f"world size 1 (nodes x nproc_per_node is {nodes} x {cfg['nproc_per_node']})",
+            "use nproc_per_node=1 with strategy=single, or strategy=ddp for several ranks.",
+        )
+    if cfg["strategy"]["name"] == "ddp":
+        _choice(cfg, "strategy.comm_hook", COMM_HOOKS, "null sends fp32 gradients; fp16/bf16 halve the bytes.")
+        _at_least(cfg, "strategy.bucket_cap_mb", 0.001, "the default 25 MiB suits most models.")
+    _choice(cfg, "launcher.name", LAUNCHERS, "torchrun is the default; spawn uses torch.multiprocessing.")
+    if cfg["launcher"]["name"] == "spawn" and nodes > 1:
+        raise ConfigError("launcher", "spawn", "nodes=1", "use launcher=torchrun for several nodes.")
+    _at_least(cfg, "launcher.max_restarts", 0, "0 fails the run on the first rank failure.")
+    _choice(cfg, "amp.name", AMP, "amp=off trains in float32.")
+    _check_trainer(cfg)
+    _check_optim(cfg)
+    _choice(cfg, "data.task", TASKS, "classification uses cross-entropy and accuracy; regression MSE.")
+    threads = cfg.get("threads_per_rank")
+    if threads is not None and threads < 1:
+        raise ConfigError("threads_per_rank", threads, "null (cores / local ranks) or >= 1", "leave it null.")
+
+
+def _check_trainer(cfg: dict[str, Any]) -> None:
+    t = cfg["trainer"]
+    _at_least(cfg, "trainer.batch_size", 1, "the per-rank batch; global = batch_size x world x grad_accum.")
+    _at_least(cfg, "trainer.grad_accum", 1, "1 means no accumulation.")
+    _at_least(cfg, "trainer.log_every", 1, "log every N optimizer steps.")
+    _at_least(cfg, "trainer.val_every", 0, "0 validates at the end of each epoch.")
+    _at_least(cfg, "trainer.ckpt_every", 0, "0 saves only the final checkpoint.")
+    if t["max_steps"] == 0 or t["max_steps"] < -1:
+        raise ConfigError("trainer.max_steps", t["max_steps"], "-1 (use max_epochs) or >= 1", "e.g. 1000.")
+    if t["max_steps"] == -1:
+        _at_least(cfg, "trainer.max_epochs", 1, "train at least one epoch, or set trainer.max_steps.")
+    clip = t["clip_grad_norm"]
+    if clip is not None and clip <= 0:
+        raise ConfigError("trainer.clip_grad_norm", clip, "null (no clipping) or > 0", "1.0 is a common value.")
+
+
+def _check_optim(cfg: dict[str, Any]) -> None:
+    if cfg["optim"]["lr"] <= 0:
+        raise ConfigError("optim.lr", cfg["optim"]["lr"], "a number > 0", "e.g. optim.lr=3e-4.")
+    _choice(cfg, "optim.scale_lr", SCALE_LR, "linear multiplies lr by the world size.")
+    _choice(cfg, "sched.name", SCHEDULES, "cosine decays to min_lr_ratio x lr after warm-up.")
+    _at_least(cfg, "sched.warmup_steps", 0, "0 disables warm-up.")
+    ratio = cfg["sched"].get("min_lr_ratio", 0.0)
+    if not 0.0 <= ratio <= 1.0:
+        raise ConfigError("sched.min_lr_ratio", ratio, "0..1", "0 decays to zero; 0.1 keeps 10% of lr.")
+
+
+def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
+    """Checks that look at the machine and build data and model; returns data set sizes."""
+    import torch
+
+    from disttrain.data import build_datasets
+    from disttrain.models import build_model
+
+    backend = cfg["backend"]["name"]
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "nccl" and gpus == 0:
+        raise ConfigError(
+            "backend", "nccl", "auto or gloo on this machine (torch.cuda.is_available() is False, "
+            f"torch {torch.__version__})", "nccl needs CUDA GPUs; use backend=gloo or backend=auto.",
+        )
+    if backend == "nccl" and cfg["nproc_per_node"] > gpus:
+        raise ConfigError(
+            "nproc_per_node", cfg["nproc_per_node"], f"<= {gpus} (GPUs on this node) with nccl",
+            f"set nproc_per_node={gpus}, one rank per GPU.",
+        )
+    train, val = build_datasets(cfg["data"])
+    per_step = world_size(cfg) * cfg["trainer"]["batch_size"] * cfg["trainer"]["grad_accum"]
+    if len(train) < per_step:  # type: ignore[arg-type]
+        raise ConfigError(
+            "trainer.batch_size", cfg["trainer"]["batch_size"],
+            f"<= {len(train) // (world_size(cfg) * cfg['trainer']['grad_accum'])} for "  # type: ignore[arg-type]
+            f"{len(train)} training samples",  # type: ignore[arg-type]
+            f"one optimizer step takes world size {world_size(cfg)} x batch_size "
+            f"{cfg['trainer']['batch_size']} x grad_accum {cfg['trainer']['grad_accum']} = {per_step} samples; "
+            "lower trainer.batch_size or use fewer ranks.",
+        )
+    with torch.device("meta"):
+        build_model(cfg["model"])
+    sizes = {"train": len(train)}  # type: ignore[arg-type]
+    if val is not None:
+        sizes["val"] = len(val)  # type: ignore[arg-type]
+    return sizes

@@ -1,0 +1,74 @@
+"""Where this rank stands: rank, local rank, world size, device, backend. No process group here."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def choose_backend(name: str) -> str:
+    """`auto` is nccl when CUDA GPUs are present, else gloo."""
+    if name == "auto":
+        return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    return name
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    backend: str
+    device: torch.device
+
+    @property
+    def is_zero(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls, backend: str) -> DistEnv:
+        """Read torchrun's variables (spawn sets the same ones)."""
+        rank = int(os.environ.get("RANK", 0))
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        world = int(os.environ.get("WORLD_SIZE", 1))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        backend = choose_backend(backend)
+        if backend == "nccl":
+            if not torch.cuda.is_available():
+                raise RuntimeError("backend nccl needs CUDA GPUs, but torch.cuda.is_available() is False")
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        return cls(rank, local_rank, world, local_world, backend, device)
+
+
+def init_process_group(env: DistEnv, timeout_s: float) -> None:
+    """Join the group described by MASTER_ADDR/MASTER_PORT (env://), unless already joined."""
+    if dist.is_initialized():
+        return
+    kwargs: dict[str, object] = {"device_id": env.device} if env.backend == "nccl" else {}
+    if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
+        kwargs["store"] = dist.HashStore()  # one process: no rendezvous, no port
+    dist.init_process_group(
+        backend=env.backend,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timedelta(seconds=timeout_s),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def hostname() -> str:
+    return socket.gethostname()

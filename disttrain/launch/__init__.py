@@ -1,0 +1,55 @@
+"""Launch: the one place that chooses how ranks start — in this process, torchrun, or spawn.
+
+Every path calls the same `disttrain.worker.run(run_dir)`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from disttrain.launch.environ import patched_environ
+from disttrain.launch.errors import LaunchError
+
+__all__ = ["LaunchError", "launch", "launched_externally"]
+
+
+def launched_externally() -> bool:
+    """True inside a rank someone else started (`torchrun -m disttrain train ...`, `srun ...`)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def threads_per_rank(cfg: dict[str, Any]) -> int:
+    return cfg.get("threads_per_rank") or max(1, len(os.sched_getaffinity(0)) // cfg["nproc_per_node"])
+
+
+def rank_environment(cfg: dict[str, Any]) -> Any:
+    """Variables every rank inherits; restored afterwards (multirun launches again)."""
+    path = os.environ.get("PYTHONPATH", "")
+    return patched_environ(
+        {
+            "OMP_NUM_THREADS": str(threads_per_rank(cfg)),
+            "DISTTRAIN_LAUNCH_TIME": repr(time.time()),
+            "PYTHONPATH": os.getcwd() + (os.pathsep + path if path else ""),  # the user's modules, every rank
+        }
+    )
+
+
+def launch(cfg: dict[str, Any], run_dir: Path) -> None:
+    """Start the ranks for `cfg` and wait for them; raise LaunchError naming the first failure."""
+    world = cfg["nodes"] * cfg["nproc_per_node"]
+    with rank_environment(cfg):
+        if world == 1 and cfg["launcher"].get("max_restarts", 0) == 0:
+            from disttrain import worker
+
+            worker.run(run_dir)  # fairseq's call_main: one rank needs no child process
+        elif cfg["launcher"]["name"] == "spawn":
+            from disttrain.launch.spawn import launch_spawn
+
+            launch_spawn(cfg, run_dir)
+        else:
+            from disttrain.launch.torchrun import launch_torchrun
+
+            launch_torchrun(cfg, run_dir)

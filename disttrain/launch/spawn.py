@@ -1,0 +1,43 @@
+"""torch.multiprocessing.spawn on one node; the parent hosts the rendezvous store (no port race)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from disttrain.launch.environ import patched_environ
+from disttrain.launch.errors import LaunchError, last_error_line
+
+
+def _rank_main(local_rank: int, run_dir: str, nproc: int) -> None:
+    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank))
+    from disttrain import worker
+
+    worker.run(run_dir)
+
+
+def launch_spawn(cfg: dict[str, Any], run_dir: Path) -> None:
+    import torch.multiprocessing as mp
+    from torch.distributed import TCPStore
+
+    nproc = cfg["nproc_per_node"]
+    store = TCPStore("127.0.0.1", 0, world_size=nproc, is_master=True, wait_for_workers=False)
+    updates = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(store.port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",  # every rank is a client of the parent's store
+        "WORLD_SIZE": str(nproc),
+        "LOCAL_WORLD_SIZE": str(nproc),
+    }
+    try:
+        with patched_environ(updates):
+            mp.start_processes(
+                _rank_main, args=(str(run_dir), nproc), nprocs=nproc, join=True, start_method="spawn"
+            )
+    except mp.ProcessRaisedException as exc:
+        raise LaunchError(exc.error_index, last_error_line(str(exc)), run_dir) from None
+    except mp.ProcessExitedException as exc:
+        raise LaunchError(exc.error_index, f"exit code {exc.exit_code}", run_dir) from None
+    finally:
+        del store

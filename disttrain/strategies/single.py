@@ -1,0 +1,9 @@
+"""One process, one device: the reference every other strategy is checked against."""
+
+from __future__ import annotations
+
+from disttrain.strategies.base import Strategy
+
+
+class SingleStrategy(Strategy):
+    name = "single"

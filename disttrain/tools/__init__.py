@@ -1,0 +1,1 @@
+"""Tools around training: environment report and friends."""
