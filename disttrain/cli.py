@@ -1,6 +1,6 @@
 """`disttrain <command>`: subcommands over one Hydra app. No heavy imports at module top (fast --help).
 
-    argv -> cli -> config (compose, check) -> run dir (frozen) -> launch -> worker per rank
+argv -> cli -> config (compose, check) -> run dir (frozen) -> launch -> worker per rank
 """
 
 from __future__ import annotations

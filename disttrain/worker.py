@@ -6,7 +6,6 @@ config.yaml was resolved once by the parent; a rank never re-composes or re-reso
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
@@ -48,7 +47,11 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
         if env.is_zero:
             log.info(
                 "rank 0 of %d | backend %s | strategy %s | %d threads per rank | run dir %s",
-                env.world_size, env.backend, cfg["strategy"]["name"], threads, run_dir,
+                env.world_size,
+                env.backend,
+                cfg["strategy"]["name"],
+                threads,
+                run_dir,
             )
         report_env(run_dir, env, threads)
         summary = train(cfg, env, run_dir)
@@ -74,8 +77,17 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
     metrics = make_metrics(run_dir, env.is_zero)
     try:
         engine = Engine(
-            cfg["trainer"], env, strategy, model, optimizer, scheduler, build_task(cfg["data"]["task"]),
-            train_loader, val_loader, metrics, run_dir,
+            cfg["trainer"],
+            env,
+            strategy,
+            model,
+            optimizer,
+            scheduler,
+            build_task(cfg["data"]["task"]),
+            train_loader,
+            val_loader,
+            metrics,
+            run_dir,
         )
         summary = engine.fit()
     finally:
@@ -110,8 +122,12 @@ def make_loaders(
     common: dict[str, Any] = {"num_workers": data["num_workers"], "pin_memory": data["pin_memory"]}
     if data["num_workers"] > 0:
         common["persistent_workers"] = True
-    sampler = DistributedSampler(
-        train_set, num_replicas=env.world_size, rank=env.rank, shuffle=data["shuffle"], seed=cfg["seed"],
+    sampler: DistributedSampler = DistributedSampler(
+        train_set,
+        num_replicas=env.world_size,
+        rank=env.rank,
+        shuffle=data["shuffle"],
+        seed=cfg["seed"],
         drop_last=True,
     )
     train = DataLoader(train_set, batch_size=batch, sampler=sampler, drop_last=data["drop_last"], **common)
@@ -143,8 +159,13 @@ def report_env(run_dir: Path, env: DistEnv, threads: int) -> None:
     if env.is_zero:
         report = collect_env()
         report.update(
-            backend=env.backend, world_size=env.world_size, local_world_size=env.local_world_size,
-            threads_per_rank=threads, hosts=hosts, device=str(env.device), started=time.time(),
+            backend=env.backend,
+            world_size=env.world_size,
+            local_world_size=env.local_world_size,
+            threads_per_rank=threads,
+            hosts=hosts,
+            device=str(env.device),
+            started=time.time(),
         )
         write_json(run_dir / "env.json", report)
 

@@ -35,7 +35,10 @@ def _search_path_override(user_dir: str | None) -> list[str]:
     path = Path(user_dir).resolve()
     if not path.is_dir():
         raise ConfigError(
-            "--config-dir", user_dir, "an existing folder", "create it, or check the path (relative to the cwd)."
+            "--config-dir",
+            user_dir,
+            "an existing folder",
+            "create it, or check the path (relative to the cwd).",
         )
     return [f"hydra.searchpath=[file://{path}]"]
 

@@ -25,7 +25,9 @@ def locate(target: Any, key: str) -> Any:
         return _locate(target)
     except Exception as exc:
         raise ConfigError(
-            key, target, "an importable class or function",
+            key,
+            target,
+            "an importable class or function",
             f"check the spelling; your own package must be importable from the current directory "
             f"(it is put on sys.path in the parent and every rank). Import said: {str(exc).splitlines()[0]}",
         ) from None
@@ -48,18 +50,33 @@ def build(spec: Any, key: str, **extra: Any) -> Any:
         dropped = sorted(k for k in params if k not in sig.parameters)
         if dropped:
             log.warning(
-                "%s: %s does not accept %s; ignoring %s", key, spec["_target_"], ", ".join(dropped),
+                "%s: %s does not accept %s; ignoring %s",
+                key,
+                spec["_target_"],
+                ", ".join(dropped),
                 ", ".join(f"{key}.{k}" for k in dropped),
             )
         params = {k: v for k, v in params.items() if k in sig.parameters}
-        required = [] if spec.get("_partial_") else [
-            n for n, p in sig.parameters.items()
-            if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in params
-        ]
+        required = (
+            []
+            if spec.get("_partial_")
+            else [
+                n
+                for n, p in sig.parameters.items()
+                if p.default is p.empty
+                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                and n not in params
+            ]
+        )
         if required:
             raise ConfigError(
-                f"{key}.{required[0]}", "(missing)", f"a value for every required argument of {spec['_target_']}",
+                f"{key}.{required[0]}",
+                "(missing)",
+                f"a value for every required argument of {spec['_target_']}",
                 " ".join(f"+{key}.{n}=VALUE" for n in required) + " on the command line.",
             )
-    node = {"_target_": spec["_target_"], **{k: v for k, v in spec.items() if k.startswith("_") and k != "_target_"}}
+    node = {
+        "_target_": spec["_target_"],
+        **{k: v for k, v in spec.items() if k.startswith("_") and k != "_target_"},
+    }
     return instantiate({**node, **params}, _convert_="all")

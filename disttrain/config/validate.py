@@ -50,10 +50,14 @@ def check_static(cfg: dict[str, Any]) -> None:
     _at_least(cfg, "nproc_per_node", 1, "one rank per GPU; on CPU 2 is a good start.")
     nodes = cfg["nodes"]
     if not 0 <= cfg["node_rank"] < nodes:
-        raise ConfigError("node_rank", cfg["node_rank"], f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0.")
+        raise ConfigError(
+            "node_rank", cfg["node_rank"], f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0."
+        )
     if nodes > 1 and cfg["master_addr"] in ("127.0.0.1", "localhost"):
         raise ConfigError(
-            "master_addr", cfg["master_addr"], "the address of node 0 reachable from every node",
+            "master_addr",
+            cfg["master_addr"],
+            "the address of node 0 reachable from every node",
             f"with nodes={nodes}, set master_addr=HOST on every node.",
         )
     _choice(cfg, "backend.name", BACKENDS, "auto picks nccl when CUDA GPUs are present, else gloo.")
@@ -62,11 +66,15 @@ def check_static(cfg: dict[str, Any]) -> None:
     ws = world_size(cfg)
     if cfg["strategy"]["name"] == "single" and ws != 1:
         raise ConfigError(
-            "strategy", "single", f"world size 1 (nodes x nproc_per_node is {nodes} x {cfg['nproc_per_node']})",
+            "strategy",
+            "single",
+            f"world size 1 (nodes x nproc_per_node is {nodes} x {cfg['nproc_per_node']})",
             "use nproc_per_node=1 with strategy=single, or strategy=ddp for several ranks.",
         )
     if cfg["strategy"]["name"] == "ddp":
-        _choice(cfg, "strategy.comm_hook", COMM_HOOKS, "null sends fp32 gradients; fp16/bf16 halve the bytes.")
+        _choice(
+            cfg, "strategy.comm_hook", COMM_HOOKS, "null sends fp32 gradients; fp16/bf16 halve the bytes."
+        )
         _at_least(cfg, "strategy.bucket_cap_mb", 0.001, "the default 25 MiB suits most models.")
     _choice(cfg, "launcher.name", LAUNCHERS, "torchrun is the default; spawn uses torch.multiprocessing.")
     if cfg["launcher"]["name"] == "spawn" and nodes > 1:
@@ -94,7 +102,9 @@ def _check_trainer(cfg: dict[str, Any]) -> None:
         _at_least(cfg, "trainer.max_epochs", 1, "train at least one epoch, or set trainer.max_steps.")
     clip = t["clip_grad_norm"]
     if clip is not None and clip <= 0:
-        raise ConfigError("trainer.clip_grad_norm", clip, "null (no clipping) or > 0", "1.0 is a common value.")
+        raise ConfigError(
+            "trainer.clip_grad_norm", clip, "null (no clipping) or > 0", "1.0 is a common value."
+        )
 
 
 def _check_optim(cfg: dict[str, Any]) -> None:
@@ -119,28 +129,33 @@ def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "nccl" and gpus == 0:
         raise ConfigError(
-            "backend", "nccl", "auto or gloo on this machine (torch.cuda.is_available() is False, "
-            f"torch {torch.__version__})", "nccl needs CUDA GPUs; use backend=gloo or backend=auto.",
+            "backend",
+            "nccl",
+            f"auto or gloo on this machine (torch.cuda.is_available() is False, torch {torch.__version__})",
+            "nccl needs CUDA GPUs; use backend=gloo or backend=auto.",
         )
     if backend == "nccl" and cfg["nproc_per_node"] > gpus:
         raise ConfigError(
-            "nproc_per_node", cfg["nproc_per_node"], f"<= {gpus} (GPUs on this node) with nccl",
+            "nproc_per_node",
+            cfg["nproc_per_node"],
+            f"<= {gpus} (GPUs on this node) with nccl",
             f"set nproc_per_node={gpus}, one rank per GPU.",
         )
     train, val = build_datasets(cfg["data"])
     per_step = world_size(cfg) * cfg["trainer"]["batch_size"] * cfg["trainer"]["grad_accum"]
-    if len(train) < per_step:  # type: ignore[arg-type]
+    if len(train) < per_step:
         raise ConfigError(
-            "trainer.batch_size", cfg["trainer"]["batch_size"],
-            f"<= {len(train) // (world_size(cfg) * cfg['trainer']['grad_accum'])} for "  # type: ignore[arg-type]
-            f"{len(train)} training samples",  # type: ignore[arg-type]
+            "trainer.batch_size",
+            cfg["trainer"]["batch_size"],
+            f"<= {len(train) // (world_size(cfg) * cfg['trainer']['grad_accum'])} for "
+            f"{len(train)} training samples",
             f"one optimizer step takes world size {world_size(cfg)} x batch_size "
             f"{cfg['trainer']['batch_size']} x grad_accum {cfg['trainer']['grad_accum']} = {per_step} samples; "
             "lower trainer.batch_size or use fewer ranks.",
         )
     with torch.device("meta"):
         build_model(cfg["model"])
-    sizes = {"train": len(train)}  # type: ignore[arg-type]
+    sizes = {"train": len(train)}
     if val is not None:
-        sizes["val"] = len(val)  # type: ignore[arg-type]
+        sizes["val"] = len(val)
     return sizes

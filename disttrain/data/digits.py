@@ -22,6 +22,6 @@ def load_digits(split: str = "train", val_fraction: float = 0.2, seed: int = 0) 
         x = torch.from_numpy(f["images"].astype(np.float32) / 16.0)
         y = torch.from_numpy(f["labels"].astype(np.int64))
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
-    n_val = int(round(len(y) * val_fraction))
+    n_val = round(len(y) * val_fraction)
     idx = {"val": order[:n_val], "train": order[n_val:], "all": order}[split]
     return TensorDataset(x[idx], y[idx])

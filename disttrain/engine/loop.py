@@ -58,7 +58,12 @@ class Engine:
     ) -> None:
         self.t, self.env, self.strategy = trainer, env, strategy
         self.model, self.optimizer, self.scheduler, self.task = model, optimizer, scheduler, task
-        self.train_loader, self.val_loader, self.metrics, self.run_dir = train_loader, val_loader, metrics, run_dir
+        self.train_loader, self.val_loader, self.metrics, self.run_dir = (
+            train_loader,
+            val_loader,
+            metrics,
+            run_dir,
+        )
         self.accum = int(trainer["grad_accum"])
         self.steps_per_epoch = len(train_loader) // self.accum
         if self.steps_per_epoch < 1:
@@ -149,9 +154,9 @@ class Engine:
             yield [next(batches) for _ in range(self.accum)]
 
     def _set_epoch(self, epoch: int) -> None:
-        sampler = getattr(self.train_loader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
+        set_epoch = getattr(self.train_loader.sampler, "set_epoch", None)
+        if set_epoch is not None:
+            set_epoch(epoch)
 
     def _new_window(self) -> Window:
         return Window(loss_sum=torch.zeros((), device=self.env.device))

@@ -27,7 +27,9 @@ def build_optimizer(
     spec = {k: v for k, v in optim_cfg.items() if k != "scale_lr"}
     spec["lr"] = effective_lr(optim_cfg, world_size)
     if spec["lr"] != optim_cfg["lr"]:
-        log.info("optim.scale_lr=linear: lr %.3g x world size %d = %.3g", optim_cfg["lr"], world_size, spec["lr"])
+        log.info(
+            "optim.scale_lr=linear: lr %.3g x world size %d = %.3g", optim_cfg["lr"], world_size, spec["lr"]
+        )
     factory = build(spec, "optim")
     optimizer: torch.optim.Optimizer = factory(params)
     return optimizer
@@ -50,5 +52,7 @@ def lr_lambda(sched_cfg: dict[str, Any], total_steps: int) -> Any:
     return factor
 
 
-def build_scheduler(sched_cfg: dict[str, Any], optimizer: torch.optim.Optimizer, total_steps: int) -> LambdaLR:
+def build_scheduler(
+    sched_cfg: dict[str, Any], optimizer: torch.optim.Optimizer, total_steps: int
+) -> LambdaLR:
     return LambdaLR(optimizer, lr_lambda(sched_cfg, total_steps))

@@ -15,7 +15,11 @@ def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
     from torch.distributed.launcher.api import LaunchConfig
 
     single = cfg["nodes"] == 1
-    endpoint = "127.0.0.1:0" if single and not cfg["master_port"] else f"{cfg['master_addr']}:{cfg['master_port'] or 29500}"
+    endpoint = (
+        "127.0.0.1:0"
+        if single and not cfg["master_port"]
+        else f"{cfg['master_addr']}:{cfg['master_port'] or 29500}"
+    )
     launcher = cfg["launcher"]
     return LaunchConfig(
         min_nodes=cfg["nodes"],

@@ -24,10 +24,17 @@ def collect_env() -> dict[str, Any]:
     import torch.distributed as dist
 
     cuda = torch.cuda.is_available()
-    gpus = [
-        {"name": torch.cuda.get_device_name(i), "memory_gb": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
-        for i in range(torch.cuda.device_count())
-    ] if cuda else []
+    gpus = (
+        [
+            {
+                "name": torch.cuda.get_device_name(i),
+                "memory_gb": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
+            }
+            for i in range(torch.cuda.device_count())
+        ]
+        if cuda
+        else []
+    )
     nccl = None
     if cuda and dist.is_nccl_available():
         nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
@@ -41,7 +48,13 @@ def collect_env() -> dict[str, Any]:
         "cudnn": torch.backends.cudnn.version() if cuda else None,
         "nccl": nccl,
         "gpus": gpus,
-        "backends": {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(), "mpi": dist.is_mpi_available()},
-        "packages": {p: _version(p) for p in ("disttrain", "hydra-core", "omegaconf", "numpy", "rich", "tensorboard")},
+        "backends": {
+            "gloo": dist.is_gloo_available(),
+            "nccl": dist.is_nccl_available(),
+            "mpi": dist.is_mpi_available(),
+        },
+        "packages": {
+            p: _version(p) for p in ("disttrain", "hydra-core", "omegaconf", "numpy", "rich", "tensorboard")
+        },
         "variables": {k: v for k, v in sorted(os.environ.items()) if k.startswith(PREFIXES) or k in EXACT},
     }
