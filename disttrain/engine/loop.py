@@ -115,9 +115,7 @@ class Engine:
         for i, (x, y) in enumerate(micro_batches):
             x, y = x.to(self.env.device, non_blocking=True), y.to(self.env.device, non_blocking=True)
             with self.strategy.no_backward_sync(self.model, enabled=i < n - 1):
-                loss = self.task.loss(self.model(x), y) / n
-                self.strategy.backward(loss)
-            total += loss.detach()
+                total += self.strategy.forward_backward(self.model, x, y, self.task.loss, scale=1.0 / n)
         grad_norm = self.strategy.clip_grad_norm(self.model, self.t["clip_grad_norm"])
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -135,10 +133,7 @@ class Engine:
         sums = torch.zeros(3, dtype=torch.float64, device=self.env.device)  # loss*n, metric numerator, n
         for x, y in self.val_loader:
             x, y = x.to(self.env.device), y.to(self.env.device)
-            out = self.model(x)
-            sums[0] += self.task.loss(out, y).to(torch.float64) * len(y)
-            sums[1] += self.task.correct(out, y)
-            sums[2] += len(y)
+            sums += self.strategy.eval_step(self.model, x, y, self.task)
         sums = self.strategy.all_reduce(sums, op="sum")
         count = max(sums[2].item(), 1.0)
         values = {"val/loss": sums[0].item() / count, f"val/{self.task.metric}": sums[1].item() / count}

@@ -5,6 +5,7 @@ Modelled on Lightning Fabric's Strategy: the engine never asks `isinstance(model
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
@@ -13,6 +14,8 @@ import torch.distributed as dist
 from torch import nn
 
 from disttrain.dist import DistEnv
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Strategy:
@@ -39,8 +42,27 @@ class Strategy:
         """Skip the gradient all-reduce inside this context (non-final accumulation micro-steps)."""
         return nullcontext()
 
+    def forward_backward(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn, scale: float
+    ) -> torch.Tensor:
+        """Forward, loss x `scale` (1/grad_accum), backward; returns the detached scaled loss.
+
+        Strategies that split the model across ranks (pipeline) override this as a whole.
+        """
+        loss = loss_fn(model(x), y) * scale
+        self.backward(loss)
+        return loss.detach()
+
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
+
+    def eval_step(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: Any) -> torch.Tensor:
+        """[loss x n, metric numerator, n] for one validation batch (float64, on the device)."""
+        out = model(x)
+        loss = task.loss(out, y).to(torch.float64) * len(y)
+        return torch.stack(
+            [loss, task.correct(out, y), torch.tensor(float(len(y)), dtype=torch.float64, device=out.device)]
+        )
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float | None) -> torch.Tensor:
         """Clip to `max_norm` (None: only measure) and return the total norm before clipping."""
