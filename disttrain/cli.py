@@ -66,13 +66,12 @@ def cmd_train(rest: list[str]) -> int:
     args = _hydra_args(rest)
     if launched_externally():
         return _train_as_launched_rank(args)
-    informational = args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
-    if not informational:
+    if not (args.help or args.hydra_help or args.info or args.shell_completion):
         # Check every job before Hydra creates a single run dir: nothing half-written on bad input.
         from disttrain.config import expand_sweep
 
         for job in expand_sweep(args.overrides) if args.multirun else [args.overrides]:
-            _compose_checked(job, args, runtime=True)
+            _compose_checked(job, args, runtime=not args.cfg)
     return _run_hydra_app(rest, args.config_name or "config")
 
 
