@@ -41,14 +41,16 @@ def _override_value(key: str, overrides: list[str]) -> str:
 def translate(exc: BaseException, overrides: list[str]) -> ConfigError | None:
     """Turn a Hydra/OmegaConf composition error into a ConfigError, or None if it is not one."""
     from hydra.errors import MissingConfigException, OverrideParseException
-    from omegaconf.errors import MissingMandatoryValue
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
     cause = exc.__cause__ or exc
     text = f"{exc}\n{cause}"
     full_key = getattr(cause, "full_key", None) or _search(r"full_key: (\S+)", text)
 
     if isinstance(exc, MissingConfigException):
-        missing = _search(r"Could not find '([^']+)'", text) or "?"
+        missing = (
+            _search(r"Could not find '([^']+)'", text) or _search(r"primary config '([^']+)'", text) or "?"
+        )
         group, _, option = missing.rpartition("/")
         options = [o for o in (exc.options or []) if not o.startswith("base_")]
         if group:
@@ -59,7 +61,21 @@ def translate(exc: BaseException, overrides: list[str]) -> ConfigError | None:
                 f"pick one of the listed options, or add {missing}.yaml to your own folder "
                 "and pass it with --config-dir DIR.",
             )
-        return ConfigError("config", missing, "a config file on the search path", "check --config-name.")
+        return ConfigError(
+            "--config-name",
+            missing,
+            "a config file on the search path",
+            "check --config-name (default: config).",
+        )
+    sweep = _search(r"Ambiguous value for argument '([^']+)'", text)
+    if sweep is not None:  # `key=a,b` without -m
+        key, _, value = sweep.partition("=")
+        return ConfigError(
+            key,
+            value,
+            "one value (a comma list is a sweep, which needs -m)",
+            f"sweep with `disttrain train -m {sweep}`; a list is {key}=[{value}], a string {key}='{value}'.",
+        )
     if isinstance(exc, OverrideParseException):
         return ConfigError(
             "override",
@@ -99,6 +115,23 @@ def translate(exc: BaseException, overrides: list[str]) -> ConfigError | None:
             "${...}",
             "an interpolation that resolves",
             f"the interpolation failed: {str(cause).splitlines()[0]}",
+        )
+    if isinstance(cause, OmegaConfBaseException) and full_key:
+        # Any other schema violation (null for a non-optional field, a scalar for a list, deleting a
+        # schema key): still the user's mistake, so the same one-paragraph message, no traceback.
+        first = str(cause).splitlines()[0]
+        expected = (
+            "a non-null value"
+            if "is not Optional" in first
+            else "a list, written [a,b]"
+            if "is not a ListConfig" in first
+            else "a value of the type its schema declares"
+        )
+        return ConfigError(
+            full_key,
+            _override_value(full_key, overrides),
+            expected,
+            f"OmegaConf said: {first.rstrip('.')}. See the current value with `disttrain config`.",
         )
     return None
 

@@ -2,7 +2,8 @@
 
 A user swaps `model._target_=mylab.nets.Net` while the mlp keys are still in the node; rather than
 fail inside a rank, keys the target's signature does not accept are dropped with a warning, and a
-missing required argument or an import error becomes a ConfigError in the parent.
+missing required argument, an import error or a ValueError the target raises becomes a ConfigError in
+the parent.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def locate(target: Any, key: str) -> Any:
 
 def build(spec: Any, key: str, **extra: Any) -> Any:
     """Instantiate `spec` (a dict with `_target_`); `key` names it in messages (e.g. 'model')."""
+    from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
     if not isinstance(spec, dict) or "_target_" not in spec:
@@ -79,4 +81,18 @@ def build(spec: Any, key: str, **extra: Any) -> Any:
         "_target_": spec["_target_"],
         **{k: v for k, v in spec.items() if k.startswith("_") and k != "_target_"},
     }
-    return instantiate({**node, **params}, _convert_="all")
+    try:
+        return instantiate({**node, **params}, _convert_="all")
+    except InstantiationException as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        if isinstance(cause, ValueError):  # the target rejected a value: the user's mistake, not a bug
+            said = str(cause).splitlines()[0] if str(cause) else "(no message)"
+            raise ConfigError(
+                key,
+                spec["_target_"],
+                f"arguments that {spec['_target_']} accepts",
+                f"it raised ValueError: {said}",
+            ) from None
+        raise

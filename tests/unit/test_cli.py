@@ -1,0 +1,216 @@
+"""The real `disttrain` command: config printing, user folders and code, and every mistake's exit.
+
+A mistake must exit 2 with one `disttrain: config error: KEY=VALUE ... Allowed: ... HINT: ...` line,
+no traceback, and no run directory: the checks run in the parent before Hydra makes one and before
+any rank starts. Every call runs in an empty scratch directory, which must stay empty.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from unit_support import BAD_RUNTIME, BAD_STATIC, CLI_TIMEOUT, Bad, disttrain, run, run_env, write_module
+
+from disttrain import __version__
+
+ERROR_LINE = re.compile(
+    r"^disttrain: config error: (?P<key>\S+?)=(?P<value>.*) is not valid\. Allowed: .+\. HINT: .+$"
+)
+
+
+def assert_config_error(
+    proc: subprocess.CompletedProcess[str], bad: Bad, cwd: Path, leftovers: frozenset[str] = frozenset()
+) -> None:
+    out, err, rc = proc.stdout, proc.stderr, proc.returncode
+    assert rc == 2, f"exit {rc}, expected 2\n--- stderr\n{err}"
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("disttrain: config error:")]
+    assert len(lines) == 1, f"expected one error line\n--- stderr\n{err}"
+    m = ERROR_LINE.match(lines[0])
+    assert m is not None, f"not in the error format: {lines[0]}"
+    assert (m["key"], m["value"]) == (bad.key, bad.value), lines[0]
+    assert not (cwd / "runs").exists(), "a run dir was created for a config that cannot run"
+    assert {p.name for p in cwd.iterdir()} <= leftovers, (
+        f"left behind: {sorted(p.name for p in cwd.iterdir())}"
+    )
+    assert out == "", f"nothing on stdout for a mistake, got:\n{out}"
+
+
+# ------------------------------------------------------------------------------------ mistakes
+@pytest.mark.parametrize("bad", [b.param for b in BAD_STATIC])
+def test_config_rejects_static_mistake(bad: Bad, scratch: Path) -> None:
+    assert_config_error(disttrain("config", *bad.argv, cwd=scratch), bad, scratch)
+
+
+TRAIN_CASES = [b.param for b in BAD_RUNTIME] + [
+    b.param
+    for b in BAD_STATIC
+    if b.id in {"unknown-key", "unknown-option", "nproc-zero", "missing-config-dir", "sweep-without-m"}
+]
+
+
+@pytest.mark.parametrize("bad", TRAIN_CASES)
+def test_train_rejects_mistake_before_any_rank_starts(bad: Bad, scratch: Path) -> None:
+    # The timeout bounds it: a check that let the run through would launch (and be killed here).
+    assert_config_error(disttrain("train", *bad.argv, cwd=scratch, timeout=CLI_TIMEOUT), bad, scratch)
+
+
+NET = """
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, in_features: int, num_classes: int, width: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(in_features, width), nn.ReLU(), nn.Linear(width, num_classes))
+
+    def forward(self, x):
+        return self.body(x)
+"""
+
+
+def test_train_rejects_user_model_missing_a_required_argument(scratch: Path) -> None:
+    write_module(scratch, "mylab.nets", NET)
+    proc = disttrain("train", "model._target_=mylab.nets.Net", cwd=scratch)
+    assert_config_error(
+        proc, Bad("missing-arg", (), "model.width", "(missing)"), scratch, frozenset({"mylab"})
+    )
+    assert "+model.width=VALUE" in proc.stderr
+
+
+def test_unknown_subcommand(scratch: Path) -> None:
+    proc = disttrain("frobnicate", "optim.lr=1", cwd=scratch)
+    assert proc.returncode == 2
+    assert "unknown command 'frobnicate'" in proc.stderr and "train, config" in proc.stderr
+    assert "HINT:" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(scratch.iterdir()) == []
+
+
+# -------------------------------------------------------------------------------- good commands
+def test_config_prints_the_resolved_yaml(scratch: Path) -> None:
+    proc = disttrain(
+        "config", "optim.lr=1e-2", "model.hidden=[256,256]", "data=synthetic", "seed=7", cwd=scratch
+    )
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load(proc.stdout)
+    assert cfg["optim"]["lr"] == pytest.approx(1e-2)
+    assert cfg["model"]["hidden"] == [256, 256]
+    assert (cfg["data"]["name"], cfg["seed"]) == ("synthetic", 7)
+    assert (cfg["model"]["in_features"], cfg["model"]["num_classes"]) == (32, 4), "interpolations resolved"
+    assert "${" not in proc.stdout and "hydra" not in cfg
+    assert list(scratch.iterdir()) == [], "`disttrain config` writes nothing"
+
+
+def test_config_dir_with_a_user_experiment(scratch: Path) -> None:
+    exp = scratch / "myconfigs" / "experiment"
+    exp.mkdir(parents=True)
+    (exp / "paper.yaml").write_text(
+        "# @package _global_\n"
+        "defaults:\n  - override /data: synthetic\n  - override /optim: sgd\n"
+        "name: paper\noptim:\n  lr: 0.123\ntrainer:\n  max_steps: 7\n"
+    )
+    proc = disttrain("config", "--config-dir", "myconfigs", "experiment=paper", "seed=3", cwd=scratch)
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load(proc.stdout)
+    assert (cfg["name"], cfg["data"]["name"], cfg["optim"]["_target_"]) == (
+        "paper",
+        "synthetic",
+        "torch.optim.SGD",
+    )
+    assert (cfg["optim"]["lr"], cfg["trainer"]["max_steps"], cfg["seed"]) == (0.123, 7, 3)
+    # `train --cfg job` goes through @hydra.main itself: the same folder, the same result, no run dir.
+    proc = disttrain(
+        "train",
+        "--config-dir",
+        "myconfigs",
+        "experiment=paper",
+        "seed=3",
+        "--cfg",
+        "job",
+        "--resolve",
+        cwd=scratch,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout) == cfg
+    assert {p.name for p in scratch.iterdir()} == {"myconfigs"}
+
+
+def test_user_model_target_importable_from_the_working_directory(scratch: Path) -> None:
+    write_module(scratch, "mylab.nets", NET)
+    proc = disttrain("config", "model._target_=mylab.nets.Net", "+model.width=512", cwd=scratch)
+    assert proc.returncode == 0, proc.stderr
+    model = yaml.safe_load(proc.stdout)["model"]
+    assert (model["_target_"], model["width"], model["in_features"]) == ("mylab.nets.Net", 512, 64)
+
+
+def test_train_cfg_job_prints_without_launching(scratch: Path) -> None:
+    proc = disttrain("train", "optim.lr=0.5", "--cfg", "job", cwd=scratch)
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout)["optim"]["lr"] == 0.5
+    assert list(scratch.iterdir()) == []
+
+
+def test_help_and_version(scratch: Path) -> None:
+    for args in ((), ("--help",), ("help",)):
+        proc = disttrain(*args, cwd=scratch)
+        assert proc.returncode == 0 and proc.stdout.startswith("usage: disttrain"), proc.stderr
+        assert "train" in proc.stdout and "config" in proc.stdout
+    proc = disttrain("--version", cwd=scratch)
+    assert (proc.returncode, proc.stdout.strip()) == (0, f"disttrain {__version__}")
+    proc = disttrain("train", "--help", cwd=scratch)
+    assert proc.returncode == 0, proc.stderr
+    for group in ("backend", "strategy", "model", "data", "optim", "sched", "launcher", "experiment"):
+        assert f"{group}:" in proc.stdout, f"`train --help` lists the {group} group"
+    assert list(scratch.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------- no torch import
+NO_TORCH = """
+import sys
+from disttrain.cli import main
+try:
+    rc = main(sys.argv[1:])
+except SystemExit as exc:  # Hydra's --help and --cfg exit through SystemExit
+    rc = exc.code or 0
+assert rc == 0, rc
+heavy = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
+assert not heavy, heavy[:5]
+print("no torch", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["config"],
+        ["config", "optim.lr=1e-2", "model.hidden=[256,256]", "data=synthetic", "seed=7"],
+        ["config", "experiment=digits_sgd", "strategy=single", "nproc_per_node=1"],
+        ["train", "--help"],
+        ["train", "--cfg", "job"],
+    ],
+    ids=" ".join,
+)
+def test_command_does_not_import_torch(argv: list[str], scratch: Path) -> None:
+    proc = run([sys.executable, "-c", NO_TORCH, *argv], scratch)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().endswith("no torch")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["config"]], ids=" ".join)
+def test_console_script_does_not_import_torch(argv: list[str], scratch: Path) -> None:
+    """The installed entry point itself, measured by Python's own import profiler."""
+    proc = disttrain(*argv, cwd=scratch, env=run_env(PYTHONPROFILEIMPORTTIME="1"))
+    assert proc.returncode == 0, proc.stderr
+    imported = [
+        line.rsplit("|", 1)[-1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:")
+    ]
+    assert "yaml" in imported or argv == ["--help"], "the import profile was captured"
+    assert not [m for m in imported if m == "torch" or m.startswith("torch.")]

@@ -1,0 +1,308 @@
+"""Every config group instantiates: data sets, models on their shapes, optimizers, schedules, strategies.
+
+Also `disttrain.config.instantiate.build`, the forgiving `_target_` builder the user's code plugs into.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import logging
+import math
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from unit_support import checked, write_module
+
+from disttrain.config import ConfigError, compose, config_dir, resolve
+from disttrain.config.instantiate import build, locate
+from disttrain.config.validate import check_runtime
+from disttrain.data import build_datasets
+from disttrain.dist import DistEnv, choose_backend
+from disttrain.engine.optim import build_optimizer, build_scheduler, effective_lr, lr_lambda
+from disttrain.models import build_model
+from disttrain.strategies import STRATEGIES, build_strategy
+
+DIGITS = 1797  # images in the bundled data set
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+
+
+@pytest.fixture
+def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A working directory on sys.path, as the CLI puts the user's cwd (modules unloaded after)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = set(sys.modules)
+    yield tmp_path
+    for name in set(sys.modules) - before:
+        if name.startswith("unitlab"):
+            del sys.modules[name]
+
+
+# ------------------------------------------------------------------------------------------ data
+@pytest.mark.parametrize("data", options("data"))
+def test_every_data_option_builds_train_and_val_with_the_declared_shapes(data: str) -> None:
+    cfg = checked([f"data={data}"])["data"]
+    train, val = build_datasets(cfg)
+    assert val is not None
+    for ds in (train, val):
+        x, y = ds[:]  # TensorDataset
+        assert x.dtype == torch.float32 and x.shape[1:].numel() == cfg["num_features"]
+        assert y.dtype == torch.int64 and y.shape == (len(ds),)
+        assert int(y.min()) >= 0 and int(y.max()) < cfg["num_classes"]
+    if data == "digits":
+        assert len(train) + len(val) == DIGITS and len(val) == round(0.2 * DIGITS)
+        assert float(train[:][0].min()) >= 0.0 and float(train[:][0].max()) <= 1.0
+    if data == "synthetic":
+        assert (len(train), len(val)) == (cfg["num_samples"], cfg["num_val_samples"])
+
+
+def test_digits_split_is_fixed_and_disjoint() -> None:
+    cfg = checked([])["data"]
+    (train, val), (train2, _) = build_datasets(cfg), build_datasets(cfg)
+    assert torch.equal(train[:][0], train2[:][0])
+    rows = {tuple(r.tolist()) for r in train[:][0]}
+    assert sum(tuple(r.tolist()) in rows for r in val[:][0]) < 0.05 * len(val)  # a few duplicate images
+
+
+def test_synthetic_sizes_follow_overrides_and_regression_gives_one_hot_targets() -> None:
+    cfg = checked(
+        ["data=synthetic", "data.num_samples=96", "data.num_val_samples=40", "data.task=regression"]
+    )
+    train, val = build_datasets(cfg["data"])
+    assert (len(train), len(val)) == (96, 40)
+    x, y = train[:]
+    assert x.shape == (96, 32) and y.shape == (96, 4) and y.dtype == torch.float32
+    assert torch.equal(y.sum(dim=1), torch.ones(96))
+
+
+def test_no_val_set_when_val_is_null() -> None:
+    train, val = build_datasets(checked(["data=synthetic", "data.val=null"])["data"])
+    assert val is None and len(train) == 2048
+
+
+# ----------------------------------------------------------------------------------------- model
+@pytest.mark.parametrize("model", options("model"))
+@pytest.mark.parametrize("data", options("data"))
+def test_every_model_runs_on_every_data_set(model: str, data: str) -> None:
+    cfg = checked([f"model={model}", f"data={data}", "model.hidden=[16,8]"])
+    train, _ = build_datasets(cfg["data"])
+    net = build_model(cfg["model"])
+    assert isinstance(net, torch.nn.Module)
+    x, _ = train[:5]
+    assert net(x).shape == (5, cfg["data"]["num_classes"])
+
+
+def test_mlp_layers_follow_the_config() -> None:
+    cfg = checked(["model.hidden=[256,256]", "model.activation=gelu", "model.dropout=0.1"])
+    net = build_model(cfg["model"])
+    linears = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(64, 256), (256, 256), (256, 10)]
+    assert any(isinstance(m, torch.nn.GELU) for m in net.modules())
+    assert any(isinstance(m, torch.nn.Dropout) for m in net.modules())
+
+
+def test_check_runtime_returns_the_data_set_sizes() -> None:
+    sizes = check_runtime(checked([]))
+    assert sizes == {"train": DIGITS - round(0.2 * DIGITS), "val": round(0.2 * DIGITS)}
+    assert check_runtime(checked(["data=synthetic", "data.val=null"])) == {"train": 2048}
+
+
+def test_check_runtime_accepts_the_largest_batch_that_fits() -> None:
+    n = checked(["data=synthetic"])["data"]["num_samples"]  # 2 ranks x grad_accum 2 x batch
+    check_runtime(checked(["data=synthetic", "trainer.grad_accum=2", f"trainer.batch_size={n // 4}"]))
+    with pytest.raises(ConfigError, match=rf"trainer\.batch_size={n // 4 + 1} .*<= {n // 4} for {n}"):
+        check_runtime(checked(["data=synthetic", "trainer.grad_accum=2", f"trainer.batch_size={n // 4 + 1}"]))
+
+
+# ------------------------------------------------------------------------------------ user targets
+NET = """
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, in_features: int, num_classes: int, width: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(in_features, width), nn.ReLU(), nn.Linear(width, num_classes))
+
+    def forward(self, x):
+        return self.body(x)
+"""
+
+DATA = """
+import torch
+from torch.utils.data import TensorDataset
+
+
+def make_train(n: int = 50):
+    return TensorDataset(torch.randn(n, 64), torch.randint(0, 10, (n,)))
+"""
+
+
+def test_user_model_target_with_a_new_key(user_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    write_module(user_dir, "unitlab.nets", NET)
+    cfg = checked(["model._target_=unitlab.nets.Net", "+model.width=512"])
+    with caplog.at_level(logging.WARNING, logger="disttrain"):
+        net = build_model(cfg["model"])
+    assert net.body[1].out_features == 512 and net.body[1].in_features == 64
+    assert "model.hidden" in caplog.text, "the mlp keys the user's class does not take are named"
+    check_runtime(cfg)
+
+
+def test_user_model_missing_required_argument_is_a_config_error(user_dir: Path) -> None:
+    write_module(user_dir, "unitlab.nets", NET)
+    with pytest.raises(ConfigError) as info:
+        checked(["model._target_=unitlab.nets.Net"], runtime=True)
+    assert info.value.key == "model.width" and "+model.width=VALUE" in info.value.hint
+
+
+def test_user_data_target(user_dir: Path) -> None:
+    write_module(user_dir, "unitlab.data", DATA)
+    cfg = checked(
+        [
+            "data.train._target_=unitlab.data.make_train",
+            "+data.train.n=40",
+            "data.val=null",
+            "trainer.batch_size=20",
+        ]
+    )
+    assert check_runtime(cfg) == {"train": 40}  # 2 ranks x batch 20 fit; the digits keys are dropped
+
+
+# ------------------------------------------------------------------------------------------- build
+def test_build_keeps_what_the_target_accepts_and_passes_extras() -> None:
+    lin = build(
+        {"_target_": "torch.nn.Linear", "in_features": 3, "bias": False, "junk": 1}, "model", out_features=2
+    )
+    assert isinstance(lin, torch.nn.Linear) and lin.weight.shape == (2, 3) and lin.bias is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "key"),
+    [
+        ({"in_features": 3}, "model"),  # no _target_
+        ([1, 2], "model"),
+        ({"_target_": ""}, "model._target_"),
+        ({"_target_": "torch.nn.NoSuchLayer"}, "model._target_"),
+        ({"_target_": "torch.nn.Linear", "in_features": 3}, "model.out_features"),
+        (
+            {"_target_": "disttrain.models.mlp.MLP", "in_features": 3, "num_classes": 2, "activation": "x"},
+            "model",
+        ),
+    ],
+)
+def test_build_turns_user_mistakes_into_config_errors(spec: object, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        build(spec, "model")
+    assert info.value.key == key and info.value.hint
+
+
+def test_build_keeps_real_bugs_as_they_are() -> None:
+    """Only a ValueError is the user's value being rejected; other errors keep their traceback."""
+    with pytest.raises(Exception) as info:
+        build({"_target_": "torch.nn.Linear", "in_features": "three", "out_features": 2}, "model")
+    assert not isinstance(info.value, ConfigError)
+
+
+def test_locate_finds_classes_and_functions() -> None:
+    assert locate("torch.optim.SGD", "optim._target_") is torch.optim.SGD
+    assert callable(locate("disttrain.data.digits.load_digits", "data.train._target_"))
+
+
+# ------------------------------------------------------------------------------------ optimizers
+@pytest.mark.parametrize("optim", options("optim"))
+def test_every_optimizer_builds_from_its_partial(optim: str) -> None:
+    cfg = checked([f"optim={optim}", "optim.lr=0.02"])["optim"]
+    model = torch.nn.Linear(4, 2)
+    opt = build_optimizer(cfg, model.parameters(), world_size=2)
+    assert type(opt) is locate(cfg["_target_"], "optim._target_")
+    group = opt.param_groups[0]
+    assert group["lr"] == pytest.approx(0.02) and group["weight_decay"] == pytest.approx(cfg["weight_decay"])
+    if optim == "sgd":
+        assert group["momentum"] == pytest.approx(cfg["momentum"])
+    if optim == "adamw":
+        assert tuple(group["betas"]) == pytest.approx(tuple(cfg["betas"]))
+    before = model.weight.detach().clone()
+    model(torch.ones(3, 4)).sum().backward()
+    opt.step()
+    assert not torch.equal(before, model.weight), "the optimizer updates the parameters"
+
+
+def test_linear_scaling_rule() -> None:
+    cfg = checked(["optim.lr=0.01", "optim.scale_lr=linear"])["optim"]
+    assert effective_lr(cfg, 4) == pytest.approx(0.04)
+    assert effective_lr({**cfg, "scale_lr": "none"}, 4) == pytest.approx(0.01)
+    opt = build_optimizer(cfg, torch.nn.Linear(2, 2).parameters(), world_size=4)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.04)
+
+
+# ------------------------------------------------------------------------------------- schedules
+def test_cosine_warms_up_linearly_then_decays_to_the_floor() -> None:
+    f = lr_lambda({"name": "cosine", "warmup_steps": 4, "min_lr_ratio": 0.1}, total_steps=14)
+    assert [f(s) for s in range(4)] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert f(4) == pytest.approx(1.0)  # cosine starts at the base lr
+    assert f(9) == pytest.approx(0.1 + 0.9 * 0.5)  # half way
+    assert f(14) == pytest.approx(0.1) and f(100) == pytest.approx(0.1)
+    decay = [f(s) for s in range(4, 15)]
+    assert all(a >= b for a, b in itertools.pairwise(decay))
+    s = 6
+    assert f(s) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - 4) / 10)))
+
+
+def test_cosine_without_warmup_decays_to_zero_by_default() -> None:
+    cfg = checked(["sched=cosine", "sched.warmup_steps=0"])["sched"]
+    assert cfg["min_lr_ratio"] == 0.0
+    f = lr_lambda(cfg, total_steps=10)
+    assert f(0) == pytest.approx(1.0) and f(5) == pytest.approx(0.5) and f(10) == pytest.approx(0.0)
+
+
+def test_constant_with_and_without_warmup() -> None:
+    f = lr_lambda(checked(["sched=constant"])["sched"], total_steps=10)
+    assert [f(s) for s in (0, 5, 50)] == [1.0, 1.0, 1.0]
+    f = lr_lambda({"name": "constant", "warmup_steps": 2}, total_steps=10)
+    assert [f(s) for s in (0, 1, 2, 9)] == pytest.approx([0.5, 1.0, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("sched", options("sched"))
+def test_every_schedule_drives_the_optimizer_lr(sched: str) -> None:
+    cfg = checked([f"sched={sched}", "optim.lr=0.1"])
+    opt = build_optimizer(cfg["optim"], torch.nn.Linear(2, 2).parameters(), world_size=1)
+    scheduler = build_scheduler(cfg["sched"], opt, total_steps=30)
+    f = lr_lambda(cfg["sched"], total_steps=30)
+    lrs = []
+    for _ in range(30):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        scheduler.step()
+    assert lrs == pytest.approx([0.1 * f(s) for s in range(30)])
+
+
+# ------------------------------------------------------------------------------ strategy, backend
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_every_strategy_name_maps_to_an_importable_class(name: str) -> None:
+    module, _, cls = STRATEGIES[name].partition(":")
+    assert isinstance(getattr(importlib.import_module(module), cls), type)
+
+
+@pytest.mark.parametrize("strategy", options("strategy"))
+def test_every_strategy_option_names_a_known_strategy(strategy: str) -> None:
+    assert resolve(compose([f"strategy={strategy}"]))["strategy"]["name"] in STRATEGIES
+
+
+@pytest.mark.parametrize("strategy", ["single", "ddp"])
+def test_foundation_strategies_build_without_a_process_group(strategy: str) -> None:
+    cfg = checked([f"strategy={strategy}", "nproc_per_node=1"])
+    env = DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu"))
+    assert build_strategy(cfg["strategy"], env).name == strategy
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="auto is nccl with CUDA GPUs")
+def test_auto_backend_is_gloo_without_gpus() -> None:
+    assert choose_backend("auto") == "gloo"
+    assert choose_backend("gloo") == "gloo"

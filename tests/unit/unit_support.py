@@ -1,0 +1,192 @@
+"""Unit-test helpers: compose in-process as the CLI does, or run the real `disttrain` in a scratch cwd.
+
+Subprocesses run in their own session with a timeout; on a timeout the whole group is killed, so a
+check that wrongly starts ranks can neither hang the suite nor leave processes behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from disttrain.config import compose, resolve
+from disttrain.config.validate import check_runtime, check_static
+
+# The console script installed next to this interpreter: the entry point users run.
+CLI = (
+    shutil.which("disttrain", path=str(Path(sys.executable).parent))
+    or shutil.which("disttrain")
+    or "disttrain"
+)
+
+# Enough for a config error through `disttrain train` (torch import + building the data set);
+# a check that wrongly launched ranks would run into it.
+CLI_TIMEOUT = 60.0
+
+# Variables that would make the CLI believe it is already a launched rank, or move its configs.
+_SCRUB = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "DISTTRAIN_CONFIG_DIR",
+)  # fmt: skip
+
+
+def clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_env(**extra: str) -> dict[str, str]:
+    """The clean environment plus `extra` (e.g. PYTHONPROFILEIMPORTTIME=1)."""
+    return {**clean_env(), **extra}
+
+
+def run(
+    cmd: Sequence[str], cwd: Path, timeout: float = CLI_TIMEOUT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` in `cwd` in its own session; kill the whole group if it outlives `timeout`."""
+    proc = subprocess.Popen(
+        list(cmd),
+        cwd=cwd,
+        env=env or clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:  # the timeout, pytest-timeout or Ctrl-C: never leave a process behind
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        if isinstance(sys.exc_info()[1], subprocess.TimeoutExpired):
+            pytest.fail(f"`{' '.join(cmd)}` did not finish in {timeout:.0f} s\n--- stderr\n{err[-3000:]}")
+        raise
+    return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
+
+
+def disttrain(
+    *args: str, cwd: Path, timeout: float = CLI_TIMEOUT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real `disttrain ARGS...` console script, run in `cwd`."""
+    return run([CLI, *args], cwd, timeout, env)
+
+
+def checked(
+    overrides: Sequence[str],
+    runtime: bool = False,
+    config_dir: str | None = None,
+    config_name: str = "config",
+) -> dict[str, Any]:
+    """What the CLI does before launching: compose, resolve once, static (and runtime) checks."""
+    cfg = resolve(compose(list(overrides), config_dir, config_name), list(overrides))
+    check_static(cfg)
+    if runtime:
+        check_runtime(cfg)
+    return cfg
+
+
+def write_module(root: Path, dotted: str, source: str) -> Path:
+    """Write `source` as module `dotted` (e.g. 'mylab.nets') under `root`, with package __init__s."""
+    parts = dotted.split(".")
+    for i in range(1, len(parts)):
+        pkg = root.joinpath(*parts[:i])
+        pkg.mkdir(parents=True, exist_ok=True)
+        (pkg / "__init__.py").touch()
+    path = root.joinpath(*parts[:-1], f"{parts[-1]}.py")
+    path.write_text(source)
+    return path
+
+
+# ----------------------------------------------------------------------------------- bad inputs
+@dataclass(frozen=True)
+class Bad:
+    """One user mistake: the command-line words after the subcommand, and the error it must give.
+
+    `key` and `value` are what the message names (`config error: KEY=VALUE is not valid ...`).
+    `runtime` mistakes are only visible to `check_runtime` (they need torch), so the CLI catches them
+    in `disttrain train`, still before any rank starts; the others `disttrain config` catches too.
+    """
+
+    id: str
+    argv: tuple[str, ...]
+    key: str
+    value: str
+    runtime: bool = False
+    cpu_only: bool = False  # a mistake only on a machine without CUDA GPUs
+
+    @property
+    def param(self) -> Any:
+        import torch
+
+        marks = [pytest.mark.skipif(torch.cuda.is_available(), reason="valid here: CUDA GPUs present")]
+        return pytest.param(self, id=self.id, marks=marks if self.cpu_only else [])
+
+
+# fmt: off
+BAD_STATIC = [
+    Bad("unknown-key", ("optim.lrr=1",), "optim.lrr", "1"),
+    Bad("unknown-key-other-option", ("sched=constant", "sched.min_lr_ratio=0.1"), "sched.min_lr_ratio", "0.1"),
+    Bad("wrong-type-float", ("optim.lr=abc",), "optim.lr", "abc"),
+    Bad("wrong-type-int", ("nproc_per_node=two",), "nproc_per_node", "two"),
+    Bad("scalar-for-list", ("model.hidden=abc",), "model.hidden", "abc"),
+    Bad("null-for-required", ("optim.lr=null",), "optim.lr", "null"),
+    Bad("unparsable-override", ("optim.lr=[1",), "override", "optim.lr=[1"),
+    Bad("sweep-without-m", ("optim.lr=1e-3,1e-2",), "optim.lr", "1e-3,1e-2"),
+    Bad("unknown-option", ("strategy=nope",), "strategy", "nope"),
+    Bad("unknown-data-option", ("data=imagenet",), "data", "imagenet"),
+    Bad("unknown-experiment", ("experiment=nope",), "experiment", "nope"),
+    Bad("nproc-zero", ("nproc_per_node=0",), "nproc_per_node", "0"),
+    Bad("batch-zero", ("trainer.batch_size=0",), "trainer.batch_size", "0"),
+    Bad("max-steps-zero", ("trainer.max_steps=0",), "trainer.max_steps", "0"),
+    Bad("grad-accum-zero", ("trainer.grad_accum=0",), "trainer.grad_accum", "0"),
+    Bad("clip-zero", ("trainer.clip_grad_norm=0",), "trainer.clip_grad_norm", "0.0"),
+    Bad("single-two-ranks", ("strategy=single", "nproc_per_node=2"), "strategy", "single"),
+    Bad("scale-lr", ("optim.scale_lr=quadratic",), "optim.scale_lr", "quadratic"),
+    Bad("lr-negative", ("optim.lr=-1",), "optim.lr", "-1.0"),
+    Bad("min-lr-ratio", ("sched.min_lr_ratio=2",), "sched.min_lr_ratio", "2.0"),
+    Bad("backend-name", ("backend.name=mpi",), "backend.name", "mpi"),
+    Bad("nodes-no-master", ("nodes=2",), "master_addr", "127.0.0.1"),
+    Bad("node-rank", ("node_rank=1",), "node_rank", "1"),
+    Bad("spawn-two-nodes", ("launcher=spawn", "nodes=2", "master_addr=10.0.0.1"), "launcher", "spawn"),
+    Bad("threads-zero", ("threads_per_rank=0",), "threads_per_rank", "0"),
+    Bad("missing-config-dir", ("--config-dir", "no_such_folder"), "--config-dir", "no_such_folder"),
+    Bad("missing-config-name", ("--config-name", "nope"), "--config-name", "nope"),
+]
+
+BAD_RUNTIME = [
+    Bad("nccl-without-gpu", ("backend=nccl",), "backend", "nccl", runtime=True, cpu_only=True),
+    Bad("world-vs-data", ("trainer.batch_size=5000",), "trainer.batch_size", "5000", runtime=True),
+    Bad("world-vs-data-accum", ("trainer.batch_size=400", "trainer.grad_accum=2"), "trainer.batch_size", "400",
+        runtime=True),
+    Bad("model-target", ("model._target_=no.such.Module",), "model._target_", "no.such.Module", runtime=True),
+    Bad("data-target", ("data.train._target_=no.such.fn",), "data.train._target_", "no.such.fn", runtime=True),
+    Bad("model-rejects-value", ("model.activation=swish",), "model", "disttrain.models.mlp.MLP", runtime=True),
+    Bad("sweep-one-bad-job", ("-m", "optim.lr=1e-3,-1"), "optim.lr", "-1.0", runtime=True),
+]
+# fmt: on
+
+
+def split_flags(argv: Sequence[str]) -> tuple[list[str], dict[str, Any], bool]:
+    """(overrides, `checked` keyword arguments, multirun) from CLI words, for the in-process checks."""
+    words, kwargs, multirun = list(argv), {}, False
+    for flag, name in (("--config-dir", "config_dir"), ("--config-name", "config_name")):
+        if flag in words:
+            i = words.index(flag)
+            kwargs[name] = words[i + 1]
+            del words[i : i + 2]
+    if "-m" in words:
+        words.remove("-m")
+        multirun = True
+    return words, kwargs, multirun
