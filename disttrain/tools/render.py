@@ -1,0 +1,65 @@
+"""Output shared by the tools: rich tables for people, one JSON document for scripts. No torch here."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+UNITS = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
+
+
+def console() -> Any:
+    from rich.console import Console
+
+    out = Console(highlight=False, soft_wrap=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out.width = 140  # piped or captured: do not fold tables at rich's default 80 columns
+    return out
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], **kw: Any) -> Any:
+    """A rich Table; numeric-looking columns (time, bytes, bandwidth) are right-aligned by the caller."""
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", **kw)
+    for col in columns:
+        right = col.startswith(">")
+        t.add_column(col.lstrip(">"), justify="right" if right else "left", overflow="fold")
+    for row in rows:
+        t.add_row(*("" if v is None else str(v) for v in row))
+    return t
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for scale, unit in UNITS:
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def parse_bytes(text: str) -> int:
+    """'8', '64K', '4M', '1G' (powers of 1024; 'KiB'/'KB' spellings too) -> bytes."""
+    s = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(s[-1:], 1)
+    number = s[:-1] if scale > 1 else s
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size: use bytes or K/M/G suffixes, e.g. 8, 64K, 4M") from None
+    if value < 0:
+        raise ValueError(f"{text!r}: a size must be >= 0")
+    return int(value)
+
+
+def short(value: Any, width: int = 60) -> str:
+    text = json.dumps(value) if isinstance(value, dict | list) else str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -1,0 +1,164 @@
+"""The tools on real runs: 2 gloo ranks through the real CLI (bounded by timeouts, no orphans)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import CLI, FAST, QUICK, _kill_group, clean_env, run_cli, run_command
+
+pytestmark = pytest.mark.slow
+
+BENCH = (CLI, "bench", "comm", "--json", "--iters", "3", "--warmup", "1", "nproc_per_node=2", "backend=gloo")
+OPS = {
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "all_to_all",
+    "send_recv",
+    "barrier",
+}
+
+
+def _json(proc: subprocess.CompletedProcess[str]) -> dict:
+    assert proc.stdout.strip(), proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_bench_comm_every_collective_correct_on_two_ranks(tmp_path: Path) -> None:
+    proc = run_command([*BENCH, "--max-bytes", "64K", "threads_per_rank=1"], tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = _json(proc)
+    assert (
+        report["schema"] == "disttrain.bench.comm/1" and report["world_size"] == 2 and report["errors"] == []
+    )
+    assert {r["op"] for r in report["results"]} == OPS
+    for r in report["results"]:
+        assert r["status"] == "ok" and r["correct"] is True, r
+        assert r["time_us"] > 0 and r["iters"] == 3
+        if r["op"] == "barrier":
+            assert r["busbw_gbps"] is None
+            continue
+        assert r["algbw_gbps"] == pytest.approx(r["bytes"] / (r["time_us"] * 1e-6) / 1e9)
+        factor = {"all_reduce": 1.0, "broadcast": 1.0, "reduce": 1.0, "send_recv": 1.0}.get(r["op"], 0.5)
+        assert r["busbw_gbps"] == pytest.approx(
+            r["algbw_gbps"] * factor
+        )  # n = 2: 2(n-1)/n = 1, (n-1)/n = 1/2
+    assert sorted({r["bytes"] for r in report["results"] if r["op"] == "all_reduce"}) == [
+        8,
+        32,
+        128,
+        512,
+        2048,
+        8192,
+        32768,
+        65536,
+    ]
+
+
+def test_bench_comm_names_a_wrong_result_and_a_timeout(tmp_path: Path) -> None:
+    wrong = clean_env(DISTTRAIN_COMMBENCH_FAULT="wrong:all_gather:1")
+    cmd = [
+        *BENCH,
+        "--ops",
+        "all_reduce,all_gather",
+        "--max-bytes",
+        "32",
+        "launcher=spawn",
+        "threads_per_rank=1",
+    ]
+    proc = run_command(cmd, tmp_path, timeout=120, env=wrong)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    errors = _json(proc)["errors"]
+    assert {(e["op"], e["rank"]) for e in errors} == {("all_gather", 1)} and len(errors) == 2  # both sizes
+    assert "all_gather of 8 B on rank 1: wrong result: 1 of 2 elements wrong" in proc.stderr
+
+    hang = clean_env(DISTTRAIN_COMMBENCH_FAULT="hang:broadcast:1")
+    cmd = [*BENCH, "--ops", "broadcast", "--max-bytes", "8", "--timeout", "3", "threads_per_rank=1"]
+    proc = run_command(cmd, tmp_path, timeout=120, env=hang)
+    assert proc.returncode == 1
+    assert "broadcast of 8 B failed on rank 0 of 2" in proc.stderr and "backend.timeout=3 s" in proc.stderr
+
+
+def test_runs_show_compare_and_plan_on_finished_failed_interrupted_runs(tmp_path: Path) -> None:
+    _, done = run_cli(tmp_path, *QUICK, timeout=120)
+    assert done is not None
+    (tmp_path / "mylab").mkdir()
+    (tmp_path / "mylab" / "__init__.py").write_text("")
+    (tmp_path / "mylab" / "bad.py").write_text(
+        "import torch\n\nclass Bad(torch.nn.Linear):\n"
+        "    def __init__(self, in_features: int, num_classes: int):\n"
+        "        super().__init__(in_features, num_classes)\n\n"
+        "    def forward(self, x):\n        raise RuntimeError('boom in forward')\n"
+    )
+    _, failed = run_cli(tmp_path, *QUICK, "model._target_=mylab.bad.Bad", expect_rc=1, timeout=120)
+    interrupted = _interrupt_a_run(tmp_path)
+
+    runs = _json(run_command([CLI, "runs", "runs", "--json"], tmp_path, timeout=60))["runs"]
+    status = {Path(r["run_dir"]): r for r in runs}
+    assert status[done]["status"] == "finished" and status[done]["step"] == 6
+    assert status[failed]["status"] == "failed" and "boom in forward" in status[failed]["error"]
+    assert status[interrupted]["status"] == "interrupted"
+    assert {r["strategy"] for r in runs} == {"ddp"} and {r["world_size"] for r in runs} == {2}
+
+    shown = _json(run_command([CLI, "show", str(done), "--json"], tmp_path, timeout=60))
+    assert {"key": "trainer.max_steps", "default": -1, "run": 6} in shown["config_diff_vs_defaults"]
+    assert shown["final_metrics"]["steps"] == 6 and shown["checkpoints"][0]["path"].endswith("final.pt")
+    assert shown["reproduce"].startswith("disttrain train ") and "trainer.max_steps=6" in shown["reproduce"]
+    cmp = _json(run_command([CLI, "compare", str(done), str(failed), "--json"], tmp_path, timeout=60))
+    assert {d["key"] for d in cmp["config_diff"]} >= {"model._target_"}
+    assert any(m["metric"] == "steps" for m in cmp["metrics"])
+    table = run_command([CLI, "runs", "runs"], tmp_path, timeout=60)
+    assert table.returncode == 0 and "interrupted" in table.stdout and "failed" in table.stdout
+
+    # plan vs the measured state of the 2-rank ddp run: fp32 params + grads + AdamW's two moments
+    # (4 + 4 + 8 B/param; grads count only if the engine has not freed them with set_to_none when it
+    # measures), plus AdamW's one 4-byte `step` scalar per parameter tensor, which the plan leaves out.
+    plan = _json(run_command([CLI, "plan", "--json", *QUICK, *FAST], tmp_path, timeout=60))
+    measured = json.loads((done / "summary.json").read_text())["state_bytes_per_rank"]
+    ddp = next(r for r in plan["layouts"] if r["layout"] == "ddp")["bytes"]
+    steps = 4 * plan["model"]["param_tensors"]
+    assert measured - steps in (
+        ddp["params"] + ddp["grads"] + ddp["optimizer"],
+        ddp["params"] + ddp["optimizer"],
+    )
+
+
+def _interrupt_a_run(tmp_path: Path) -> Path:
+    """Start a long run, wait for its first logged step, Ctrl-C the whole process group."""
+    cmd = [CLI, "train", *FAST, *QUICK, "trainer.max_steps=100000", "name=long"]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            logs = list((tmp_path / "runs" / "long").glob("*/metrics.jsonl"))
+            if logs and logs[0].stat().st_size > 0:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the long run logged nothing in 120 s")
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        _kill_group(proc.pid)
+        proc.wait()
+    assert proc.returncode != 0, err[-2000:]
+    return logs[0].parent

@@ -1,0 +1,117 @@
+"""The run browser on run dirs written by hand: statuses, best values, diffs, reproduce command."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from disttrain.config import compose, resolve
+from disttrain.rundir import run_status
+from disttrain.tools.runs import best_val, compare, config_diff, find_runs, flatten, reproduce, run_info, show
+
+
+def _run(root: Path, name: str, status: dict | None, metrics: list[dict], **cfg_over) -> Path:
+    d = root / "runs" / name / "2026-01-01_00-00-00"
+    (d / ".hydra").mkdir(parents=True)
+    cfg = resolve(compose([]))
+    cfg.update(cfg_over)
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (d / ".hydra" / "config.yaml").write_text("not a run dir")
+    (d / "overrides.yaml").write_text(yaml.safe_dump(["optim.lr=0.1", "name=x y"]))
+    (d / "command.txt").write_text("disttrain train --config-dir ./cfgs optim.lr=0.1 'name=x y'\n")
+    (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics) + '{"step": 9, "trunc')
+    if status is not None:
+        (d / "status.json").write_text(json.dumps(status))
+    return d
+
+
+METRICS = [
+    {"step": 1, "train/loss": 2.0},
+    {"step": 2, "val/loss": 1.5, "val/acc": 0.5},
+    {"step": 3, "train/loss": 1.0},
+    {"step": 4, "val/loss": 1.2, "val/acc": 0.7},
+    {"step": 5, "val/loss": 1.3, "val/acc": 0.6},
+]
+
+
+def test_statuses_including_a_dead_launcher(tmp_path: Path) -> None:
+    host = socket.gethostname()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    dirs = {
+        "fin": _run(tmp_path, "fin", {"status": "finished", "started": 1.0, "ended": 3.5}, METRICS),
+        "bad": _run(tmp_path, "bad", {"status": "failed", "error": "RuntimeError: boom", "started": 2.0}, []),
+        "int": _run(tmp_path, "int", {"status": "interrupted", "started": 3.0}, METRICS[:1]),
+        "run": _run(
+            tmp_path, "run", {"status": "running", "host": host, "pid": dead.pid, "started": 4.0}, []
+        ),
+        "old": _run(tmp_path, "old", None, []),
+    }
+    assert find_runs(tmp_path / "runs") == sorted(dirs.values())
+    info = {k: run_info(d) for k, d in dirs.items()}
+    assert info["fin"]["status"] == "finished" and info["fin"]["duration_s"] == 2.5
+    assert info["fin"]["step"] == 5 and info["fin"]["last_loss"] == 1.0  # the cut last line is skipped
+    assert info["fin"]["best_val"] == {"metric": "val/acc", "value": 0.7, "step": 4}
+    assert info["bad"]["status"] == "failed" and info["bad"]["error"] == "RuntimeError: boom"
+    assert info["int"]["status"] == "interrupted"
+    assert info["run"]["status"] == "interrupted" and "is gone" in info["run"]["note"]
+    assert info["old"]["status"] == "unknown"
+
+
+def test_run_status_marker(tmp_path: Path) -> None:
+    with run_status(tmp_path):
+        assert json.loads((tmp_path / "status.json").read_text())["status"] == "running"
+    assert json.loads((tmp_path / "status.json").read_text())["status"] == "finished"
+    with pytest.raises(ValueError), run_status(tmp_path):
+        raise ValueError("bad thing")
+    st = json.loads((tmp_path / "status.json").read_text())
+    assert st["status"] == "failed" and st["error"] == "bad thing" and st["ended"] >= st["started"]
+    with pytest.raises(KeyboardInterrupt), run_status(tmp_path):
+        raise KeyboardInterrupt
+    assert json.loads((tmp_path / "status.json").read_text())["status"] == "interrupted"
+
+    class Stopped(RuntimeError):  # a LaunchError whose ranks exited on SIGTERM (128 + 15)
+        exit_code = 143
+
+    with pytest.raises(Stopped), run_status(tmp_path):
+        raise Stopped("stopped by SIGTERM")
+    assert json.loads((tmp_path / "status.json").read_text())["status"] == "interrupted"
+
+
+def test_best_val_prefers_a_metric_over_loss() -> None:
+    assert best_val([{"step": 1, "val/loss": 2.0}, {"step": 2, "val/loss": 1.0}]) == {
+        "metric": "val/loss",
+        "value": 1.0,
+        "step": 2,
+    }
+    assert best_val([{"step": 1, "train/loss": 1.0}]) is None
+
+
+def test_diffs_show_and_compare(tmp_path: Path) -> None:
+    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": {}}) == {"a.b": 1, "a.c": [1, 2], "d": {}}
+    assert config_diff({"a": {"b": 1}}, {"a": {"b": 2, "c": 3}}) == [
+        {"key": "a.b", "a": 1, "b": 2},
+        {"key": "a.c", "a": "<absent>", "b": 3},
+    ]
+    a = _run(tmp_path, "a", {"status": "finished"}, METRICS, seed=5)
+    b = _run(tmp_path, "b", {"status": "finished"}, METRICS[:3], seed=6)
+    (a / "summary.json").write_text(json.dumps({"steps": 5, "val/acc": 0.6, "first_step_at": 1e9}))
+    (a / "checkpoints").mkdir()
+    (a / "checkpoints" / "final.pt").write_bytes(b"x" * 10)
+    data = show(a)
+    assert {"key": "seed", "default": 0, "run": 5} in data["config_diff_vs_defaults"]
+    assert data["final_metrics"] == {"steps": 5, "val/acc": 0.6}
+    assert data["checkpoints"][0]["bytes"] == 10
+    assert data["reproduce"] == "disttrain train --config-dir ./cfgs optim.lr=0.1 'name=x y'"
+    assert reproduce(b) == data["reproduce"]
+    cmp = compare(a, b)
+    assert cmp["config_diff"] == [{"key": "seed", "a": 5, "b": 6}]
+    steps = next(m for m in cmp["metrics"] if m["metric"] == "step")  # b has no summary: last logged values
+    assert steps == {"metric": "step", "a": None, "b": 3, "delta": None}
+    assert next(m for m in cmp["metrics"] if m["metric"] == "val/acc")["delta"] == pytest.approx(0.5 - 0.6)
