@@ -12,6 +12,13 @@ if TYPE_CHECKING:
 STRATEGIES: dict[str, str] = {
     "single": "disttrain.strategies.single:SingleStrategy",
     "ddp": "disttrain.strategies.ddp:DDPStrategy",
+    "dp": "disttrain.strategies.dp:DPStrategy",
+    "fsdp": "disttrain.strategies.fsdp:FSDPStrategy",
+    "zero": "disttrain.strategies.zero:ZeroStrategy",
+    "localsgd": "disttrain.strategies.localsgd:LocalSGDStrategy",
+    "pipeline": "disttrain.strategies.pipeline:PipelineStrategy",
+    "tp": "disttrain.strategies.tp:TPStrategy",
+    "fsdp+tp": "disttrain.strategies.tp:FSDPTPStrategy",
 }
 
 

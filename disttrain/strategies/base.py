@@ -37,6 +37,13 @@ class Strategy:
     def unwrap(self, model: nn.Module) -> nn.Module:
         return getattr(model, "module", model)
 
+    def data_parallel_rank_size(self) -> tuple[int, int]:
+        """(rank, size) among the data-parallel replicas: who reads which shard of each batch.
+
+        Ranks that split one model (pipeline stages, tensor-parallel shards) read the same data.
+        """
+        return self.env.rank, self.env.world_size
+
     # ---------------------------------------------------------------- step
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> Any:
         """Skip the gradient all-reduce inside this context (non-final accumulation micro-steps)."""
@@ -88,10 +95,69 @@ class Strategy:
         """The full, unwrapped state dict (CPU tensors), as plain PyTorch would save it."""
         return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
 
+    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Model and optimizer state for a sharded checkpoint (torch.distributed.checkpoint).
+
+        Every rank calls it. The default (DCP's get_state_dict) gives unwrapped parameter names and
+        each rank's own shards (DTensors under FSDP2/TP, full tensors under DDP), so a checkpoint
+        reshards on load to another world size or strategy. Pipeline stages may override both.
+        """
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(model, optimizer)
+        return {"model": model_state, "optim": optim_state}
+
+    def load_state_dict(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
+        """Apply `state` (shaped like `state_dict()`, filled from a checkpoint) to model and optimizer."""
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+    def optimizer_states(self, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+        """The per-parameter state this rank holds (a wrapper such as ZeRO keeps it in an inner optimizer)."""
+        return list(optimizer.state.values())
+
+    def state_bytes(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+        """Bytes this rank holds in parameters, gradients and optimizer state (local shards only).
+
+        Gradients are counted at their size during a step (one per trainable parameter, as its local
+        shard), since the engine frees them (`set_to_none`) between steps.
+        """
+        params = list(model.parameters())
+        return {
+            "params": sum(_local_bytes(p) for p in params),
+            "grads": sum(_local_bytes(p) for p in params if p.requires_grad),
+            "optimizer": sum(
+                _local_bytes(v)
+                for state in self.optimizer_states(optimizer)
+                for v in state.values()
+                if torch.is_tensor(v)
+            ),
+        }
+
     def local_state_bytes(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
         """Bytes this rank holds in parameters, gradients and optimizer state."""
-        total = sum(p.numel() * p.element_size() for p in model.parameters())
-        total += sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
-        for state in optimizer.state.values():
-            total += sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v))
-        return total
+        return sum(self.state_bytes(model, optimizer).values())
+
+    def summary_stats(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Strategy numbers for summary.json; a collective (every rank calls it, rank 0 writes)."""
+        mine = self.state_bytes(model, optimizer)
+        per_rank: list[Any] = [mine]
+        if dist.is_initialized() and self.env.world_size > 1:
+            per_rank = [None] * self.env.world_size
+            dist.all_gather_object(per_rank, mine)
+        return {
+            "state_bytes_per_rank": sum(mine.values()),
+            "state_bytes_by_rank": [sum(d.values()) for d in per_rank],
+            "state_bytes_detail_by_rank": per_rank,
+        }
+
+
+def _local_bytes(t: torch.Tensor) -> int:
+    """Bytes of the part of `t` stored on this rank (a DTensor's local shard, not its global shape)."""
+    from torch.distributed.tensor import DTensor  # not at module top: single/ddp never need it
+
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return local.numel() * local.element_size()

@@ -1,0 +1,127 @@
+"""FSDP2 (`fully_shard`): parameters, gradients and optimizer state sharded across ranks.
+
+Each wrapped submodule becomes one all-gather/reduce-scatter unit; the root is always wrapped last.
+`replicate=R > 1` is HSDP: a 2D mesh (R, world/R), sharded within a row, replicated across rows.
+Parameters are DTensors, so sizes, norms and state dicts go through the local shards or DCP.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from disttrain.strategies.base import Strategy
+
+log = logging.getLogger("disttrain")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def modules_to_wrap(model: nn.Module, classes: set[str], min_num_params: int) -> list[nn.Module]:
+    """Submodules (not the root) that get their own FSDP unit, children before parents.
+
+    A module is wrapped if its class name is in `classes`, or if the parameters of its subtree not
+    already claimed by a wrapped descendant number at least `min_num_params` (> 0) — the idea of
+    FSDP1's `size_based_auto_wrap_policy`.
+    """
+    chosen: list[nn.Module] = []
+
+    def visit(module: nn.Module, is_root: bool) -> int:
+        unclaimed = sum(visit(child, False) for child in module.children())
+        unclaimed += sum(p.numel() for p in module.parameters(recurse=False))
+        by_class = type(module).__name__ in classes
+        by_size = min_num_params > 0 and unclaimed >= min_num_params
+        if not is_root and unclaimed > 0 and (by_class or by_size):
+            chosen.append(module)
+            return 0
+        return unclaimed
+
+    visit(model, True)
+    return chosen
+
+
+class FSDPStrategy(Strategy):
+    name = "fsdp"
+
+    def setup_module(self, model: nn.Module) -> nn.Module:
+        model = model.to(self.env.device)
+        mesh = self.device_mesh()
+        kwargs: dict[str, Any] = {
+            "mesh": mesh,
+            "reshard_after_forward": bool(self.cfg.get("reshard_after_forward", True)),
+            "mp_policy": self.mp_policy(),
+        }
+        if self.cfg.get("cpu_offload", False):
+            # pin_memory needs an accelerator; on a CPU-only machine the shards simply stay in RAM.
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.env.device.type == "cuda")
+        units = modules_to_wrap(
+            model, set(self.cfg.get("wrap_classes") or ()), int(self.cfg.get("min_num_params") or 0)
+        )
+        names = ", ".join(sorted({type(m).__name__ for m in units})) or "none"
+        for module in units:
+            fully_shard(module, **kwargs)
+        fully_shard(model, **kwargs)
+        if self.env.is_zero:
+            log.info("fsdp: mesh %s, root + %d wrapped units (%s)", tuple(mesh.shape), len(units), names)
+        return model
+
+    def device_mesh(self) -> DeviceMesh:
+        """1D (world,) for FSDP; 2D (replicate, world/replicate) for HSDP."""
+        world, replicate = self.env.world_size, int(self.cfg.get("replicate", 1))
+        device = self.env.device.type
+        if replicate > 1:
+            return init_device_mesh(
+                device, (replicate, world // replicate), mesh_dim_names=("replicate", "shard")
+            )
+        return init_device_mesh(device, (world,), mesh_dim_names=("shard",))
+
+    def mp_policy(self) -> MixedPrecisionPolicy:
+        """param/reduce dtypes: `strategy.param_dtype` defaults to `${amp.dtype}`; fp32 means no casts."""
+        param = DTYPES[self.cfg.get("param_dtype") or "float32"]
+        reduce = DTYPES[self.cfg.get("reduce_dtype") or "float32"]
+        if param == reduce == torch.float32:
+            return MixedPrecisionPolicy()
+        return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
+
+    @contextmanager
+    def _grad_sync(self, model: nn.Module, sync: bool) -> Iterator[None]:
+        assert isinstance(model, FSDPModule)
+        model.set_requires_gradient_sync(sync)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    def no_backward_sync(self, model: nn.Module, enabled: bool) -> Any:
+        """Non-final micro-steps keep unsharded gradients locally; the last one reduce-scatters."""
+        return self._grad_sync(model, sync=not enabled)
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float | None) -> torch.Tensor:
+        # clip_grad_norm_/get_total_norm reduce DTensor shard norms across the mesh: the global norm.
+        norm = super().clip_grad_norm(model, max_norm)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    def state_bytes(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+        # With reshard_after_forward=False the last forward may have left full parameters in place.
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+        return super().state_bytes(model, optimizer)
+
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The full, unsharded state dict on rank 0 (empty elsewhere); every rank must call it."""
+        state: dict[str, torch.Tensor] = get_model_state_dict(model, options=FULL)  # type: ignore[assignment]
+        return state

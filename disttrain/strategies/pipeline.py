@@ -1,0 +1,317 @@
+"""Pipeline parallelism: the model cut into stages, one (or, interleaved, several) per rank.
+
+Built on `torch.distributed.pipelining`. Every rank builds the full model with the same seed (the
+worker does), then keeps only its stages' layers, so the weights are those `single` would train.
+The stages are split by hand from the model's `pipeline_layers()` (see disttrain.models.parallel):
+no tracing, any layer type.
+
+Numbers the engine sees are arranged so its all-reduces need no pipeline knowledge:
+
+- forward_backward / eval_step return the real value on the rank holding the last stage and zeros
+  elsewhere; `all_reduce` sums over all ranks (the stages are not data-parallel replicas, so the
+  sum *is* the last stage's value, on every rank) - one collective per log, none per step.
+- the loss per micro-batch is `task loss x scale / n_microbatches` (scale = 1/grad_accum), and
+  the schedule does not rescale gradients (`scale_grads=False`), so the reported loss is the batch
+  mean and the gradients are `single`'s, with gradient accumulation across steps intact.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from disttrain.dist import DistEnv
+from disttrain.models.parallel import pipeline_layers, stage_bounds
+from disttrain.strategies.base import LossFn, Strategy
+
+log = logging.getLogger("disttrain")
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64)
+_HEADER = 10  # dtype, ndim, up to 8 dims
+_STAGE_KEY = re.compile(r"stages\.(\d+)\.(\d+)\.")
+
+
+class PipelineModule(nn.Module):
+    """This rank's stages. Its parameters are what the optimizer and clipping see."""
+
+    def __init__(self, stages: dict[int, nn.Module]) -> None:
+        super().__init__()
+        self.stages = nn.ModuleDict({str(s): m for s, m in stages.items()})
+
+    def forward(self, *args: Any) -> Any:
+        raise RuntimeError("a pipelined model runs through PipelineStrategy.forward_backward / eval_step")
+
+
+class PipelineStrategy(Strategy):
+    name = "pipeline"
+
+    def __init__(self, cfg: dict[str, Any], env: DistEnv) -> None:
+        super().__init__(cfg, env)
+        self.schedule_name: str = cfg.get("schedule", "1f1b")
+        self.n_micro = int(cfg.get("n_microbatches", 4))
+        self.per_rank = int(cfg.get("stages_per_rank", 1))
+        self.num_stages = env.world_size * self.per_rank
+        # stage s lives on rank s % world (the looped layout interleaved schedules expect)
+        self.local_ids = [s for s in range(self.num_stages) if s % env.world_size == env.rank]
+        self.modules: dict[int, nn.Module] = {}
+        self.names: dict[int, list[str]] = {}  # stage -> original layer names, in order
+        self._schedule: Any = None
+        self._loss: LossFn | None = None
+        self._scale = 1.0
+        self.busy_s = 0.0  # time inside this rank's stage compute (forward/backward chunks)
+        self.wall_s = 0.0  # time inside schedule.step
+        self.timed_steps = 0
+        self._warm = False
+
+    @property
+    def has_first(self) -> bool:
+        return 0 in self.local_ids
+
+    @property
+    def has_last(self) -> bool:
+        return self.num_stages - 1 in self.local_ids
+
+    def data_parallel_rank_size(self) -> tuple[int, int]:
+        return 0, 1  # every stage sees the whole batch
+
+    # ---------------------------------------------------------------------------------- setup
+    def setup_module(self, model: nn.Module) -> nn.Module:
+        layers = pipeline_layers(model)
+        if layers is None:
+            raise ValueError(f"{type(model).__name__} has no pipeline_layers() and is not an nn.Sequential")
+        names = [n for n, _ in layers]
+        bounds = stage_bounds(names, self.num_stages, self.cfg.get("split_points"))
+        for s in self.local_ids:
+            chunk = layers[bounds[s] : bounds[s + 1]]
+            self.names[s] = [n for n, _ in chunk]
+            self.modules[s] = nn.Sequential(*[m for _, m in chunk]).to(self.env.device)
+        if self.env.is_zero:
+            plan = " | ".join(
+                f"{names[bounds[s]]}..{names[bounds[s + 1] - 1]}" for s in range(self.num_stages)
+            )
+            log.info(
+                "pipeline: %d stages (%d per rank), schedule %s, %d micro-batches: %s",
+                self.num_stages,
+                self.per_rank,
+                self.schedule_name,
+                self.n_micro,
+                plan,
+            )
+        return PipelineModule(self.modules)  # the rest of the full model is dropped here
+
+    def _build_schedule(self) -> Any:
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
+        )
+
+        stages: list[Any] = [
+            PipelineStage(self.modules[s], s, self.num_stages, self.env.device) for s in self.local_ids
+        ]
+        for stage in stages:
+            self._time_compute(stage)
+        kwargs: dict[str, Any] = {"loss_fn": self._microbatch_loss, "scale_grads": False}
+        if self.schedule_name == "interleaved_1f1b":
+            return ScheduleInterleaved1F1B(stages, self.n_micro, **kwargs)
+        cls = Schedule1F1B if self.schedule_name == "1f1b" else ScheduleGPipe
+        return cls(stages[0], self.n_micro, **kwargs)
+
+    def _time_compute(self, stage: Any) -> None:
+        """Count the time this stage computes (not waits), for the measured bubble."""
+        for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+            fn = getattr(stage, name, None)
+            if fn is not None:
+                setattr(stage, name, self._timed(fn))
+
+    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.busy_s += time.perf_counter() - started
+
+        return wrapper
+
+    def _microbatch_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        assert self._loss is not None
+        return self._loss(output, target) * (self._scale / self.n_micro)
+
+    # ---------------------------------------------------------------------------------- step
+    def forward_backward(
+        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn, scale: float
+    ) -> torch.Tensor:
+        self._loss, self._scale = loss_fn, scale
+        if self._schedule is None:
+            self._schedule = self._build_schedule()
+        losses: list[torch.Tensor] = []
+        busy, started = self.busy_s, time.perf_counter()
+        args = (x,) if self.has_first else ()
+        self._schedule.step(*args, target=y, losses=losses, return_outputs=False)
+        if self._warm:
+            self.wall_s += time.perf_counter() - started
+            self.timed_steps += 1
+        else:  # the first step infers shapes and builds buffers: not counted
+            self.busy_s, self._warm = busy, True
+        if self.has_last:
+            return torch.stack([loss.detach() for loss in losses]).sum()
+        return torch.zeros((), device=self.env.device)
+
+    @torch.no_grad()
+    def eval_step(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: Any) -> torch.Tensor:
+        """Forward only, stage by stage with point-to-point sends: any batch size, no schedule."""
+        world, rank = self.env.world_size, self.env.rank
+        act: torch.Tensor | None = None
+        for s in self.local_ids:
+            prev = (s - 1) % world
+            if s == 0:
+                act = x
+            elif prev != rank:
+                act = _recv(prev, self.env.device)
+            act = self.modules[s](act)
+            if s < self.num_stages - 1 and (s + 1) % world != rank:
+                _send(act, (s + 1) % world)
+        if not self.has_last:
+            return torch.zeros(3, dtype=torch.float64, device=self.env.device)
+        assert act is not None
+        n = torch.tensor(float(len(y)), dtype=torch.float64, device=act.device)
+        return torch.stack([task.loss(act, y).to(torch.float64) * len(y), task.correct(act, y), n])
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float | None) -> torch.Tensor:
+        """The global norm over all stages (sum of squares all-reduced); the same coefficient everywhere."""
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        local = torch.zeros((), dtype=torch.float32, device=self.env.device)
+        if grads:
+            local = (
+                torch.stack([torch.linalg.vector_norm(g, 2.0, dtype=torch.float32) for g in grads])
+                .square()
+                .sum()
+            )
+        total = self.all_reduce(local, op="sum").sqrt()
+        if max_norm is not None and grads:
+            coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+            torch._foreach_mul_(grads, coef.to(grads[0].dtype))
+        return total
+
+    # ---------------------------------------------------------------------------------- collectives
+    def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        """Sum over stages: only the last stage holds a value, the others zeros (see module doc).
+
+        With one data-parallel replica, 'mean' over replicas is that sum.
+        """
+        if not dist.is_initialized() or self.env.world_size == 1:
+            return tensor
+        tensor = tensor.clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    # ---------------------------------------------------------------------------------- state
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The full model's state dict on rank 0 with the original names ({} on other ranks)."""
+        mine: dict[int, dict[str, torch.Tensor]] = {
+            s: {self._original(f"stages.{s}.{k}"): v.detach().cpu() for k, v in module.state_dict().items()}
+            for s, module in self.modules.items()
+        }
+        gathered: list[Any] = [None] * self.env.world_size if self.env.is_zero else []
+        if dist.is_initialized() and self.env.world_size > 1:
+            dist.gather_object(mine, gathered if self.env.is_zero else None, dst=0)
+        else:
+            gathered = [mine]
+        if not self.env.is_zero:
+            return {}
+        by_stage = {s: sd for part in gathered for s, sd in part.items()}
+        return {k: v for s in sorted(by_stage) for k, v in by_stage[s].items()}
+
+    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """This rank's stages for a sharded checkpoint, under the original names.
+
+        The optimizer state is flattened per parameter (`state.<name>.exp_avg`,
+        `param_groups.<name>.lr`): no list differs between ranks, so the stages' disjoint keys
+        merge into one checkpoint that names parameters as `single` does.
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        options = StateDictOptions(flatten_optimizer_state_dict=True)
+        model_state, optim_state = get_state_dict(model, optimizer, options=options)
+        return {
+            "model": {self._original(k): v for k, v in model_state.items()},
+            "optim": {self._original(k): v for k, v in optim_state.items()},
+        }
+
+    def load_state_dict(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+    ) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        local = {orig: f"stages.{s}.{i}." for s, names in self.names.items() for i, orig in enumerate(names)}
+
+        def back(key: str) -> str:
+            head, sep, rest = (
+                key.partition(".") if key.startswith(("state.", "param_groups.")) else ("", "", key)
+            )
+            for orig, mine in local.items():
+                if rest.startswith(orig + "."):
+                    return f"{head}{sep}{mine}{rest[len(orig) + 1 :]}"
+            return key
+
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict={back(k): v for k, v in state["model"].items()},
+            optim_state_dict={back(k): v for k, v in state["optim"].items()},
+            options=StateDictOptions(flatten_optimizer_state_dict=True),
+        )
+
+    def _original(self, key: str) -> str:
+        """`stages.<s>.<i>.<rest>` (anywhere in a key) -> `<name of layer i of stage s>.<rest>`."""
+        return _STAGE_KEY.sub(lambda m: f"{self.names[int(m[1])][int(m[2])]}.", key, count=1)
+
+    def summary_stats(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """State bytes, plus the measured idle (bubble) fraction per rank next to the theory."""
+        stats = super().summary_stats(model, optimizer)
+        mine = (self.busy_s, self.wall_s)
+        per_rank: list[Any] = [mine]
+        if dist.is_initialized() and self.env.world_size > 1:
+            per_rank = [None] * self.env.world_size
+            dist.all_gather_object(per_rank, mine)
+        idle = [1.0 - busy / wall if wall > 0 else None for busy, wall in per_rank]
+        p, m, v = self.env.world_size, self.n_micro, self.per_rank
+        stats["pipeline"] = {
+            "schedule": self.schedule_name,
+            "stages": self.num_stages,
+            "n_microbatches": m,
+            "timed_steps": self.timed_steps,
+            "idle_fraction_by_rank": idle,
+            "idle_fraction": sum(i for i in idle if i is not None) / max(1, sum(i is not None for i in idle)),
+            # (p-1)/(m+p-1) for one stage per rank; interleaving v stages shrinks the bubble v-fold
+            "bubble_theory": (p - 1) / (v * m + p - 1),
+        }
+        return stats
+
+
+# ------------------------------------------------------------------------------------------ p2p
+def _send(t: torch.Tensor, dst: int) -> None:
+    header = torch.zeros(_HEADER, dtype=torch.int64)
+    header[0], header[1] = _DTYPES.index(t.dtype), t.dim()
+    header[2 : 2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+    dist.send(header.to(t.device), dst)
+    dist.send(t.contiguous(), dst)
+
+
+def _recv(src: int, device: torch.device) -> torch.Tensor:
+    header = torch.zeros(_HEADER, dtype=torch.int64, device=device)
+    dist.recv(header, src)
+    dtype, ndim = _DTYPES[int(header[0])], int(header[1])
+    buf = torch.empty([int(d) for d in header[2 : 2 + ndim]], dtype=dtype, device=device)
+    dist.recv(buf, src)
+    return buf

@@ -1,0 +1,143 @@
+"""Tensor parallelism (`tp`) and its 2D composition with FSDP (`fsdp+tp`).
+
+`tp`: every rank holds a slice of each planned layer (`parallelize_module` with the model's plan,
+see disttrain.models.parallel); all ranks see the same batch and compute the same, full loss.
+`fsdp+tp`: a (dp, tp) DeviceMesh; the plan is applied on the tp sub-mesh, then `fully_shard`
+shards the (already tensor-parallel) parameters over the dp sub-mesh; batches split over dp.
+
+Parameters are DTensors, so clipping takes the norm of DTensor gradients (their `full_tensor()`
+all-reduces the partial norms) and the state dict gathers `full_tensor()`s with the original names.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from disttrain.dist import DistEnv
+from disttrain.models.parallel import class_path, tp_plan_fn
+from disttrain.strategies.base import Strategy
+
+log = logging.getLogger("disttrain")
+
+# "2 sequential all_reduce operations will be performed" on a 2D mesh: correct, only a perf note.
+logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+
+
+class TPStrategy(Strategy):
+    """Tensor parallel over all ranks: one data-parallel replica, the batch is not split."""
+
+    name = "tp"
+
+    def __init__(self, cfg: dict[str, Any], env: DistEnv) -> None:
+        super().__init__(cfg, env)
+        self.tp = self._tp_degree()
+        self.dp = env.world_size // self.tp
+        self.mesh: DeviceMesh | None = None
+
+    def _tp_degree(self) -> int:
+        return self.env.world_size
+
+    def data_parallel_rank_size(self) -> tuple[int, int]:
+        return self.env.rank // self.tp, self.dp  # mesh (dp, tp) is row-major: tp ranks are neighbours
+
+    def setup_module(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        factory = tp_plan_fn(model)
+        if factory is None:  # the pre-launch check catches this; a direct caller gets the same words
+            raise ValueError(f"model {class_path(model)} has no tensor-parallel plan (tp_plan())")
+        self.mesh = init_device_mesh(self.env.device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
+        plan = factory()
+        model = parallelize_module(model.to(self.env.device), self.mesh["tp"], plan)
+        if self.env.is_zero:
+            log.info("tp: mesh (dp=%d, tp=%d), plan %s", self.dp, self.tp, _describe(plan))
+        return model
+
+    # ---------------------------------------------------------------------------------- step
+    def clip_grad_norm(self, model: nn.Module, max_norm: float | None) -> torch.Tensor:
+        """Global norm over sharded (DTensor) and replicated (plain) grads; one coefficient for all."""
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        total = global_grad_norm(grads)
+        if max_norm is not None and grads:
+            coef = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
+            torch._foreach_mul_(grads, coef)
+        return total
+
+    # ---------------------------------------------------------------------------------- collectives
+    def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        """Reduce over data-parallel replicas only: tp ranks already hold identical (full) values."""
+        if self.dp == 1 or not dist.is_initialized():
+            return tensor
+        assert self.mesh is not None
+        tensor = tensor.clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.mesh["dp"].get_group())
+        return tensor / self.dp if op == "mean" else tensor
+
+    # ---------------------------------------------------------------------------------- state
+    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Full tensors with the original names on rank 0, {} elsewhere (every rank gathers: a collective)."""
+        out = {}
+        for k, v in model.state_dict().items():
+            full = v.full_tensor() if isinstance(v, DTensor) else v
+            out[k] = full.detach().cpu()
+        return out if self.env.is_zero else {}
+
+
+class FSDPTPStrategy(TPStrategy):
+    """2D: tensor parallel inside each group of `tp_degree` ranks, FSDP across the groups."""
+
+    name = "fsdp+tp"
+
+    def _tp_degree(self) -> int:
+        return int(self.cfg.get("tp_degree", 2))
+
+    def setup_module(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import fully_shard
+
+        model = super().setup_module(model)
+        assert self.mesh is not None
+        reshard = bool(self.cfg.get("reshard_after_forward", True))
+        fully_shard(model, mesh=self.mesh["dp"], reshard_after_forward=reshard)
+        return model
+
+    def no_backward_sync(self, model: nn.Module, enabled: bool) -> Any:
+        """FSDP2 skips the reduce-scatter on non-final accumulation micro-steps."""
+        return _GradSync(model, enabled)
+
+
+class _GradSync:
+    def __init__(self, model: nn.Module, skip: bool) -> None:
+        self.model, self.skip = model, skip
+
+    def __enter__(self) -> None:
+        self.model.set_requires_gradient_sync(not self.skip)  # type: ignore[operator]
+
+    def __exit__(self, *exc: object) -> None:
+        self.model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+
+def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """sqrt(sum of squares) over all ranks' shards: DTensor norms reduce across their mesh;
+    plain (replicated) grads count once, as every rank holds the same values."""
+    sharded = [g for g in grads if isinstance(g, DTensor)]
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    total = torch.zeros((), dtype=torch.float32)
+    if sharded:
+        norm = torch.nn.utils.get_total_norm(sharded)
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        total = total.to(norm.device) + norm.float().square()
+    if plain:
+        norm = torch.nn.utils.get_total_norm(plain)
+        total = total.to(norm.device) + norm.float().square()
+    return total.sqrt()
+
+
+def _describe(plan: dict[str, Any]) -> str:
+    return ", ".join(f"{name}={type(style).__name__}" for name, style in plan.items())

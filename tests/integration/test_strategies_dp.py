@@ -1,0 +1,267 @@
+"""Data-parallel strategies (ddp options, zero, fsdp, hsdp, dp, localsgd) equal `single`, via the CLI.
+
+Parity: same seed, data order and global batch (2 ranks x B = 1 process x 2B). Every step's loss
+and global grad norm, the final validation and the exported weights agree with `single` within TOL
+in fp32 (measured: <= 2.4e-7). Clipping is active (CLIP is below the measured norms), so the
+sharded-gradient norm and the clipping of DTensor grads under fsdp/hsdp are checked too. Local SGD
+clips each rank's LOCAL gradient, which is not what `single` does, so its group runs unclipped with
+SGD (linear in the gradient: averaging parameters every step equals averaging gradients).
+
+Memory: summary.json's per-rank bytes of parameters + gradients + optimizer state (local shards).
+
+The runs share 2 cores; they start three at a time (each is mostly interpreter start-up).
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import final_weights, run_cli, run_command, train_records, val_records
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+TOL = 1e-5  # fp32, same reduction order up to the all-reduce: measured <= 2.4e-7
+FP16_TOL = 1e-3  # gradients sent as fp16 (comm_hook=fp16): measured
+FP16_WEIGHT_TOL = 1e-2  # ... 3.4e-4 on the loss, 4.2e-3 on the weights after 20 SGD-momentum steps
+W, B, STEPS, CLIP = 2, 8, 20, 0.5
+HIDDEN = [64, 64, 64]  # 4 Linear layers: fsdp units, and a ZeRO partition that is roughly even
+COMMON = (
+    "data=synthetic",
+    "data.noise=3",  # a task that is not solved in 5 steps, so the trajectories stay informative
+    "sched=constant",
+    f"trainer.max_steps={STEPS}",
+    "trainer.log_every=1",
+    "trainer.val_every=10",
+    f"model.hidden=[{','.join(map(str, HIDDEN))}]",
+)
+ADAM = (f"trainer.clip_grad_norm={CLIP}",)
+SGD = ("optim=sgd", "trainer.clip_grad_norm=null")
+ONE = ("nproc_per_node=1", f"trainer.batch_size={W * B}")
+TWO = (f"nproc_per_node={W}", f"trainer.batch_size={B}")
+LOCALSGD_WARMUP, LOCALSGD_EVERY = 4, 4
+
+RUNS: dict[str, tuple[str, ...]] = {
+    # AdamW, clipping active
+    "single": (*ADAM, "strategy=single", *ONE),
+    "ddp": (
+        *ADAM,
+        "strategy=ddp",
+        *TWO,
+        "strategy.bucket_cap_mb=0.005",  # several buckets for a 40 KB model
+        "strategy.static_graph=true",
+        "strategy.gradient_as_bucket_view=true",
+    ),
+    "zero": (*ADAM, "strategy=zero", *TWO, "strategy.parameters_as_bucket_view=true"),
+    "fsdp": (*ADAM, "strategy=fsdp", *TWO, "strategy.wrap_classes=[Linear]"),
+    # replicate=2 on 2 ranks: mesh (2, 1); wrapping by size: the two 64x64 Linears (4160 params)
+    "hsdp": (
+        *ADAM,
+        "strategy=hsdp",
+        *TWO,
+        "strategy.min_num_params=4000",
+        "strategy.reshard_after_forward=false",
+    ),
+    "dp": (*ADAM, "strategy=dp", *ONE),
+    # SGD + momentum, no clipping
+    "single_sgd": (*SGD, "strategy=single", *ONE),
+    "ddp_fp16": (
+        *SGD,
+        "strategy=ddp",
+        *TWO,
+        "strategy.comm_hook=fp16",
+        "strategy.find_unused_parameters=true",
+    ),
+    "localsgd_1": (*SGD, "strategy=localsgd", *TWO, "strategy.sync_every=1", "strategy.warmup_steps=0"),
+    "localsgd_n": (
+        *SGD,
+        "strategy=localsgd",
+        *TWO,
+        f"strategy.sync_every={LOCALSGD_EVERY}",
+        f"strategy.warmup_steps={LOCALSGD_WARMUP}",
+        "trainer.ckpt_every=8",
+    ),
+}
+PARITY = {  # run: (baseline, tolerance on losses and norms, tolerance on the final weights)
+    "ddp": ("single", TOL, TOL),
+    "zero": ("single", TOL, TOL),
+    "fsdp": ("single", TOL, TOL),
+    "hsdp": ("single", TOL, TOL),
+    "dp": ("single", TOL, TOL),
+    "localsgd_1": ("single_sgd", TOL, TOL),
+    "ddp_fp16": ("single_sgd", FP16_TOL, FP16_WEIGHT_TOL),
+}
+RESUME_AT = 8  # localsgd_n also resumes from its step-8 checkpoint: mid-way between two averages
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
+    """Every run of RUNS in its own folder, three at a time: run dir and console output."""
+
+    def one(name: str, *extra: str) -> tuple[Path, str]:
+        proc, run_dir = run_cli(tmp_path_factory.mktemp(name), *COMMON, *RUNS[name], *extra, timeout=300)
+        assert run_dir is not None
+        return run_dir, proc.stdout + proc.stderr
+
+    def then_resume() -> tuple[Path, str]:
+        first = futures["localsgd_n"].result()[0] / "checkpoints" / f"step_{RESUME_AT:08d}"
+        return one("localsgd_n", f"resume={first}")
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(one, name) for name in sorted(RUNS, key=lambda n: n != "localsgd_n")}
+        futures["localsgd_resumed"] = pool.submit(then_resume)
+        return {name: f.result() for name, f in futures.items()}
+
+
+def summary(run_dir: Path) -> dict[str, Any]:
+    return dict(json.loads((run_dir / "summary.json").read_text()))
+
+
+# ---------------------------------------------------------------------------------------- parity
+@pytest.mark.parametrize("name", list(PARITY))
+def test_matches_single(runs: dict[str, tuple[Path, str]], name: str) -> None:
+    base, tol, weight_tol = PARITY[name]
+    a, b = train_records(runs[name][0]), train_records(runs[base][0])
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, STEPS + 1))
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["train/loss"] == pytest.approx(rb["train/loss"], abs=tol), (name, ra["step"])
+        if not name.startswith("localsgd"):  # local SGD reports rank 0's LOCAL gradient norm
+            norm = pytest.approx(rb["grad_norm"], abs=10 * tol, rel=tol)
+            assert ra["grad_norm"] == norm, (name, ra["step"])
+    va, vb = val_records(runs[name][0])[-1], val_records(runs[base][0])[-1]
+    assert va["val/loss"] == pytest.approx(vb["val/loss"], abs=tol)
+    assert va["val/acc"] == pytest.approx(vb["val/acc"], abs=1e-9 if tol == TOL else 2e-3)
+    wa, wb = final_weights(runs[name][0]), final_weights(runs[base][0])
+    assert sorted(wa) == sorted(wb), "exported names must be the plain model's (no module./FSDP prefixes)"
+    for key in wa:
+        assert tuple(wa[key].shape) == tuple(wb[key].shape), key
+        assert (wa[key] - wb[key]).abs().max().item() <= weight_tol, key
+
+
+def test_clipping_was_active(runs: dict[str, tuple[Path, str]]) -> None:
+    norms = [r["grad_norm"] for r in train_records(runs["single"][0])]
+    assert sum(n > CLIP for n in norms) >= STEPS // 2, f"CLIP={CLIP} clipped too few steps: {norms}"
+
+
+def test_every_run_completed(runs: dict[str, tuple[Path, str]]) -> None:
+    for name, (run_dir, _) in runs.items():
+        s = summary(run_dir)
+        assert s["steps"] == STEPS, name
+        assert (run_dir / "checkpoints" / "final.pt").is_file(), name
+        world = 1 if "nproc_per_node=1" in RUNS.get(name, ()) else W
+        assert len(s["state_bytes_by_rank"]) == world, name
+
+
+def test_fsdp_wrapping_and_mesh(runs: dict[str, tuple[Path, str]]) -> None:
+    assert "fsdp: mesh (2,), root + 4 wrapped units (Linear)" in runs["fsdp"][1]
+    assert "fsdp: mesh (2, 1), root + 2 wrapped units (Linear)" in runs["hsdp"][1]
+
+
+def test_dp_on_cpu_says_so_once(runs: dict[str, tuple[Path, str]]) -> None:
+    out = runs["dp"][1]
+    assert out.count("strategy=dp: no CUDA GPUs") == 1, out[-2000:]
+
+
+# ---------------------------------------------------------------------------------------- memory
+def test_fsdp_holds_one_shard_per_rank(runs: dict[str, tuple[Path, str]]) -> None:
+    """fsdp: params + grads + AdamW state per rank <= ddp's / W + 1% (per-tensor step counters and
+    dim-0 padding are the only extra); hsdp on (2, 1) replicates, so it holds what ddp holds."""
+    ddp = summary(runs["ddp"][0])["state_bytes_by_rank"]
+    assert ddp == [summary(runs["single"][0])["state_bytes_per_rank"]] * W
+    fsdp = summary(runs["fsdp"][0])["state_bytes_by_rank"]
+    for rank_bytes in fsdp:
+        assert rank_bytes <= ddp[0] / W * 1.01, (fsdp, ddp)
+    assert sum(fsdp) >= ddp[0], "the shards together hold the whole model"
+    hsdp = summary(runs["hsdp"][0])["state_bytes_by_rank"]
+    assert all(abs(h - ddp[0]) <= 0.01 * ddp[0] for h in hsdp), (hsdp, ddp)
+
+
+def test_zero_partitions_optimizer_state(runs: dict[str, tuple[Path, str]]) -> None:
+    """ZeRO-1 shards only the optimizer state, by whole tensors (greedy by size): each rank holds
+    <= ddp's optimizer bytes / W + the largest tensor's state, none of it twice; params and grads
+    stay full (that is ZeRO-1, not ZeRO-3: fsdp above shards those)."""
+    ddp = summary(runs["ddp"][0])["state_bytes_detail_by_rank"][0]
+    zero = summary(runs["zero"][0])["state_bytes_detail_by_rank"]
+    # AdamW's exp_avg + exp_avg_sq of the largest (64x64) weight, and its step counter
+    largest_state = 2 * max(HIDDEN) * max(HIDDEN) * 4 + 4
+    for rank in zero:
+        assert rank["params"] == ddp["params"] and rank["grads"] == ddp["grads"]
+        assert rank["optimizer"] <= ddp["optimizer"] / W + largest_state, (zero, ddp)
+        assert rank["optimizer"] < ddp["optimizer"]
+    assert sum(r["optimizer"] for r in zero) == ddp["optimizer"], "each tensor's state lives on one rank"
+
+
+# ---------------------------------------------------------------------------------------- local SGD
+def test_localsgd_bytes_fall_by_sync_every(runs: dict[str, tuple[Path, str]]) -> None:
+    """Bytes all-reduced, counted in the comm hook (gradients) and the averager (parameters)."""
+    param_bytes = summary(runs["ddp"][0])["state_bytes_detail_by_rank"][0]["params"]
+    every = summary(runs["localsgd_1"][0])["allreduce_bytes"]
+    assert every == {"grads": 0, "params": STEPS * param_bytes, "total": STEPS * param_bytes}
+    n = summary(runs["localsgd_n"][0])["allreduce_bytes"]
+    averages = len(range(LOCALSGD_WARMUP, STEPS, LOCALSGD_EVERY))
+    assert n["grads"] == LOCALSGD_WARMUP * param_bytes  # plain DDP steps first
+    assert n["params"] == averages * param_bytes
+    after_warmup = n["params"] / (STEPS - LOCALSGD_WARMUP)
+    assert after_warmup == pytest.approx(param_bytes / LOCALSGD_EVERY)  # ~N times fewer bytes per step
+
+
+def test_localsgd_still_learns(runs: dict[str, tuple[Path, str]]) -> None:
+    first = train_records(runs["localsgd_n"][0])[0]["train/loss"]
+    final, ref = val_records(runs["localsgd_n"][0])[-1], val_records(runs["single_sgd"][0])[-1]
+    assert final["val/loss"] < 0.5 * first
+    assert final["val/loss"] <= 1.5 * ref["val/loss"] + 0.05, (final, ref)
+    assert final["val/acc"] >= ref["val/acc"] - 0.05
+
+
+def test_localsgd_resumes_exactly(runs: dict[str, tuple[Path, str]]) -> None:
+    """Replicas differ between averages; each rank's own state must come back, not one copy."""
+    resumed = {r["step"]: r["train/loss"] for r in train_records(runs["localsgd_resumed"][0])}
+    original = {r["step"]: r["train/loss"] for r in train_records(runs["localsgd_n"][0])}
+    assert sorted(resumed) == list(range(RESUME_AT + 1, STEPS + 1))
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(original[step], abs=TOL), step
+
+
+# ---------------------------------------------------------------------------------------- config checks
+@pytest.mark.parametrize(
+    ("overrides", "key", "numbers"),
+    [
+        (("strategy=dp",), "nproc_per_node", "1 x 2 = 2"),
+        (("strategy=hsdp", "nproc_per_node=3"), "strategy.replicate", "divisor of the world size 3"),
+        (("strategy=fsdp", "strategy.replicate=0"), "strategy.replicate", ">= 1"),
+        (("strategy=fsdp", "strategy.param_dtype=float64"), "strategy.param_dtype", "bfloat16"),
+        (("strategy=localsgd", "strategy.sync_every=0"), "strategy.sync_every", ">= 1"),
+        (
+            ("strategy=localsgd", "strategy.comm_hook=fp16"),
+            "strategy.comm_hook",
+            "null with strategy=localsgd",
+        ),
+        (("strategy=zero", "strategy.comm_hook=int8"), "strategy.comm_hook", "fp16"),
+        (("strategy=ddp", "backend=gloo", "strategy.comm_hook=bf16"), "strategy.comm_hook", "gloo"),
+    ],
+)
+def test_config_checks(overrides: tuple[str, ...], key: str, numbers: str) -> None:
+    from disttrain.config import compose, resolve
+    from disttrain.config.errors import ConfigError
+    from disttrain.config.validate import check_static
+
+    with pytest.raises(ConfigError) as info:
+        check_static(resolve(compose(list(overrides)), list(overrides)))
+    assert info.value.key == key
+    assert numbers in str(info.value)
+    assert "HINT" in str(info.value)
+
+
+def test_bad_wrap_class_fails_before_launch(tmp_path: Path) -> None:
+    from .conftest import CLI, clean_env
+
+    proc = run_command(
+        [CLI, "train", "strategy=fsdp", "strategy.wrap_classes=[Linearr]"], tmp_path, 120, clean_env()
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "strategy.wrap_classes" in proc.stderr and "Linear, MLP" in proc.stderr
+    assert not (tmp_path / "runs").exists()

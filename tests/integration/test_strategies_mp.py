@@ -1,0 +1,189 @@
+"""Model-parallel strategies (pipeline, tp, fsdp+tp) equal `single`, through the real CLI.
+
+Parity: same seed, data order and global batch. Pipeline and tensor-parallel ranks split one model
+and read the SAME data (one data-parallel replica), so they run with the single run's batch 2B;
+fsdp+tp on 4 ranks is a (dp=2, tp=2) mesh and runs batch B per replica. Every step's loss and grad
+norm (clipping active), each validation and the final weights (consolidated with the original
+names) agree within TOL in fp32 (measured: <= 1.2e-7 on losses and grad norms, <= 3.2e-6 on weights
+after 20 AdamW steps).
+
+The runs share 2 cores; they start two at a time (each is mostly start-up) to keep the file short.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import (
+    CLI,
+    FAST,
+    final_weights,
+    read_yaml,
+    run_cli,
+    run_command,
+    train_records,
+    val_records,
+    write_module,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+TOL = 1e-5
+B = 16
+STEPS = 20
+COMMON = (
+    "data=synthetic",
+    "data.num_val_samples=500",  # not a multiple of the batch: the last val batch is short
+    "seed=5",
+    "sched=constant",
+    f"trainer.max_steps={STEPS}",
+    "trainer.log_every=1",
+    "trainer.val_every=10",
+    "trainer.clip_grad_norm=0.1",  # below the measured norms: clipping is active on every step
+    "model.hidden=[64,64,64]",  # 8 layers (Flatten, 4 Linear, 3 ReLU): room for 4 stages
+)
+RUNS: dict[str, tuple[str, ...]] = {
+    "single": ("strategy=single", "nproc_per_node=1", f"trainer.batch_size={2 * B}"),
+    "tp": ("strategy=tp", f"trainer.batch_size={2 * B}"),
+    # gpipe also accumulates: 2 micro-steps of B = the single run's 2B (gradients summed across steps)
+    "pipeline-gpipe": (
+        "strategy=pipeline",
+        "strategy.schedule=gpipe",
+        f"trainer.batch_size={B}",
+        "trainer.grad_accum=2",
+    ),
+    # also checkpoints at step 10: test_pipeline_resume continues from there
+    "pipeline-1f1b": (
+        "strategy=pipeline",
+        "strategy.schedule=1f1b",
+        f"trainer.batch_size={2 * B}",
+        "trainer.ckpt_every=10",
+    ),
+    "pipeline-interleaved_1f1b": (
+        "strategy=pipeline",
+        "strategy.schedule=interleaved_1f1b",
+        "strategy.stages_per_rank=2",
+        f"trainer.batch_size={2 * B}",
+    ),
+    "fsdp+tp": ("strategy=fsdp+tp", "nproc_per_node=4", f"trainer.batch_size={B}"),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every run of RUNS, each in its own folder, two at a time."""
+
+    def one(name: str) -> Path:
+        folder = tmp_path_factory.mktemp(name.replace("+", "_"))
+        _, run_dir = run_cli(folder, *COMMON, *RUNS[name], timeout=240)
+        assert run_dir is not None
+        return run_dir
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(one, name) for name in RUNS}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def _max_diff(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("name", [n for n in RUNS if n != "single"])
+def test_matches_single(runs: dict[str, Path], name: str) -> None:
+    got, ref = runs[name], runs["single"]
+    assert read_yaml(got / "summary.json")["samples"] == read_yaml(ref / "summary.json")["samples"]
+    a, b = train_records(got), train_records(ref)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, STEPS + 1))
+    loss = _max_diff([r["train/loss"] for r in a], [r["train/loss"] for r in b])
+    norm = _max_diff([r["grad_norm"] for r in a], [r["grad_norm"] for r in b])
+    va, vb = val_records(got), val_records(ref)
+    assert [r["step"] for r in va] == [r["step"] for r in vb] == [10, 20]
+    val = _max_diff([r["val/loss"] for r in va], [r["val/loss"] for r in vb])
+    acc = _max_diff([r["val/acc"] for r in va], [r["val/acc"] for r in vb])
+
+    wa, wb = final_weights(got), final_weights(ref)
+    assert list(wa) == list(wb), "the consolidated state dict keeps the original names and order"
+    weights = max(float((wa[k] - wb[k]).abs().max()) for k in wb)
+    print(f"{name}: max |diff| loss {loss:.2e} grad_norm {norm:.2e} val {val:.2e} weights {weights:.2e}")
+    assert loss <= TOL and norm <= TOL and val <= TOL and weights <= TOL, (loss, norm, val, weights)
+    assert acc == 0.0
+
+
+def test_pipeline_reports_bubble(runs: dict[str, Path]) -> None:
+    stats: dict[str, Any] = read_yaml(runs["pipeline-1f1b"] / "summary.json")["pipeline"]
+    assert stats["schedule"] == "1f1b" and stats["stages"] == 2 and stats["timed_steps"] == STEPS - 1
+    assert stats["bubble_theory"] == pytest.approx(1 / 5)  # (p-1)/(m+p-1), p=2, m=4
+    assert all(0.0 <= f < 1.0 for f in stats["idle_fraction_by_rank"])
+    inter = read_yaml(runs["pipeline-interleaved_1f1b"] / "summary.json")["pipeline"]
+    assert inter["stages"] == 4 and inter["bubble_theory"] == pytest.approx(1 / 9)
+
+
+def test_pipeline_resume_continues_exactly(runs: dict[str, Path], tmp_path: Path) -> None:
+    """The stages' sharded checkpoint (original names, flattened optimizer state) resumes bitwise."""
+    first = runs["pipeline-1f1b"]
+    ckpt = first / "checkpoints" / "step_00000010"
+    _, resumed = run_cli(tmp_path, *COMMON, *RUNS["pipeline-1f1b"], f"resume={ckpt}", timeout=240)
+    assert resumed is not None
+    a = {r["step"]: r["train/loss"] for r in train_records(first)}
+    b = {r["step"]: r["train/loss"] for r in train_records(resumed)}
+    assert sorted(b) == list(range(11, STEPS + 1))
+    assert all(a[k] == b[k] for k in b), [(k, a[k], b[k]) for k in b if a[k] != b[k]]
+
+
+# ------------------------------------------------------------------------------------------ checks
+def _config_error(tmp_path: Path, *overrides: str, command: str = "config") -> str:
+    proc = run_command([CLI, command, *FAST, *overrides], tmp_path, timeout=90)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.rglob("config.yaml")), "a config error must not create a run dir"
+    return proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (("strategy=pipeline", "strategy.n_microbatches=5"), "divisor of trainer.batch_size=32"),
+        (("strategy=pipeline", "strategy.schedule=interleaved_1f1b"), "strategy.stages_per_rank=1"),
+        (("strategy=pipeline", "strategy.n_microbatches=1"), ">= the number of stages (2)"),
+        (
+            ("strategy=fsdp+tp", "strategy.dp_degree=2"),
+            "2 x 2 = 4, world size nodes x nproc_per_node = 1 x 2 = 2",
+        ),
+        (("strategy=fsdp+tp", "strategy.tp_degree=3"), "a divisor of the world size 2"),
+        (("strategy=tp", "nproc_per_node=1"), ">= 2 ranks with strategy=tp"),
+    ],
+)
+def test_static_config_errors(tmp_path: Path, overrides: tuple[str, ...], expected: str) -> None:
+    assert expected in _config_error(tmp_path, *overrides)
+
+
+def test_too_many_stages_fails_before_launch(tmp_path: Path) -> None:
+    err = _config_error(
+        tmp_path,
+        "strategy=pipeline",
+        "strategy.schedule=interleaved_1f1b",
+        "strategy.stages_per_rank=2",
+        "model.hidden=[]",
+        command="train",
+    )
+    assert "4 stages but only 2 splittable layers" in err and "layers.0, layers.1" in err
+
+
+def test_model_without_tp_plan_fails_before_launch(tmp_path: Path) -> None:
+    write_module(
+        tmp_path,
+        "mylab.nets",
+        "import torch\n\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self, in_features, num_classes):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(in_features, num_classes)\n\n"
+        "    def forward(self, x):\n"
+        "        return self.fc(x.flatten(1))\n",
+    )
+    err = _config_error(tmp_path, "strategy=tp", "model._target_=mylab.nets.Net", command="train")
+    assert "model=mylab.nets.Net" in err and "tp_plan()" in err and "ddp" in err
