@@ -1,17 +1,51 @@
-"""Checkpoint files: written to a temporary name, flushed, then renamed, so a crash at any moment
-leaves the previous file whole. Loading is always `weights_only=True`: a checkpoint never runs code.
+"""Sharded checkpoints (torch.distributed.checkpoint), committed atomically, verified at load.
+
+    <run dir>/checkpoints/
+      step_00000017/         one committed checkpoint; a folder appears under this name only whole
+        .metadata __0_0.distcp __1_0.distcp ...   DCP: model, optimizer, scheduler; shards per rank
+        rng_rank0.pt ...     RNG states of each rank (torch.save; loaded with weights_only=True)
+        meta.json            step, epoch, position inside the epoch, world size, config and its hash
+        manifest.json        size and sha256 of every file above: written last, marks a whole save
+      .tmp-step_00000020/    a save in progress (or one a crash interrupted: ignored, later removed)
+      latest                 the newest committed checkpoint's name, replaced with os.replace
+      final.pt               the consolidated model for plain PyTorch (checkpoint.export_final)
+
+A save writes into `.tmp-<name>/`, fsyncs every file, then renames the folder into place and
+replaces `latest`: a kill at any instant leaves the previous checkpoint whole. A load checks the
+manifest and falls back to the previous good checkpoint, naming the bad file. Nothing is ever
+unpickled freely: tensors and objects load with weights_only=True, DCP's `.metadata` through an
+allow-list of DCP's own classes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
+import pickle
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
 
+log = logging.getLogger("disttrain")
 
+LATEST, MANIFEST, META = "latest", "manifest.json", "meta.json"
+PREFIX, TMP = "step_", ".tmp-"
+
+
+def step_name(step: int) -> str:
+    return f"{PREFIX}{step:08d}"
+
+
+# --------------------------------------------------------------------------------- plain files
 def save_atomic(state: dict[str, Any], path: Path) -> Path:
+    """torch.save to a temporary name, fsync, rename: the file at `path` is always whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -20,7 +54,7 @@ def save_atomic(state: dict[str, Any], path: Path) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
     return path
@@ -31,9 +65,331 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     return state
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with path.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _file_digest(path: Path, with_hash: bool) -> dict[str, Any]:
+    entry: dict[str, Any] = {"size": path.stat().st_size}
+    with path.open("rb") as f:
+        os.fsync(f.fileno())  # DCP's writer may not have synced .metadata
+        if with_hash:
+            h = hashlib.sha256()
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+            entry["sha256"] = h.hexdigest()
+    return entry
+
+
+# --------------------------------------------------------------------------------- DCP safety
+class _SafeUnpickler(pickle.Unpickler):
+    """DCP's `.metadata` is a pickle: allow only the classes DCP itself writes there."""
+
+    MODULES = ("torch.distributed.checkpoint.metadata",)
+    NAMES = {
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch.serialization", "_get_layout"),
+        ("torch", "Size"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "Path"),
+        ("collections", "OrderedDict"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in self.MODULES or (module, name) in self.NAMES:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not allowed")
+
+
+def _reader(path: Path) -> Any:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            rank = kwargs.get("rank")
+            name = ".metadata" if rank is None else f"__{rank}.metadata"
+            with (Path(self.path) / name).open("rb") as f:
+                metadata = _SafeUnpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(str(path))
+
+
+def _planner() -> Any:
+    import io
+
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint.planner import ReadItem
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        """DefaultLoadPlanner, but non-tensor values load with weights_only=True."""
+
+        def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+            from torch.distributed.checkpoint._traverse import set_element
+
+            obj = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafeLoadPlanner()
+
+
+# --------------------------------------------------------------------------------- save
+class PendingSave:
+    """A save whose files are still being written (async) or committed; `wait()` finishes it."""
+
+    def __init__(self, future: Future | None, commit: Callable[[], None], started: float) -> None:
+        self._future, self._commit, self.started = future, commit, started
+        self.done = False
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        if self._future is not None:
+            self._future.result()
+        self._commit()
+        self.done = True
+
+    def ready(self) -> bool:
+        return self._future is None or self._future.done()
+
+
+def save(
+    ckpt_dir: Path,
+    step: int,
+    app_state: dict[str, Any],
+    rng: dict[str, Any],
+    meta: dict[str, Any],
+    *,
+    rank: int,
+    keep: int,
+    verify: str,
+    async_save: bool = False,
+    process_group: Any = None,
+    barrier: Callable[[], None] = lambda: None,
+) -> PendingSave:
+    """Every rank calls this at the same step. Returns when the state is safe to modify again."""
+    import torch.distributed.checkpoint as dcp
+
+    started = time.time()
+    name = step_name(step)
+    tmp = ckpt_dir / f"{TMP}{name}"
+    if rank == 0:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        for stale in ckpt_dir.glob(f"{TMP}*"):  # saves a crash interrupted: never committed
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
+    barrier()
+    buf = _torch_bytes(rng)
+    _write_synced(tmp / f"rng_rank{rank}.pt", buf)
+    writer = _writer(tmp)
+    no_dist = not torch.distributed.is_initialized()
+    future: Future | None = None
+    if async_save:
+        future = dcp.async_save(app_state, storage_writer=writer, process_group=process_group)  # type: ignore[assignment]
+    else:
+        dcp.save(app_state, storage_writer=writer, process_group=process_group, no_dist=no_dist)
+
+    def commit() -> None:
+        # DCP's last phase gathers every rank's write result on rank 0 before .metadata is written,
+        # so when rank 0's save returns, every shard and every rng file is on disk.
+        if rank == 0:
+            _test_pause("DISTTRAIN_TEST_SAVE_SLEEP")
+            commit_dir(ckpt_dir, tmp, name, meta, verify, keep)
+
+    pending = PendingSave(future, commit, started)
+    if not async_save:
+        pending.wait()
+    return pending
+
+
+def _writer(path: Path) -> Any:
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    return FileSystemWriter(str(path), sync_files=True)
+
+
+def _torch_bytes(obj: Any) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _test_pause(var: str) -> None:
+    """Test hook: sleep inside a save (so a test can kill the process mid-write)."""
+    seconds = float(os.environ.get(var, "0") or 0)
+    if seconds > 0:
+        log.warning("%s=%s: pausing inside the checkpoint write", var, seconds)
+        time.sleep(seconds)
+
+
+def commit_dir(ckpt_dir: Path, tmp: Path, name: str, meta: dict[str, Any], verify: str, keep: int) -> Path:
+    """meta.json, manifest.json (last), fsync, rename into place, replace `latest`, prune old ones."""
+    _write_synced(tmp / META, json.dumps(meta, indent=1, sort_keys=True, default=str).encode())
+    files = sorted(p for p in tmp.iterdir() if p.is_file() and p.name != MANIFEST)
+    manifest = {"files": {p.name: _file_digest(p, verify == "hash") for p in files}, "name": name}
+    _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    fsync_dir(tmp)
+    final = ckpt_dir / name
+    if final.exists():  # the same step saved again (e.g. an emergency save after a periodic one)
+        old = ckpt_dir / f"{TMP}old-{name}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    fsync_dir(ckpt_dir)
+    point_latest(ckpt_dir, name)
+    prune(ckpt_dir, keep)
+    return final
+
+
+def point_latest(ckpt_dir: Path, name: str) -> None:
+    tmp = ckpt_dir / f".{LATEST}.tmp"
+    _write_synced(tmp, (name + "\n").encode())
+    os.replace(tmp, ckpt_dir / LATEST)
+    fsync_dir(ckpt_dir)
+
+
+def committed(ckpt_dir: Path) -> list[Path]:
+    """Committed checkpoint folders, oldest first (by step number in the name)."""
+    if not ckpt_dir.is_dir():
+        return []
+    dirs = [p for p in ckpt_dir.iterdir() if p.is_dir() and p.name.startswith(PREFIX)]
+    return sorted(dirs, key=lambda p: p.name)
+
+
+def prune(ckpt_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` committed checkpoints (never the one `latest` names)."""
+    latest = read_latest(ckpt_dir)
+    doomed = [p for p in committed(ckpt_dir)[:-keep] if p.name != latest]
+    for p in doomed:
+        # rename first: a kill mid-delete leaves a .tmp- folder (ignored), never a half checkpoint
+        trash = ckpt_dir / f"{TMP}del-{p.name}"
+        os.rename(p, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    return doomed
+
+
+def read_latest(ckpt_dir: Path) -> str | None:
+    try:
+        return (ckpt_dir / LATEST).read_text().strip() or None
+    except OSError:
+        return None
+
+
+# --------------------------------------------------------------------------------- load
+def problem(path: Path, verify: str = "hash") -> str | None:
+    """Why the checkpoint at `path` is not loadable (naming the file), or None when it is whole."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        return f"{path / MANIFEST} is missing (the save never committed)"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"{path / MANIFEST} is unreadable ({exc})"
+    for fname in (".metadata", META):
+        if fname not in files:
+            return f"{path / MANIFEST} lists no {fname}"
+    for fname, want in files.items():
+        f = path / fname
+        if not f.is_file():
+            return f"{f} is missing"
+        size = f.stat().st_size
+        if size != want["size"]:
+            return f"{f} has {size} bytes, the manifest says {want['size']} (truncated or overwritten)"
+        if verify == "hash" and "sha256" in want and _file_digest(f, True)["sha256"] != want["sha256"]:
+            return f"{f} has the right size but the wrong sha256 (corrupted)"
+    return None
+
+
+def candidates(location: Path) -> list[Path]:
+    """Checkpoints to try, best first: `location` itself, or a run/checkpoints dir's latest, then older."""
+    if (location / MANIFEST).exists() or (location / ".metadata").exists():
+        return [location, *reversed([p for p in committed(location.parent) if p.name < location.name])]
+    ckpt_dir = location / "checkpoints" if (location / "checkpoints").is_dir() else location
+    found = list(reversed(committed(ckpt_dir)))
+    latest = read_latest(ckpt_dir)
+    if latest and (ckpt_dir / latest).is_dir():
+        found.sort(key=lambda p: p.name != latest)  # `latest` first; it may be older after a manual resume
+    return found
+
+
+def choose(location: Path, verify: str = "hash") -> Path | None:
+    """The newest whole checkpoint at `location`; warns naming each bad file it skips."""
+    for path in candidates(location):
+        why = problem(path, verify)
+        if why is None:
+            return path
+        log.warning("checkpoint %s is not loadable: %s; falling back to the previous one", path.name, why)
+    return None
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    meta: dict[str, Any] = json.loads((path / META).read_text())
+    return meta
+
+
+def load_sharded(
+    path: Path, app_state: dict[str, Any], rank: int, no_dist: bool = False
+) -> dict[str, Any] | None:
+    """Fill `app_state` in place from the DCP checkpoint at `path` (resharding as needed).
+
+    Returns this rank's saved RNG states, or None when the checkpoint had no rank of this number.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(app_state, storage_reader=_reader(path), planner=_planner(), no_dist=no_dist)
+    rng_file = path / f"rng_rank{rank}.pt"
+    return load(rng_file) if rng_file.is_file() else None
+
+
+# --------------------------------------------------------------------------------- export
+def export_model(location: Path, out: Path, model: torch.nn.Module, verify: str = "hash") -> Path:
+    """Load the newest whole checkpoint at `location` into the plain `model`; save one state dict.
+
+    `.safetensors` writes a safetensors file, anything else a torch.save file.
+    """
+    path = choose(location, verify)
+    if path is None:
+        raise FileNotFoundError(f"no loadable checkpoint under {location}")
+    state = {"model": model.state_dict()}
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        load_sharded(path, state, rank=0, no_dist=True)
+    model.load_state_dict(state["model"])
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        tmp = out.with_name(f".{out.name}.tmp")
+        save_file(tensors, str(tmp), metadata={"checkpoint": str(path)})
+        os.replace(tmp, out)
+    else:
+        save_atomic(tensors, out)
+    log.info("exported %s (%d tensors) to %s", path, len(tensors), out)
+    return path

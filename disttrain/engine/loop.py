@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from disttrain import checkpoint
 from disttrain.dist import DistEnv
+from disttrain.engine.checkpointing import Checkpointer
+from disttrain.engine.resume import StopFlag, set_rng_state
 from disttrain.engine.tasks import Task
 from disttrain.observe.metrics import NullMetrics
 from disttrain.observe.progress import make_progress
@@ -30,6 +32,8 @@ class LoopState:
     samples: int = 0
     last_val: dict[str, float] = field(default_factory=dict)
     first_step_at: float | None = None
+    epoch_samples: int = 0  # global samples of the current epoch's permutation already consumed
+    lr: float = 0.0  # the lr the last optimizer step used (the scheduler has moved on since)
 
 
 @dataclass
@@ -55,6 +59,9 @@ class Engine:
         val_loader: DataLoader | None,
         metrics: NullMetrics,
         run_dir: Path,
+        checkpoint_cfg: dict[str, Any] | None = None,
+        run_cfg: dict[str, Any] | None = None,
+        timeout_s: float = 300.0,
     ) -> None:
         self.t, self.env, self.strategy = trainer, env, strategy
         self.model, self.optimizer, self.scheduler, self.task = model, optimizer, scheduler, task
@@ -71,40 +78,108 @@ class Engine:
                 f"{len(train_loader)} batches per epoch on this rank cannot fill one step of grad_accum={self.accum}"
             )
         self.total_steps = total_steps(trainer, len(train_loader))
-        self.global_batch = int(trainer["batch_size"]) * self.accum * env.world_size
+        self.dp_size = strategy.data_parallel_rank_size()[1]
+        self.global_batch = int(trainer["batch_size"]) * self.accum * self.dp_size
         self.state = LoopState()
+        self.timeout_s = timeout_s
+        self.scaler: Any = None  # the AMP grad scaler's slot in checkpoints
+        self.in_update = False  # inside optimizer/scheduler step: state not consistent across ranks
+        self.pending_rng: dict[str, Any] | None = None  # restored after the resumed epoch's iterator
+        self.stop = StopFlag()
+        self.ckpt = Checkpointer(self, checkpoint_cfg or {}, run_cfg or {})
 
     # ------------------------------------------------------------------------------------ fit
     def fit(self) -> dict[str, Any]:
         s, t = self.state, self.t
         started = time.perf_counter()
-        window = self._new_window()
-        with make_progress(self.env.is_zero and t["progress"], self.total_steps, "train") as bar:
-            while s.step < self.total_steps:
-                self._set_epoch(s.epoch)
-                for micro_batches in self._groups():
-                    loss, grad_norm = self.train_step(micro_batches)
-                    s.step += 1
-                    s.samples += self.global_batch
-                    window.loss_sum += loss
-                    window.steps += 1
-                    if s.step % t["log_every"] == 0 or s.step == self.total_steps:
-                        values = self._log_train(window, grad_norm)
-                        window = self._new_window()
-                        bar.update(s.step, loss=values["train/loss"], lr=values["lr"])
-                    if t["val_every"] and s.step % t["val_every"] == 0:
-                        self.validate()
-                    if t["ckpt_every"] and s.step % t["ckpt_every"] == 0:
-                        self.save(f"step_{s.step:08d}.pt")
-                    if s.step >= self.total_steps:
-                        break
-                s.epoch += 1
-                if not t["val_every"]:
-                    self.validate()
-        if t["val_every"] and s.step % t["val_every"] != 0:
-            self.validate()
-        self.save("final.pt")
+        resumed_done = s.step >= self.total_steps and s.step > 0
+        with self.stop, make_progress(self.env.is_zero and t["progress"], self.total_steps, "train") as bar:
+            bar.update(s.step)
+            try:
+                self._epochs(bar)
+            except Exception as exc:
+                raise self._failed(exc) from exc
+        if self.stop.signum:
+            return self._stopped(time.perf_counter() - started)
+        if not resumed_done:
+            if not t["val_every"] or s.step % t["val_every"] != 0:
+                self.validate()  # val_every=0: the last epoch ended here (the loop returns before its end)
+            self.ckpt.save("final")
+            if self.ckpt.cfg.get("export_final", True):
+                self.ckpt.export_final()
+        self.ckpt.finish()
         return self._summary(time.perf_counter() - started)
+
+    def _epochs(self, bar: Any) -> None:
+        s, t = self.state, self.t
+        window = self._new_window()
+        while s.step < self.total_steps:
+            self._set_epoch(s.epoch)
+            for micro_batches in self._groups():
+                loss, grad_norm = self.train_step(micro_batches)
+                s.step += 1
+                s.samples += self.global_batch
+                s.epoch_samples += self.global_batch
+                window.loss_sum += loss
+                window.steps += 1
+                if s.step % t["log_every"] == 0 or s.step == self.total_steps:
+                    values = self._log_train(window, grad_norm)
+                    window = self._new_window()
+                    bar.update(s.step, loss=values["train/loss"], lr=values["lr"])
+                if t["val_every"] and s.step % t["val_every"] == 0:
+                    self.validate()
+                if t["ckpt_every"] and s.step % t["ckpt_every"] == 0:
+                    self.ckpt.save("periodic")
+                self.ckpt.poll()
+                if self._stop_agreed() or s.step >= self.total_steps:
+                    return
+            s.epoch += 1
+            s.epoch_samples = 0
+            if not t["val_every"]:
+                self.validate()
+
+    def _stop_agreed(self) -> bool:
+        """Whether any rank got SIGTERM/SIGINT; every rank learns it at the same step."""
+        flag = torch.tensor([self.stop.signum], dtype=torch.int32, device=self.env.device)
+        if dist.is_initialized() and self.env.world_size > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and not self.stop.signum:
+            self.stop.signum = int(flag.item())
+        return bool(flag.item())
+
+    def _stopped(self, elapsed: float) -> dict[str, Any]:
+        log.warning("stopping at step %d on %s", self.state.step, self.stop.name)
+        if self.ckpt.cfg.get("on_signal", True):
+            self.ckpt.save("signal")
+        self.ckpt.finish()
+        summary = self._summary(elapsed)
+        summary["stopped_by"] = self.stop.name
+        return summary
+
+    def _failed(self, exc: Exception) -> Exception:
+        """Name a dead or hung peer plainly; save an emergency checkpoint when every rank failed."""
+        text = str(exc)
+        if any(m in text for m in ("Timed out", "timed out", "Timeout")):
+            return RuntimeError(
+                f"rank {self.env.rank}: a collective at step {self.state.step + 1} waited more than "
+                f"backend.timeout={self.timeout_s:g} s: another rank stopped participating (hung, "
+                "stuck or much slower). HINT: look at the other ranks' logs; raise backend.timeout "
+                "if a step can legitimately take that long."
+            )
+        if isinstance(exc, dist.DistError) or any(
+            m in text for m in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+        ):
+            return RuntimeError(
+                f"rank {self.env.rank}: a peer rank died at step {self.state.step + 1} "
+                f"({text.splitlines()[0][:200] if text else type(exc).__name__})"
+            )
+        if self.ckpt.cfg.get("on_error", True):
+            try:
+                if self.ckpt.emergency(exc, min(self.timeout_s, 5.0)):
+                    log.error("saved an emergency checkpoint at step %d", self.state.step)
+            except Exception:
+                log.exception("the emergency checkpoint failed")
+        return exc
 
     # ------------------------------------------------------------------------------------ step
     def train_step(self, micro_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,9 +192,12 @@ class Engine:
             with self.strategy.no_backward_sync(self.model, enabled=i < n - 1):
                 total += self.strategy.forward_backward(self.model, x, y, self.task.loss, scale=1.0 / n)
         grad_norm = self.strategy.clip_grad_norm(self.model, self.t["clip_grad_norm"])
+        self.in_update = True
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.state.lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
+        self.in_update = False
         if self.state.first_step_at is None:
             self.state.first_step_at = time.time()
         return total, grad_norm
@@ -144,14 +222,27 @@ class Engine:
 
     # ------------------------------------------------------------------------------------ helpers
     def _groups(self) -> Iterator[list[Any]]:
+        """The rest of this epoch's optimizer steps, each `grad_accum` micro-batches."""
         batches = iter(self.train_loader)
-        for _ in range(self.steps_per_epoch):
+        if self.pending_rng is not None:  # after iter(): the interrupted run drew from the RNG there too
+            set_rng_state(self.pending_rng)
+            self.pending_rng = None
+        for _ in range(len(self.train_loader) // self.accum):
             yield [next(batches) for _ in range(self.accum)]
 
     def _set_epoch(self, epoch: int) -> None:
-        set_epoch = getattr(self.train_loader.sampler, "set_epoch", None)
+        """Seed the epoch's permutation; a resumed epoch starts after the samples already consumed."""
+        sampler = self.train_loader.sampler
+        set_epoch = getattr(sampler, "set_epoch", None)
         if set_epoch is not None:
             set_epoch(epoch)
+        set_start = getattr(sampler, "set_start", None)
+        if set_start is not None:
+            set_start(self.state.epoch_samples // self.dp_size)
+        elif self.state.epoch_samples:
+            raise ValueError(
+                f"resuming mid-epoch needs a sampler with set_start(); {type(sampler).__name__} has none"
+            )
 
     def _new_window(self) -> Window:
         return Window(loss_sum=torch.zeros((), device=self.env.device))
@@ -161,7 +252,7 @@ class Engine:
         loss = self.strategy.all_reduce(window.loss_sum / window.steps, op="mean").item()
         values = {
             "train/loss": loss,
-            "lr": self.optimizer.param_groups[0]["lr"],
+            "lr": self.state.lr,
             "grad_norm": float(grad_norm),
             "samples_per_s": window.steps * self.global_batch / max(elapsed, 1e-9),
             "step_time_s": elapsed / window.steps,
@@ -170,27 +261,16 @@ class Engine:
         log.debug("step %d %s", self.state.step, values)
         return values
 
-    def save(self, name: str) -> None:
-        state = {
-            "model": self.strategy.model_state_dict(self.model),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "step": self.state.step,
-            "epoch": self.state.epoch,
-        }
-        if self.env.is_zero:
-            checkpoint.save_atomic(state, self.run_dir / "checkpoints" / name)
-        self.strategy.barrier()
-
     def _summary(self, elapsed: float) -> dict[str, Any]:
         s = self.state
         return {
             "steps": s.step,
-            "epochs": s.epoch,
+            "epochs": s.epoch + (1 if s.epoch_samples else 0),  # a partly trained epoch counts
             "samples": s.samples,
             "train_time_s": round(elapsed, 3),
             "samples_per_s": s.samples / max(elapsed, 1e-9),
             "first_step_at": s.first_step_at,
+            "checkpoint_stall_s": [round(x, 4) for x in self.ckpt.stalls],
             **s.last_val,
         }
 

@@ -1,0 +1,139 @@
+"""Faults through the real CLI: a killed rank restarts and finishes bitwise like an uninterrupted
+run; a hung rank fails the others within backend.timeout; SIGTERM saves and leaves no process;
+an exception on every rank saves an emergency checkpoint. (scripts/kill_trials.py: 10 kill trials.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import CLI, FAST, _group_members, _kill_group, clean_env, final_weights, run_cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+FAULT = ("data=synthetic", "trainer.log_every=1", "model._target_=disttrain.testing.FaultMLP")
+
+
+def _start(cwd: Path, *overrides: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [CLI, "train", *FAST, *overrides],
+        cwd=cwd,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _wait(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=timeout)
+    except BaseException:
+        _kill_group(proc.pid)
+        proc.communicate()
+        raise
+
+
+def _last_step(run_dir: Path) -> int:
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    return max((json.loads(x)["step"] for x in lines if "train/loss" in x), default=0)
+
+
+def _wait_for_step(proc: subprocess.Popen[str], run_dir: Path, step: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while _last_step(run_dir) < step:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _kill_group(proc.pid)
+            _, err = proc.communicate()
+            pytest.fail(f"the run never reached step {step}\n{err[-2000:]}")
+        time.sleep(0.05)
+
+
+def _rank_pid(run_dir: Path, rank: int) -> int:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes()
+                env = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"disttrain.worker" in cmd and str(run_dir).encode() in cmd and f"RANK={rank}".encode() in env:
+                return int(entry.name)
+    raise AssertionError(f"no rank {rank} process for {run_dir}")
+
+
+def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(tmp_path: Path) -> None:
+    run = (*FAULT, "trainer.max_steps=60", "trainer.ckpt_every=10", "+model.delay=0.02")
+    _, reference = run_cli(tmp_path, *run, "hydra.run.dir=reference", timeout=150)
+    assert reference is not None
+    run_dir = tmp_path / "killed"
+    proc = _start(tmp_path, *run, "launcher.max_restarts=1", f"hydra.run.dir={run_dir}")
+    _wait_for_step(proc, run_dir, 15)
+    os.kill(_rank_pid(run_dir, 1), signal.SIGKILL)
+    killed_at = time.time()
+    _, err = _wait(proc, 180)
+    assert proc.returncode == 0, err[-3000:]
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert log.count("resuming from") == 1, "recovered on the first restart"
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first_new = min(r["time"] for r in records if "train/loss" in r and r["time"] > killed_at)
+    assert first_new - killed_at < 60, f"training resumed {first_new - killed_at:.1f} s after the kill"
+    wa, wb = final_weights(reference), final_weights(run_dir)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "final weights differ from the uninterrupted run"
+    assert not _group_members(proc.pid)
+
+
+def test_killed_rank_without_restarts_is_named_with_its_signal(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _start(tmp_path, *FAULT, "trainer.max_steps=400", "+model.delay=0.02", f"hydra.run.dir={run_dir}")
+    _wait_for_step(proc, run_dir, 3)
+    os.kill(_rank_pid(run_dir, 1), signal.SIGKILL)
+    _, err = _wait(proc, 90)
+    assert proc.returncode == 1
+    assert "rank 1 was killed by SIGKILL (signal 9)" in err, err[-2000:]
+    assert str(run_dir / "logs" / "rank1.log") in err
+
+
+def test_hung_rank_fails_the_others_within_the_timeout(tmp_path: Path) -> None:
+    run = (*FAULT, "trainer.max_steps=50", "+model.hang_at=4", "backend.timeout=5")
+    started = time.monotonic()
+    proc, _ = run_cli(tmp_path, *run, expect_rc=1, timeout=150)
+    assert "backend.timeout=5 s: another rank stopped participating" in proc.stderr, proc.stderr[-2000:]
+    assert "rank 0" in proc.stderr
+    assert time.monotonic() - started < 120
+
+
+def test_sigterm_saves_and_leaves_no_process(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = _start(tmp_path, *FAULT, "trainer.max_steps=2000", "+model.delay=0.02", f"hydra.run.dir={run_dir}")
+    _wait_for_step(proc, run_dir, 5)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = _wait(proc, 90)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "stopped by SIGTERM" in err and "disttrain resume" in err
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    meta = json.loads((run_dir / "checkpoints" / latest / "meta.json").read_text())
+    assert meta["reason"] == "signal" and meta["step"] >= 5
+    deadline = time.monotonic() + 10
+    while _group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _group_members(proc.pid), "ranks outlived the CLI"
+
+
+def test_exception_on_every_rank_saves_an_emergency_checkpoint(tmp_path: Path) -> None:
+    proc, run_dir = run_cli(tmp_path, *FAULT, "trainer.max_steps=50", "+model.raise_at=6", expect_rc=1)
+    assert run_dir is not None
+    assert "FloatingPointError: injected failure at training forward 6" in proc.stderr, proc.stderr[-2000:]
+    meta = json.loads((run_dir / "checkpoints" / "step_00000005" / "meta.json").read_text())
+    assert meta["reason"] == "error"

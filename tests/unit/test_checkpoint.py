@@ -1,0 +1,273 @@
+"""disttrain.checkpoint in one process: atomic commit, `latest`, retention, corruption fallback,
+weights_only loading, and the pieces of exact resume (RNG, sampler position, config fingerprint)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.checkpoint import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_state_dict
+
+from disttrain import checkpoint
+from disttrain.engine.resume import (
+    ResumableSampler,
+    config_diff,
+    config_hash,
+    rng_state,
+    set_rng_state,
+    shaping_config,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def _trained(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(3):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+def _save(ckpt_dir: Path, step: int, model: nn.Module, opt: torch.optim.Optimizer, keep: int = 3) -> None:
+    msd, osd = get_state_dict(model, opt)
+    meta = {"step": step, "epoch": 0, "epoch_samples": 0, "samples": 0, "reason": "test"}
+    checkpoint.save(
+        ckpt_dir, step, {"model": msd, "optim": osd}, rng_state(), meta, rank=0, keep=keep, verify="hash"
+    )
+
+
+def _load_into(path: Path) -> tuple[nn.Module, torch.optim.Optimizer]:
+    model, opt = _trained(seed=99)  # different weights and optimizer state
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd}
+    checkpoint.load_sharded(path, state, rank=0, no_dist=True)
+    model.load_state_dict(state["model"])
+    return model, opt
+
+
+def test_commit_writes_a_whole_folder_and_points_latest(tmp_path: Path) -> None:
+    model, opt = _trained()
+    _save(tmp_path, 5, model, opt)
+    path = tmp_path / "step_00000005"
+    assert checkpoint.read_latest(tmp_path) == "step_00000005"
+    assert not list(tmp_path.glob(".tmp-*")), "the temporary folder was renamed into place"
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert {".metadata", "meta.json", "rng_rank0.pt"} <= set(manifest["files"])
+    assert all(len(f["sha256"]) == 64 for f in manifest["files"].values())
+    assert checkpoint.problem(path) is None
+    loaded, _ = _load_into(path)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), loaded.state_dict().values(), strict=True)
+    )
+
+
+def test_retention_keeps_the_newest_n(tmp_path: Path) -> None:
+    model, opt = _trained()
+    for step in (1, 2, 3, 4, 5):
+        _save(tmp_path, step, model, opt, keep=2)
+    assert [p.name for p in checkpoint.committed(tmp_path)] == ["step_00000004", "step_00000005"]
+    assert checkpoint.read_latest(tmp_path) == "step_00000005"
+
+
+def test_truncated_file_falls_back_to_previous(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model, opt = _trained()
+    _save(tmp_path, 1, model, opt)
+    _save(tmp_path, 2, model, opt)
+    shard = next((tmp_path / "step_00000002").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with caplog.at_level(logging.WARNING, logger="disttrain"):
+        chosen = checkpoint.choose(tmp_path)
+    assert chosen == tmp_path / "step_00000001"
+    assert shard.name in caplog.text and "truncated" in caplog.text and "falling back" in caplog.text
+
+
+def test_corrupted_bytes_same_size_are_caught_by_the_hash(tmp_path: Path) -> None:
+    model, opt = _trained()
+    _save(tmp_path, 1, model, opt)
+    _save(tmp_path, 2, model, opt)
+    shard = next((tmp_path / "step_00000002").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert "sha256" in (checkpoint.problem(tmp_path / "step_00000002") or "")
+    assert checkpoint.problem(tmp_path / "step_00000002", verify="size") is None  # size alone can't tell
+    assert checkpoint.choose(tmp_path) == tmp_path / "step_00000001"
+
+
+def test_uncommitted_folder_is_never_chosen(tmp_path: Path) -> None:
+    model, opt = _trained()
+    _save(tmp_path, 1, model, opt)
+    (tmp_path / ".tmp-step_00000002").mkdir()  # a save a crash interrupted
+    (tmp_path / "step_00000003").mkdir()  # a folder without a manifest
+    assert checkpoint.choose(tmp_path) == tmp_path / "step_00000001"
+
+
+SAVER = """
+import sys, torch
+from torch import nn
+from torch.distributed.checkpoint import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from disttrain import checkpoint
+from disttrain.engine.resume import rng_state
+ckpt = sys.argv[1]
+model = nn.Linear(256, 256); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in (1, 2):
+    msd, osd = get_state_dict(model, opt)
+    if step == 2:
+        print("saving 2", flush=True)
+    checkpoint.save(checkpoint.Path(ckpt), step, {"model": msd, "optim": osd}, rng_state(), {"step": step},
+                    rank=0, keep=3, verify="hash")
+    print("saved", step, flush=True)
+    import os; os.environ["DISTTRAIN_TEST_SAVE_SLEEP"] = "60"
+"""
+
+
+def test_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path: Path) -> None:
+    """SIGKILL while the second save is inside its write: step 1 stays complete and is chosen."""
+    script = tmp_path / "saver.py"
+    script.write_text(SAVER)
+    ckpt = tmp_path / "ckpt"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(ckpt)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until the second save's shards are on disk
+            if (ckpt / ".tmp-step_00000002" / ".metadata").exists():
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the second save never started")
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert "saved 2" not in out
+    assert checkpoint.read_latest(ckpt) == "step_00000001"
+    assert checkpoint.choose(ckpt) == ckpt / "step_00000001"
+    state = {"model": nn.Linear(256, 256).state_dict()}
+    checkpoint.load_sharded(ckpt / "step_00000001", state, rank=0, no_dist=True)
+
+
+class _Evil:
+    """Unpickling it creates the file `marker`: proof that a checkpoint ran code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self) -> Any:
+        return (open, (self.marker, "w"))
+
+
+def test_loading_never_runs_pickled_code(tmp_path: Path) -> None:
+    model, opt = _trained()
+    _save(tmp_path, 1, model, opt)
+    path = tmp_path / "step_00000001"
+    marker = tmp_path / "pwned"
+    torch.save({"x": _Evil(marker)}, path / "rng_rank0.pt")
+    with pytest.raises(pickle.UnpicklingError):
+        checkpoint.load(path / "rng_rank0.pt")
+    (path / ".metadata").write_bytes(pickle.dumps(_Evil(marker)))
+    with pytest.raises(CheckpointException, match="not allowed"):  # DCP wraps the UnpicklingError
+        _load_into(path)
+    assert not marker.exists(), "loading a checkpoint ran pickled code"
+
+
+def test_every_torch_load_in_the_package_is_weights_only() -> None:
+    root = Path(checkpoint.__file__).parent
+    for source in root.rglob("*.py"):
+        for call in re.findall(r"torch\.load\([^)]*\)", source.read_text()):
+            assert "weights_only=True" in call, f"{source}: {call}"
+
+
+def test_export_writes_a_plain_state_dict(tmp_path: Path) -> None:
+    model, opt = _trained()
+    _save(tmp_path, 1, model, opt)
+    target = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    for name in ("model.pt", "model.safetensors"):
+        checkpoint.export_model(tmp_path, tmp_path / name, target)
+    plain = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    plain.load_state_dict(torch.load(tmp_path / "model.pt", weights_only=True))
+    from safetensors.torch import load_file
+
+    plain.load_state_dict(load_file(str(tmp_path / "model.safetensors")))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(model.state_dict().values(), plain.state_dict().values(), strict=True)
+    )
+
+
+def test_rng_state_round_trip_through_a_weights_only_file(tmp_path: Path) -> None:
+    import random
+
+    import numpy as np
+
+    state = rng_state()
+    expected = (random.random(), float(np.random.rand()), torch.rand(3))
+    torch.save(state, tmp_path / "rng.pt")
+    set_rng_state(checkpoint.load(tmp_path / "rng.pt"))
+    got = (random.random(), float(np.random.rand()), torch.rand(3))
+    assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_sampler_resumes_by_index(world: int) -> None:
+    data = list(range(100))
+    for rank in range(world):
+        full = ResumableSampler(data, num_replicas=world, rank=rank, seed=3, drop_last=True)  # type: ignore[arg-type]
+        full.set_epoch(2)
+        part = ResumableSampler(data, num_replicas=world, rank=rank, seed=3, drop_last=True)  # type: ignore[arg-type]
+        part.set_epoch(2)
+        part.set_start(7)
+        assert list(part) == list(full)[7:] and len(part) == len(full) - 7
+
+
+def test_world_size_change_continues_the_same_permutation() -> None:
+    """2 ranks consumed 40 samples; 1 rank continues exactly at global sample 40."""
+    data = list(range(100))
+    two = [ResumableSampler(data, num_replicas=2, rank=r, seed=3, drop_last=True) for r in range(2)]  # type: ignore[arg-type]
+    order = [
+        i for pair in zip(*(list(s) for s in two), strict=True) for i in pair
+    ]  # global order, interleaved
+    one = ResumableSampler(data, num_replicas=1, rank=0, seed=3, drop_last=True)  # type: ignore[arg-type]
+    one.set_start(40)
+    assert list(one)[:20] == order[40:60]
+
+
+def test_config_hash_ignores_logging_and_names_changed_keys() -> None:
+    a = {
+        "optim": {"lr": 0.1},
+        "trainer": {"log_every": 1, "max_steps": 10},
+        "name": "x",
+        "checkpoint": {"keep": 1},
+    }
+    b = json.loads(json.dumps(a))
+    b["trainer"]["log_every"], b["name"], b["checkpoint"]["keep"] = 5, "y", 3
+    assert config_hash(a) == config_hash(b)
+    b["optim"]["lr"] = 0.2
+    assert config_hash(a) != config_hash(b)
+    assert config_diff(shaping_config(a), shaping_config(b)) == ["optim.lr: 0.1 -> 0.2"]
