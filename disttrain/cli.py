@@ -20,6 +20,15 @@ commands:
   train    compose + check the config, freeze it into a run dir, launch the ranks, train.
            Takes every @hydra.main flag: -m (multirun), --cfg job, --config-dir DIR, --help, ...
   config   print the resolved config after the same checks (fast: no torch import)
+  resume   RUN_DIR [key=value ...]: continue a run from its latest checkpoint with its saved config
+  export   RUN_DIR --out model.pt|model.safetensors: the consolidated model for plain PyTorch
+  env      environment report: versions, GPUs, backends, network, variables, known traps
+  bench    `bench comm`: collective benchmark + correctness check on the configured ranks
+  plan     per-rank memory of ddp/zero/fsdp/hsdp/tp/pipeline layouts; which fit; a recommendation
+  runs     table of the runs under DIR (default ./runs): status, step, loss, best val
+  show     one run: config diff against defaults, final metrics, checkpoints, how to reproduce it
+  compare  two runs side by side: config diff and metric diff
+           (env, bench, plan, runs, show and compare take --json for scripts)
 
 examples:
   disttrain train                                   # MLP on digits, 2 CPU ranks, DDP over gloo
@@ -75,6 +84,10 @@ def cmd_train(rest: list[str]) -> int:
     return _run_hydra_app(rest, args.config_name or "config")
 
 
+# The user's command line for command.txt: Hydra must see sys.argv without the `train` subcommand.
+_COMMAND: list[str] = []
+
+
 def _run_hydra_app(rest: list[str], config_name: str) -> int:
     import hydra
 
@@ -83,6 +96,7 @@ def _run_hydra_app(rest: list[str], config_name: str) -> int:
 
     register()
     argv0 = sys.argv[0]
+    _COMMAND[:] = [Path(argv0).name, "train", *rest]
     sys.argv = [argv0, *rest]
     try:
         hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")(_hydra_task)()
@@ -104,14 +118,15 @@ def _hydra_task(cfg: Any) -> dict[str, Any] | None:
 
 def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
     from disttrain.launch import LaunchError, launch
-    from disttrain.rundir import command_line, freeze
+    from disttrain.rundir import command_line, freeze, run_status
 
-    freeze(run_dir, cfg, overrides, command_line())
+    freeze(run_dir, cfg, overrides, _COMMAND or command_line())
     try:
-        launch(cfg, run_dir)
+        with run_status(run_dir):  # status.json: running -> finished / failed / interrupted
+            launch(cfg, run_dir)
     except LaunchError as exc:
         sys.stderr.write(f"disttrain: {exc}\n")
-        raise SystemExit(1) from None
+        raise SystemExit(exc.exit_code) from None
     return _print_summary(run_dir)
 
 
@@ -155,7 +170,44 @@ def _train_as_launched_rank(args: Any) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {"train": cmd_train, "config": cmd_config}
+def _tool(target: str) -> Callable[[list[str]], int]:
+    """A command implemented in disttrain.tools, imported only when it runs (fast --help)."""
+
+    def command(rest: list[str]) -> int:
+        import importlib
+
+        module, _, name = target.partition(":")
+        result: int = getattr(importlib.import_module(f"disttrain.tools.{module}"), name)(rest)
+        return result
+
+    return command
+
+
+def _command(target: str) -> Callable[[list[str]], int]:
+    """A command implemented in another module, imported only when it runs (fast --help)."""
+
+    def command(rest: list[str]) -> int:
+        import importlib
+
+        module, _, name = target.partition(":")
+        result: int = getattr(importlib.import_module(module), name)(rest)
+        return result
+
+    return command
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "train": cmd_train,
+    "config": cmd_config,
+    "resume": _command("disttrain.resume:cmd_resume"),
+    "export": _command("disttrain.resume:cmd_export"),
+    "env": _tool("envreport:cmd_env"),
+    "bench": _tool("benchcmd:cmd_bench"),
+    "plan": _tool("planner:cmd_plan"),
+    "runs": _tool("runs:cmd_runs"),
+    "show": _tool("runs:cmd_show"),
+    "compare": _tool("runs:cmd_compare"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:

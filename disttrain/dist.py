@@ -56,6 +56,11 @@ def init_process_group(env: DistEnv, timeout_s: float) -> None:
     kwargs: dict[str, object] = {"device_id": env.device} if env.backend == "nccl" else {}
     if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
         kwargs["store"] = dist.HashStore()  # one process: no rendezvous, no port
+    elif (
+        "TORCHELASTIC_RESTART_COUNT" in os.environ
+        and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    ):
+        kwargs["store"] = attempt_store(timeout_s)
     dist.init_process_group(
         backend=env.backend,
         rank=env.rank,
@@ -63,6 +68,25 @@ def init_process_group(env: DistEnv, timeout_s: float) -> None:
         timeout=timedelta(seconds=timeout_s),
         **kwargs,  # type: ignore[arg-type]
     )
+
+
+def attempt_store(timeout_s: float) -> dist.Store:
+    """The torchrun agent's store, under a prefix unique to this restart attempt.
+
+    torch's env:// rendezvous connects every attempt to the agent's one TCPStore *without* a
+    per-attempt prefix (it assumes a fresh store per attempt, but the c10d rendezvous keeps one
+    for the agent's lifetime). Keys of the dead attempt survive: gloo's connectFullMesh then reads
+    the dead ranks' addresses ("Connection refused" to a stale port) and store-based barriers
+    count the old arrivals (a rank waits in init for minutes). A prefix per attempt fixes both.
+    """
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "run")
+    return dist.PrefixStore(f"disttrain/{run_id}/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
 def destroy_process_group() -> None:

@@ -7,6 +7,8 @@ import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +66,39 @@ def git_state(directory: Path) -> dict[str, Any]:
 
 def command_line() -> list[str]:
     return [Path(sys.argv[0]).name, *sys.argv[1:]]
+
+
+STATUS = "status.json"
+
+
+@contextmanager
+def run_status(run_dir: Path) -> Iterator[None]:
+    """status.json: `running` while the ranks run, then finished, failed (with the error) or interrupted.
+
+    Written by the parent that launches the ranks, so a crash of any rank is still recorded.
+    """
+    import socket
+    import time
+
+    base = {"started": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
+    write_json(run_dir / STATUS, {"status": "running", **base})
+    end: dict[str, Any] = {"status": "finished"}
+    try:
+        yield
+    except BaseException as exc:
+        # Ctrl-C, torchrun's agent turning SIGINT/SIGTERM into SignalException, or a LaunchError
+        # whose ranks stopped on a signal (exit code 128 + signal number)
+        signalled = (
+            isinstance(exc, KeyboardInterrupt)
+            or type(exc).__name__ == "SignalException"
+            or getattr(exc, "exit_code", 0) > 128
+        )
+        error = getattr(exc, "error", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        end = {"status": "interrupted" if signalled else "failed", "error": error or type(exc).__name__}
+        if getattr(exc, "rank", None) is not None:
+            end["rank"] = exc.rank  # type: ignore[attr-defined]
+        if signalled and not isinstance(exc, KeyboardInterrupt) and getattr(exc, "sigval", None) == 2:
+            raise KeyboardInterrupt from None  # Ctrl-C reaches the CLI as Ctrl-C: "interrupted", exit 130
+        raise
+    finally:
+        write_json(run_dir / STATUS, {**base, **end, "ended": time.time()})

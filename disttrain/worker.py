@@ -6,8 +6,10 @@ config.yaml was resolved once by the parent; a rank never re-composes or re-reso
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -18,14 +20,16 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from disttrain import checkpoint
 from disttrain.data import build_datasets
 from disttrain.dist import DistEnv, destroy_process_group, hostname, init_process_group
 from disttrain.engine.loop import Engine, total_steps
 from disttrain.engine.optim import build_optimizer, build_scheduler
+from disttrain.engine.resume import ResumableSampler
 from disttrain.engine.tasks import build_task
 from disttrain.models import build_model
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
-from disttrain.observe.metrics import make_metrics
+from disttrain.observe.metrics import NullMetrics, make_metrics
 from disttrain.rundir import read_config, write_json
 from disttrain.strategies import build_strategy
 from disttrain.tools.envreport import collect_env
@@ -42,6 +46,8 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     env = DistEnv.from_env(cfg["backend"]["name"])
     setup_logging(run_dir / "logs", env.rank, to_console=env.is_zero)
     threads = set_threads(cfg, env)
+    if "RANK" in os.environ:
+        die_with_parent()
     try:
         init_process_group(env, cfg["backend"]["timeout"])
         if env.is_zero:
@@ -55,13 +61,15 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
             )
         report_env(run_dir, env, threads)
         summary = train(cfg, env, run_dir)
-        return summary
     except BaseException:
         log.exception("rank %d failed", env.rank)
         raise
     finally:
         destroy_process_group()
         teardown_logging()
+    if summary.get("stopped_by"):  # SIGTERM/SIGINT: state saved, exit as the signal would
+        raise SystemExit(128 + int(getattr(signal, summary["stopped_by"])))
+    return summary
 
 
 def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
@@ -71,10 +79,12 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
     seed_everything(cfg["seed"] + env.rank)  # per-rank randomness from here on (dropout, ...)
     strategy = build_strategy(cfg["strategy"], env)
     model = strategy.setup_module(model)
-    optimizer = strategy.setup_optimizer(build_optimizer(cfg["optim"], model.parameters(), env.world_size))
-    train_loader, val_loader = make_loaders(cfg, env, train_set, val_set)
+    dp_rank_size = strategy.data_parallel_rank_size()  # pipeline/tp ranks share data: not env.rank/world
+    optimizer = strategy.setup_optimizer(build_optimizer(cfg["optim"], model.parameters(), dp_rank_size[1]))
+    train_loader, val_loader = make_loaders(cfg, env, train_set, val_set, dp_rank_size)
     scheduler = build_scheduler(cfg["sched"], optimizer, total_steps(cfg["trainer"], len(train_loader)))
-    metrics = make_metrics(run_dir, env.is_zero)
+    resume_from = resume_location(cfg, run_dir)
+    metrics = None
     try:
         engine = Engine(
             cfg["trainer"],
@@ -86,17 +96,31 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
             build_task(cfg["data"]["task"]),
             train_loader,
             val_loader,
-            metrics,
+            NullMetrics(),
             run_dir,
+            checkpoint_cfg=cfg.get("checkpoint") or {},
+            run_cfg=cfg,
+            timeout_s=float(cfg["backend"]["timeout"]),
         )
+        path = engine.ckpt.choose(resume_from) if resume_from else None
+        if path is not None and env.is_zero:
+            truncate_metrics(run_dir / "metrics.jsonl", checkpoint.read_meta(path)["step"])
+        engine.metrics = metrics = make_metrics(run_dir, env.is_zero)
+        if path is not None:
+            engine.ckpt.restore(path)
+        elif resume_from is not None:
+            log.warning("no loadable checkpoint under %s: starting from step 0", resume_from)
         summary = engine.fit()
+        if path is not None:
+            summary["resumed_from"] = str(path)
     finally:
-        metrics.close()
+        if metrics is not None:
+            metrics.close()
     launched = float(os.environ.get("DISTTRAIN_LAUNCH_TIME", "0") or 0)
     if launched and summary.get("first_step_at"):
         summary["time_to_first_step_s"] = round(summary["first_step_at"] - launched, 3)
-    summary["state_bytes_per_rank"] = strategy.local_state_bytes(model, optimizer)
-    if env.is_zero:
+    summary.update(strategy.summary_stats(model, optimizer))  # a collective: every rank
+    if env.is_zero and not summary.get("stopped_by"):
         write_json(run_dir / "summary.json", summary)
     return summary
 
@@ -115,17 +139,25 @@ class ShardSampler(Sampler[int]):
 
 
 def make_loaders(
-    cfg: dict[str, Any], env: DistEnv, train_set: Dataset, val_set: Dataset | None
+    cfg: dict[str, Any],
+    env: DistEnv,
+    train_set: Dataset,
+    val_set: Dataset | None,
+    dp_rank_size: tuple[int, int] | None = None,
 ) -> tuple[DataLoader, DataLoader | None]:
-    """The same global permutation for any world size: rank r takes every world-th sample of it."""
+    """The same global permutation for any world size: rank r takes every world-th sample of it.
+
+    `dp_rank_size` is the strategy's (rank, size) among data-parallel replicas (default: the world).
+    """
+    dp_rank, dp_size = dp_rank_size or (env.rank, env.world_size)
     data, batch = cfg["data"], cfg["trainer"]["batch_size"]
     common: dict[str, Any] = {"num_workers": data["num_workers"], "pin_memory": data["pin_memory"]}
     if data["num_workers"] > 0:
         common["persistent_workers"] = True
-    sampler: DistributedSampler = DistributedSampler(
+    sampler: DistributedSampler = ResumableSampler(
         train_set,
-        num_replicas=env.world_size,
-        rank=env.rank,
+        num_replicas=dp_size,
+        rank=dp_rank,
         shuffle=data["shuffle"],
         seed=cfg["seed"],
         drop_last=True,
@@ -133,9 +165,49 @@ def make_loaders(
     train = DataLoader(train_set, batch_size=batch, sampler=sampler, drop_last=data["drop_last"], **common)
     val = None
     if val_set is not None:
-        shard = ShardSampler(len(val_set), env.rank, env.world_size)  # type: ignore[arg-type]
+        shard = ShardSampler(len(val_set), dp_rank, dp_size)  # type: ignore[arg-type]
         val = DataLoader(val_set, batch_size=batch, sampler=shard, **common)
     return train, val
+
+
+def resume_location(cfg: dict[str, Any], run_dir: Path) -> Path | None:
+    """Where to continue from: a restart or resume=auto takes the run dir's own checkpoints first."""
+    own = run_dir / "checkpoints"
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    resume = cfg.get("resume", "auto")
+    if checkpoint.committed(own) and (resume == "auto" or restarted):
+        return own
+    if resume in (None, "auto", "never"):
+        return None
+    return Path(str(resume))
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop records logged after `step` (the resumed run logs those steps again)."""
+    if not path.is_file():
+        return
+
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    if len(kept) != len(lines):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def die_with_parent() -> None:
+    """Linux: SIGTERM this rank when its launcher dies (even by SIGKILL): no orphaned ranks."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def seed_everything(seed: int) -> None:
@@ -157,6 +229,12 @@ def report_env(run_dir: Path, env: DistEnv, threads: int) -> None:
         hosts = [None] * env.world_size
         dist.all_gather_object(hosts, hostname())
     if env.is_zero:
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        if restart and (run_dir / "env.json").is_file():  # a restart: the machine was reported; be quick
+            report = json.loads((run_dir / "env.json").read_text())
+            report.setdefault("restarts", []).append({"attempt": restart, "time": time.time()})
+            write_json(run_dir / "env.json", report)
+            return
         report = collect_env()
         report.update(
             backend=env.backend,

@@ -49,6 +49,68 @@ class DDPStrategyConfig(StrategyConfig):
     comm_hook: str | None = _h("gradient compression hook: null, fp16 or bf16", None)
 
 
+@dataclass
+class DPStrategyConfig(StrategyConfig):
+    name: str = "dp"
+
+
+@dataclass
+class FSDPStrategyConfig(StrategyConfig):
+    name: str = "fsdp"
+    wrap_classes: list[str] = _h(
+        "module class names that each get their own FSDP unit, e.g. [Linear]", factory=list
+    )
+    min_num_params: int = _h(
+        "also wrap submodules holding >= this many not-yet-wrapped params; 0: off", 100_000
+    )
+    reshard_after_forward: bool = _h(
+        "free gathered params after forward (less memory, one more all-gather)", True
+    )
+    cpu_offload: bool = _h("keep sharded params, grads and optimizer state in CPU memory", False)
+    replicate: int = _h("HSDP: replicas R; mesh (R, world/R), sharded within a replica; 1: plain FSDP", 1)
+    param_dtype: str = _h("dtype of gathered params for compute: float32, bfloat16, float16", II("amp.dtype"))
+    reduce_dtype: str = _h("dtype of the gradient reduce-scatter: float32, bfloat16, float16", "float32")
+
+
+@dataclass
+class ZeroStrategyConfig(DDPStrategyConfig):
+    name: str = "zero"
+    parameters_as_bucket_view: bool = _h("ZeRO: pack params into contiguous buckets per rank", False)
+
+
+@dataclass
+class LocalSGDStrategyConfig(DDPStrategyConfig):
+    name: str = "localsgd"
+    sync_every: int = _h("average parameters across ranks every N optimizer steps (1: every step)", 4)
+    warmup_steps: int = _h("plain DDP steps (gradients all-reduced) before local SGD starts", 0)
+
+
+@dataclass
+class PipelineStrategyConfig(StrategyConfig):
+    name: str = "pipeline"
+    schedule: str = _h("gpipe, 1f1b or interleaved_1f1b (needs stages_per_rank >= 2)", "1f1b")
+    n_microbatches: int = _h("micro-batches each batch is cut into (must divide trainer.batch_size)", 4)
+    stages_per_rank: int = _h("stages (virtual stages) per rank; >= 2 only with interleaved_1f1b", 1)
+    split_points: list[str] | None = _h(
+        "layer names that start a new stage, e.g. [layers.4]; null: an even split of the layers", None
+    )
+
+
+@dataclass
+class TPStrategyConfig(StrategyConfig):
+    name: str = "tp"
+
+
+@dataclass
+class FSDPTPStrategyConfig(StrategyConfig):
+    name: str = "fsdp+tp"
+    tp_degree: int = _h("ranks per tensor-parallel group (the fast, inner mesh dimension)", 2)
+    dp_degree: int = _h("FSDP replicas (outer mesh dimension); -1: world size / tp_degree", -1)
+    reshard_after_forward: bool = _h(
+        "free gathered params after forward (less memory, one more all-gather)", True
+    )
+
+
 # --------------------------------------------------------------------------------------- model/data
 @dataclass
 class MLPConfig:
@@ -218,6 +280,47 @@ class TrainerConfig:
     progress: bool = _h("rich progress bar on rank 0", True)
 
 
+# ------------------------------------------------------------------------------------------ plan
+@dataclass
+class PlanConfig:
+    """Read only by `disttrain plan` (training ignores it)."""
+
+    gpu_mem_gb: float = _h("memory of one accelerator in GiB that the plan must fit", 80.0)
+    usable_fraction: float = _h("share of gpu_mem_gb for params, grads, optimizer state, activations", 0.9)
+    micro_batch: int | None = _h("samples per rank per micro-step; null: trainer.batch_size", None)
+    activation_checkpointing: bool = _h(
+        "transformers: keep only each layer's input, recompute the rest", False
+    )
+
+
+# ------------------------------------------------------------------------------------ checkpoint
+def _keyword_field(name: str, type_name: str, default: Any, text: str) -> Any:
+    """Add a field whose name is a Python keyword (`checkpoint.async`) to a dataclass.
+
+    A normal dataclass cannot declare `async: bool`; the schema field is added after the class body
+    and the dataclass gets no generated __init__/__repr__/__eq__ (they would spell `self.async`).
+    OmegaConf reads only `fields()` and the defaults, so the key still fails on typos and wrong types.
+    """
+
+    def decorate(cls: Any) -> Any:
+        cls.__annotations__[name] = type_name
+        setattr(cls, name, _h(text, default))
+        return dataclass(init=False, repr=False, eq=False)(cls)
+
+    return decorate
+
+
+@_keyword_field(
+    "async", "bool", False, "save in a background thread (DCP async_save); training waits only to stage"
+)
+class CheckpointConfig:
+    keep: int = _h("committed checkpoints to keep (the newest N; older ones are deleted)", 3)
+    verify: str = _h("check at load: size (file sizes vs manifest) or hash (sizes + sha256)", "hash")
+    on_signal: bool = _h("SIGTERM/SIGINT: every rank saves a checkpoint, then exits", True)
+    on_error: bool = _h("an exception on every rank at the same step saves an emergency checkpoint", True)
+    export_final: bool = _h("also write checkpoints/final.pt: the consolidated model for plain PyTorch", True)
+
+
 @dataclass
 class Config:
     backend: BackendConfig = MISSING
@@ -229,6 +332,8 @@ class Config:
     sched: SchedConfig = MISSING
     launcher: LauncherConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     name: str = _h("run name (used in the run directory)", "default")
     nodes: int = _h("number of nodes (machines)", 1)
     nproc_per_node: int = _h("ranks per node (one per GPU; CPU: any)", 2)
@@ -237,6 +342,9 @@ class Config:
     master_port: int = _h("rendezvous port on master_addr; 0: pick a free one (single node)", 0)
     seed: int = _h("global seed: model init is identical on every rank, data order too", 0)
     threads_per_rank: int | None = _h("intra-op threads per rank; null: cores / local ranks", None)
+    resume: str | None = _h(
+        "auto (the run dir's latest checkpoint, if any), a checkpoint or run dir PATH, or null", "auto"
+    )
 
 
 def register() -> None:
@@ -245,13 +353,24 @@ def register() -> None:
     cs.store(name="base_config", node=Config)
     groups: dict[str, dict[str, type]] = {
         "backend": {"base_backend": BackendConfig},
-        "strategy": {"base_single": SingleStrategyConfig, "base_ddp": DDPStrategyConfig},
+        "strategy": {
+            "base_single": SingleStrategyConfig,
+            "base_ddp": DDPStrategyConfig,
+            "base_dp": DPStrategyConfig,
+            "base_fsdp": FSDPStrategyConfig,
+            "base_zero": ZeroStrategyConfig,
+            "base_localsgd": LocalSGDStrategyConfig,
+            "base_pipeline": PipelineStrategyConfig,
+            "base_tp": TPStrategyConfig,
+            "base_fsdp+tp": FSDPTPStrategyConfig,
+        },
         "model": {"base_mlp": MLPConfig},
         "data": {"base_digits": DigitsDataConfig, "base_synthetic": SyntheticDataConfig},
         "amp": {"base_amp": AmpConfig},
         "optim": {"base_adamw": AdamWConfig, "base_sgd": SGDConfig},
         "sched": {"base_constant": ConstantSchedConfig, "base_cosine": CosineSchedConfig},
         "launcher": {"base_torchrun": TorchrunLauncherConfig, "base_spawn": SpawnLauncherConfig},
+        "checkpoint": {"base_checkpoint": CheckpointConfig},
     }
     for group, nodes in groups.items():
         for name, node in nodes.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from disttrain.config import dp_checks, parallel_checks
 from disttrain.config.errors import ConfigError, one_of
 from disttrain.strategies import STRATEGIES
 
@@ -18,7 +19,7 @@ SCHEDULES = ("constant", "cosine")
 SCALE_LR = ("none", "linear")
 AMP = ("off",)
 TASKS = ("classification", "regression")
-COMM_HOOKS = (None, "fp16", "bf16")
+VERIFY = ("size", "hash")
 
 
 def world_size(cfg: dict[str, Any]) -> int:
@@ -71,22 +72,52 @@ def check_static(cfg: dict[str, Any]) -> None:
             f"world size 1 (nodes x nproc_per_node is {nodes} x {cfg['nproc_per_node']})",
             "use nproc_per_node=1 with strategy=single, or strategy=ddp for several ranks.",
         )
-    if cfg["strategy"]["name"] == "ddp":
-        _choice(
-            cfg, "strategy.comm_hook", COMM_HOOKS, "null sends fp32 gradients; fp16/bf16 halve the bytes."
-        )
-        _at_least(cfg, "strategy.bucket_cap_mb", 0.001, "the default 25 MiB suits most models.")
+    dp_checks.check_static(cfg)  # dp, ddp, zero, localsgd, fsdp/hsdp
+    parallel_checks.check_static(cfg)  # pipeline, tp, fsdp+tp
     _choice(cfg, "launcher.name", LAUNCHERS, "torchrun is the default; spawn uses torch.multiprocessing.")
     if cfg["launcher"]["name"] == "spawn" and nodes > 1:
         raise ConfigError("launcher", "spawn", "nodes=1", "use launcher=torchrun for several nodes.")
     _at_least(cfg, "launcher.max_restarts", 0, "0 fails the run on the first rank failure.")
     _choice(cfg, "amp.name", AMP, "amp=off trains in float32.")
     _check_trainer(cfg)
+    _check_checkpoint(cfg)
     _check_optim(cfg)
     _choice(cfg, "data.task", TASKS, "classification uses cross-entropy and accuracy; regression MSE.")
     threads = cfg.get("threads_per_rank")
     if threads is not None and threads < 1:
         raise ConfigError("threads_per_rank", threads, "null (cores / local ranks) or >= 1", "leave it null.")
+
+
+def _check_checkpoint(cfg: dict[str, Any]) -> None:
+    """checkpoint block, resume and restarts: values with what is allowed."""
+    import os
+
+    _at_least(cfg, "checkpoint.keep", 1, "keep >= 1; the newest committed checkpoint is never deleted.")
+    _choice(cfg, "checkpoint.verify", VERIFY, "size checks file sizes (fast); hash also checks contents.")
+    resume = cfg.get("resume", "auto")
+    if resume not in (None, "auto", "never") and not os.path.exists(str(resume)):
+        raise ConfigError(
+            "resume",
+            resume,
+            "auto, null, or an existing checkpoint folder or run dir",
+            "resume=auto continues from the run dir's latest checkpoint; `disttrain resume RUN_DIR` too.",
+        )
+    restarts = _get(cfg, "launcher.max_restarts") or 0
+    if restarts > 0 and cfg["launcher"]["name"] == "spawn":
+        raise ConfigError(
+            "launcher.max_restarts",
+            restarts,
+            "0 with launcher=spawn",
+            "restarts come from torchrun's elastic agent: use launcher=torchrun.",
+        )
+    if restarts > 0 and not cfg["trainer"]["ckpt_every"]:
+        import logging
+
+        logging.getLogger("disttrain").warning(
+            "launcher.max_restarts=%d with trainer.ckpt_every=0: a restart starts again from step 0; "
+            "set trainer.ckpt_every to resume from the latest checkpoint",
+            restarts,
+        )
 
 
 def _check_trainer(cfg: dict[str, Any]) -> None:
@@ -154,7 +185,9 @@ def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
             "lower trainer.batch_size or use fewer ranks.",
         )
     with torch.device("meta"):
-        build_model(cfg["model"])
+        model = build_model(cfg["model"])
+    dp_checks.check_runtime(cfg, gpus, model)
+    parallel_checks.check_model(cfg, model)
     sizes = {"train": len(train)}
     if val is not None:
         sizes["val"] = len(val)

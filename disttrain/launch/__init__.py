@@ -1,6 +1,7 @@
 """Launch: the one place that chooses how ranks start — in this process, torchrun, or spawn.
 
-Every path calls the same `disttrain.worker.run(run_dir)`.
+Every path calls the same `disttrain.worker.run(run_dir)`; tools that need ranks of their own
+(`disttrain bench comm`) pass another `entry` module with the same `run(run_dir)` + `__main__` shape.
 """
 
 from __future__ import annotations
@@ -37,19 +38,25 @@ def rank_environment(cfg: dict[str, Any]) -> Any:
     )
 
 
-def launch(cfg: dict[str, Any], run_dir: Path) -> None:
-    """Start the ranks for `cfg` and wait for them; raise LaunchError naming the first failure."""
+WORKER = "disttrain.worker"
+
+
+def launch(cfg: dict[str, Any], run_dir: Path, entry: str = WORKER) -> None:
+    """Start the ranks for `cfg` and wait for them; raise LaunchError naming the first failure.
+
+    `entry` is the per-rank module: it has `run(run_dir)` and runs it from `python -m entry RUN_DIR`.
+    """
     world = cfg["nodes"] * cfg["nproc_per_node"]
     with rank_environment(cfg):
         if world == 1 and cfg["launcher"].get("max_restarts", 0) == 0:
-            from disttrain import worker
+            import importlib
 
-            worker.run(run_dir)  # fairseq's call_main: one rank needs no child process
+            importlib.import_module(entry).run(run_dir)  # fairseq's call_main: one rank, no child
         elif cfg["launcher"]["name"] == "spawn":
             from disttrain.launch.spawn import launch_spawn
 
-            launch_spawn(cfg, run_dir)
+            launch_spawn(cfg, run_dir, entry)
         else:
             from disttrain.launch.torchrun import launch_torchrun
 
-            launch_torchrun(cfg, run_dir)
+            launch_torchrun(cfg, run_dir, entry)

@@ -7,17 +7,17 @@ from pathlib import Path
 from typing import Any
 
 from disttrain.launch.environ import patched_environ
-from disttrain.launch.errors import LaunchError, last_error_line
+from disttrain.launch.errors import LaunchError, exit_code_message, last_error_line
 
 
-def _rank_main(local_rank: int, run_dir: str, nproc: int) -> None:
+def _rank_main(local_rank: int, run_dir: str, nproc: int, entry: str = "disttrain.worker") -> None:
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank))
-    from disttrain import worker
+    import importlib
 
-    worker.run(run_dir)
+    importlib.import_module(entry).run(run_dir)
 
 
-def launch_spawn(cfg: dict[str, Any], run_dir: Path) -> None:
+def launch_spawn(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.worker") -> None:
     import torch.multiprocessing as mp
     from torch.distributed import TCPStore
 
@@ -33,11 +33,11 @@ def launch_spawn(cfg: dict[str, Any], run_dir: Path) -> None:
     try:
         with patched_environ(updates):
             mp.start_processes(
-                _rank_main, args=(str(run_dir), nproc), nprocs=nproc, join=True, start_method="spawn"
+                _rank_main, args=(str(run_dir), nproc, entry), nprocs=nproc, join=True, start_method="spawn"
             )
     except mp.ProcessRaisedException as exc:
         raise LaunchError(exc.error_index, last_error_line(str(exc)), run_dir) from None
     except mp.ProcessExitedException as exc:
-        raise LaunchError(exc.error_index, f"exit code {exc.exit_code}", run_dir) from None
+        raise LaunchError(exc.error_index, exit_code_message(exc.exit_code), run_dir) from None
     finally:
         del store

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
-from disttrain.launch.errors import LaunchError, last_error_line
+from disttrain.launch.errors import LaunchError, exit_code_message, last_error_line
 
 
 def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
@@ -37,16 +38,37 @@ def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
     )
 
 
-def launch_torchrun(cfg: dict[str, Any], run_dir: Path) -> None:
+def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.worker") -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    args = ["-u", "-m", "disttrain.worker", str(run_dir)]
+    args = ["-u", "-m", entry, str(run_dir)]
     try:
         elastic_launch(launch_config(cfg, run_dir), sys.executable)(*args)
     except ChildFailedError as exc:
-        rank, failure = min(exc.failures.items(), key=lambda kv: kv[1].timestamp)
+        # The first failure, but a rank that only saw its peer die is never the cause (timestamps
+        # have one-second resolution, so a tie is common).
+        rank, failure = min(
+            exc.failures.items(),
+            key=lambda kv: (_is_secondary(_failure_message(kv[1])), kv[1].timestamp, kv[0]),
+        )
         raise LaunchError(rank, _failure_message(failure), run_dir) from None
+    except SignalException as exc:
+        name = signal.Signals(exc.sigval).name
+        raise LaunchError(
+            None,
+            f"stopped by {name}: the ranks saved a checkpoint (when configured); "
+            f"continue with `disttrain resume {run_dir}`",
+            run_dir,
+            exit_code=128 + int(exc.sigval),
+        ) from None
+
+
+def _is_secondary(message: str) -> bool:
+    return any(
+        m in message for m in ("a peer rank died", "Connection closed by peer", "Connection reset by peer")
+    )
 
 
 def _failure_message(failure: Any) -> str:
@@ -58,4 +80,4 @@ def _failure_message(failure: Any) -> str:
             return last_error_line(message.get("message", "")) or str(message)
         return last_error_line(str(message))
     except (OSError, ValueError, TypeError):
-        return f"exit code {failure.exitcode} (signal or crash before Python could record an error)"
+        return exit_code_message(failure.exitcode)

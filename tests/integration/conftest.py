@@ -1,0 +1,244 @@
+"""Helpers for the integration tests: real `disttrain` processes, bounded by timeouts, no orphans.
+
+Every command runs in its own session (process group) so that a hang, a timeout or an interrupted
+test kills the CLI *and* every rank it started, never leaving a process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# The console script installed next to this interpreter (the real entry point users run).
+CLI = (
+    shutil.which("disttrain", path=str(Path(sys.executable).parent))
+    or shutil.which("disttrain")
+    or "disttrain"
+)
+
+# Every run: no progress bar, a fixed thread count (2 ranks x 1 thread on the 2-core CI machine).
+FAST = ("trainer.progress=false", "threads_per_rank=1")
+
+# A short synthetic run: a few optimizer steps, every one logged, one validation at the end.
+QUICK = ("data=synthetic", "trainer.max_steps=6", "trainer.log_every=1")
+
+# Variables that would make the CLI believe it is already a launched rank.
+_LAUNCH_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
+
+DEFAULT_TIMEOUT = 120.0  # one run takes ~8 s on 2 cores; a hang fails instead of blocking CI
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
+    env.update(PYTHONUNBUFFERED="1", COLUMNS="200", **extra)
+    return env
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group `pgid`, read from /proc."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        state, group = fields[0], int(fields[2])
+        if group == pgid and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def run_command(
+    cmd: Sequence[str], cwd: Path, timeout: float = DEFAULT_TIMEOUT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` in its own session; on timeout (or any interruption) kill the whole group.
+
+    After a normal exit, fail if any process of the group (a rank, a torchrun agent) outlived it.
+    """
+    proc = subprocess.Popen(
+        list(cmd),
+        cwd=cwd,
+        env=env or clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        out, err = proc.communicate()
+        pytest.fail(
+            f"{' '.join(cmd)} did not finish in {timeout:.0f} s (killed its process group)\n"
+            f"--- stdout tail\n{_tail(out)}\n--- stderr tail\n{_tail(err)}"
+        )
+    except BaseException:  # pytest-timeout, Ctrl-C: never leave ranks behind
+        _kill_group(proc.pid)
+        proc.wait()
+        raise
+    deadline = time.monotonic() + 10.0
+    while (left := _group_members(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if left:
+        _kill_group(proc.pid)
+        pytest.fail(
+            f"processes {left} outlived `{' '.join(cmd)}` (killed them)\n--- stderr tail\n{_tail(err)}"
+        )
+    return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Every run dir under `root` (a folder holding the frozen config.yaml, not Hydra's .hydra/)."""
+    return sorted(p.parent for p in root.rglob("config.yaml") if p.parent.name != ".hydra")
+
+
+def run_cli(
+    tmp_path: Path,
+    *overrides: str,
+    flags: Sequence[str] = (),
+    expect_rc: int = 0,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> tuple[subprocess.CompletedProcess[str], Path | None]:
+    """`disttrain train [flags] FAST... overrides...` in `tmp_path`: the process and the run dir it made.
+
+    Fails unless the exit code is `expect_rc` and at most one new run dir appeared (exactly one on
+    success). The run dir is None when none was created.
+    """
+    before = set(find_run_dirs(tmp_path))
+    cmd = [CLI, "train", *flags, *FAST, *overrides]
+    proc = run_command(cmd, tmp_path, timeout)
+    if proc.returncode != expect_rc:
+        pytest.fail(
+            f"`{' '.join(cmd)}` exited {proc.returncode}, expected {expect_rc}\n"
+            f"--- stdout tail\n{_tail(proc.stdout)}\n--- stderr tail\n{_tail(proc.stderr)}"
+        )
+    new = [d for d in find_run_dirs(tmp_path) if d not in before]
+    assert len(new) <= 1, f"one run created {len(new)} run dirs: {new}"
+    if expect_rc == 0:
+        assert new, f"a successful run created no run dir under {tmp_path}"
+    return proc, (new[0] if new else None)
+
+
+# ------------------------------------------------------------------------------------ run contents
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """Every record of metrics.jsonl (each line must be valid JSON with a step)."""
+    records = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
+    ]
+    assert records, f"{run_dir / 'metrics.jsonl'} is empty"
+    assert all(isinstance(r.get("step"), int) for r in records), (
+        "every metrics record carries an integer step"
+    )
+    return records
+
+
+def train_records(run_dir: Path) -> list[dict[str, Any]]:
+    return [r for r in read_metrics(run_dir) if "train/loss" in r]
+
+
+def val_records(run_dir: Path) -> list[dict[str, Any]]:
+    return [r for r in read_metrics(run_dir) if "val/loss" in r]
+
+
+def train_losses(run_dir: Path) -> list[float]:
+    return [r["train/loss"] for r in train_records(run_dir)]
+
+
+def final_weights(run_dir: Path) -> dict[str, Any]:
+    """The 'model' state dict of checkpoints/final.pt, loaded without running any pickled code."""
+    import torch
+
+    state = torch.load(run_dir / "checkpoints" / "final.pt", map_location="cpu", weights_only=True)
+    return dict(state["model"])
+
+
+def read_yaml(path: Path) -> Any:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def write_module(root: Path, dotted: str, source: str) -> Path:
+    """Write `source` as module `dotted` (e.g. 'mylab.nets') under `root`, with package __init__s."""
+    parts = dotted.split(".")
+    folder = root.joinpath(*parts[:-1])
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(1, len(parts)):
+        init = root.joinpath(*parts[:i], "__init__.py")
+        if not init.exists():
+            init.write_text("")
+    path = folder / f"{parts[-1]}.py"
+    path.write_text(source)
+    return path
+
+
+# ------------------------------------------------------------------------------------ shared runs
+# One 2-rank torchrun run that several tests compare against (launchers, determinism, launched mode):
+# dropout on, so the per-rank RNG streams matter too.
+BASELINE = (*QUICK, "seed=5", "model.dropout=0.1")
+
+
+@pytest.fixture(scope="session")
+def baseline(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`disttrain train launcher=torchrun BASELINE...` in a fresh folder that is a git repo."""
+    cwd = tmp_path_factory.mktemp("baseline")
+    init_git_repo(cwd)
+    proc, run_dir = run_cli(cwd, "launcher=torchrun", *BASELINE)
+    assert run_dir is not None
+    return proc, run_dir
+
+
+def init_git_repo(path: Path) -> str:
+    """Make `path` a git repo with one commit; return the commit's SHA."""
+
+    def git(*args: str) -> str:
+        out = subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+            cwd=path,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        return out.stdout.strip()
+
+    (path / "README").write_text("experiment\n")
+    git("init", "-q")
+    git("add", "README")
+    git("commit", "-q", "-m", "init")
+    return git("rev-parse", "HEAD")
