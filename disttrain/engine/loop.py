@@ -131,7 +131,8 @@ class Engine:
                 if t["ckpt_every"] and s.step % t["ckpt_every"] == 0:
                     self.ckpt.save("periodic")
                 self.ckpt.poll()
-                if self._stop_agreed() or s.step >= self.total_steps:
+                # Agree on a stop only at log steps: a per-step collective would tax every step.
+                if (s.step % t["log_every"] == 0 and self._stop_agreed()) or s.step >= self.total_steps:
                     return
             s.epoch += 1
             s.epoch_samples = 0

@@ -1,7 +1,8 @@
 """Helpers for the integration tests: real `disttrain` processes, bounded by timeouts, no orphans.
 
-Every command runs in its own session (process group) so that a hang, a timeout or an interrupted
-test kills the CLI *and* every rank it started, never leaving a process behind.
+Every command runs in its own session (process group) and carries a unique tag in its environment,
+so that a hang, a timeout or an interrupted test kills the CLI *and* every rank it started (torchrun
+puts each rank in a session of its own, out of reach of `killpg`), never leaving a process behind.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,14 +52,37 @@ _LAUNCH_VARS = (
 DEFAULT_TIMEOUT = 120.0  # one run takes ~8 s on 2 cores; a hang fails instead of blocking CI
 
 
+# Every process a test command starts inherits this variable with the command's own value.
+_TAG = "DISTTRAIN_TEST_TAG"
+_TAGS: dict[int, str] = {}  # command pid (= its process group) -> its tag
+
+
 def clean_env(**extra: str) -> dict[str, str]:
+    """The test's environment without launcher variables, plus a fresh tag for orphan hunting."""
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
     env.update(PYTHONUNBUFFERED="1", COLUMNS="200", **extra)
+    env[_TAG] = uuid.uuid4().hex
     return env
 
 
+def _environ_tag(pid: int) -> str | None:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = f"{_TAG}=".encode()
+    for item in environ.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :].decode()
+    return None
+
+
 def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group `pgid`, read from /proc."""
+    """Live (non-zombie) processes of the command led by `pgid`, read from /proc: its process group,
+    plus every process carrying its tag (a torchrun rank runs in a session of its own)."""
+    tag = _TAGS.get(pgid) or _environ_tag(pgid)
+    if tag:
+        _TAGS[pgid] = tag
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -68,14 +93,19 @@ def _group_members(pgid: int) -> list[int]:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
         state, group = fields[0], int(fields[2])
-        if group == pgid and state != "Z":
+        if state != "Z" and (group == pgid or (tag and _environ_tag(int(entry.name)) == tag)):
             pids.append(int(entry.name))
     return pids
 
 
 def _kill_group(pgid: int) -> None:
+    """SIGKILL the command led by `pgid`: its process group and every tagged process it started."""
+    members = _group_members(pgid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+    for pid in members:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _tail(text: str, lines: int = 40) -> str:
@@ -89,15 +119,18 @@ def run_command(
 
     After a normal exit, fail if any process of the group (a rank, a torchrun agent) outlived it.
     """
+    env = env or clean_env()
     proc = subprocess.Popen(
         list(cmd),
         cwd=cwd,
-        env=env or clean_env(),
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
+    if _TAG in env:
+        _TAGS[proc.pid] = env[_TAG]
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
