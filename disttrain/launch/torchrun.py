@@ -15,37 +15,58 @@ from disttrain.launch.errors import LaunchError, exit_code_message, last_error_l
 def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
     from torch.distributed.launcher.api import LaunchConfig
 
+    from disttrain.launch.multinode import endpoint, local_address
+
     single = cfg["nodes"] == 1
-    endpoint = (
-        "127.0.0.1:0"
-        if single and not cfg["master_port"]
-        else f"{cfg['master_addr']}:{cfg['master_port'] or 29500}"
-    )
     launcher = cfg["launcher"]
+    if single:
+        rdzv = "127.0.0.1:0" if not cfg["master_port"] else f"{cfg['master_addr']}:{cfg['master_port']}"
+        local_addr: str | None = "127.0.0.1"
+    else:
+        host, port = endpoint(cfg)
+        rdzv, local_addr = f"{host}:{port}", local_address(host, port)
     return LaunchConfig(
-        min_nodes=cfg["nodes"],
+        min_nodes=int(launcher.get("min_nodes") or cfg["nodes"]),
         max_nodes=cfg["nodes"],
         nproc_per_node=cfg["nproc_per_node"],
-        run_id=f"disttrain-{uuid.uuid4().hex[:8]}" if single else f"disttrain-{run_dir.name}",
+        # Multi-node: one id every node derives alike (the run name); the store is this run's own.
+        run_id=f"disttrain-{uuid.uuid4().hex[:8]}" if single else f"disttrain-{cfg['name']}",
         role="disttrain",
-        rdzv_endpoint=endpoint,
+        rdzv_endpoint=rdzv,
         rdzv_backend="c10d",
-        rdzv_configs={"timeout": int(launcher["rdzv_timeout"]), "is_host": cfg["node_rank"] == 0},
+        # Multi-node: node 0's roll call already hosts the store, every agent is its client.
+        rdzv_configs={"timeout": int(launcher["rdzv_timeout"]), "is_host": single and cfg["node_rank"] == 0},
         max_restarts=int(launcher["max_restarts"]),
         monitor_interval=float(launcher["monitor_interval"]),
         start_method="spawn",
-        local_addr="127.0.0.1" if single else None,
+        local_addr=local_addr,
     )
 
 
 def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.worker") -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
 
     args = ["-u", "-m", entry, str(run_dir)]
+    store = None
+    if cfg["nodes"] > 1:
+        from disttrain.launch.multinode import roll_call
+
+        store = roll_call(cfg, run_dir)  # config check + wait for the nodes; node 0 hosts the store
     try:
         elastic_launch(launch_config(cfg, run_dir), sys.executable)(*args)
+    except RendezvousError as exc:
+        from disttrain.launch.multinode import RendezvousFailure, endpoint
+
+        host, port = endpoint(cfg)
+        raise RendezvousFailure(
+            f"rendezvous at master {host}:{port} failed on node {cfg['node_rank']}: "
+            f"{type(exc).__name__}: {exc}\n  HINT: check every node runs the same command and "
+            "reaches the master address; raise launcher.rdzv_timeout for slow starts.",
+            run_dir,
+        ) from None
     except ChildFailedError as exc:
         # The first failure, but a rank that only saw its peer die is never the cause (timestamps
         # have one-second resolution, so a tie is common).
@@ -63,6 +84,8 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
             run_dir,
             exit_code=128 + int(exc.sigval),
         ) from None
+    finally:
+        del store  # node 0: stop serving the rendezvous only after every agent is done
 
 
 def _is_secondary(message: str) -> bool:

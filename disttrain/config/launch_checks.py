@@ -1,0 +1,79 @@
+"""Checks of the multi-node and launcher settings (rendezvous, elastic range, SLURM), before launch."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from typing import Any
+
+from disttrain.config.errors import ConfigError
+
+# sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+
+
+def check_static(cfg: dict[str, Any]) -> None:
+    launcher, nodes = cfg["launcher"], int(cfg["nodes"])
+    timeout = launcher.get("rdzv_timeout")
+    if timeout is None or timeout < 1:
+        raise ConfigError(
+            "launcher.rdzv_timeout", timeout, "a number of seconds >= 1", "the default 900 suits slow queues."
+        )
+    low = launcher.get("min_nodes") or 0
+    if not 0 <= low <= nodes:
+        raise ConfigError(
+            "launcher.min_nodes",
+            low,
+            f"0 (all nodes) or 1..{nodes} (nodes={nodes})",
+            f"elastic membership: min_nodes=1 nodes={max(nodes, 2)} trains with whichever nodes arrive.",
+        )
+    port = cfg.get("master_port") or 0
+    if not 0 <= port <= 65535:
+        raise ConfigError(
+            "master_port", port, "0..65535 (0: 29500 with several nodes)", "e.g. master_port=29500."
+        )
+    if launcher["name"] == "slurm":
+        _check_slurm(launcher)
+
+
+def _check_slurm(launcher: dict[str, Any]) -> None:
+    time_limit = launcher.get("time")
+    if time_limit is not None and not SLURM_TIME.match(str(time_limit)):
+        raise ConfigError(
+            "launcher.time",
+            time_limit,
+            "MM, HH:MM:SS or D-HH:MM:SS (sbatch --time)",
+            "e.g. launcher.time=04:00:00.",
+        )
+    for key in ("gpus_per_node", "cpus_per_task", "signal_before_s"):
+        value = launcher.get(key)
+        if value is None or value < 0:
+            raise ConfigError(f"launcher.{key}", value, "an integer >= 0", "0 leaves it to the cluster.")
+    for key in ("partition", "account", "qos"):
+        value = launcher.get(key)
+        if value is not None and not re.fullmatch(r"[\w.,-]+", str(value)):
+            raise ConfigError(
+                f"launcher.{key}",
+                value,
+                "a SLURM name: letters, digits, _ . , -",
+                "`sinfo` lists partitions.",
+            )
+    for line in launcher.get("extra") or []:
+        if "\n" in str(line) or not str(line).startswith("#SBATCH "):
+            raise ConfigError(
+                "launcher.extra",
+                line,
+                "single lines starting with '#SBATCH '",
+                "e.g. launcher.extra='[\"#SBATCH --constraint=a100\"]'.",
+            )
+
+
+def check_runtime(cfg: dict[str, Any]) -> None:
+    launcher = cfg["launcher"]
+    if launcher["name"] == "slurm" and not launcher.get("dry_run") and shutil.which("sbatch") is None:
+        raise ConfigError(
+            "launcher",
+            "slurm",
+            "a machine with `sbatch` on PATH (a cluster login node)",
+            "submit from the cluster, or launcher.dry_run=true to print the script here.",
+        )

@@ -1,0 +1,174 @@
+"""Several nodes, started by hand or by srun: agree on the config before torchrun's rendezvous.
+
+Node 0's launcher hosts one TCPStore on master_addr:master_port; every node's launcher writes its
+resolved config there (a roll call), compares it with every other node's, and waits until
+`launcher.min_nodes` (default: all `nodes`) have arrived. Only then does torchrun's c10d rendezvous
+run on the same store. So a node with a different config fails naming the keys that differ, and a
+node that never arrives is named after `launcher.rdzv_timeout` — before any rank starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from disttrain.launch.errors import LaunchError
+
+DEFAULT_PORT = 29500
+# Keys that may differ between nodes: they say *which* node this is, not what the run is.
+PER_NODE_KEYS = ("node_rank",)
+
+
+class RendezvousFailure(LaunchError):
+    """The nodes did not assemble: a message with the numbers and a hint, exit code 1."""
+
+    def __init__(self, message: str, run_dir: Path) -> None:
+        RuntimeError.__init__(self, message)
+        self.rank, self.error, self.run_dir, self.exit_code = None, message, run_dir, 1
+
+
+def endpoint(cfg: dict[str, Any]) -> tuple[str, int]:
+    return str(cfg["master_addr"]), int(cfg["master_port"] or DEFAULT_PORT)
+
+
+def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """{"trainer.max_epochs": 2, ...}: the config as dotted keys, without per-node keys."""
+    if not isinstance(cfg, dict):
+        return {prefix: cfg}
+    out: dict[str, Any] = {}
+    for key, value in cfg.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if name not in PER_NODE_KEYS:
+            out.update(flatten(value, name))
+    return out
+
+
+def config_hash(cfg: dict[str, Any]) -> str:
+    """sha256 of the resolved config without per-node keys: equal on every node of one run."""
+    return _hash_flat(_plain(flatten(cfg)))
+
+
+def config_diff(mine: dict[str, Any], theirs: dict[str, Any], other: int = 0, limit: int = 12) -> list[str]:
+    """'trainer.max_epochs: 2 here, 3 on node 1'-style lines for every key that differs."""
+    missing = object()
+    keys = sorted(set(mine) | set(theirs))
+    diffs = [k for k in keys if mine.get(k, missing) != theirs.get(k, missing)]
+    shown = [
+        f"{k}: {mine.get(k, '<absent>')!r} here, {theirs.get(k, '<absent>')!r} on node {other}"
+        for k in diffs[:limit]
+    ]
+    if len(diffs) > limit:
+        shown.append(f"... and {len(diffs) - limit} more")
+    return shown
+
+
+def local_address(master_addr: str, port: int) -> str:
+    """This machine's address on the route to master_addr (what the other nodes can reach)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((master_addr, port))  # UDP: no packet is sent, only a route is chosen
+            return str(s.getsockname()[0])
+        except OSError:
+            return socket.getfqdn()
+
+
+def roll_call(cfg: dict[str, Any], run_dir: Path) -> Any:
+    """Connect to (node 0: host) the store, check every node's config, wait for the others.
+
+    Returns the store; it must stay alive (on node 0 it serves torchrun's rendezvous too).
+    """
+    from torch.distributed import TCPStore
+
+    host, port = endpoint(cfg)
+    timeout = float(cfg["launcher"]["rdzv_timeout"])
+    me, nodes = int(cfg["node_rank"]), int(cfg["nodes"])
+    need = int(cfg["launcher"].get("min_nodes") or nodes)
+    try:
+        store = TCPStore(
+            host,
+            port,
+            is_master=me == 0,
+            multi_tenant=True,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=timeout),
+        )
+    except (RuntimeError, TimeoutError, ValueError) as exc:
+        who = (
+            "could not host it (is the port free and the address this machine's?)"
+            if me == 0
+            else (f"waited {timeout:g} s: node rank 0 never arrived (launcher.rdzv_timeout)")
+        )
+        raise RendezvousFailure(
+            f"rendezvous failed: node {me} of {nodes} at master {host}:{port} {who}. "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})\n"
+            f"  HINT: start node 0 with the same master_addr/master_port, check {host}:{port} is "
+            "reachable from this node, or raise launcher.rdzv_timeout.",
+            run_dir,
+        ) from None
+    prefix = f"disttrain/{cfg['name']}/roll_call"
+    mine = _plain(flatten(cfg))
+    store.set(f"{prefix}/node{me}", json.dumps(mine))
+    present = _wait_for_nodes(store, prefix, mine, cfg, run_dir, need)
+    record = {"config_hash": config_hash(cfg), "master": f"{host}:{port}", "node_rank": me, "nodes": present}
+    (run_dir / f"rendezvous_node{me}.json").write_text(json.dumps(record, indent=1) + "\n")
+    return store
+
+
+def _wait_for_nodes(
+    store: Any, prefix: str, mine: dict[str, Any], cfg: dict[str, Any], run_dir: Path, need: int
+) -> list[int]:
+    """Poll the roll call until `need` nodes are present; every newcomer's config is compared."""
+    host, port = endpoint(cfg)
+    me, nodes = int(cfg["node_rank"]), int(cfg["nodes"])
+    timeout = float(cfg["launcher"]["rdzv_timeout"])
+    deadline = time.monotonic() + timeout
+    checked: set[int] = {me}
+    while True:
+        present = [k for k in range(nodes) if k in checked or store.check([f"{prefix}/node{k}"])]
+        for k in sorted(set(present) - checked):
+            theirs = json.loads(store.get(f"{prefix}/node{k}"))
+            diff = config_diff(mine, theirs, k)
+            if diff:
+                lines = "\n    ".join(diff)
+                raise RendezvousFailure(
+                    f"config mismatch: node {me} (hash {config_hash(cfg)[:12]}) and node {k} "
+                    f"(hash {_hash_flat(theirs)[:12]}) joined {host}:{port} with different configs:\n"
+                    f"    {lines}\n  HINT: every node must run the same command and config files; "
+                    "only node_rank differs.",
+                    run_dir,
+                )
+            checked.add(k)
+        if len(present) >= need:
+            return present
+        if time.monotonic() > deadline:
+            missing = sorted(set(range(nodes)) - set(present))
+            raise RendezvousFailure(
+                f"rendezvous timed out after {timeout:g} s (launcher.rdzv_timeout) at master "
+                f"{host}:{port}: node rank(s) {', '.join(map(str, missing))} never arrived "
+                f"({len(present)} of {need} needed: node(s) {', '.join(map(str, present))} present).\n"
+                f"  HINT: start `disttrain train ... nodes={cfg['nodes']} node_rank=K "
+                f"master_addr={host}` on the missing node(s), check they reach {host}:{port}, "
+                "or raise launcher.rdzv_timeout.",
+                run_dir,
+            )
+        time.sleep(0.2)
+
+
+def _plain(flat: dict[str, Any]) -> dict[str, Any]:
+    """As the other nodes will read it back from the store (JSON)."""
+    result: dict[str, Any] = json.loads(json.dumps(flat, default=str))
+    return result
+
+
+def _hash_flat(flat: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def run_dir_name(cfg: dict[str, Any]) -> str:
+    """The run dir every node derives alike when the user sets no hydra.run.dir."""
+    return f"runs/{cfg['name']}/nodes{cfg['nodes']}_{config_hash(cfg)[:10]}"

@@ -1,0 +1,146 @@
+"""`launcher=slurm`: a readable sbatch script in the run dir; srun starts one launcher per node.
+
+Each node runs `python -m disttrain.launch.slurm_node RUN_DIR`: it reads the run dir's frozen
+config, takes its node rank from SLURM_NODEID and the master address from the first host of the
+allocation, and starts torchrun's agent for its `nproc_per_node` ranks (multi-node: the same roll
+call and c10d rendezvous as by hand). SIGUSR1 (time limit near) or SIGTERM (preemption) makes the
+ranks checkpoint; node 0 then requeues the job, which resumes from that checkpoint (resume=auto).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from disttrain.config.errors import ConfigError
+
+SCRIPT = "slurm/job.sbatch"
+
+
+def sbatch_script(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str:
+    """The job script: #SBATCH head from launcher.*, then srun of one node launcher per node."""
+    lc = cfg["launcher"]
+    log = run_dir / "slurm" / "job-%j.out"
+    head = [
+        f"--job-name=disttrain-{cfg['name']}",
+        f"--nodes={cfg['nodes']}",
+        "--ntasks-per-node=1",  # one torchrun agent per node; it starts nproc_per_node ranks
+        f"--output={log}",
+        "--open-mode=append",  # a requeued job appends to the same log
+        "--requeue",
+    ]
+    optional = {
+        "partition": lc.get("partition"),
+        "time": lc.get("time"),
+        "account": lc.get("account"),
+        "qos": lc.get("qos"),
+        "gpus-per-node": lc.get("gpus_per_node") or None,
+        "cpus-per-task": lc.get("cpus_per_task") or None,
+    }
+    head += [f"--{k}={v}" for k, v in optional.items() if v is not None]
+    if lc.get("signal_before_s"):
+        head.append(f"--signal=USR1@{lc['signal_before_s']}")  # to the srun tasks: checkpoint + requeue
+    lines = [
+        "#!/bin/bash",
+        f"# Written by disttrain for run {run_dir}",
+        f"# Submitted with: {shlex.join(command)}",
+        f"# Resubmit by hand: sbatch {run_dir / SCRIPT}",
+        *[f"#SBATCH {h}" for h in head],
+        *[str(x) for x in lc.get("extra") or []],
+        "",
+        "set -euo pipefail",
+        "# Node 0 of the allocation hosts the rendezvous; every node derives its rank from SLURM_NODEID.",
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "export MASTER_ADDR",
+        f"cd {shlex.quote(os.getcwd())}",
+        'echo "disttrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST (restart ${SLURM_RESTART_COUNT:-0}), '
+        'master $MASTER_ADDR"',
+        "srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
+        f"  {shlex.quote(sys.executable)} -u -m disttrain.launch.slurm_node {shlex.quote(str(run_dir))}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def submit(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str | None:
+    """Write the script into the run dir; sbatch it (not with dry_run). Returns the job id."""
+    script = sbatch_script(cfg, run_dir, command)
+    path = run_dir / SCRIPT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(script)
+    path.chmod(0o755)
+    if cfg["launcher"].get("dry_run"):
+        sys.stdout.write(script)
+        sys.stdout.write(f"# dry run: not submitted. Script: {path}\n# submit it: sbatch {path}\n")
+        return None
+    try:
+        out = subprocess.run(
+            ["sbatch", "--parsable", str(path)], capture_output=True, text=True, timeout=120, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        raise ConfigError(
+            "launcher", "slurm", "a working sbatch", f"sbatch failed: {detail.strip()}; the script is {path}."
+        ) from None
+    job = out.strip().split(";")[0]
+    (run_dir / "slurm" / "job_id").write_text(job + "\n")
+    sys.stdout.write(
+        f"submitted: SLURM job {job}\n  run dir: {run_dir}\n  follow:  tail -F {run_dir}/slurm/job-{job}.out"
+        f"   (state: squeue -j {job}; cancel: scancel {job})\n"
+    )
+    return job
+
+
+def allocation_overrides(overrides: list[str]) -> list[str]:
+    """Inside an srun step with one task per node: node_rank and master_addr from SLURM's env."""
+    if "SLURM_JOB_ID" not in os.environ or "SLURM_STEP_ID" not in os.environ:
+        return overrides
+    given = {o.split("=", 1)[0].lstrip("+") for o in overrides}
+    extra = []
+    if "node_rank" not in given and "SLURM_NODEID" in os.environ:
+        extra.append(f"node_rank={os.environ['SLURM_NODEID']}")
+    if "master_addr" not in given and int(os.environ.get("SLURM_NNODES", "1")) > 1:
+        extra.append(f"master_addr={first_host()}")
+    return [*overrides, *extra]
+
+
+def first_host() -> str:
+    """The first host of the allocation: node 0, which hosts the rendezvous."""
+    if os.environ.get("MASTER_ADDR"):
+        return os.environ["MASTER_ADDR"]
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    return out.split()[0]
+
+
+def check_allocation(cfg: dict[str, Any]) -> None:
+    """Inside an srun step: the allocation must match nodes and one launcher task per node."""
+    if "SLURM_JOB_ID" not in os.environ or "SLURM_STEP_ID" not in os.environ:
+        return
+    nnodes = int(os.environ.get("SLURM_NNODES", "1"))
+    ntasks = int(os.environ.get("SLURM_NTASKS", str(nnodes)))
+    nodes, nproc = int(cfg["nodes"]), int(cfg["nproc_per_node"])
+    if nnodes != nodes:
+        raise ConfigError(
+            "nodes",
+            nodes,
+            f"{nnodes} (SLURM_NNODES of job {os.environ['SLURM_JOB_ID']})",
+            f"allocate --nodes={nodes}, or set nodes={nnodes}.",
+        )
+    if ntasks != nnodes:
+        raise ConfigError(
+            "nproc_per_node",
+            nproc,
+            f"one launcher task per node: SLURM_NTASKS={ntasks} but nodes={nodes} "
+            f"(nodes x nproc_per_node = {nodes * nproc} ranks are started by disttrain, not srun)",
+            "run `srun --ntasks-per-node=1 disttrain train ...`, or use launcher=slurm which writes that.",
+        )

@@ -1,0 +1,115 @@
+"""Multi-node and SLURM pieces that need no second machine: checks, hashes, the sbatch script."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from unit_support import checked, disttrain
+
+from disttrain.config.errors import ConfigError
+from disttrain.launch import multinode, slurm
+
+MULTI = ("nodes=2", "master_addr=10.1.2.3")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (("launcher.min_nodes=3",), "launcher.min_nodes"),
+        (("launcher.min_nodes=-1",), "launcher.min_nodes"),
+        (("launcher.rdzv_timeout=0",), "launcher.rdzv_timeout"),
+        (("master_port=70000",), "master_port"),
+        (("launcher=slurm", "launcher.time=soon"), "launcher.time"),
+        (("launcher=slurm", "launcher.gpus_per_node=-1"), "launcher.gpus_per_node"),
+        (("launcher=slurm", "launcher.partition=a b"), "launcher.partition"),
+        (("launcher=slurm", "launcher.extra=[--exclusive]"), "launcher.extra"),
+    ],
+)
+def test_bad_launch_settings_fail_before_launch(overrides: tuple[str, ...], key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        checked([*MULTI, *overrides])
+    assert info.value.key == key
+
+
+def test_elastic_range_and_slurm_settings_are_accepted() -> None:
+    cfg = checked([*MULTI, "launcher.min_nodes=1", "launcher=slurm", "launcher.time=1-00:00:00"])
+    assert cfg["launcher"]["min_nodes"] == 1 and cfg["launcher"]["time"] == "1-00:00:00"
+
+
+def test_config_hash_ignores_node_rank_and_diff_names_keys() -> None:
+    a = checked([*MULTI, "node_rank=0"])
+    b = checked([*MULTI, "node_rank=1"])
+    assert multinode.config_hash(a) == multinode.config_hash(b)
+    assert multinode.run_dir_name(a) == multinode.run_dir_name(b)
+    c = checked([*MULTI, "node_rank=1", "optim.lr=0.5", "trainer.max_epochs=3"])
+    assert multinode.config_hash(a) != multinode.config_hash(c)
+    diff = multinode.config_diff(multinode.flatten(a), multinode.flatten(c), other=1)
+    assert [line.split(":")[0] for line in diff] == ["optim.lr", "trainer.max_epochs"]
+    assert "0.5 on node 1" in diff[0]
+
+
+def test_sbatch_script_is_readable_and_complete(tmp_path: Path) -> None:
+    cfg = checked(
+        [
+            *MULTI,
+            "launcher=slurm",
+            "launcher.partition=gpu",
+            "launcher.time=04:00:00",
+            "launcher.gpus_per_node=8",
+            "launcher.account=lab",
+            "launcher.extra=['#SBATCH --exclusive']",
+        ]
+    )
+    script = slurm.sbatch_script(cfg, tmp_path, ["disttrain", "train", "launcher=slurm"])
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=04:00:00",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --account=lab",
+        "#SBATCH --exclusive",
+        "#SBATCH --signal=USR1@120",
+        "#SBATCH --requeue",
+        "scontrol show hostnames",
+        f"-m disttrain.launch.slurm_node {tmp_path}",
+    ):
+        assert line in script, line
+    assert "qos" not in script  # unset options stay out
+
+
+def test_allocation_mismatch_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = checked(list(MULTI))
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    monkeypatch.setenv("SLURM_NNODES", "2")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    with pytest.raises(ConfigError, match="SLURM_NTASKS=4 but nodes=2"):
+        slurm.check_allocation(cfg)
+    monkeypatch.setenv("SLURM_NNODES", "3")
+    with pytest.raises(ConfigError, match="SLURM_NNODES of job 7"):
+        slurm.check_allocation(cfg)
+    monkeypatch.setenv("SLURM_NNODES", "2")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    slurm.check_allocation(cfg)
+    monkeypatch.setenv("SLURM_NODEID", "1")
+    monkeypatch.setenv("MASTER_ADDR", "node-a")
+    assert slurm.allocation_overrides(["nodes=2"]) == ["nodes=2", "node_rank=1", "master_addr=node-a"]
+
+
+def test_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
+    proc = disttrain(
+        "train",
+        "launcher=slurm",
+        "launcher.dry_run=true",
+        "nodes=2",
+        "master_addr=h",
+        "hydra.run.dir=r",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("#!/bin/bash") and "dry run: not submitted" in proc.stdout
+    assert (tmp_path / "r" / "slurm" / "job.sbatch").is_file() and not (
+        tmp_path / "r" / "slurm" / "job_id"
+    ).exists()
