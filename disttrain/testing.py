@@ -24,12 +24,24 @@ class FaultMLP(MLP):
         hang_at: int = 0,
         hang_rank: int = 1,
         raise_at: int = 0,
+        nan_at: int = 0,
+        nan_rank: int = 1,
+        inf_grad_at: int = 0,
+        oom_above: int = 0,
+        perturb_at: int = 0,
+        perturb_rank: int = 1,
         **kwargs: Any,
     ) -> None:
         """delay: seconds of sleep per training forward; hang_at: forward number at which rank
-        `hang_rank` sleeps for an hour; raise_at: forward number at which every rank raises."""
+        `hang_rank` sleeps for an hour; raise_at: forward number at which every rank raises;
+        nan_at: forward number from which rank `nan_rank` outputs NaN; inf_grad_at: forward number
+        whose backward sends an infinite gradient (an fp16 overflow) on every rank; oom_above: a
+        training batch larger than this raises torch.OutOfMemoryError; perturb_at: forward number at
+        which rank `perturb_rank` nudges its first parameter (a desync for debug.check_sync_every)."""
         super().__init__(*args, **kwargs)
         self.delay, self.hang_at, self.hang_rank, self.raise_at = delay, hang_at, hang_rank, raise_at
+        self.nan_at, self.nan_rank, self.inf_grad_at = nan_at, nan_rank, inf_grad_at
+        self.oom_above, self.perturb_at, self.perturb_rank = oom_above, perturb_at, perturb_rank
         self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -37,8 +49,34 @@ class FaultMLP(MLP):
             self.calls += 1
             if self.delay:
                 time.sleep(self.delay)
-            if self.calls == self.hang_at and int(os.environ.get("RANK", 0)) == self.hang_rank:
+            if self.calls == self.hang_at and _rank() == self.hang_rank:
                 time.sleep(3600)
             if self.calls == self.raise_at:
                 raise FloatingPointError(f"injected failure at training forward {self.calls}")
-        return super().forward(x)
+        if self.training and self.oom_above and len(x) > self.oom_above:
+            raise torch.OutOfMemoryError(f"injected: batch {len(x)} > {self.oom_above}")
+        if self.training and self.calls == self.perturb_at and _rank() == self.perturb_rank:
+            with torch.no_grad():
+                next(self.parameters()).add_(1e-3)
+        out = super().forward(x)
+        if self.training and self.nan_at and self.calls >= self.nan_at and _rank() == self.nan_rank:
+            out = out * float("nan")
+        if self.training and self.calls == self.inf_grad_at:
+            out = _InfGrad.apply(out)
+        return out
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", 0))
+
+
+class _InfGrad(torch.autograd.Function):
+    """Identity forward; backward sends an infinite gradient (what an fp16 overflow looks like)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * float("inf")

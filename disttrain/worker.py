@@ -30,6 +30,7 @@ from disttrain.engine.tasks import build_task
 from disttrain.models import build_model
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
 from disttrain.observe.metrics import NullMetrics, make_metrics
+from disttrain.observe.summary import print_summary
 from disttrain.rundir import read_config, write_json
 from disttrain.strategies import build_strategy
 from disttrain.tools.envreport import collect_env
@@ -78,7 +79,12 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
     model = build_model(cfg["model"])
     seed_everything(cfg["seed"] + env.rank)  # per-rank randomness from here on (dropout, ...)
     strategy = build_strategy(cfg["strategy"], env)
+    strategy.precision = strategy.make_precision(cfg.get("amp") or {})
+    prepare_model(model, cfg["trainer"])
     model = strategy.setup_module(model)
+    if cfg["trainer"].get("compile"):
+        log.info("trainer.compile: torch.compile of %s (inductor)", type(strategy.unwrap(model)).__name__)
+        model.compile()  # in place: parameter names (and so checkpoints) stay the same
     dp_rank_size = strategy.data_parallel_rank_size()  # pipeline/tp ranks share data: not env.rank/world
     optimizer = strategy.setup_optimizer(build_optimizer(cfg["optim"], model.parameters(), dp_rank_size[1]))
     train_loader, val_loader = make_loaders(cfg, env, train_set, val_set, dp_rank_size)
@@ -122,7 +128,22 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
     summary.update(strategy.summary_stats(model, optimizer))  # a collective: every rank
     if env.is_zero and not summary.get("stopped_by"):
         write_json(run_dir / "summary.json", summary)
+        print_summary(summary)
     return summary
+
+
+def prepare_model(model: Any, trainer: dict[str, Any]) -> None:
+    """trainer.activation_checkpointing: the built-in models recompute each block in backward."""
+    if not trainer.get("activation_checkpointing"):
+        return
+    setter = getattr(model, "set_activation_checkpointing", None)
+    if setter is None:
+        log.warning(
+            "trainer.activation_checkpointing=true is ignored: %s has no set_activation_checkpointing()",
+            type(model).__name__,
+        )
+        return
+    setter(True)
 
 
 class ShardSampler(Sampler[int]):
@@ -153,7 +174,9 @@ def make_loaders(
     data, batch = cfg["data"], cfg["trainer"]["batch_size"]
     common: dict[str, Any] = {"num_workers": data["num_workers"], "pin_memory": data["pin_memory"]}
     if data["num_workers"] > 0:
-        common["persistent_workers"] = True
+        common["persistent_workers"] = bool(data.get("persistent_workers", True))
+        if data.get("prefetch_factor") is not None:
+            common["prefetch_factor"] = int(data["prefetch_factor"])
     sampler: DistributedSampler = ResumableSampler(
         train_set,
         num_replicas=dp_size,
@@ -259,4 +282,6 @@ def _main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(_main())
+    from disttrain.dist import exit_rank
+
+    exit_rank(_main())

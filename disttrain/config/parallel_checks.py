@@ -130,7 +130,13 @@ def _check_2d(cfg: dict[str, Any], ws: int, shape: str) -> None:
 
 def check_model(cfg: dict[str, Any], model: Any) -> None:
     """Checks that need the model (built on the meta device): it can be split as configured."""
-    from disttrain.models.parallel import class_path, pipeline_layers, stage_bounds, tp_plan_fn
+    from disttrain.models.parallel import (
+        class_path,
+        pipeline_layers,
+        shared_across_layers,
+        stage_bounds,
+        tp_plan_fn,
+    )
     from disttrain.strategies import STRATEGIES
 
     name = cfg["strategy"]["name"]
@@ -156,6 +162,7 @@ def check_model(cfg: dict[str, Any], model: Any) -> None:
                 f"a tp plan naming modules of the model (unknown: {', '.join(unknown)})",
                 "plan keys are module names as in model.named_modules().",
             )
+        _check_heads(cfg, model, name)
     if name == "pipeline":
         layers = pipeline_layers(model)
         if layers is None:
@@ -177,6 +184,15 @@ def check_model(cfg: dict[str, Any], model: Any) -> None:
                 f"parameters outside the layers would be lost: {', '.join(outside[:5])}; "
                 "include their modules in pipeline_layers().",
             )
+        shared = shared_across_layers(layers)
+        if shared:
+            raise ConfigError(
+                "model",
+                class_path(model),
+                "no parameter shared by two pipeline layers with strategy=pipeline",
+                f"tied weights ({', '.join(shared[:3])}) would become two copies on different stages; "
+                "untie them (model.tie_weights=false for gpt) or use another strategy.",
+            )
         s = cfg["strategy"]
         stages = int(cfg["nodes"]) * int(cfg["nproc_per_node"]) * s["stages_per_rank"]
         names = [n for n, _ in layers]
@@ -190,3 +206,19 @@ def check_model(cfg: dict[str, Any], model: Any) -> None:
                 f"<= {len(names)} stages, cut at layer names of {class_path(model)}: {', '.join(names)}",
                 f"{exc}; use fewer ranks or stages_per_rank, or a deeper model.",
             ) from None
+
+
+def _check_heads(cfg: dict[str, Any], model: Any, name: str) -> None:
+    """A transformer's heads are split across the tp ranks: n_heads must divide evenly."""
+    heads = getattr(model, "n_heads", None)
+    if heads is None:
+        return
+    ws, _ = _world(cfg)
+    tp = ws if name == "tp" else int(cfg["strategy"]["tp_degree"])
+    if heads % tp:
+        raise ConfigError(
+            "model.n_heads",
+            heads,
+            f"a multiple of the tensor-parallel degree {tp}",
+            f"each tp rank holds n_heads / {tp} heads; set model.n_heads={tp * max(1, heads // tp)}.",
+        )

@@ -123,15 +123,45 @@ class MLPConfig:
 
 
 @dataclass
+class CNNConfig:
+    _target_: str = "disttrain.models.cnn.CNN"
+    in_features: int = _h(
+        "pixels of one square single-channel image (from the data set)", II("data.num_features")
+    )
+    num_classes: int = _h("output width (from the data set)", II("data.num_classes"))
+    channels: list[int] = _h(
+        "channels of each 3x3 conv block (each pools 2x while the side is even)", factory=lambda: [16, 32]
+    )
+    hidden: int = _h("width of the classifier's hidden Linear", 64)
+
+
+@dataclass
+class GPTConfig:
+    _target_: str = "disttrain.models.gpt.GPT"
+    vocab_size: int = _h("tokens (from the data set: 256 for bytes)", II("data.num_classes"))
+    block_size: int = _h("context length (from the data set)", II("data.num_features"))
+    dim: int = _h("embedding width", 64)
+    n_layers: int = _h("transformer blocks", 2)
+    n_heads: int = _h("attention heads (divide dim; a multiple of the tp degree)", 4)
+    mlp_ratio: int = _h("MLP hidden width = mlp_ratio x dim", 4)
+    dropout: float = _h("dropout on embeddings, attention and residual branches", 0.0)
+    tie_weights: bool = _h("the head shares the token embedding (false for strategy=pipeline)", True)
+
+
+@dataclass
 class DataConfig:
     name: str = _h("data set name (for logs)", MISSING)
-    task: str = _h("classification (CE, accuracy) or regression (MSE)", "classification")
+    task: str = _h(
+        "classification (CE, accuracy), regression (MSE) or lm (CE per token, perplexity)", "classification"
+    )
     num_features: int = _h("input width the model sees", MISSING)
     num_classes: int = _h("number of classes (output width for regression)", MISSING)
     train: Any = _h("`_target_` spec that builds the training Dataset", MISSING)
     val: Any = _h("`_target_` spec that builds the validation Dataset (null: no validation)", None)
     num_workers: int = _h("DataLoader worker processes per rank", 0)
     pin_memory: bool = _h("pin host memory (useful with CUDA)", False)
+    persistent_workers: bool = _h("keep DataLoader workers alive between epochs (num_workers > 0)", True)
+    prefetch_factor: int | None = _h("batches each worker loads ahead (num_workers > 0); null: 2", None)
     drop_last: bool = _h("drop the last incomplete batch of an epoch", True)
     shuffle: bool = _h("reshuffle the training set every epoch (seeded)", True)
 
@@ -194,11 +224,65 @@ class SyntheticDataConfig(DataConfig):
     )
 
 
+@dataclass
+class TextDataConfig(DataConfig):
+    name: str = "text"
+    task: str = "lm"
+    path: str | None = _h("a text file (bytes are tokens); null: the shipped Python reference corpus", None)
+    block_size: int = _h("tokens per sample (the model's context length)", 64)
+    val_fraction: float = _h("the file's last fraction validates", 0.1)
+    num_features: int = II("data.block_size")
+    num_classes: int = 256
+    train: Any = field(
+        default_factory=lambda: {
+            "_target_": "disttrain.data.text.load_text",
+            "path": II("data.path"),
+            "block_size": II("data.block_size"),
+            "val_fraction": II("data.val_fraction"),
+            "split": "train",
+        }
+    )
+    val: Any = field(
+        default_factory=lambda: {
+            "_target_": "disttrain.data.text.load_text",
+            "path": II("data.path"),
+            "block_size": II("data.block_size"),
+            "val_fraction": II("data.val_fraction"),
+            "split": "val",
+        }
+    )
+
+
+@dataclass
+class FilesDataConfig(DataConfig):
+    name: str = "files"
+    path: str = _h(
+        "training arrays: .npz (keys x, y), .pt (dict x, y or tuple) or .csv (label last)", MISSING
+    )
+    val_path: str | None = _h("validation arrays in the same format; null: no validation", None)
+    train: Any = field(
+        default_factory=lambda: {
+            "_target_": "disttrain.data.files.load_files",
+            "path": II("data.path"),
+            "task": II("data.task"),
+        }
+    )
+    val: Any = field(
+        default_factory=lambda: {
+            "_target_": "disttrain.data.files.load_files",
+            "path": II("data.val_path"),
+            "task": II("data.task"),
+        }
+    )
+
+
 # -------------------------------------------------------------------------------------------- amp
 @dataclass
 class AmpConfig:
-    name: str = _h("mixed precision: off", "off")
-    dtype: str = _h("compute dtype under autocast", "float32")
+    name: str = _h("mixed precision: off, bf16 or fp16 (dynamic loss scaling)", "off")
+    dtype: str = _h("compute dtype under autocast: float32, bfloat16 or float16", "float32")
+    init_scale: float = _h("fp16: initial loss scale", 65536.0)
+    growth_interval: int = _h("fp16: steps without overflow before the scale doubles", 2000)
 
 
 # ---------------------------------------------------------------------------------------- optim
@@ -254,11 +338,28 @@ class LauncherConfig:
     max_restarts: int = _h("torchrun: restarts of the whole group after a rank fails", 0)
     monitor_interval: float = _h("torchrun: seconds between worker health checks", 0.1)
     rdzv_timeout: float = _h("seconds to wait for all nodes to join the rendezvous", 900.0)
+    min_nodes: int = _h("elastic: train once this many of `nodes` have joined; 0: all of them", 0)
 
 
 @dataclass
 class TorchrunLauncherConfig(LauncherConfig):
     name: str = "torchrun"
+
+
+@dataclass
+class SlurmLauncherConfig(LauncherConfig):
+    """An sbatch script in the run dir; srun starts one torchrun agent per node."""
+
+    name: str = "slurm"
+    partition: str | None = _h("sbatch --partition; null: the cluster's default", None)
+    time: str | None = _h("sbatch --time limit, e.g. 04:00:00 or 2-00:00:00; null: partition default", None)
+    gpus_per_node: int = _h("sbatch --gpus-per-node; 0: none requested", 0)
+    cpus_per_task: int = _h("sbatch --cpus-per-task (one task per node runs every local rank); 0: unset", 0)
+    account: str | None = _h("sbatch --account", None)
+    qos: str | None = _h("sbatch --qos", None)
+    extra: list[str] = _h('more lines for the script head, e.g. "#SBATCH --constraint=a100"', factory=list)
+    signal_before_s: int = _h("seconds before the time limit Slurm sends SIGUSR1: checkpoint + requeue", 120)
+    dry_run: bool = _h("print the sbatch script (and write it to the run dir) without submitting", False)
 
 
 @dataclass
@@ -278,6 +379,30 @@ class TrainerConfig:
     val_every: int = _h("optimizer steps between validations; 0: at the end of each epoch", 0)
     ckpt_every: int = _h("optimizer steps between checkpoints; 0: only the final one", 0)
     progress: bool = _h("rich progress bar on rank 0", True)
+    activation_checkpointing: bool = _h(
+        "recompute each block's activations in backward (built-in models)", False
+    )
+    compile: bool = _h("torch.compile the model (needs a C compiler on CPU)", False)
+    detect_anomaly: str = _h(
+        "non-finite loss/grad norm: off, stop (fail naming step and rank) or skip", "off"
+    )
+    oom: str = _h(
+        "out-of-memory in a step: off (fail) or auto_microbatch (halve micro-batch, same math)", "off"
+    )
+
+
+# ------------------------------------------------------------------------------------- debug/prof
+@dataclass
+class DebugConfig:
+    check_sync_every: int = _h("every N steps compare parameter checksums across replicas; 0: off", 0)
+    log_grad_stats: bool = _h("log per-parameter gradient norms (grad_norm/NAME) at log steps", False)
+
+
+@dataclass
+class ProfilerConfig:
+    wait: int = _h("profile=true: steps skipped before the window", 1)
+    warmup: int = _h("profile=true: steps traced but discarded (profiler warm-up)", 1)
+    active: int = _h("profile=true: steps recorded into the trace", 3)
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -334,6 +459,9 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    profile: bool = _h("record a torch.profiler window into RUN_DIR/profile (TensorBoard traces)", False)
     name: str = _h("run name (used in the run directory)", "default")
     nodes: int = _h("number of nodes (machines)", 1)
     nproc_per_node: int = _h("ranks per node (one per GPU; CPU: any)", 2)
@@ -364,12 +492,21 @@ def register() -> None:
             "base_tp": TPStrategyConfig,
             "base_fsdp+tp": FSDPTPStrategyConfig,
         },
-        "model": {"base_mlp": MLPConfig},
-        "data": {"base_digits": DigitsDataConfig, "base_synthetic": SyntheticDataConfig},
+        "model": {"base_mlp": MLPConfig, "base_cnn": CNNConfig, "base_gpt": GPTConfig},
+        "data": {
+            "base_digits": DigitsDataConfig,
+            "base_synthetic": SyntheticDataConfig,
+            "base_text": TextDataConfig,
+            "base_files": FilesDataConfig,
+        },
         "amp": {"base_amp": AmpConfig},
         "optim": {"base_adamw": AdamWConfig, "base_sgd": SGDConfig},
         "sched": {"base_constant": ConstantSchedConfig, "base_cosine": CosineSchedConfig},
-        "launcher": {"base_torchrun": TorchrunLauncherConfig, "base_spawn": SpawnLauncherConfig},
+        "launcher": {
+            "base_torchrun": TorchrunLauncherConfig,
+            "base_spawn": SpawnLauncherConfig,
+            "base_slurm": SlurmLauncherConfig,
+        },
         "checkpoint": {"base_checkpoint": CheckpointConfig},
     }
     for group, nodes in groups.items():

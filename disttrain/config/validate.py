@@ -9,16 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from disttrain.config import dp_checks, parallel_checks
+from disttrain.config import dp_checks, launch_checks, parallel_checks
 from disttrain.config.errors import ConfigError, one_of
 from disttrain.strategies import STRATEGIES
 
 BACKENDS = ("auto", "gloo", "nccl")
-LAUNCHERS = ("torchrun", "spawn")
+LAUNCHERS = ("torchrun", "spawn", "slurm")
 SCHEDULES = ("constant", "cosine")
 SCALE_LR = ("none", "linear")
-AMP = ("off",)
-TASKS = ("classification", "regression")
+AMP = {"off": "float32", "bf16": "bfloat16", "fp16": "float16"}
+TASKS = ("classification", "regression", "lm")
+ANOMALY = ("off", "stop", "skip")
+OOM = ("off", "auto_microbatch")
+FP16_STRATEGIES = ("single", "ddp", "fsdp", "hsdp")
+SHARDED = ("fsdp", "hsdp", "fsdp+tp")
+REPLICATED = ("single", "ddp", "zero", "dp")  # every rank holds the whole, identical model
 VERIFY = ("size", "hash")
 
 
@@ -74,18 +79,96 @@ def check_static(cfg: dict[str, Any]) -> None:
         )
     dp_checks.check_static(cfg)  # dp, ddp, zero, localsgd, fsdp/hsdp
     parallel_checks.check_static(cfg)  # pipeline, tp, fsdp+tp
-    _choice(cfg, "launcher.name", LAUNCHERS, "torchrun is the default; spawn uses torch.multiprocessing.")
+    _choice(
+        cfg,
+        "launcher.name",
+        LAUNCHERS,
+        "torchrun is the default; spawn uses torch.multiprocessing; slurm submits an sbatch job.",
+    )
     if cfg["launcher"]["name"] == "spawn" and nodes > 1:
         raise ConfigError("launcher", "spawn", "nodes=1", "use launcher=torchrun for several nodes.")
     _at_least(cfg, "launcher.max_restarts", 0, "0 fails the run on the first rank failure.")
-    _choice(cfg, "amp.name", AMP, "amp=off trains in float32.")
+    launch_checks.check_static(cfg)  # rendezvous, elastic range, SLURM
+    _check_amp(cfg)
     _check_trainer(cfg)
     _check_checkpoint(cfg)
     _check_optim(cfg)
-    _choice(cfg, "data.task", TASKS, "classification uses cross-entropy and accuracy; regression MSE.")
+    _choice(
+        cfg, "data.task", TASKS, "classification: cross-entropy, accuracy; regression: MSE; lm: CE per token."
+    )
+    _check_loader(cfg)
+    if cfg["data"]["task"] == "lm" and cfg["data"].get("val") and cfg["strategy"]["name"] in SHARDED:
+        raise ConfigError(
+            "data.val",
+            "the text validation set",
+            f"null with strategy={cfg['strategy']['name']} and a language-modelling data set",
+            "a known issue: validation of the gpt under FSDP hangs on CPU/gloo (training steps are "
+            "fine); set data.val=null, or validate with another strategy.",
+        )
+    model = str(_get(cfg, "model._target_"))
+    if model == "disttrain.models.gpt.GPT" and cfg["data"]["task"] != "lm":
+        raise ConfigError(
+            "model",
+            "gpt",
+            "a language-modelling data set (data.task=lm) with model=gpt",
+            f"data={cfg['data'].get('name')} is a {cfg['data']['task']} set; use data=text.",
+        )
     threads = cfg.get("threads_per_rank")
     if threads is not None and threads < 1:
         raise ConfigError("threads_per_rank", threads, "null (cores / local ranks) or >= 1", "leave it null.")
+
+
+def _check_amp(cfg: dict[str, Any]) -> None:
+    _choice(cfg, "amp.name", tuple(AMP), "amp=bf16 needs no loss scaling; amp=fp16 scales the loss.")
+    name, dtype = cfg["amp"]["name"], cfg["amp"]["dtype"]
+    if dtype != AMP[name]:
+        raise ConfigError(
+            "amp.dtype", dtype, f"{AMP[name]} with amp={name}", f"choose the amp group: amp={name}."
+        )
+    if name != "off" and cfg["strategy"]["name"] in ("pipeline", "dp"):
+        raise ConfigError(
+            "amp",
+            name,
+            f"off with strategy={cfg['strategy']['name']}",
+            "mixed precision runs under single, ddp, zero, localsgd, fsdp, hsdp, tp and fsdp+tp.",
+        )
+    if name == "fp16" and cfg["strategy"]["name"] not in FP16_STRATEGIES:
+        raise ConfigError(
+            "amp",
+            name,
+            f"bf16 or off with strategy={cfg['strategy']['name']} (fp16 loss scaling: {', '.join(FP16_STRATEGIES)})",
+            "use amp=bf16, which needs no loss scaling.",
+        )
+    if name == "fp16":
+        _at_least(cfg, "amp.init_scale", 1, "65536 is the usual start; the scale adapts.")
+        _at_least(cfg, "amp.growth_interval", 1, "steps without overflow before the scale doubles.")
+
+
+def _check_debug(cfg: dict[str, Any]) -> None:
+    _at_least(cfg, "debug.check_sync_every", 0, "0 disables the check; 100 is cheap.")
+    every, strategy = _get(cfg, "debug.check_sync_every"), cfg["strategy"]["name"]
+    if every and strategy not in REPLICATED:
+        raise ConfigError(
+            "debug.check_sync_every",
+            every,
+            f"0 with strategy={strategy} (checksums compare whole replicas: {', '.join(REPLICATED)})",
+            "sharded or split models hold different parameters on each rank by design.",
+        )
+    for key in ("wait", "warmup", "active"):
+        _at_least(cfg, f"profiler.{key}", 1 if key == "active" else 0, "e.g. wait=1 warmup=1 active=3.")
+
+
+def _check_loader(cfg: dict[str, Any]) -> None:
+    """DataLoader knobs: torch rejects prefetch_factor without workers at the first batch; say it now."""
+    _at_least(cfg, "data.num_workers", 0, "0 loads in the training process; 2-4 overlap loading.")
+    prefetch = _get(cfg, "data.prefetch_factor")
+    if prefetch is not None and (cfg["data"]["num_workers"] == 0 or prefetch < 1):
+        raise ConfigError(
+            "data.prefetch_factor",
+            prefetch,
+            "null, or >= 1 with data.num_workers > 0",
+            "prefetching needs worker processes: set data.num_workers=2, or leave prefetch_factor null.",
+        )
 
 
 def _check_checkpoint(cfg: dict[str, Any]) -> None:
@@ -131,6 +214,21 @@ def _check_trainer(cfg: dict[str, Any]) -> None:
         raise ConfigError("trainer.max_steps", t["max_steps"], "-1 (use max_epochs) or >= 1", "e.g. 1000.")
     if t["max_steps"] == -1:
         _at_least(cfg, "trainer.max_epochs", 1, "train at least one epoch, or set trainer.max_steps.")
+    _choice(
+        cfg,
+        "trainer.detect_anomaly",
+        ANOMALY,
+        "stop fails the run at the first NaN/inf; skip drops the step.",
+    )
+    _choice(cfg, "trainer.oom", OOM, "auto_microbatch splits each micro-batch in two after an OOM.")
+    if t.get("compile") and cfg["strategy"]["name"] == "pipeline":
+        raise ConfigError(
+            "trainer.compile",
+            True,
+            "false with strategy=pipeline",
+            "compile works with the other strategies.",
+        )
+    _check_debug(cfg)
     clip = t["clip_grad_norm"]
     if clip is not None and clip <= 0:
         raise ConfigError(
@@ -156,6 +254,7 @@ def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     from disttrain.data import build_datasets
     from disttrain.models import build_model
 
+    launch_checks.check_runtime(cfg)
     backend = cfg["backend"]["name"]
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "nccl" and gpus == 0:

@@ -15,11 +15,15 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from disttrain.dist import DistEnv
+from disttrain.engine.amp import Precision
 from disttrain.engine.checkpointing import Checkpointer
+from disttrain.engine.guards import AnomalyError, DesyncError, Guards
 from disttrain.engine.resume import StopFlag, set_rng_state
 from disttrain.engine.tasks import Task
 from disttrain.observe.metrics import NullMetrics
+from disttrain.observe.profiler import make_profiler
 from disttrain.observe.progress import make_progress
+from disttrain.observe.throughput import Throughput
 from disttrain.strategies.base import Strategy
 
 log = logging.getLogger("disttrain")
@@ -42,6 +46,8 @@ class Window:
 
     loss_sum: torch.Tensor
     steps: int = 0
+    tokens: int = 0  # this rank's tokens (language modelling), for tokens/s
+    data_wait_s: float = 0.0
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -82,7 +88,16 @@ class Engine:
         self.global_batch = int(trainer["batch_size"]) * self.accum * self.dp_size
         self.state = LoopState()
         self.timeout_s = timeout_s
-        self.scaler: Any = None  # the AMP grad scaler's slot in checkpoints
+        self.precision: Precision = strategy.precision
+        self.scaler: Any = self.precision.scaler if self.precision.scaling else None  # in checkpoints
+        self.guards = Guards(self, trainer, (run_cfg or {}).get("debug"))
+        self.profiler = make_profiler(
+            bool((run_cfg or {}).get("profile")), (run_cfg or {}).get("profiler") or {}, run_dir, env.rank
+        )
+        self.split = 1  # trainer.oom=auto_microbatch: each loader batch is cut into this many parts
+        self.throughput = Throughput(strategy.unwrap(model), env)
+        self.data_wait_s = 0.0  # time spent waiting for batches (reset per log window)
+        self.step_tokens = 0
         self.in_update = False  # inside optimizer/scheduler step: state not consistent across ranks
         self.pending_rng: dict[str, Any] | None = None  # restored after the resumed epoch's iterator
         self.stop = StopFlag()
@@ -93,7 +108,8 @@ class Engine:
         s, t = self.state, self.t
         started = time.perf_counter()
         resumed_done = s.step >= self.total_steps and s.step > 0
-        with self.stop, make_progress(self.env.is_zero and t["progress"], self.total_steps, "train") as bar:
+        progress = make_progress(self.env.is_zero and t["progress"], self.total_steps, "train")
+        with self.stop, self.profiler, progress as bar:
             bar.update(s.step)
             try:
                 self._epochs(bar)
@@ -116,12 +132,14 @@ class Engine:
         while s.step < self.total_steps:
             self._set_epoch(s.epoch)
             for micro_batches in self._groups():
-                loss, grad_norm = self.train_step(micro_batches)
+                loss, grad_norm = self._step_fitting_memory(micro_batches)
+                self.profiler.step()
                 s.step += 1
                 s.samples += self.global_batch
                 s.epoch_samples += self.global_batch
                 window.loss_sum += loss
                 window.steps += 1
+                window.tokens += self.step_tokens
                 if s.step % t["log_every"] == 0 or s.step == self.total_steps:
                     values = self._log_train(window, grad_norm)
                     window = self._new_window()
@@ -167,6 +185,8 @@ class Engine:
                 "stuck or much slower). HINT: look at the other ranks' logs; raise backend.timeout "
                 "if a step can legitimately take that long."
             )
+        if isinstance(exc, (AnomalyError, DesyncError)):
+            return exc  # no emergency save: NaN gradients or diverged replicas are not worth keeping
         if isinstance(exc, dist.DistError) or any(
             m in text for m in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
         ):
@@ -188,20 +208,60 @@ class Engine:
         self.model.train()
         total = torch.zeros((), device=self.env.device)
         n = len(micro_batches)
+        self.step_tokens = 0
         for i, (x, y) in enumerate(micro_batches):
             x, y = x.to(self.env.device, non_blocking=True), y.to(self.env.device, non_blocking=True)
+            self.step_tokens += self.task.tokens(y)
             with self.strategy.no_backward_sync(self.model, enabled=i < n - 1):
                 total += self.strategy.forward_backward(self.model, x, y, self.task.loss, scale=1.0 / n)
+        self.precision.unscale(self.optimizer)  # clipping and the norm see the true gradients
         grad_norm = self.strategy.clip_grad_norm(self.model, self.t["clip_grad_norm"])
+        if (self.state.step + 1) % self.t["log_every"] == 0 and (norms := self.guards.grad_norms()):
+            self.metrics.log(self.state.step + 1, norms, epoch=self.state.epoch)
+        skip = self.guards.after_backward(total, grad_norm)
         self.in_update = True
-        self.optimizer.step()
+        if skip:
+            self.precision.scaler.update()
+        else:
+            self.precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
+        self.guards.after_step(self.state.step + 1)
         self.state.lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
         self.in_update = False
         if self.state.first_step_at is None:
             self.state.first_step_at = time.time()
         return total, grad_norm
+
+    def _step_fitting_memory(self, micro_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """trainer.oom=auto_microbatch: after an out-of-memory error, cut every micro-batch in two
+        (micro-batch / 2, grad_accum x 2: the same samples, the same mean gradient) and retry."""
+        while True:
+            try:
+                return self.train_step(split_batches(micro_batches, self.split))
+            except torch.OutOfMemoryError as exc:
+                if self.t.get("oom", "off") != "auto_microbatch":
+                    raise
+                self.optimizer.zero_grad(set_to_none=True)
+                size = len(micro_batches[0][1]) // self.split
+                if size <= 1:
+                    raise RuntimeError(
+                        f"trainer.oom=auto_microbatch: out of memory at step {self.state.step + 1} on rank "
+                        f"{self.env.rank} even with a micro-batch of 1 sample: the model does not fit. "
+                        "HINT: use strategy=fsdp (sharded state), trainer.activation_checkpointing=true, "
+                        "amp=bf16, or a smaller model."
+                    ) from exc
+                self.split *= 2
+                log.warning(
+                    "rank %d: out of memory at step %d; micro-batch %d -> %d, grad_accum %d -> %d "
+                    "(global batch unchanged)",
+                    self.env.rank,
+                    self.state.step + 1,
+                    size,
+                    len(micro_batches[0][1]) // self.split,
+                    self.accum * self.split // 2,
+                    self.accum * self.split,
+                )
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
@@ -216,6 +276,7 @@ class Engine:
         sums = self.strategy.all_reduce(sums, op="sum")
         count = max(sums[2].item(), 1.0)
         values = {"val/loss": sums[0].item() / count, f"val/{self.task.metric}": sums[1].item() / count}
+        values.update(self.task.derived(values))
         self.state.last_val = values
         self.metrics.log(self.state.step, values, epoch=self.state.epoch)
         log.info("step %d val: %s", self.state.step, " ".join(f"{k}={v:.4f}" for k, v in values.items()))
@@ -229,7 +290,10 @@ class Engine:
             set_rng_state(self.pending_rng)
             self.pending_rng = None
         for _ in range(len(self.train_loader) // self.accum):
-            yield [next(batches) for _ in range(self.accum)]
+            t0 = time.perf_counter()
+            group = [next(batches) for _ in range(self.accum)]
+            self.data_wait_s += time.perf_counter() - t0
+            yield group
 
     def _set_epoch(self, epoch: int) -> None:
         """Seed the epoch's permutation; a resumed epoch starts after the samples already consumed."""
@@ -257,7 +321,13 @@ class Engine:
             "grad_norm": float(grad_norm),
             "samples_per_s": window.steps * self.global_batch / max(elapsed, 1e-9),
             "step_time_s": elapsed / window.steps,
+            "data_wait_frac": min(1.0, self.data_wait_s / max(elapsed, 1e-9)),
+            "micro_batch": float(-(-int(self.t["batch_size"]) // self.split)),
         }
+        self.data_wait_s = 0.0
+        values.update(self.task.derived(values))
+        values.update(self.throughput.rates(window.tokens * self.dp_size, elapsed, window.steps))
+        values.update(self.guards.metrics())
         self.metrics.log(self.state.step, values, epoch=self.state.epoch)
         log.debug("step %d %s", self.state.step, values)
         return values
@@ -272,8 +342,20 @@ class Engine:
             "samples_per_s": s.samples / max(elapsed, 1e-9),
             "first_step_at": s.first_step_at,
             "checkpoint_stall_s": [round(x, 4) for x in self.ckpt.stalls],
+            **self.guards.metrics(),
             **s.last_val,
         }
+
+
+def split_batches(micro_batches: list[Any], parts: int) -> list[Any]:
+    """Cut each (x, y) micro-batch into `parts` equal consecutive pieces (the last may be smaller)."""
+    if parts == 1:
+        return micro_batches
+    out = []
+    for x, y in micro_batches:
+        size = -(-len(y) // parts)
+        out += list(zip(x.split(size), y.split(size), strict=True))
+    return out
 
 
 def total_steps(trainer: dict[str, Any], batches_per_epoch: int) -> int:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 # class path ("package.module.Class") -> "package.module:function(model) -> plan"
-TP_PLANS: dict[str, str] = {}
+TP_PLANS: dict[str, str] = {"disttrain.models.gpt.GPT": "disttrain.models.gpt:gpt_tp_plan"}
 
 
 def class_path(model: Any) -> str:
@@ -50,6 +50,19 @@ def tp_plan_fn(model: Any) -> Callable[[], dict[str, Any]] | None:
     module, _, fn = target.partition(":")
     factory = getattr(importlib.import_module(module), fn)
     return lambda: factory(model)
+
+
+def shared_across_layers(layers: list[tuple[str, nn.Module]]) -> list[str]:
+    """Parameters that appear in more than one pipeline layer (tied weights): stages on different
+    ranks would each train their own copy, so pipeline parallelism refuses them."""
+    owner: dict[int, str] = {}
+    shared: list[str] = []
+    for layer_name, layer in layers:
+        for pname, p in layer.named_parameters():
+            if id(p) in owner and owner[id(p)] != layer_name:
+                shared.append(f"{owner[id(p)]} / {layer_name}.{pname}")
+            owner.setdefault(id(p), layer_name)
+    return shared
 
 
 def pipeline_layers(model: nn.Module) -> list[tuple[str, nn.Module]] | None:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from disttrain.dist import DistEnv
+from disttrain.engine.amp import Precision
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -26,6 +27,11 @@ class Strategy:
     def __init__(self, cfg: dict[str, Any], env: DistEnv) -> None:
         self.cfg = cfg
         self.env = env
+        self.precision = Precision(None, env.device)  # the worker sets the run's amp choice
+
+    def make_precision(self, amp_cfg: dict[str, Any]) -> Precision:
+        """The run's mixed precision; sharded strategies need the sharded grad scaler."""
+        return Precision(amp_cfg, self.env.device)
 
     # ---------------------------------------------------------------- setup
     def setup_module(self, model: nn.Module) -> nn.Module:
@@ -56,16 +62,18 @@ class Strategy:
 
         Strategies that split the model across ranks (pipeline) override this as a whole.
         """
-        loss = loss_fn(model(x), y) * scale
-        self.backward(loss)
-        return loss.detach()
+        with self.precision.autocast():
+            loss = loss_fn(model(x), y) * scale
+        self.backward(self.precision.scale(loss))
+        return loss.detach().float()
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
     def eval_step(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: Any) -> torch.Tensor:
         """[loss x n, metric numerator, n] for one validation batch (float64, on the device)."""
-        out = model(x)
+        with self.precision.autocast():
+            out = model(x)
         loss = task.loss(out, y).to(torch.float64) * len(y)
         return torch.stack(
             [loss, task.correct(out, y), torch.tensor(float(len(y)), dtype=torch.float64, device=out.device)]

@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from disttrain.engine.amp import Precision
 from disttrain.strategies.base import Strategy
 
 log = logging.getLogger("disttrain")
@@ -77,6 +78,9 @@ class FSDPStrategy(Strategy):
         if self.env.is_zero:
             log.info("fsdp: mesh %s, root + %d wrapped units (%s)", tuple(mesh.shape), len(units), names)
         return model
+
+    def make_precision(self, amp_cfg: dict[str, Any]) -> Precision:
+        return Precision(amp_cfg, self.env.device, sharded=True)
 
     def device_mesh(self) -> DeviceMesh:
         """1D (world,) for FSDP; 2D (replicate, world/replicate) for HSDP."""

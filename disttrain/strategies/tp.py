@@ -67,7 +67,15 @@ class TPStrategy(Strategy):
         total = global_grad_norm(grads)
         if max_norm is not None and grads:
             coef = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
-            torch._foreach_mul_(grads, coef)
+            groups: list[list[torch.Tensor]] = [
+                [g for g in grads if isinstance(g, DTensor)],
+                [g for g in grads if not isinstance(g, DTensor)],
+            ]
+            for (
+                group
+            ) in groups:  # foreach kernels take DTensors or plain tensors, not both (gpt: replicated norms)
+                if group:
+                    torch._foreach_mul_(group, coef)
         return total
 
     # ---------------------------------------------------------------------------------- collectives

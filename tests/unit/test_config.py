@@ -28,7 +28,12 @@ PROMISED = {
 }
 
 # Options that are only valid together with another setting.
-NEEDS = {("strategy", "single"): ["nproc_per_node=1"], ("strategy", "dp"): ["nproc_per_node=1"]}
+NEEDS = {
+    ("strategy", "single"): ["nproc_per_node=1"],
+    ("strategy", "dp"): ["nproc_per_node=1"],
+    ("model", "gpt"): ["data=text"],
+    ("data", "files"): ["data.path=train.npz", "data.num_features=4", "data.num_classes=2"],
+}
 
 MESSAGE = re.compile(
     r"^config error: (?P<key>\S+?)=(?P<value>.*) is not valid\. Allowed: .+\. HINT: .+", re.S

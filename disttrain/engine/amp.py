@@ -1,0 +1,68 @@
+"""Mixed precision as one object: autocast on the run's device type, and a grad scaler that is a
+no-op unless amp=fp16 (nanoGPT's `GradScaler(enabled=dtype == float16)` instead of branches).
+
+fp16 uses dynamic loss scaling: a step whose gradients overflow is skipped and the scale halves;
+after `growth_interval` good steps it doubles. Under FSDP the gradients are shards, so the scaler
+is the sharded one (it all-reduces "found inf" so every rank skips the same step).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Precision:
+    def __init__(self, cfg: dict[str, Any] | None, device: torch.device, sharded: bool = False) -> None:
+        cfg = cfg or {}
+        self.name = str(cfg.get("name", "off"))
+        self.dtype = DTYPES[cfg.get("dtype", "float32")]
+        self.device_type = device.type
+        self.enabled = self.name != "off"
+        kwargs: dict[str, Any] = {
+            "init_scale": float(cfg.get("init_scale", 65536.0)),
+            "growth_interval": int(cfg.get("growth_interval", 2000)),
+            "enabled": self.name == "fp16",
+        }
+        if sharded:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self.scaler: Any = ShardedGradScaler(device.type, **kwargs)
+        else:
+            self.scaler = torch.amp.GradScaler(device.type, **kwargs)
+        self.skipped_steps = 0
+
+    @property
+    def scaling(self) -> bool:
+        return bool(self.scaler.is_enabled())
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        scaled: torch.Tensor = self.scaler.scale(loss)
+        return scaled
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the gradients by the scale in place, so clipping and norms see true values."""
+        self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """optimizer.step() unless the gradients overflowed; update the scale. True: step applied."""
+        if not self.scaling:
+            optimizer.step()
+            return True
+        before = self.scaler.get_scale()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        applied = self.scaler.get_scale() >= before
+        if not applied:
+            self.skipped_steps += 1
+        return applied
+
+    def scale_value(self) -> float:
+        return float(self.scaler.get_scale()) if self.scaling else 1.0

@@ -1,0 +1,125 @@
+"""Step guards: non-finite loss or gradient norm (trainer.detect_anomaly) and AMP step skips.
+
+`stop` fails the run before the optimizer touches the weights, naming the step, the ranks whose
+loss was not finite and the last good checkpoint; `skip` drops the step (no update) and counts it.
+One small all-reduce per step while enabled, so every rank takes the same decision.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from disttrain import checkpoint
+
+if TYPE_CHECKING:
+    from disttrain.engine.loop import Engine
+
+log = logging.getLogger("disttrain")
+
+
+class AnomalyError(FloatingPointError):
+    """A non-finite loss or gradient norm with trainer.detect_anomaly=stop."""
+
+
+class DesyncError(RuntimeError):
+    """debug.check_sync_every found replicas whose parameters differ."""
+
+
+class Guards:
+    def __init__(self, engine: Engine, trainer: dict[str, Any], debug: dict[str, Any] | None = None) -> None:
+        self.e = engine
+        self.mode = str(trainer.get("detect_anomaly", "off"))
+        self.anomaly_skips = 0
+        debug = debug or {}
+        self.sync_every = int(debug.get("check_sync_every", 0) or 0)
+        self.grad_stats = bool(debug.get("log_grad_stats", False))
+
+    def after_backward(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        """True: skip this step's update. Raises AnomalyError in `stop` mode."""
+        if self.mode == "off":
+            return False
+        e = self.e
+        flags = torch.zeros(e.env.world_size + 1, device=e.env.device)
+        flags[e.env.rank] = float(not torch.isfinite(loss).item())
+        # under fp16 an overflowing gradient is the scaler's business (it skips the step itself)
+        if not e.precision.scaling and not math.isfinite(float(grad_norm)):
+            flags[-1] = 1.0
+        if dist.is_initialized() and e.env.world_size > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if not flags.any():
+            return False
+        ranks = [r for r in range(e.env.world_size) if flags[r] > 0]
+        step = e.state.step + 1
+        what = (
+            f"non-finite loss on rank(s) {ranks}"
+            if ranks
+            else f"non-finite gradient norm ({float(grad_norm)}) on every rank"
+        )
+        if self.mode == "skip":
+            self.anomaly_skips += 1
+            log.warning("step %d: %s; step skipped (%d so far)", step, what, self.anomaly_skips)
+            return True
+        last = checkpoint.committed(e.ckpt.dir)
+        raise AnomalyError(
+            f"trainer.detect_anomaly=stop: {what} at step {step} (this is rank {e.env.rank}); the "
+            f"weights were not updated. Last good checkpoint: {last[-1] if last else 'none'}. HINT: "
+            "lower optim.lr, set trainer.clip_grad_norm, try amp=bf16 instead of fp16, or "
+            "trainer.detect_anomaly=skip to drop such steps."
+        )
+
+    def after_step(self, step: int) -> None:
+        """After optimizer step `step`: every `check_sync_every` steps, compare the replicas."""
+        if self.sync_every and step % self.sync_every == 0:
+            self.check_sync(step)
+
+    def check_sync(self, step: int) -> None:
+        """All-gather one float64 checksum per parameter; fail naming the first that differs."""
+        e = self.e
+        if not (dist.is_initialized() and e.env.world_size > 1):
+            return
+        named = list(e.strategy.unwrap(e.model).named_parameters())
+        mine = torch.stack([p.detach().double().sum() for _, p in named]).to(e.env.device)
+        every = [torch.empty_like(mine) for _ in range(e.env.world_size)]
+        dist.all_gather(every, mine)
+        table = torch.stack(every)  # (world, params)
+        differs = (table != table[0]).any(dim=0).nonzero().flatten()
+        if len(differs):
+            i = int(differs[0])
+            ranks = [r for r in range(e.env.world_size) if table[r, i] != table[0, i]]
+            raise DesyncError(
+                f"debug.check_sync_every: parameters diverged across ranks at step {step}: first "
+                f"diverged parameter {named[i][0]!r} (checksum {table[0, i].item():.17g} on rank 0, "
+                f"{', '.join(f'{table[r, i].item():.17g} on rank {r}' for r in ranks)}); ranks {ranks} "
+                f"differ from rank 0 ({len(differs)} of {len(named)} parameters). HINT: look for "
+                "rank-dependent code touching the weights, or a gradient that skipped the all-reduce."
+            )
+
+    def grad_norms(self) -> dict[str, float]:
+        """grad_norm/NAME for every parameter with a gradient (global norms for DTensor shards)."""
+        if not self.grad_stats:
+            return {}
+        from torch.distributed.tensor import DTensor
+
+        out = {}
+        for name, p in self.e.strategy.unwrap(self.e.model).named_parameters():
+            if p.grad is None:
+                continue
+            norm = torch.linalg.vector_norm(p.grad.detach())
+            norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+            out[f"grad_norm/{name}"] = float(norm)
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        p = self.e.precision
+        if p.scaling:
+            out["amp/scale"] = p.scale_value()
+            out["amp/skipped_steps"] = float(p.skipped_steps)
+        if self.mode == "skip":
+            out["anomaly_skipped_steps"] = float(self.anomaly_skips)
+        return out

@@ -1,0 +1,41 @@
+"""profile=true: one torch.profiler window (wait, warmup, active steps) per rank, written as
+TensorBoard-readable Chrome traces to RUN_DIR/profile/rank<N>.*.pt.trace.json."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("disttrain")
+
+
+class NullProfiler:
+    def __enter__(self) -> NullProfiler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def step(self) -> None:
+        return None
+
+
+def make_profiler(enabled: bool, window: dict[str, Any], run_dir: Path, rank: int) -> Any:
+    if not enabled:
+        return NullProfiler()
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    out = run_dir / "profile"
+    wait, warmup, active = (int(window.get(k, d)) for k, d in (("wait", 1), ("warmup", 1), ("active", 3)))
+    if rank == 0:
+        log.info("profiling steps %d..%d into %s", wait + warmup + 1, wait + warmup + active, out)
+    return profile(
+        activities=activities,
+        schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+        on_trace_ready=tensorboard_trace_handler(str(out), worker_name=f"rank{rank}"),
+    )

@@ -1,0 +1,46 @@
+"""The rich summary table rank 0 prints at the end of a run (the same numbers as summary.json)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+ROWS = (
+    ("steps", "steps", "{:d}"),
+    ("samples", "samples", "{:,d}"),
+    ("train_time_s", "train time", "{:.1f} s"),
+    ("samples_per_s", "samples/s", "{:,.0f}"),
+    ("time_to_first_step_s", "time to first step", "{:.2f} s"),
+    ("val/loss", "val loss", "{:.4f}"),
+    ("val/acc", "val accuracy", "{:.4f}"),
+    ("val/mse", "val MSE", "{:.4f}"),
+    ("val/ppl", "val perplexity", "{:.2f}"),
+    ("amp/scale", "fp16 loss scale", "{:g}"),
+    ("amp/skipped_steps", "fp16 skipped steps", "{:.0f}"),
+    ("anomaly_skipped_steps", "non-finite skipped steps", "{:.0f}"),
+    ("state_bytes_per_rank", "state bytes (rank 0)", "{:,d}"),
+)
+
+
+def summary_table(summary: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="disttrain run summary", show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    for key, label, fmt in ROWS:
+        value = summary.get(key)
+        if value is None:
+            continue
+        try:
+            table.add_row(label, fmt.format(value))
+        except (ValueError, TypeError):
+            table.add_row(label, str(value))
+    return table
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """Rank 0, to stderr (stdout carries the one-line `done:` summary scripts parse)."""
+    from rich.console import Console
+
+    Console(file=sys.stderr, width=100).print(summary_table(summary))

@@ -1,0 +1,138 @@
+"""disttrain.models and disttrain.data: the built-in models split as documented; data sets and tasks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from disttrain.data.files import load_files
+from disttrain.data.text import DEFAULT_FILE, load_text
+from disttrain.engine.tasks import build_task
+from disttrain.models.cnn import CNN
+from disttrain.models.gpt import GPT
+from disttrain.models.parallel import pipeline_layers, shared_across_layers, tp_plan_fn
+
+
+def _gpt(**kw: object) -> GPT:
+    torch.manual_seed(0)
+    return GPT(**{"vocab_size": 256, "block_size": 16, "dim": 32, "n_layers": 2, "n_heads": 4, **kw})  # type: ignore[arg-type]
+
+
+def test_gpt_shapes_tied_head_and_pipeline_layers_compose_to_forward() -> None:
+    model = _gpt(tie_weights=False).eval()
+    idx = torch.randint(0, 256, (3, 16))
+    out = model(idx)
+    assert out.shape == (3, 16, 256)
+    x = idx
+    layers = pipeline_layers(model)
+    assert layers is not None and [n for n, _ in layers] == ["embed", "blocks.0", "blocks.1", "head"]
+    for _, layer in layers:
+        x = layer(x)
+    torch.testing.assert_close(x, out)
+    assert shared_across_layers(layers) == []
+    tied = _gpt()
+    assert tied.head.out.weight is tied.embed.tok.weight
+    assert shared_across_layers(pipeline_layers(tied) or []), "tied weights are reported for pipeline"
+
+
+def test_gpt_is_causal() -> None:
+    model = _gpt().eval()
+    idx = torch.randint(0, 256, (1, 16))
+    changed = idx.clone()
+    changed[0, 10] = (idx[0, 10] + 1) % 256
+    a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :10], b[:, :10])
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+def test_gpt_tp_plan_is_registered_and_names_real_modules() -> None:
+    model = _gpt()
+    factory = tp_plan_fn(model)
+    assert factory is not None
+    plan = factory()
+    modules = {n for n, _ in model.named_modules()}
+    assert set(plan) <= modules and len(plan) == 6 * 2
+    assert type(plan["blocks.0.attn.q"]).__name__ == "ColwiseParallel"
+    assert type(plan["blocks.1.fc_out"]).__name__ == "RowwiseParallel"
+    assert model.flops_per_token() > 6 * 32 * 32
+
+
+@pytest.mark.parametrize("make", [lambda: _gpt(dropout=0.0), lambda: CNN(64, 10)], ids=["gpt", "cnn"])
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(make: object) -> None:
+    results = []
+    for ckpt in (False, True):
+        torch.manual_seed(0)
+        model: nn.Module = make()  # type: ignore[operator]
+        model.set_activation_checkpointing(ckpt)  # type: ignore[operator]
+        torch.manual_seed(1)
+        if isinstance(model, GPT):
+            x, y = torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16))
+            loss = build_task("lm").loss(model(x), y)
+        else:
+            x, y = torch.rand(4, 64), torch.randint(0, 10, (4,))
+            loss = build_task("classification").loss(model(x), y)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))  # type: ignore[union-attr]
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for a, b in zip(results[0][1], results[1][1], strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_cnn_on_digits_shapes_and_split() -> None:
+    model = CNN(64, 10, channels=[8, 16])
+    assert model(torch.rand(5, 64)).shape == (5, 10)
+    names = [n for n, _ in pipeline_layers(model) or []]
+    assert names[0] == "layers.0" and len(names) == 7
+    plan = model.tp_plan()
+    assert [type(v).__name__ for v in plan.values()] == ["ColwiseParallel", "RowwiseParallel"]
+    with pytest.raises(ValueError, match="square"):
+        CNN(60, 10)
+
+
+def test_text_data_is_shifted_bytes_with_disjoint_splits() -> None:
+    assert DEFAULT_FILE.is_file() and DEFAULT_FILE.stat().st_size < 1_000_000
+    assert (DEFAULT_FILE.parent / "README.md").is_file() and (
+        DEFAULT_FILE.parent / "LICENSE-PSF.txt"
+    ).is_file()
+    train, val = load_text(block_size=32), load_text(block_size=32, split="val")
+    x, y = train[3]
+    assert x.dtype == torch.int64 and x.shape == y.shape == (32,)
+    torch.testing.assert_close(x[1:], y[:-1])
+    assert len(train) > 8 * len(val) > 0
+    raw = DEFAULT_FILE.read_bytes()
+    assert bytes(x.tolist()) == raw[3 * 32 : 4 * 32]
+
+
+def test_lm_task_loss_metric_and_perplexity() -> None:
+    task = build_task("lm")
+    logits = torch.zeros(2, 5, 7)
+    target = torch.zeros(2, 5, dtype=torch.long)
+    loss = task.loss(logits, target)
+    assert loss.item() == pytest.approx(np.log(7))
+    assert task.derived({"val/loss": loss.item()})["val/ppl"] == pytest.approx(7.0)
+    assert task.tokens(target) == 10
+    assert task.correct(logits, target).item() == pytest.approx(2.0)  # argmax 0 == target 0
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".pt", ".csv"])
+def test_files_data_reads_npz_pt_and_csv(tmp_path: Path, suffix: str) -> None:
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    y = np.array([0, 1, 0, 1])
+    path = tmp_path / f"d{suffix}"
+    if suffix == ".npz":
+        np.savez(path, x=x, y=y)
+    elif suffix == ".pt":
+        torch.save({"x": torch.from_numpy(x), "y": torch.from_numpy(y)}, path)
+    else:
+        np.savetxt(path, np.column_stack([x, y]), delimiter=",")
+    ds = load_files(str(path))
+    assert ds is not None and len(ds) == 4
+    xi, yi = ds[1]
+    assert xi.tolist() == [3.0, 4.0, 5.0] and yi.dtype == torch.int64 and int(yi) == 1
+    assert load_files(None) is None
+    with pytest.raises(ValueError, match="unknown format"):
+        load_files(str(tmp_path / "d.parquet"))
