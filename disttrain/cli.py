@@ -71,17 +71,35 @@ def cmd_config(rest: list[str]) -> int:
 
 def cmd_train(rest: list[str]) -> int:
     from disttrain.launch import launched_externally
+    from disttrain.launch.slurm import allocation_overrides
 
     args = _hydra_args(rest)
     if launched_externally():
         return _train_as_launched_rank(args)
+    slurm = allocation_overrides(args.overrides)  # inside srun: node_rank, master_addr from SLURM
+    rest, args.overrides = [*rest, *slurm[len(args.overrides) :]], slurm
     if not (args.help or args.hydra_help or args.info or args.shell_completion):
         # Check every job before Hydra creates a single run dir: nothing half-written on bad input.
         from disttrain.config import expand_sweep
 
         for job in expand_sweep(args.overrides) if args.multirun else [args.overrides]:
-            _compose_checked(job, args, runtime=not args.cfg)
+            cfg = _compose_checked(job, args, runtime=not args.cfg)
+        if not args.multirun and not args.cfg:
+            rest = [*rest, *_multinode_run_dir(cfg, args.overrides)]
     return _run_hydra_app(rest, args.config_name or "config")
+
+
+def _multinode_run_dir(cfg: dict[str, Any], overrides: list[str]) -> list[str]:
+    """Several nodes (by hand): a run dir name every node derives alike, unless hydra.run.dir is set."""
+    from disttrain.launch.multinode import run_dir_name
+    from disttrain.launch.slurm import check_allocation
+
+    check_allocation(cfg)  # inside srun: SLURM_NNODES / SLURM_NTASKS against nodes
+    if cfg["nodes"] == 1 or cfg["launcher"]["name"] == "slurm":
+        return []
+    if any(o.startswith("hydra.run.dir=") for o in overrides):
+        return []
+    return [f"hydra.run.dir={run_dir_name(cfg)}"]
 
 
 # The user's command line for command.txt: Hydra must see sys.argv without the `train` subcommand.
@@ -121,6 +139,11 @@ def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str])
     from disttrain.rundir import command_line, freeze, run_status
 
     freeze(run_dir, cfg, overrides, _COMMAND or command_line())
+    if cfg["launcher"]["name"] == "slurm":
+        from disttrain.launch.slurm import submit
+
+        submit(cfg, run_dir, _COMMAND or command_line())  # the job's nodes train; status.json is theirs
+        return None
     try:
         with run_status(run_dir):  # status.json: running -> finished / failed / interrupted
             launch(cfg, run_dir)
@@ -151,7 +174,7 @@ def _train_as_launched_rank(args: Any) -> int:
 
     from disttrain import worker
     from disttrain.config import compose
-    from disttrain.dist import DistEnv, init_process_group
+    from disttrain.dist import DistEnv, exit_rank, init_process_group
     from disttrain.rundir import command_line, freeze
 
     cfg = _compose_checked(args.overrides, args, runtime=True)
@@ -167,7 +190,7 @@ def _train_as_launched_rank(args: Any) -> int:
     worker.run(box[0])
     if env.is_zero:
         _print_summary(Path(box[0]))
-    return 0
+    exit_rank(0)  # a rank process: skip interpreter finalization (see exit_rank)
 
 
 def _tool(target: str) -> Callable[[list[str]], int]:

@@ -15,6 +15,9 @@ def _rank_main(local_rank: int, run_dir: str, nproc: int, entry: str = "disttrai
     import importlib
 
     importlib.import_module(entry).run(run_dir)
+    from disttrain.dist import exit_rank
+
+    exit_rank(0)  # only after success: an exception still reaches mp.spawn's error queue
 
 
 def launch_spawn(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.worker") -> None:
