@@ -147,10 +147,16 @@ def prepare_model(model: Any, trainer: dict[str, Any]) -> None:
 
 
 class ShardSampler(Sampler[int]):
-    """Every `world`-th index from `rank`: each sample exactly once across ranks, no padding."""
+    """Every `world`-th index from `rank`: each sample exactly once across ranks, no padding.
+
+    Shards differ by at most one sample, so ranks may differ by one batch; `longest` (the largest
+    shard) lets validation run the same number of forwards everywhere, which strategies whose
+    forward is a collective (fsdp all-gathers, tp, pipeline) need.
+    """
 
     def __init__(self, length: int, rank: int, world: int) -> None:
         self.indices = range(rank, length, world)
+        self.longest = -(-length // world)
 
     def __iter__(self) -> Any:
         return iter(self.indices)

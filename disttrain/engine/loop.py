@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
 from disttrain.dist import DistEnv
 from disttrain.engine.amp import Precision
@@ -270,9 +270,17 @@ class Engine:
             return {}
         self.model.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=self.env.device)  # loss*n, metric numerator, n
-        for x, y in self.val_loader:
-            x, y = x.to(self.env.device), y.to(self.env.device)
+        batch: Any = None
+        for batch in self.val_loader:
+            x, y = batch[0].to(self.env.device), batch[1].to(self.env.device)
             sums += self.strategy.eval_step(self.model, x, y, self.task)
+        for _ in range(val_batches(self.val_loader) - len(self.val_loader)):
+            # A shorter shard: join the other ranks' collectives with a forward whose result is dropped.
+            if batch is None:
+                batch = default_collate([self.val_loader.dataset[0]])
+            self.strategy.eval_step(
+                self.model, batch[0].to(self.env.device), batch[1].to(self.env.device), self.task
+            )
         sums = self.strategy.all_reduce(sums, op="sum")
         count = max(sums[2].item(), 1.0)
         values = {"val/loss": sums[0].item() / count, f"val/{self.task.metric}": sums[1].item() / count}
@@ -345,6 +353,14 @@ class Engine:
             **self.guards.metrics(),
             **s.last_val,
         }
+
+
+def val_batches(loader: DataLoader) -> int:
+    """Batches of the longest validation shard: every rank runs this many forwards."""
+    longest = getattr(loader.sampler, "longest", None)
+    if longest is None or loader.batch_size is None:
+        return len(loader)
+    return -(-longest // loader.batch_size)
 
 
 def split_batches(micro_batches: list[Any], parts: int) -> list[Any]:

@@ -8,6 +8,7 @@ Parameters are DTensors, so sizes, norms and state dicts go through the local sh
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -36,18 +37,25 @@ def modules_to_wrap(model: nn.Module, classes: set[str], min_num_params: int) ->
 
     A module is wrapped if its class name is in `classes`, or if the parameters of its subtree not
     already claimed by a wrapped descendant number at least `min_num_params` (> 0) — the idea of
-    FSDP1's `size_based_auto_wrap_policy`.
+    FSDP1's `size_based_auto_wrap_policy`. A parameter tied to a module outside the subtree (the
+    gpt's embedding and head) must sit in one unit with all its holders, so such a subtree is
+    never a unit of its own: its parameters move up until a common ancestor (or the root) takes them.
     """
+    holders = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+    numel = {id(p): p.numel() for p in model.parameters()}
     chosen: list[nn.Module] = []
 
-    def visit(module: nn.Module, is_root: bool) -> int:
-        unclaimed = sum(visit(child, False) for child in module.children())
-        unclaimed += sum(p.numel() for p in module.parameters(recurse=False))
+    def visit(module: nn.Module, is_root: bool) -> Counter[int]:
+        unclaimed: Counter[int] = Counter(id(p) for p in module.parameters(recurse=False))
+        for child in module.children():
+            unclaimed += visit(child, False)
+        tied_outside = any(n < holders[pid] for pid, n in unclaimed.items())
+        size = sum(numel[pid] for pid in unclaimed)
         by_class = type(module).__name__ in classes
-        by_size = min_num_params > 0 and unclaimed >= min_num_params
-        if not is_root and unclaimed > 0 and (by_class or by_size):
+        by_size = min_num_params > 0 and size >= min_num_params
+        if not is_root and unclaimed and not tied_outside and (by_class or by_size):
             chosen.append(module)
-            return 0
+            return Counter()
         return unclaimed
 
     visit(model, True)

@@ -67,15 +67,8 @@ class TPStrategy(Strategy):
         total = global_grad_norm(grads)
         if max_norm is not None and grads:
             coef = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
-            groups: list[list[torch.Tensor]] = [
-                [g for g in grads if isinstance(g, DTensor)],
-                [g for g in grads if not isinstance(g, DTensor)],
-            ]
-            for (
-                group
-            ) in groups:  # foreach kernels take DTensors or plain tensors, not both (gpt: replicated norms)
-                if group:
-                    torch._foreach_mul_(group, coef)
+            for group in _by_mesh(grads):  # foreach kernels take one mesh, or plain tensors only
+                torch._foreach_mul_(group, coef)
         return total
 
     # ---------------------------------------------------------------------------------- collectives
@@ -133,18 +126,25 @@ class _GradSync:
 
 def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """sqrt(sum of squares) over all ranks' shards: DTensor norms reduce across their mesh;
-    plain (replicated) grads count once, as every rank holds the same values."""
-    sharded = [g for g in grads if isinstance(g, DTensor)]
-    plain = [g for g in grads if not isinstance(g, DTensor)]
+    plain (replicated) grads count once, as every rank holds the same values.
+
+    Under fsdp+tp the DTensors live on two meshes, (dp, tp) for planned layers and dp for the
+    rest (norms, embeddings): DTensor ops cannot mix meshes, so each mesh is reduced apart.
+    """
     total = torch.zeros((), dtype=torch.float32)
-    if sharded:
-        norm = torch.nn.utils.get_total_norm(sharded)
+    for group in _by_mesh(grads):
+        norm = torch.nn.utils.get_total_norm(group)
         norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
         total = total.to(norm.device) + norm.float().square()
-    if plain:
-        norm = torch.nn.utils.get_total_norm(plain)
-        total = total.to(norm.device) + norm.float().square()
     return total.sqrt()
+
+
+def _by_mesh(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Grads grouped by DTensor mesh (plain tensors form one group of their own), in first-seen order."""
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for g in grads:
+        groups.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
+    return list(groups.values())
 
 
 def _describe(plan: dict[str, Any]) -> str:

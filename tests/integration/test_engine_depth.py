@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from disttrain.checkpoint import read_meta
+from disttrain.models.gpt import GPT
 
-from .conftest import read_metrics, run_cli, train_records
+from .conftest import read_metrics, run_cli, train_records, val_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -38,7 +39,12 @@ def test_gpt_on_text_in_bf16_loss_falls_well_below_its_start(tmp_path: Path) -> 
     first, last = records[0], records[-1]
     assert last["train/loss"] < 0.6 * first["train/loss"], (first, last)
     assert last["train/loss"] < 3.0 and last["tokens_per_s"] > 0 and 0 <= last["data_wait_frac"] <= 1
-    assert last["flops_per_step"] > 0 and "mfu" not in last, "no MFU without a known device peak"
+    assert "mfu" not in last, "no MFU without a known device peak"
+    tokens_per_step = 16 * 2 * 32  # batch x ranks x block
+    gpt = GPT(vocab_size=256, block_size=32, dim=32, n_layers=1, n_heads=2)
+    assert last["flops_per_step"] == gpt.flops_per_token() * tokens_per_step
+    assert last["tokens_per_s"] == pytest.approx(last["samples_per_s"] * 32, rel=1e-9)
+    assert last["samples_per_s"] == pytest.approx(16 * 2 / last["step_time_s"], rel=1e-6)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["val/ppl"] < 25
 
@@ -149,3 +155,49 @@ def test_compile_runs(tmp_path: Path) -> None:
                             "trainer.log_every=1", timeout=300)  # fmt: skip
     assert "trainer.compile: torch.compile of MLP" in proc.stdout + proc.stderr
     assert run_dir is not None and len(train_records(run_dir)) == 3
+
+
+def test_gpt_validates_under_fsdp_and_fsdp_tp_like_single(tmp_path: Path) -> None:
+    """Global batch 32 everywhere: single (1 rank), fsdp (16 x 2, size-based units that must keep the
+    tied embedding and head together) and fsdp+tp (dp=1, tp=2); clipping on, validation twice."""
+    common = (*TINY_GPT, "trainer.max_steps=6", "trainer.val_every=3", "trainer.log_every=1",
+              "trainer.clip_grad_norm=0.5", "backend.timeout=60")  # fmt: skip
+    runs = {
+        "single": ("strategy=single", "nproc_per_node=1", "trainer.batch_size=32"),
+        "fsdp": ("strategy=fsdp", "strategy.min_num_params=1000"),
+        "fsdp+tp": ("strategy=fsdp+tp", "trainer.batch_size=32"),
+    }
+    losses, vals = {}, {}
+    for name, extra in runs.items():
+        (tmp_path / name).mkdir()
+        proc, run_dir = run_cli(tmp_path / name, *common, *extra, timeout=180)
+        assert run_dir is not None
+        if name == "fsdp":
+            assert "root + 7 wrapped units (Embedding, Linear)" in proc.stdout + proc.stderr
+        losses[name] = [r["train/loss"] for r in train_records(run_dir)]
+        vals[name] = [r["val/loss"] for r in val_records(run_dir)]
+    assert len(vals["single"]) == 2
+    for name in ("fsdp", "fsdp+tp"):
+        assert losses[name] == pytest.approx(losses["single"], abs=1e-5), name
+        assert vals[name] == pytest.approx(vals["single"], abs=1e-5), name
+
+
+def test_validation_shards_of_unequal_batch_counts_do_not_hang_fsdp(tmp_path: Path) -> None:
+    """9 val samples, batch 4: rank 0 has 2 batches, rank 1 one; FSDP's forward all-gathers, so the
+    short rank joins with a discarded forward. The weighted result equals ddp's (no collective)."""
+    common = ("data=synthetic", "data.num_val_samples=9", "trainer.batch_size=4", "trainer.max_steps=4",
+              "trainer.val_every=2", "backend.timeout=30")  # fmt: skip
+    vals = {}
+    for strategy in ("ddp", "fsdp"):
+        (tmp_path / strategy).mkdir()
+        _, run_dir = run_cli(
+            tmp_path / strategy,
+            *common,
+            f"strategy={strategy}",
+            "strategy.min_num_params=100" if strategy == "fsdp" else "strategy.bucket_cap_mb=25",
+            timeout=120,
+        )
+        assert run_dir is not None
+        vals[strategy] = [(r["val/loss"], r["val/acc"]) for r in val_records(run_dir)]
+    assert len(vals["ddp"]) == 2
+    assert vals["fsdp"] == pytest.approx(vals["ddp"], abs=1e-6)

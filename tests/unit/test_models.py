@@ -136,3 +136,27 @@ def test_files_data_reads_npz_pt_and_csv(tmp_path: Path, suffix: str) -> None:
     assert load_files(None) is None
     with pytest.raises(ValueError, match="unknown format"):
         load_files(str(tmp_path / "d.parquet"))
+
+
+def test_fsdp_units_never_split_the_tied_embedding_and_head() -> None:
+    """FSDP2 refuses a tied parameter in two units; the auto-wrap leaves it to a common ancestor."""
+    from disttrain.strategies.fsdp import modules_to_wrap
+
+    model = GPT(vocab_size=256, block_size=16, dim=32, n_layers=2, n_heads=4)
+    tied = model.embed.tok.weight
+    assert model.head.out.weight is tied
+    by_size = modules_to_wrap(model, set(), min_num_params=1000)
+    assert by_size and all(all(p is not tied for p in m.parameters()) for m in by_size)
+    assert model.blocks[0].fc in by_size  # untied modules over the threshold still get units
+    by_class = modules_to_wrap(model, {"Embedding", "Block"}, 0)
+    assert by_class == [model.embed.pos, model.blocks[0], model.blocks[1]]  # not embed.tok
+
+    class Pair(torch.nn.Module):  # an ancestor holding every holder of the tied weight may be a unit
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = GPT(vocab_size=256, block_size=16, dim=32, n_layers=1, n_heads=4)
+
+    outer = torch.nn.Sequential(Pair(), torch.nn.Linear(4, 4))
+    assert modules_to_wrap(outer, {"GPT"}, 0) == [outer[0].inner]
+    untied = GPT(vocab_size=256, block_size=16, dim=32, n_layers=1, n_heads=4, tie_weights=False)
+    assert untied.head.out in modules_to_wrap(untied, set(), min_num_params=1000)
