@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from disttrain.config.errors import ConfigError, translate
+from disttrain.config.launch_checks import elastic_nodes
 from disttrain.config.schema import register
 
 CONFIG_NAME = "config"
@@ -86,6 +87,7 @@ def resolve(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, An
             raise
         raise err from None
     assert isinstance(container, dict)
+    elastic_nodes(container)  # type: ignore[arg-type]
     return container  # type: ignore[return-value]
 
 

@@ -27,7 +27,7 @@ def sbatch_script(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str
     log = run_dir / "slurm" / "job-%j.out"
     head = [
         f"--job-name=disttrain-{cfg['name']}",
-        f"--nodes={cfg['nodes']}",
+        f"--nodes={node_range(cfg)}",  # MIN-MAX: Slurm may start the job on fewer nodes (elastic)
         "--ntasks-per-node=1",  # one torchrun agent per node; it starts nproc_per_node ranks
         f"--output={log}",
         "--open-mode=append",  # a requeued job appends to the same log
@@ -122,6 +122,13 @@ def first_host() -> str:
     return out.split()[0]
 
 
+def node_range(cfg: dict[str, Any]) -> str:
+    """sbatch's --nodes: N, or MIN-MAX under elastic membership (nodes=MIN:MAX)."""
+    nodes = int(cfg["nodes"])
+    low = int(cfg["launcher"].get("min_nodes") or nodes)
+    return str(nodes) if low == nodes else f"{low}-{nodes}"
+
+
 def check_allocation(cfg: dict[str, Any]) -> None:
     """Inside an srun step: the allocation must match nodes and one launcher task per node."""
     if "SLURM_JOB_ID" not in os.environ or "SLURM_STEP_ID" not in os.environ:
@@ -129,12 +136,13 @@ def check_allocation(cfg: dict[str, Any]) -> None:
     nnodes = int(os.environ.get("SLURM_NNODES", "1"))
     ntasks = int(os.environ.get("SLURM_NTASKS", str(nnodes)))
     nodes, nproc = int(cfg["nodes"]), int(cfg["nproc_per_node"])
-    if nnodes != nodes:
+    low = int(cfg["launcher"].get("min_nodes") or nodes)
+    if not low <= nnodes <= nodes:
         raise ConfigError(
             "nodes",
-            nodes,
+            node_range(cfg).replace("-", ":"),
             f"{nnodes} (SLURM_NNODES of job {os.environ['SLURM_JOB_ID']})",
-            f"allocate --nodes={nodes}, or set nodes={nnodes}.",
+            f"allocate --nodes={node_range(cfg)}, or set nodes={nnodes}.",
         )
     if ntasks != nnodes:
         raise ConfigError(

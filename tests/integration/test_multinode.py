@@ -27,6 +27,7 @@ from .conftest import (
     _tail,
     clean_env,
     final_weights,
+    read_yaml,
     run_cli,
     train_losses,
 )
@@ -186,11 +187,15 @@ def test_a_node_that_never_arrives_is_named_after_the_timeout(
 def test_elastic_min_nodes_trains_with_the_nodes_that_came(
     tmp_path: Path, netns_pair: tuple[tuple[str, str], tuple[str, str]]
 ) -> None:
+    """`nodes=1:2` (torchrun's --nnodes MIN:MAX): node 0 alone trains once the rendezvous closes."""
     (ns0, veth0), _ = netns_pair
-    args = _node_args(
-        29535, "launcher.min_nodes=1", "launcher.rdzv_timeout=60", "node_rank=0", "hydra.run.dir=el"
-    )
-    (result,) = _run_nodes(tmp_path, [(ns0, veth0, args)])  # torchrun waits its last call (~30 s) first
+    args = [a for a in _node_args(29535, "launcher.rdzv_timeout=60", "node_rank=0", "hydra.run.dir=el")
+            if a != "nodes=2"]  # fmt: skip
+    (result,) = _run_nodes(
+        tmp_path, [(ns0, veth0, [*args, "nodes=1:2"])]
+    )  # torchrun waits its last call (~30 s)
     assert result.returncode == 0, _report([result])
     assert "rank 0 of 1" in result.stdout, result.stdout
     assert train_losses(tmp_path / "el")
+    frozen = read_yaml(tmp_path / "el" / "config.yaml")
+    assert frozen["nodes"] == 2 and frozen["launcher"]["min_nodes"] == 1

@@ -37,6 +37,31 @@ def test_elastic_range_and_slurm_settings_are_accepted() -> None:
     assert cfg["launcher"]["min_nodes"] == 1 and cfg["launcher"]["time"] == "1-00:00:00"
 
 
+@pytest.mark.parametrize(
+    ("value", "nodes", "min_nodes"), [("2", 2, 0), ("1:2", 2, 1), ("2:2", 2, 2), ("' 1 : 3 '", 3, 1)]
+)
+def test_nodes_min_max_is_the_elastic_range(value: str, nodes: int, min_nodes: int) -> None:
+    cfg = checked([f"nodes={value}", "master_addr=10.1.2.3"])
+    assert (cfg["nodes"], cfg["launcher"]["min_nodes"]) == (nodes, min_nodes)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (("nodes=3:2",), "nodes"),
+        (("nodes=0:2",), "nodes"),
+        (("nodes=two",), "nodes"),
+        (("nodes=1:2:3",), "nodes"),
+        (("nodes=true",), "nodes"),
+        (("nodes=1:2", "launcher.min_nodes=2"), "launcher.min_nodes"),
+    ],
+)
+def test_bad_node_ranges_name_the_key(overrides: tuple[str, ...], key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        checked(["master_addr=10.1.2.3", *overrides])
+    assert info.value.key == key and "MIN" in str(info.value)
+
+
 def test_config_hash_ignores_node_rank_and_diff_names_keys() -> None:
     a = checked([*MULTI, "node_rank=0"])
     b = checked([*MULTI, "node_rank=1"])
@@ -96,6 +121,23 @@ def test_allocation_mismatch_is_reported(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("SLURM_NODEID", "1")
     monkeypatch.setenv("MASTER_ADDR", "node-a")
     assert slurm.allocation_overrides(["nodes=2"]) == ["nodes=2", "node_rank=1", "master_addr=node-a"]
+
+
+def test_elastic_range_reaches_sbatch_and_the_allocation_check(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    cfg = checked(["nodes=2:4", "master_addr=h", "launcher=slurm"])
+    assert "#SBATCH --nodes=2-4\n" in slurm.sbatch_script(cfg, tmp_path, ["disttrain", "train"])
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    for nnodes in ("2", "3", "4"):
+        monkeypatch.setenv("SLURM_NNODES", nnodes)
+        monkeypatch.setenv("SLURM_NTASKS", nnodes)
+        slurm.check_allocation(cfg)
+    monkeypatch.setenv("SLURM_NNODES", "1")
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    with pytest.raises(ConfigError, match="nodes=2:4 is not valid"):
+        slurm.check_allocation(cfg)
 
 
 def test_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
