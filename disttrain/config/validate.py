@@ -58,7 +58,8 @@ def check_static(cfg: dict[str, Any]) -> None:
         raise ConfigError(
             "node_rank", cfg["node_rank"], f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0."
         )
-    if nodes > 1 and cfg["master_addr"] in ("127.0.0.1", "localhost"):
+    slurm = cfg["launcher"]["name"] == "slurm"  # the job script takes node 0 of the allocation
+    if nodes > 1 and not slurm and cfg["master_addr"] in ("127.0.0.1", "localhost"):
         raise ConfigError(
             "master_addr",
             cfg["master_addr"],

@@ -1,8 +1,9 @@
-"""`launcher=slurm` against a real one-host Slurm (Debian's slurm-wlm): munged, slurmctld, slurmd.
+"""`launcher=slurm` against a real Slurm (Debian's slurm-wlm): munged, slurmctld, slurmd.
 
-The fixture installs slurm-wlm and munge with apt-get when they are missing, writes a one-host
-slurm.conf (2 CPUs, no cgroups: proctrack/linuxproc, task/none), starts the three daemons on
-private sockets and ports, and stops every one of them afterwards.
+The `slurm` fixture installs slurm-wlm and munge with apt-get when they are missing, writes a
+one-host slurm.conf (2 CPUs, no cgroups: proctrack/linuxproc, task/none), starts the three daemons
+on private sockets and ports, and stops every one of them afterwards. The `slurm2` fixture runs
+two slurmd in their own network/mount/UTS namespaces: two nodes with their own addresses.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import _TAG, CLI, FAST, QUICK, clean_env, run_command
+from .conftest import _TAG, CLI, FAST, QUICK, clean_env, run_cli, run_command, train_losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -129,6 +130,109 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
             _stop_pidfile(root / name)
 
 
+# Two nodes: each slurmd runs in its own network and UTS namespace (its own address and host name),
+# on a bridge in the root namespace where slurmctld listens; srun, torchrun's rendezvous and gloo
+# then cross real network boundaries, as between machines.
+NET = "10.78.{n}.{host}"
+TWO_NODES = """\
+NodeName=dtn0 NodeAddr={addr0} CPUs=1 State=UNKNOWN
+NodeName=dtn1 NodeAddr={addr1} CPUs=1 State=UNKNOWN
+PartitionName=debug Nodes=dtn[0-1] Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def _ip(*args: str) -> subprocess.CompletedProcess[str]:
+    return _sh("ip", *args, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def slurm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A running two-node Slurm (nodes dtn0, dtn1 in two network namespaces); yields its environment."""
+    _install()
+    if not all(shutil.which(tool) for tool in ("ip", "unshare", "nsenter")):
+        pytest.skip("needs `ip` (iproute2), `unshare` and `nsenter` to give each slurmd its own namespaces")
+    tag = os.urandom(3).hex()
+    n = int(tag, 16) % 200 + 20
+    addr = [NET.format(n=n, host=h) for h in (1, 2, 3)]
+    bridge, ns = f"dtbr{tag}", [f"dtsl{tag}{k}" for k in (0, 1)]
+    root = tmp_path_factory.mktemp("slurm2")
+    for sub in ("state",):
+        (root / sub).mkdir()
+    host = socket.gethostname().split(".")[0]
+    conf = root / "slurm.conf"
+    head = CONF.format(host=host, root=root, ctld_port=_free_port(), slurmd_port=_free_port())
+    head = head.replace("(127.0.0.1)", f"({addr[0]})")
+    head = head.replace(f"{root}/spool", f"{root}/spool-%n").replace(f"{root}/slurmd.", f"{root}/slurmd-%n.")
+    body = head.split("NodeName=")[0] + TWO_NODES.format(addr0=addr[1], addr1=addr[2])
+    conf.write_text(body)
+    key = root / "munge.key"
+    key.write_bytes(os.urandom(128))
+    key.chmod(0o600)
+    env = {k: v for k, v in clean_env(SLURM_CONF=str(conf), GLOO_SOCKET_IFNAME="dteth").items() if k != _TAG}
+    try:
+        if _ip("netns", "add", ns[0]).returncode != 0:
+            pytest.skip("cannot create network namespaces here (needs root and CAP_SYS_ADMIN)")
+        _ip("netns", "add", ns[1])
+        steps = [
+            ("link", "add", bridge, "type", "bridge"),
+            ("addr", "add", f"{addr[0]}/24", "dev", bridge),
+            ("link", "set", bridge, "up"),
+        ]
+        for k in (0, 1):
+            outer, inner = f"dtv{tag}{k}o", f"dtv{tag}{k}i"
+            steps += [
+                ("link", "add", outer, "type", "veth", "peer", "name", inner),
+                ("link", "set", outer, "master", bridge),
+                ("link", "set", outer, "up"),
+                ("link", "set", inner, "netns", ns[k]),
+                ("-n", ns[k], "link", "set", inner, "name", "dteth"),
+                ("-n", ns[k], "addr", "add", f"{addr[k + 1]}/24", "dev", "dteth"),
+                ("-n", ns[k], "link", "set", "dteth", "up"),
+                ("-n", ns[k], "link", "set", "lo", "up"),
+            ]
+        for step in steps:
+            res = _ip(*step)
+            if res.returncode != 0:
+                pytest.skip(f"cannot wire the namespaces: `ip {' '.join(step)}` said {res.stderr.strip()!r}")
+        hosts = root / "hosts"  # what each node's /etc/hosts becomes (its own mount namespace)
+        hosts.write_text(f"127.0.0.1 localhost\n{addr[0]} {host}\n{addr[1]} dtn0\n{addr[2]} dtn1\n")
+        munge = ["munged", "-f", f"--socket={root}/munge.sock", f"--key-file={key}"]
+        munge += [
+            f"--pid-file={root}/munged.pid",
+            f"--log-file={root}/munged.log",
+            f"--seed-file={root}/seed",
+        ]
+        daemons = [munge, ["slurmctld", "-f", str(conf)]]
+        for k in (0, 1):
+            (root / f"spool-dtn{k}").mkdir()
+            # nsenter, not `ip netns exec`: that remounts /sys, and slurmd needs /sys/fs/cgroup.
+            inner = f"mount --bind {hosts} /etc/hosts && hostname dtn{k} && exec slurmd -f {conf}"
+            unshare = ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", inner]
+            daemons.append(["nsenter", f"--net=/run/netns/{ns[k]}", *unshare])
+        for cmd in daemons:
+            res = _sh(*cmd, env=env)
+            if res.returncode != 0:
+                pytest.skip(f"Slurm cannot start here: `{' '.join(cmd)}` failed: {res.stderr.strip()[-300:]}")
+        deadline = time.monotonic() + 60
+        while _sh("sinfo", "-h", "-o", "%T", env=env).stdout.split() != ["idle"]:
+            if time.monotonic() > deadline:
+                logs = [p.read_text()[-400:] for p in sorted(root.glob("slurm*.log"))]
+                pytest.skip(f"Slurm's two nodes never became idle in 60 s: {logs}")
+            time.sleep(0.5)
+        yield env
+    finally:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            _sh("scancel", "--full", "--user=root", env=env)
+            deadline = time.monotonic() + 60
+            while _sh("squeue", "-h", env=env).stdout.strip() and time.monotonic() < deadline:
+                time.sleep(0.5)
+        for name in ("slurmd-dtn0.pid", "slurmd-dtn1.pid", "slurmctld.pid", "munged.pid"):
+            _stop_pidfile(root / name)
+        for name in ns:
+            _ip("netns", "del", name)
+        _ip("link", "del", bridge)
+
+
 def _job_field(job: str, env: dict[str, str], key: str) -> str:
     out = _sh("scontrol", "show", "job", job, env=env).stdout
     values = [w.split("=", 1)[1] for w in out.split() if w.startswith(f"{key}=")]
@@ -196,3 +300,23 @@ def test_allocation_that_disagrees_with_the_config_fails_before_training(
     assert proc.returncode != 0
     assert "SLURM_NTASKS=2 but nodes=1" in proc.stderr and "--ntasks-per-node=1" in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_fsdp_on_two_slurm_nodes_equals_one_node(tmp_path: Path, slurm2: dict[str, str]) -> None:
+    """The title command of the multi-node issue, `strategy=fsdp nodes=2`, through sbatch on two
+    Slurm nodes with their own addresses: bitwise the losses of one node with the same world size."""
+    common = (*QUICK, "strategy=fsdp", "nproc_per_node=1")
+    job, run_dir = _submit(tmp_path, slurm2, *common, "nodes=2", "launcher.time=10", "hydra.run.dir=sl_two")
+    out = run_dir / "slurm" / f"job-{job}.out"
+    state = _wait_for(job, slurm2, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"))
+    assert state == "COMPLETED", out.read_text()[-3000:]
+    assert f"job {job} on dtn[0-1]" in out.read_text()
+    assert sorted(p.name for p in (run_dir / "logs").glob("rank*.log")) == ["rank0.log", "rank1.log"]
+    records = [json.loads((run_dir / f"rendezvous_node{k}.json").read_text()) for k in (0, 1)]
+    assert records[0]["config_hash"] == records[1]["config_hash"] and records[0]["nodes"] == [0, 1]
+    assert "#SBATCH --nodes=2\n" in (run_dir / "slurm" / "job.sbatch").read_text()
+    (tmp_path / "one").mkdir()
+    _, one = run_cli(tmp_path / "one", *common[:-1], "nproc_per_node=2")
+    assert one is not None
+    a, b = train_losses(run_dir), train_losses(one)
+    assert len(a) == len(b) == 6 and max(abs(x - y) for x, y in zip(a, b, strict=True)) <= 1e-6, (a, b)

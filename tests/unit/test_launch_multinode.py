@@ -126,7 +126,10 @@ def test_allocation_mismatch_is_reported(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_elastic_range_reaches_sbatch_and_the_allocation_check(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    cfg = checked(["nodes=2:4", "master_addr=h", "launcher=slurm"])
+    with pytest.raises(ConfigError) as info:
+        checked(["nodes=2:4"])  # by hand, every node must be told where node 0 is
+    assert info.value.key == "master_addr"
+    cfg = checked(["nodes=2:4", "launcher=slurm"])  # no master_addr: the job script finds node 0
     assert "#SBATCH --nodes=2-4\n" in slurm.sbatch_script(cfg, tmp_path, ["disttrain", "train"])
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.setenv("SLURM_STEP_ID", "0")
