@@ -239,6 +239,16 @@ def _check_optim(cfg: dict[str, Any]) -> None:
         raise ConfigError("sched.min_lr_ratio", ratio, "0..1", "0 decays to zero; 0.1 keeps 10% of lr.")
 
 
+def data_parallel_size(cfg: dict[str, Any]) -> int:
+    """Replicas that read different data: ranks that split one model (pipeline, tp) share a batch."""
+    name, ws = cfg["strategy"]["name"], world_size(cfg)
+    if name in ("pipeline", "tp"):
+        return 1
+    if name == "fsdp+tp":
+        return max(ws // int(cfg["strategy"]["tp_degree"]), 1)
+    return ws
+
+
 def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     """Checks that look at the machine and build data and model; returns data set sizes."""
     import torch
@@ -264,14 +274,14 @@ def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
             f"set nproc_per_node={gpus}, one rank per GPU.",
         )
     train, val = build_datasets(cfg["data"])
-    per_step = world_size(cfg) * cfg["trainer"]["batch_size"] * cfg["trainer"]["grad_accum"]
+    replicas = data_parallel_size(cfg)
+    per_step = replicas * cfg["trainer"]["batch_size"] * cfg["trainer"]["grad_accum"]
     if len(train) < per_step:
         raise ConfigError(
             "trainer.batch_size",
             cfg["trainer"]["batch_size"],
-            f"<= {len(train) // (world_size(cfg) * cfg['trainer']['grad_accum'])} for "
-            f"{len(train)} training samples",
-            f"one optimizer step takes world size {world_size(cfg)} x batch_size "
+            f"<= {len(train) // (replicas * cfg['trainer']['grad_accum'])} for {len(train)} training samples",
+            f"one optimizer step takes {replicas} data-parallel replica(s) x batch_size "
             f"{cfg['trainer']['batch_size']} x grad_accum {cfg['trainer']['grad_accum']} = {per_step} samples; "
             "lower trainer.batch_size or use fewer ranks.",
         )

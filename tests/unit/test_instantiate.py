@@ -146,6 +146,16 @@ def test_check_runtime_accepts_the_largest_batch_that_fits() -> None:
         check_runtime(checked(["data=synthetic", "trainer.grad_accum=2", f"trainer.batch_size={n // 4 + 1}"]))
 
 
+def test_ranks_that_split_the_model_share_a_batch_in_the_data_size_check() -> None:
+    """tp and pipeline ranks read the same samples: one step takes batch x grad_accum, not x world."""
+    n = 2048
+    check_runtime(checked(["data=synthetic", "strategy=tp", f"trainer.batch_size={n}"]))
+    with pytest.raises(ConfigError, match=r"1 data-parallel replica\(s\)"):
+        check_runtime(checked(["data=synthetic", "strategy=tp", f"trainer.batch_size={n + 1}"]))
+    with pytest.raises(ConfigError, match=rf"<= {n // 2} for {n}"):
+        check_runtime(checked(["data=synthetic", "strategy=ddp", f"trainer.batch_size={n}"]))
+
+
 # ------------------------------------------------------------------------------------ user targets
 NET = """
 from torch import nn
