@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -94,6 +95,17 @@ def attempt_store(timeout_s: float) -> dist.Store:
 def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def rank_main(run: Callable[[str], Any], module: str) -> int:
+    """`python -m MODULE RUN_DIR` in a launched rank; torchelastic's @record writes its error file."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    if len(sys.argv) != 2:
+        sys.stderr.write(f"usage: python -m {module} RUN_DIR\n")
+        return 2
+    record(run)(sys.argv[1])
+    return 0
 
 
 def exit_rank(code: int = 0) -> NoReturn:

@@ -277,17 +277,7 @@ def report_env(run_dir: Path, env: DistEnv, threads: int) -> None:
         write_json(run_dir / "env.json", report)
 
 
-def _main() -> int:
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    if len(sys.argv) != 2:
-        sys.stderr.write("usage: python -m disttrain.worker RUN_DIR\n")
-        return 2
-    record(run)(sys.argv[1])
-    return 0
-
-
 if __name__ == "__main__":
-    from disttrain.dist import exit_rank
+    from disttrain.dist import exit_rank, rank_main
 
-    exit_rank(_main())
+    exit_rank(rank_main(run, "disttrain.worker"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from disttrain.config.errors import ConfigError, one_of
+from disttrain.config.errors import ConfigError, check_divides, one_of
 
 DDP_FAMILY = ("ddp", "zero", "localsgd")
 COMM_HOOKS = (None, "fp16", "bf16")
@@ -77,14 +77,13 @@ def check_static(cfg: dict[str, Any]) -> None:
 def _check_fsdp(cfg: dict[str, Any], ws: int, shape: str) -> None:
     s = cfg["strategy"]
     replicate = _int_at_least(cfg, "replicate", 1, "1 is plain FSDP; R > 1 is HSDP with mesh (R, world/R).")
-    if ws % replicate:
-        divisors = ", ".join(str(d) for d in range(1, ws + 1) if ws % d == 0)
-        raise ConfigError(
-            "strategy.replicate",
-            replicate,
-            f"a divisor of the world size {ws} ({shape}): {divisors}",
-            f"HSDP lays the ranks out as a (replicate, shard) mesh, so replicate x shard must be {ws}.",
-        )
+    check_divides(
+        "strategy.replicate",
+        replicate,
+        ws,
+        shape,
+        f"HSDP lays the ranks out as a (replicate, shard) mesh, so replicate x shard must be {ws}.",
+    )
     _int_at_least(cfg, "min_num_params", 0, "0 turns size-based wrapping off.")
     for key in ("param_dtype", "reduce_dtype"):
         if s.get(key) not in DTYPES:

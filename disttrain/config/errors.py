@@ -24,6 +24,13 @@ def one_of(values: Iterable[Any]) -> str:
     return "one of " + ", ".join(str(v) for v in values)
 
 
+def check_divides(key: str, value: int, world: int, shape: str, hint: str) -> None:
+    """`value` must split the world size evenly (mesh dimensions): else name the divisors."""
+    if value < 1 or world % value:
+        divisors = ", ".join(str(d) for d in range(1, world + 1) if world % d == 0)
+        raise ConfigError(key, value, f"a divisor of the world size {world} ({shape}): {divisors}", hint)
+
+
 def _fields(object_type: Any) -> list[str]:
     if object_type is not None and dataclasses.is_dataclass(object_type):
         return [f.name for f in dataclasses.fields(object_type) if not f.name.startswith("_")]

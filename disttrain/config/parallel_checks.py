@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from disttrain.config.errors import ConfigError, one_of
+from disttrain.config.errors import ConfigError, check_divides, one_of
 
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 NEEDS_TP_PLAN = ("tp", "fsdp+tp")
@@ -110,14 +110,13 @@ def _check_pipeline(cfg: dict[str, Any], ws: int) -> None:
 
 def _check_2d(cfg: dict[str, Any], ws: int, shape: str) -> None:
     tp, dp = cfg["strategy"]["tp_degree"], cfg["strategy"]["dp_degree"]
-    if tp < 1 or ws % tp:
-        divisors = ", ".join(str(d) for d in range(1, ws + 1) if ws % d == 0)
-        raise ConfigError(
-            "strategy.tp_degree",
-            tp,
-            f"a divisor of the world size {ws} ({shape}): {divisors}",
-            f"the mesh is (dp_degree, tp_degree) with dp_degree x tp_degree = {ws}.",
-        )
+    check_divides(
+        "strategy.tp_degree",
+        tp,
+        ws,
+        shape,
+        f"the mesh is (dp_degree, tp_degree) with dp_degree x tp_degree = {ws}.",
+    )
     if dp != -1 and dp * tp != ws:
         raise ConfigError(
             "strategy.dp_degree",

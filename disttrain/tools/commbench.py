@@ -19,7 +19,6 @@ import json
 import math
 import os
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -217,15 +216,7 @@ def run_in_group(env: DistEnv, cfg: dict[str, Any], spec: dict[str, Any]) -> dic
         destroy_process_group()
 
 
-def _main() -> int:
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    if len(sys.argv) != 2:
-        sys.stderr.write("usage: python -m disttrain.tools.commbench RUN_DIR\n")
-        return 2
-    record(run)(sys.argv[1])
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(_main())
+    from disttrain.dist import rank_main
+
+    raise SystemExit(rank_main(run, "disttrain.tools.commbench"))

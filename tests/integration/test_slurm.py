@@ -91,6 +91,31 @@ def _stop_pidfile(path: Path) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def _start_cluster(daemons: list[list[str]], env: dict[str, str], root: Path) -> None:
+    """Start the daemons in order and wait until every node is idle; skip, saying why, if not."""
+    for cmd in daemons:
+        res = _sh(*cmd, env=env)
+        if res.returncode != 0:
+            pytest.skip(f"Slurm cannot start here: `{' '.join(cmd)}` failed: {res.stderr.strip()[-300:]}")
+    deadline = time.monotonic() + 60
+    while _sh("sinfo", "-h", "-o", "%T", env=env).stdout.split() != ["idle"]:
+        if time.monotonic() > deadline:
+            logs = [p.read_text()[-400:] for p in sorted(root.glob("slurm*.log"))]
+            pytest.skip(f"Slurm's nodes never became idle in 60 s: {logs}")
+        time.sleep(0.5)
+
+
+def _stop_cluster(env: dict[str, str], root: Path) -> None:
+    """Cancel every job, let slurmstepd end the jobs' processes, then stop every daemon in `root`."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        _sh("scancel", "--full", "--user=root", env=env)
+        deadline = time.monotonic() + 60
+        while _sh("squeue", "-h", env=env).stdout.strip() and time.monotonic() < deadline:
+            time.sleep(0.5)
+    for pidfile in [*sorted(root.glob("slurmd*.pid")), root / "slurmctld.pid", root / "munged.pid"]:
+        _stop_pidfile(pidfile)
+
+
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A running one-host Slurm; yields the environment for its commands (SLURM_CONF)."""
@@ -109,25 +134,10 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     munge = ["munged", "-f", f"--socket={root}/munge.sock", f"--key-file={key}"]
     munge += [f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log", f"--seed-file={root}/seed"]
     try:
-        for cmd in (munge, ["slurmctld", "-f", str(conf)], ["slurmd", "-f", str(conf)]):
-            res = _sh(*cmd, env=env)
-            if res.returncode != 0:
-                pytest.skip(f"Slurm cannot start here: `{cmd[0]}` failed: {res.stderr.strip()[-300:]}")
-        deadline = time.monotonic() + 60
-        while "idle" not in _sh("sinfo", "-h", "-o", "%T", env=env).stdout:
-            if time.monotonic() > deadline:
-                log = (root / "slurmd.log").read_text()[-500:] if (root / "slurmd.log").exists() else ""
-                pytest.skip(f"Slurm's node never became idle in 60 s; slurmd.log: {log}")
-            time.sleep(0.5)
+        _start_cluster([munge, ["slurmctld", "-f", str(conf)], ["slurmd", "-f", str(conf)]], env, root)
         yield env
     finally:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            _sh("scancel", "--full", "--user=root", env=env)
-            deadline = time.monotonic() + 60  # let slurmstepd end the jobs' processes before slurmd goes
-            while _sh("squeue", "-h", env=env).stdout.strip() and time.monotonic() < deadline:
-                time.sleep(0.5)
-        for name in ("slurmd.pid", "slurmctld.pid", "munged.pid"):
-            _stop_pidfile(root / name)
+        _stop_cluster(env, root)
 
 
 # Two nodes: each slurmd runs in its own network and UTS namespace (its own address and host name),
@@ -209,25 +219,10 @@ def slurm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
             inner = f"mount --bind {hosts} /etc/hosts && hostname dtn{k} && exec slurmd -f {conf}"
             unshare = ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", inner]
             daemons.append(["nsenter", f"--net=/run/netns/{ns[k]}", *unshare])
-        for cmd in daemons:
-            res = _sh(*cmd, env=env)
-            if res.returncode != 0:
-                pytest.skip(f"Slurm cannot start here: `{' '.join(cmd)}` failed: {res.stderr.strip()[-300:]}")
-        deadline = time.monotonic() + 60
-        while _sh("sinfo", "-h", "-o", "%T", env=env).stdout.split() != ["idle"]:
-            if time.monotonic() > deadline:
-                logs = [p.read_text()[-400:] for p in sorted(root.glob("slurm*.log"))]
-                pytest.skip(f"Slurm's two nodes never became idle in 60 s: {logs}")
-            time.sleep(0.5)
+        _start_cluster(daemons, env, root)
         yield env
     finally:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            _sh("scancel", "--full", "--user=root", env=env)
-            deadline = time.monotonic() + 60
-            while _sh("squeue", "-h", env=env).stdout.strip() and time.monotonic() < deadline:
-                time.sleep(0.5)
-        for name in ("slurmd-dtn0.pid", "slurmd-dtn1.pid", "slurmctld.pid", "munged.pid"):
-            _stop_pidfile(root / name)
+        _stop_cluster(env, root)
         for name in ns:
             _ip("netns", "del", name)
         _ip("link", "del", bridge)

@@ -169,7 +169,6 @@ BAD_STATIC = [
     Bad("workers-negative", ("data.num_workers=-1",), "data.num_workers", "-1"),
     Bad("detect-anomaly", ("trainer.detect_anomaly=maybe",), "trainer.detect_anomaly", "maybe"),
     Bad("task", ("data.task=ranking",), "data.task", "ranking"),
-    Bad("lm-val-under-fsdp", ("model=gpt", "data=text", "strategy=fsdp"), "data.val", "the text validation set"),
     Bad("oom-mode", ("trainer.oom=retry",), "trainer.oom", "retry"),
     Bad("sync-check-fsdp", ("strategy=fsdp", "debug.check_sync_every=10"), "debug.check_sync_every", "10"),
     Bad("compile-pipeline", ("strategy=pipeline", "trainer.compile=true"), "trainer.compile", "True"),
