@@ -113,6 +113,8 @@ def _run_hydra_app(rest: list[str], config_name: str) -> int:
     from disttrain.config.schema import register
 
     register()
+    if {"--help", "-h"} & set(rest):
+        _hide_schemas_in_help()
     argv0 = sys.argv[0]
     _COMMAND[:] = [Path(argv0).name, "train", *rest]
     sys.argv = [argv0, *rest]
@@ -121,6 +123,29 @@ def _run_hydra_app(rest: list[str], config_name: str) -> int:
     finally:
         sys.argv = [argv0, "train", *rest]
     return 0
+
+
+def _hide_schemas_in_help() -> None:
+    """`--help` lists each group's options; the `base_*` schemas the YAML options extend (Hydra's
+    extend-a-schema pattern) are not choices, so they are left out of that list."""
+    from hydra._internal.hydra import Hydra
+
+    original = Hydra.format_config_groups
+    if getattr(original, "_disttrain", False):
+        return
+
+    def format_config_groups(self: Hydra, predicate: Callable[[str], bool], compact: bool = True) -> str:
+        lines = []
+        for line in original(self, predicate, compact).splitlines():
+            head, sep, items = line.partition(": ")
+            if sep and compact:
+                line = head + sep + ", ".join(o for o in items.split(", ") if not o.startswith("base_"))
+            if not line.strip().startswith("base_"):
+                lines.append(line)
+        return "".join(f"{line}\n" for line in lines)
+
+    format_config_groups._disttrain = True  # type: ignore[attr-defined]
+    Hydra.format_config_groups = format_config_groups  # type: ignore[method-assign]
 
 
 def _hydra_task(cfg: Any) -> dict[str, Any] | None:
