@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,9 +19,7 @@ CONFIG = "config.yaml"
 
 
 def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    _write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:
@@ -40,7 +39,9 @@ def freeze(run_dir: Path, cfg: dict[str, Any], overrides: list[str], argv: list[
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Atomic replace. The temp name is per host and process: the nodes of a multi-node run write
+    the same files into one run dir on a shared file system, and must not rename each other's."""
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 
@@ -77,7 +78,6 @@ def run_status(run_dir: Path) -> Iterator[None]:
 
     Written by the parent that launches the ranks, so a crash of any rank is still recorded.
     """
-    import socket
     import time
 
     base = {"started": time.time(), "host": socket.gethostname(), "pid": os.getpid()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -115,3 +116,22 @@ def test_diffs_show_and_compare(tmp_path: Path) -> None:
     steps = next(m for m in cmp["metrics"] if m["metric"] == "step")  # b has no summary: last logged values
     assert steps == {"metric": "step", "a": None, "b": 3, "delta": None}
     assert next(m for m in cmp["metrics"] if m["metric"] == "val/acc")["delta"] == pytest.approx(0.5 - 0.6)
+
+
+def _write_status_many_times(path: str) -> int:
+    from disttrain.rundir import write_json
+
+    for i in range(300):
+        write_json(Path(path), {"i": i, "pid": os.getpid()})
+    return os.getpid()
+
+
+def test_nodes_sharing_a_run_dir_never_rename_each_others_temp_files(tmp_path: Path) -> None:
+    """Every node of a multi-node run writes status.json/config.yaml into one shared run dir."""
+    import multiprocessing
+
+    target = tmp_path / "status.json"
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        pids = pool.map(_write_status_many_times, [str(target)] * 2)  # raises if a rename lost its file
+    assert json.loads(target.read_text())["pid"] in pids
+    assert [p.name for p in tmp_path.iterdir()] == ["status.json"], "no temp file left behind"
