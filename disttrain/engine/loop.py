@@ -137,6 +137,8 @@ class Engine:
                 s.step += 1
                 s.samples += self.global_batch
                 s.epoch_samples += self.global_batch
+                if s.step == self.total_steps:
+                    self.strategy.end_of_training(self.model)  # localsgd: average the replicas
                 window.loss_sum += loss
                 window.steps += 1
                 window.tokens += self.step_tokens

@@ -50,6 +50,9 @@ class Strategy:
         """
         return self.env.rank, self.env.world_size
 
+    def end_of_training(self, model: nn.Module) -> None:
+        """After the last optimizer step, before the final validation and checkpoint (not on a stop)."""
+
     # ---------------------------------------------------------------- step
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> Any:
         """Skip the gradient all-reduce inside this context (non-final accumulation micro-steps)."""

@@ -18,6 +18,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
     post_localSGD_hook,
 )
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.distributed.algorithms.model_averaging.utils import average_parameters
 from torch.distributed.optim import PostLocalSGDOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
@@ -34,9 +35,12 @@ class CountingAverager(PeriodicModelAverager):
             warnings.filterwarnings("ignore", message="When period is 1")
             super().__init__(period=period, warmup_steps=warmup_steps)
         self.counter = counter
+        self.in_sync = True  # replicas equal after the last step: a warm-up (DDP) or averaging step
 
     def average_parameters(self, params: Any) -> None:
-        if self.step >= self.warmup_steps and (self.step - self.warmup_steps) % self.period == 0:
+        due = self.step >= self.warmup_steps and (self.step - self.warmup_steps) % self.period == 0
+        self.in_sync = due or self.step < self.warmup_steps
+        if due:
             groups = list(params)
             tensors = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
             self.counter["params"] += sum(p.numel() * p.element_size() for p in tensors)
@@ -53,6 +57,7 @@ class LocalSGDStrategy(DDPStrategy):
         self.warmup_steps = int(cfg.get("warmup_steps", 0))
         self.allreduced = {"grads": 0, "params": 0}
         self.steps = 0
+        self.averager: CountingAverager | None = None
 
     def setup_module(self, model: nn.Module) -> nn.Module:
         ddp = super().setup_module(model)  # comm_hook is rejected by the config check for localsgd
@@ -76,6 +81,7 @@ class LocalSGDStrategy(DDPStrategy):
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         averager = CountingAverager(self.sync_every, self.warmup_steps, self.allreduced)
+        self.averager = averager
         return _CountingPostLocalSGD(optim=optimizer, averager=averager, strategy=self)
 
     def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -98,6 +104,15 @@ class LocalSGDStrategy(DDPStrategy):
         own = state[f"rank{self.env.rank}"] if self.env.rank > 0 else state
         super().load_state_dict(model, _plain(optimizer), own)
         self.hook_state.iter, _averager(optimizer).step, self.steps = (int(v) for v in state["localsgd"])
+
+    def end_of_training(self, model: nn.Module) -> None:
+        """Replicas drift apart between averages; the trained model is their average, so the final
+        validation, checkpoint and final.pt see one model, not rank 0's replica."""
+        if self.averager is None or self.averager.in_sync:
+            return
+        params = list(model.parameters())
+        average_parameters(iter(params), process_group=None)  # type: ignore[arg-type]
+        self.allreduced["params"] += sum(p.numel() * p.element_size() for p in params)
 
     def summary_stats(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         stats = super().summary_stats(model, optimizer)

@@ -204,9 +204,35 @@ def test_localsgd_bytes_fall_by_sync_every(runs: dict[str, tuple[Path, str]]) ->
     n = summary(runs["localsgd_n"][0])["allreduce_bytes"]
     averages = len(range(LOCALSGD_WARMUP, STEPS, LOCALSGD_EVERY))
     assert n["grads"] == LOCALSGD_WARMUP * param_bytes  # plain DDP steps first
-    assert n["params"] == averages * param_bytes
-    after_warmup = n["params"] / (STEPS - LOCALSGD_WARMUP)
+    assert n["params"] == (averages + 1) * param_bytes  # + the final average (step 20 is not due)
+    after_warmup = (n["params"] - param_bytes) / (STEPS - LOCALSGD_WARMUP)
     assert after_warmup == pytest.approx(param_bytes / LOCALSGD_EVERY)  # ~N times fewer bytes per step
+
+
+def _replicas(ckpt: Path, tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Rank 0's and rank 1's model from a localsgd DCP checkpoint (rank 1 saves under `rank1/`)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(ckpt, tmp_path / f"{ckpt.name}.pt")
+    state = torch.load(tmp_path / f"{ckpt.name}.pt", weights_only=False)
+    return state["model"], state["rank1"]["model"]
+
+
+def test_localsgd_ends_with_the_average_of_the_replicas(
+    runs: dict[str, tuple[Path, str]], tmp_path: Path
+) -> None:
+    """Replicas drift between averages (step 8 is not an averaging step); the last step is not one
+    either, yet the final checkpoint and final.pt hold one model: the replicas' average."""
+    import torch
+
+    ckpts = runs["localsgd_n"][0] / "checkpoints"
+    mid0, mid1 = _replicas(ckpts / "step_00000008", tmp_path)
+    assert max((mid0[k] - mid1[k]).abs().max().item() for k in mid0) > 1e-4, "replicas differ mid-way"
+    end0, end1 = _replicas(ckpts / f"step_{STEPS:08d}", tmp_path)
+    final = torch.load(ckpts / "final.pt", weights_only=True)["model"]
+    for k in end0:
+        assert torch.equal(end0[k], end1[k]) and torch.equal(final[k], end0[k]), k
 
 
 def test_localsgd_still_learns(runs: dict[str, tuple[Path, str]]) -> None:
