@@ -49,6 +49,14 @@ def check_static(cfg: dict[str, Any]) -> None:
         raise ConfigError(
             "launcher.rdzv_timeout", timeout, "a number of seconds >= 1", "the default 900 suits slow queues."
         )
+    last_call = launcher.get("rdzv_last_call", 30)
+    if last_call is None or last_call < 1:
+        raise ConfigError(
+            "launcher.rdzv_last_call",
+            last_call,
+            "a number of seconds >= 1",
+            "after min_nodes have joined, torchrun waits this long for the rest (default 30).",
+        )
     low = launcher.get("min_nodes") or 0
     if not 0 <= low <= nodes:
         raise ConfigError(

@@ -339,6 +339,9 @@ class LauncherConfig:
     monitor_interval: float = _h("torchrun: seconds between worker health checks", 0.1)
     rdzv_timeout: float = _h("seconds to wait for all nodes to join the rendezvous", 900.0)
     min_nodes: int = _h("elastic: train once this many of `nodes` have joined; 0: all of them", 0)
+    rdzv_last_call: float = _h(
+        "elastic: once min_nodes have joined, seconds to wait for more (torchrun)", 30.0
+    )
 
 
 @dataclass

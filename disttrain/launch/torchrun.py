@@ -35,7 +35,11 @@ def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
         rdzv_endpoint=rdzv,
         rdzv_backend="c10d",
         # Multi-node: node 0's roll call already hosts the store, every agent is its client.
-        rdzv_configs={"timeout": int(launcher["rdzv_timeout"]), "is_host": single and cfg["node_rank"] == 0},
+        rdzv_configs={
+            "timeout": int(launcher["rdzv_timeout"]),
+            "last_call_timeout": max(int(launcher.get("rdzv_last_call", 30)), 1),
+            "is_host": single and cfg["node_rank"] == 0,
+        },
         max_restarts=int(launcher["max_restarts"]),
         monitor_interval=float(launcher["monitor_interval"]),
         start_method="spawn",

@@ -187,13 +187,12 @@ def test_a_node_that_never_arrives_is_named_after_the_timeout(
 def test_elastic_min_nodes_trains_with_the_nodes_that_came(
     tmp_path: Path, netns_pair: tuple[tuple[str, str], tuple[str, str]]
 ) -> None:
-    """`nodes=1:2` (torchrun's --nnodes MIN:MAX): node 0 alone trains once the rendezvous closes."""
+    """`nodes=1:2` (torchrun's --nnodes MIN:MAX): node 0 alone trains once the rendezvous' last
+    call (launcher.rdzv_last_call, here 3 s instead of torchrun's 30) has passed."""
     (ns0, veth0), _ = netns_pair
-    args = [a for a in _node_args(29535, "launcher.rdzv_timeout=60", "node_rank=0", "hydra.run.dir=el")
-            if a != "nodes=2"]  # fmt: skip
-    (result,) = _run_nodes(
-        tmp_path, [(ns0, veth0, [*args, "nodes=1:2"])]
-    )  # torchrun waits its last call (~30 s)
+    extra = ("launcher.rdzv_timeout=60", "launcher.rdzv_last_call=3", "node_rank=0", "hydra.run.dir=el")
+    args = [a for a in _node_args(29535, *extra) if a != "nodes=2"]
+    (result,) = _run_nodes(tmp_path, [(ns0, veth0, [*args, "nodes=1:2"])])
     assert result.returncode == 0, _report([result])
     assert "rank 0 of 1" in result.stdout, result.stdout
     assert train_losses(tmp_path / "el")

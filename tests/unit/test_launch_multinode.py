@@ -19,6 +19,7 @@ MULTI = ("nodes=2", "master_addr=10.1.2.3")
         (("launcher.min_nodes=3",), "launcher.min_nodes"),
         (("launcher.min_nodes=-1",), "launcher.min_nodes"),
         (("launcher.rdzv_timeout=0",), "launcher.rdzv_timeout"),
+        (("launcher.rdzv_last_call=0",), "launcher.rdzv_last_call"),
         (("master_port=70000",), "master_port"),
         (("launcher=slurm", "launcher.time=soon"), "launcher.time"),
         (("launcher=slurm", "launcher.gpus_per_node=-1"), "launcher.gpus_per_node"),
