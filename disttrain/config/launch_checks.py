@@ -18,7 +18,7 @@ def elastic_nodes(cfg: dict[str, Any]) -> None:
     Every later step (checks, launch, the frozen config and its hash) then sees one spelling.
     """
     value = cfg.get("nodes")
-    if (isinstance(value, int) and not isinstance(value, bool)) or "launcher" not in cfg:
+    if isinstance(value, int) and not isinstance(value, bool):
         return
     match = None if isinstance(value, bool) else re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", str(value))
     low, high = (int(match[1]), int(match[2] or match[1])) if match else (0, 0)
@@ -29,7 +29,7 @@ def elastic_nodes(cfg: dict[str, Any]) -> None:
             "an integer >= 1, or MIN:MAX with 1 <= MIN <= MAX (elastic membership)",
             "nodes=2 needs both nodes; nodes=1:2 starts with whichever of 2 nodes arrive (at least 1).",
         )
-    given = cfg["launcher"].get("min_nodes") or 0
+    given = cfg.get("launcher", {}).get("min_nodes") or 0
     if match[2] is not None and given not in (0, low):
         raise ConfigError(
             "launcher.min_nodes",
@@ -39,7 +39,7 @@ def elastic_nodes(cfg: dict[str, Any]) -> None:
         )
     cfg["nodes"] = high
     if match[2] is not None:
-        cfg["launcher"]["min_nodes"] = low
+        cfg.setdefault("launcher", {})["min_nodes"] = low
 
 
 def check_static(cfg: dict[str, Any]) -> None:

@@ -466,7 +466,9 @@ class Config:
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     profile: bool = _h("record a torch.profiler window into RUN_DIR/profile (TensorBoard traces)", False)
     name: str = _h("run name (used in the run directory)", "default")
-    nodes: Any = _h("number of nodes (machines); MIN:MAX for elastic membership (e.g. 1:2)", 1)
+    nodes: Any = _h(
+        'number of nodes (machines); MIN:MAX for elastic membership (nodes=1:2; in YAML quote it: "1:2")', 1
+    )
     nproc_per_node: int = _h("ranks per node (one per GPU; CPU: any)", 2)
     node_rank: int = _h("this node's rank, 0..nodes-1", 0)
     master_addr: str = _h("address of node 0 (multi-node)", "127.0.0.1")

@@ -35,11 +35,11 @@ class CountingAverager(PeriodicModelAverager):
             warnings.filterwarnings("ignore", message="When period is 1")
             super().__init__(period=period, warmup_steps=warmup_steps)
         self.counter = counter
-        self.in_sync = True  # replicas equal after the last step: a warm-up (DDP) or averaging step
+        self.averaged_last = False  # did the last optimizer step end with an average?
 
     def average_parameters(self, params: Any) -> None:
         due = self.step >= self.warmup_steps and (self.step - self.warmup_steps) % self.period == 0
-        self.in_sync = due or self.step < self.warmup_steps
+        self.averaged_last = due
         if due:
             groups = list(params)
             tensors = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
@@ -58,6 +58,7 @@ class LocalSGDStrategy(DDPStrategy):
         self.allreduced = {"grads": 0, "params": 0}
         self.steps = 0
         self.averager: CountingAverager | None = None
+        self.grads_synced = True  # did the last backward all-reduce gradients (warm-up)?
 
     def setup_module(self, model: nn.Module) -> nn.Module:
         ddp = super().setup_module(model)  # comm_hook is rejected by the config check for localsgd
@@ -71,7 +72,8 @@ class LocalSGDStrategy(DDPStrategy):
 
         # No annotations: DDP inspects them and a postponed (string) `dist.GradBucket` fails its check.
         def counting_hook(st, bucket):
-            if st.iter < st.start_localSGD_iter:
+            self.grads_synced = st.iter < st.start_localSGD_iter  # before the hook counts this backward
+            if self.grads_synced:
                 self.allreduced["grads"] += bucket.buffer().numel() * bucket.buffer().element_size()
             return post_localSGD_hook(st, bucket)
 
@@ -108,7 +110,10 @@ class LocalSGDStrategy(DDPStrategy):
     def end_of_training(self, model: nn.Module) -> None:
         """Replicas drift apart between averages; the trained model is their average, so the final
         validation, checkpoint and final.pt see one model, not rank 0's replica."""
-        if self.averager is None or self.averager.in_sync:
+        # In sync: the last backward still all-reduced gradients (the hook's warm-up; not the
+        # averager's count, since a skipped step runs backward but no optimizer step), or the last
+        # optimizer step averaged (a skipped step after it changes no replica).
+        if self.averager is None or self.grads_synced or self.averager.averaged_last:
             return
         params = list(model.parameters())
         average_parameters(iter(params), process_group=None)  # type: ignore[arg-type]

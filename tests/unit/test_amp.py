@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
@@ -76,3 +78,29 @@ def test_throughput_has_no_mfu_on_cpu_and_summary_table_renders() -> None:
     assert rates["tokens_per_s"] == 500 and rates["flops_per_step"] > 0 and "mfu" not in rates
     assert Throughput(nn.Linear(2, 2), env).rates(0, 1.0, 1) == {}
     assert summary_table({"steps": 3, "val/ppl": 4.5, "samples_per_s": 10.0}).row_count == 3
+
+
+@pytest.mark.parametrize(
+    ("grads_synced", "averaged_last", "averages"),
+    [(True, False, 0), (False, True, 0), (False, False, 1)],
+)
+def test_localsgd_averages_at_the_end_only_when_replicas_may_differ(
+    monkeypatch: pytest.MonkeyPatch, grads_synced: bool, averaged_last: bool, averages: int
+) -> None:
+    """In sync after a warm-up backward (gradients all-reduced) or an averaging step; a skipped step
+    (detect_anomaly=skip) runs backward without an optimizer step, so the hook's phase decides."""
+    from disttrain.dist import DistEnv
+    from disttrain.strategies import localsgd
+
+    calls: list[int] = []
+    monkeypatch.setattr(
+        localsgd, "average_parameters", lambda params, process_group: calls.append(len(list(params)))
+    )
+    env = DistEnv(rank=0, local_rank=0, world_size=2, local_world_size=2, backend="gloo", device=CPU)
+    strategy = localsgd.LocalSGDStrategy({"sync_every": 4, "warmup_steps": 2}, env)
+    strategy.averager = SimpleNamespace(averaged_last=averaged_last)  # type: ignore[assignment]
+    strategy.grads_synced = grads_synced
+    model = torch.nn.Linear(3, 2)
+    strategy.end_of_training(model)
+    assert calls == [2] * averages
+    assert strategy.allreduced["params"] == averages * (6 + 2) * 4
