@@ -64,7 +64,7 @@ def check_static(cfg: dict[str, Any]) -> None:
             "master_addr",
             cfg["master_addr"],
             "the address of node 0 reachable from every node",
-            f"with nodes={nodes}, set master_addr=HOST on every node.",
+            f"with nodes={nodes}, set master_addr=HOST on every node, or submit with launcher=slurm.",
         )
     _choice(cfg, "backend.name", BACKENDS, "auto picks nccl when CUDA GPUs are present, else gloo.")
     _at_least(cfg, "backend.timeout", 1, "seconds; a hung collective fails after this long.")

@@ -66,6 +66,14 @@ def test_every_option_composes_and_passes_static_checks(group: str, option: str)
     assert "${" not in yaml.safe_dump(cfg), "every interpolation is resolved in the parent"
 
 
+def test_gpt_brings_the_text_data_unless_data_is_chosen() -> None:
+    """The brief's `disttrain train strategy=fsdp model=gpt amp=bf16` needs no data=text."""
+    cfg = checked(["model=gpt", "strategy=fsdp", "amp=bf16"])
+    assert (cfg["data"]["name"], cfg["model"]["vocab_size"], cfg["model"]["block_size"]) == ("text", 256, 64)
+    with pytest.raises(ConfigError, match="data=synthetic is a classification set"):
+        checked(["model=gpt", "data=synthetic"])  # an explicit choice wins, and is checked
+
+
 def test_default_config() -> None:
     cfg = checked([])
     assert "hydra" not in cfg

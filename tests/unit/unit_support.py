@@ -173,7 +173,7 @@ BAD_STATIC = [
     Bad("sync-check-fsdp", ("strategy=fsdp", "debug.check_sync_every=10"), "debug.check_sync_every", "10"),
     Bad("compile-pipeline", ("strategy=pipeline", "trainer.compile=true"), "trainer.compile", "True"),
     Bad("profiler-active", ("profile=true", "profiler.active=0"), "profiler.active", "0"),
-    Bad("gpt-needs-lm-data", ("model=gpt",), "model", "gpt"),
+    Bad("gpt-needs-lm-data", ("model=gpt", "data=digits"), "model", "gpt"),
     Bad("missing-config-dir", ("--config-dir", "no_such_folder"), "--config-dir", "no_such_folder"),
     Bad("missing-config-name", ("--config-name", "nope"), "--config-name", "nope"),
 ]
