@@ -42,6 +42,12 @@ def elastic_nodes(cfg: dict[str, Any]) -> None:
         cfg.setdefault("launcher", {})["min_nodes"] = low
 
 
+def node_bounds(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(fewest, most) nodes the run trains with: launcher.min_nodes (0: all of them) and nodes."""
+    nodes = int(cfg["nodes"])
+    return int(cfg["launcher"].get("min_nodes") or nodes), nodes
+
+
 def check_static(cfg: dict[str, Any]) -> None:
     launcher, nodes = cfg["launcher"], int(cfg["nodes"])
     timeout = launcher.get("rdzv_timeout")

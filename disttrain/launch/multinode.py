@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from disttrain.config.launch_checks import node_bounds
 from disttrain.launch.errors import LaunchError
 
 DEFAULT_PORT = 29500
@@ -87,7 +88,7 @@ def roll_call(cfg: dict[str, Any], run_dir: Path) -> Any:
     host, port = endpoint(cfg)
     timeout = float(cfg["launcher"]["rdzv_timeout"])
     me, nodes = int(cfg["node_rank"]), int(cfg["nodes"])
-    need = int(cfg["launcher"].get("min_nodes") or nodes)
+    need, _ = node_bounds(cfg)
     try:
         store = TCPStore(
             host,

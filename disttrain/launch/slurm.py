@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from disttrain.config.errors import ConfigError
+from disttrain.config.launch_checks import node_bounds
 
 SCRIPT = "slurm/job.sbatch"
 
@@ -124,8 +125,7 @@ def first_host() -> str:
 
 def node_range(cfg: dict[str, Any]) -> str:
     """sbatch's --nodes: N, or MIN-MAX under elastic membership (nodes=MIN:MAX)."""
-    nodes = int(cfg["nodes"])
-    low = int(cfg["launcher"].get("min_nodes") or nodes)
+    low, nodes = node_bounds(cfg)
     return str(nodes) if low == nodes else f"{low}-{nodes}"
 
 
@@ -135,8 +135,7 @@ def check_allocation(cfg: dict[str, Any]) -> None:
         return
     nnodes = int(os.environ.get("SLURM_NNODES", "1"))
     ntasks = int(os.environ.get("SLURM_NTASKS", str(nnodes)))
-    nodes, nproc = int(cfg["nodes"]), int(cfg["nproc_per_node"])
-    low = int(cfg["launcher"].get("min_nodes") or nodes)
+    (low, nodes), nproc = node_bounds(cfg), int(cfg["nproc_per_node"])
     if not low <= nnodes <= nodes:
         raise ConfigError(
             "nodes",

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from disttrain.config.launch_checks import node_bounds
 from disttrain.launch.errors import LaunchError, exit_code_message, last_error_line
 
 
@@ -25,9 +26,10 @@ def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
     else:
         host, port = endpoint(cfg)
         rdzv, local_addr = f"{host}:{port}", local_address(host, port)
+    min_nodes, max_nodes = node_bounds(cfg)
     return LaunchConfig(
-        min_nodes=int(launcher.get("min_nodes") or cfg["nodes"]),
-        max_nodes=cfg["nodes"],
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
         nproc_per_node=cfg["nproc_per_node"],
         # Multi-node: one id every node derives alike (the run name); the store is this run's own.
         run_id=f"disttrain-{uuid.uuid4().hex[:8]}" if single else f"disttrain-{cfg['name']}",
