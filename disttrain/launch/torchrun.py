@@ -39,7 +39,7 @@ def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
         # Multi-node: node 0's roll call already hosts the store, every agent is its client.
         rdzv_configs={
             "timeout": int(launcher["rdzv_timeout"]),
-            "last_call_timeout": max(int(launcher.get("rdzv_last_call", 30)), 1),
+            "last_call_timeout": int(launcher.get("rdzv_last_call", 30)),  # >= 1: checked before launch
             "is_host": single and cfg["node_rank"] == 0,
         },
         max_restarts=int(launcher["max_restarts"]),
