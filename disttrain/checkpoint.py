@@ -19,6 +19,7 @@ allow-list of DCP's own classes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -93,23 +94,47 @@ def _file_digest(path: Path, with_hash: bool) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------- DCP safety
-class _SafeUnpickler(pickle.Unpickler):
-    """DCP's `.metadata` is a pickle: allow only the classes DCP itself writes there."""
-
-    MODULES = ("torch.distributed.checkpoint.metadata",)
-    NAMES = {
+# Exactly the globals DCP writes into `.metadata` (read off torch 2.13's own checkpoints): a pickle
+# can call any global it names, so only these (module, name) pairs resolve, never a whole module.
+# A dotted name (pickle protocol 4 walks attributes: `metadata` + "os.system" -> os.system) or a
+# dunder never matches an entry, and torch's dtypes are looked up by exact name, not by getattr.
+METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset(
+    {
+        *(
+            ("torch.distributed.checkpoint.metadata", n)
+            for n in (
+                "Metadata",
+                "MetadataIndex",
+                "StorageMeta",
+                "TensorProperties",
+                "TensorStorageMetadata",
+                "BytesStorageMetadata",
+                "ChunkStorageMetadata",
+                "_MEM_FORMAT_ENCODING",
+            )
+        ),
         ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-        ("torch.serialization", "_get_layout"),
+        ("torch.serialization", "_get_layout"),  # a dict lookup of torch's layouts by name
         ("torch", "Size"),
         ("pathlib", "PosixPath"),
         ("pathlib", "Path"),
         ("collections", "OrderedDict"),
     }
+)
+
+
+@functools.cache
+def _dtype_names() -> frozenset[str]:
+    return frozenset(n for n, v in vars(torch).items() if isinstance(v, torch.dtype) and n.isidentifier())
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """DCP's `.metadata` is a pickle: resolve only the exact globals DCP itself writes there."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if module in self.MODULES or (module, name) in self.NAMES:
+        if (module, name) in METADATA_GLOBALS:
             return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+        if module == "torch" and name in _dtype_names():  # torch.float32, torch.bfloat16, ...
             return getattr(torch, name)
         raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not allowed")
 

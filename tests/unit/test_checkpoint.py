@@ -3,6 +3,7 @@ weights_only loading, and the pieces of exact resume (RNG, sampler position, con
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -195,6 +196,83 @@ def test_loading_never_runs_pickled_code(tmp_path: Path) -> None:
     with pytest.raises(CheckpointException, match="not allowed"):  # DCP wraps the UnpicklingError
         _load_into(path)
     assert not marker.exists(), "loading a checkpoint ran pickled code"
+
+
+def _stack_global(module: str, name: str, arg: str) -> bytes:
+    """A protocol-4 pickle calling `module`.`name`(arg) through STACK_GLOBAL (dotted names allowed)."""
+    s = lambda x: b"\x8c" + bytes([len(x)]) + x.encode()  # noqa: E731  SHORT_BINUNICODE
+    return b"\x80\x04" + s(module) + s(name) + b"\x93" + s(arg) + b"\x85R."
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("torch.distributed.checkpoint.metadata", "os.system"),  # review D1: dotted walk to os.system
+        ("torch.distributed.checkpoint.metadata", "torch.load"),  # through the module's own imports
+        ("torch.distributed.checkpoint.metadata", "Metadata.__init__.__globals__"),
+        ("torch.distributed.checkpoint.metadata", "os"),  # a module object, not a class
+        ("torch.distributed.checkpoint.metadata", "field"),  # a function the module imported
+        ("torch", "os.system"),  # the dtype shortcut must not getattr a dotted name
+        ("torch", "load"),
+        ("pathlib", "os.system"),
+        ("collections", "OrderedDict.__reduce__"),
+        ("builtins", "eval"),
+    ],
+)
+def test_crafted_metadata_never_runs_code(tmp_path: Path, module: str, name: str) -> None:
+    """Review D1: a `.metadata` re-hashed into the manifest that calls os.system on load."""
+    model, opt = _trained()
+    _save(tmp_path, 1, model, opt)
+    path = tmp_path / "step_00000001"
+    marker = tmp_path / "pwned"
+    payload = _stack_global(module, name, f"touch {marker}")
+    (path / ".metadata").write_bytes(payload)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"][".metadata"] = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    assert checkpoint.problem(path) is None  # the manifest is no defence: whoever edits it re-hashes
+    with pytest.raises((CheckpointException, pickle.UnpicklingError), match="not allowed"):
+        _load_into(path)
+    assert not marker.exists(), f"loading a checkpoint ran {module}.{name}"
+
+
+def test_metadata_unpickler_admits_exactly_a_fixed_list() -> None:
+    """Enumerate every public and private name of every module the allow-list mentions (plus
+    builtins, os, torch): what resolves must equal this fixed list, or a review must extend it."""
+    expected = {
+        ("torch.distributed.checkpoint.metadata", "Metadata"),
+        ("torch.distributed.checkpoint.metadata", "MetadataIndex"),
+        ("torch.distributed.checkpoint.metadata", "StorageMeta"),
+        ("torch.distributed.checkpoint.metadata", "TensorProperties"),
+        ("torch.distributed.checkpoint.metadata", "TensorStorageMetadata"),
+        ("torch.distributed.checkpoint.metadata", "BytesStorageMetadata"),
+        ("torch.distributed.checkpoint.metadata", "ChunkStorageMetadata"),
+        ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch.serialization", "_get_layout"),
+        ("torch", "Size"),
+        ("pathlib", "PosixPath"),
+        ("pathlib", "Path"),
+        ("collections", "OrderedDict"),
+    }
+    import importlib
+    import io
+
+    modules = {m for m, _ in expected} | {"builtins", "os", "pickle", "torch.distributed.checkpoint"}
+    unpickler = checkpoint._SafeUnpickler(io.BytesIO(b""))
+    admitted = set()
+    for module in sorted(modules):
+        names = set(dir(importlib.import_module(module))) | {"os.system", "torch.load", "__builtins__"}
+        for name in sorted(names):
+            try:
+                unpickler.find_class(module, name)
+            except pickle.UnpicklingError:
+                continue
+            admitted.add((module, name))
+    dtypes = {(m, n) for m, n in admitted if m == "torch" and isinstance(getattr(torch, n), torch.dtype)}
+    assert admitted - dtypes == expected
+    assert {"float32", "bfloat16", "int64"} <= {n for _, n in dtypes}
+    assert all("." not in n and not n.startswith("__") for _, n in admitted)
 
 
 def test_every_torch_load_in_the_package_is_weights_only() -> None:
