@@ -26,13 +26,13 @@ from disttrain.dist import DistEnv, destroy_process_group, hostname, init_proces
 from disttrain.engine.loop import Engine, total_steps
 from disttrain.engine.optim import build_optimizer, build_scheduler
 from disttrain.engine.resume import ResumableSampler
-from disttrain.engine.tasks import build_task
 from disttrain.models import build_model
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
 from disttrain.observe.metrics import NullMetrics, make_metrics
 from disttrain.observe.summary import print_summary
 from disttrain.rundir import read_config, write_json
 from disttrain.strategies import build_strategy
+from disttrain.tasks import build_task
 from disttrain.tools.envreport import collect_env
 
 log = get_logger()
@@ -99,7 +99,7 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
             model,
             optimizer,
             scheduler,
-            build_task(cfg["data"]["task"]),
+            build_task(cfg["task"]).setup(env.device),
             train_loader,
             val_loader,
             NullMetrics(),

@@ -19,8 +19,8 @@ import torch
 
 from disttrain.data.text import load_text
 from disttrain.engine.amp import Precision
-from disttrain.engine.tasks import build_task
 from disttrain.models.gpt import GPT
+from disttrain.tasks import LanguageModel
 
 
 def time_variant(amp: str, compile_: bool, args: argparse.Namespace) -> float:
@@ -31,7 +31,7 @@ def time_variant(amp: str, compile_: bool, args: argparse.Namespace) -> float:
     dtype = {"off": "float32", "bf16": "bfloat16"}[amp]
     prec = Precision({"name": amp, "dtype": dtype}, torch.device("cpu"))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    task = build_task("lm")
+    task = LanguageModel()
     data = load_text(block_size=args.block)
     loader = torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=True, drop_last=True)
     batches = iter(loader)

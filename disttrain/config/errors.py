@@ -91,6 +91,15 @@ def translate(exc: BaseException, overrides: list[str]) -> ConfigError | None:
             f"the override could not be parsed ({str(exc).splitlines()[0]}).",
         )
     unknown = _search(r"Key '([^']+)' not in '([^']+)'", text)
+    if unknown is not None and full_key == "data.task":  # the key before the task group existed
+        return ConfigError(
+            "data.task",
+            _override_value(full_key, overrides),
+            "the task group: task=classification, regression, lm or model_loss, or task._target_=yours",
+            "data.task became its own config group (it owns batch -> loss and metrics): write "
+            f"task={_override_value(full_key, overrides).strip(chr(39))} instead of data.task=...; "
+            "task=regression also makes the built-in data sets' targets float.",
+        )
     if unknown is not None and full_key:
         parent = full_key.rpartition(".")[0] or "the top level"
         allowed = _fields(getattr(cause, "object_type", None))

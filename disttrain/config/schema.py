@@ -151,8 +151,10 @@ class GPTConfig:
 @dataclass
 class DataConfig:
     name: str = _h("data set name (for logs)", MISSING)
-    task: str = _h(
-        "classification (CE, accuracy), regression (MSE) or lm (CE per token, perplexity)", "classification"
+    targets: str = _h(
+        "what built-in data sets make as targets: classes (int64 labels) or values (float); "
+        "set by the task group",
+        "classes",
     )
     num_features: int = _h("input width the model sees", MISSING)
     num_classes: int = _h("number of classes (output width for regression)", MISSING)
@@ -206,7 +208,7 @@ class SyntheticDataConfig(DataConfig):
             "num_classes": II("data.num_classes"),
             "noise": II("data.noise"),
             "seed": II("data.seed"),
-            "task": II("data.task"),
+            "targets": II("data.targets"),
             "split": "train",
         }
     )
@@ -218,7 +220,7 @@ class SyntheticDataConfig(DataConfig):
             "num_classes": II("data.num_classes"),
             "noise": II("data.noise"),
             "seed": II("data.seed"),
-            "task": II("data.task"),
+            "targets": II("data.targets"),
             "split": "val",
         }
     )
@@ -227,7 +229,6 @@ class SyntheticDataConfig(DataConfig):
 @dataclass
 class TextDataConfig(DataConfig):
     name: str = "text"
-    task: str = "lm"
     path: str | None = _h("a text file (bytes are tokens); null: the shipped Python reference corpus", None)
     block_size: int = _h("tokens per sample (the model's context length)", 64)
     val_fraction: float = _h("the file's last fraction validates", 0.1)
@@ -264,14 +265,14 @@ class FilesDataConfig(DataConfig):
         default_factory=lambda: {
             "_target_": "disttrain.data.files.load_files",
             "path": II("data.path"),
-            "task": II("data.task"),
+            "targets": II("data.targets"),
         }
     )
     val: Any = field(
         default_factory=lambda: {
             "_target_": "disttrain.data.files.load_files",
             "path": II("data.val_path"),
-            "task": II("data.task"),
+            "targets": II("data.targets"),
         }
     )
 
@@ -455,6 +456,9 @@ class Config:
     strategy: StrategyConfig = MISSING
     model: Any = MISSING
     data: Any = MISSING
+    task: Any = _h(
+        "batch -> loss and metrics: classification, regression, lm, model_loss, or your _target_", MISSING
+    )
     amp: AmpConfig = MISSING
     optim: OptimConfig = MISSING
     sched: SchedConfig = MISSING

@@ -16,9 +16,9 @@ from disttrain.strategies import STRATEGIES
 BACKENDS = ("auto", "gloo", "nccl")
 LAUNCHERS = ("torchrun", "spawn", "slurm")
 SCHEDULES = ("constant", "cosine")
+TARGETS = ("classes", "values")
 SCALE_LR = ("none", "linear")
 AMP = {"off": "float32", "bf16": "bfloat16", "fp16": "float16"}
-TASKS = ("classification", "regression", "lm")
 ANOMALY = ("off", "stop", "skip")
 OOM = ("off", "auto_microbatch")
 FP16_STRATEGIES = ("single", "ddp", "fsdp", "hsdp")
@@ -93,21 +93,23 @@ def check_static(cfg: dict[str, Any]) -> None:
     _check_trainer(cfg)
     _check_checkpoint(cfg)
     _check_optim(cfg)
-    _choice(
-        cfg, "data.task", TASKS, "classification: cross-entropy, accuracy; regression: MSE; lm: CE per token."
-    )
     _check_loader(cfg)
-    model = str(_get(cfg, "model._target_"))
-    if model == "disttrain.models.gpt.GPT" and cfg["data"]["task"] != "lm":
-        raise ConfigError(
-            "model",
-            "gpt",
-            "a language-modelling data set (data.task=lm) with model=gpt",
-            f"data={cfg['data'].get('name')} is a {cfg['data']['task']} set; use data=text.",
-        )
+    _check_targets(cfg)
     threads = cfg.get("threads_per_rank")
     if threads is not None and threads < 1:
         raise ConfigError("threads_per_rank", threads, "null (cores / local ranks) or >= 1", "leave it null.")
+
+
+def _check_targets(cfg: dict[str, Any]) -> None:
+    if "targets" in cfg["data"]:
+        _choice(cfg, "data.targets", TARGETS, "the task group sets it: task=regression makes values.")
+    if not isinstance(cfg.get("task"), dict) or not cfg["task"].get("_target_"):
+        raise ConfigError(
+            "task",
+            cfg.get("task"),
+            "a node with _target_: task=classification, regression, lm, model_loss, or your own",
+            "e.g. task=model_loss 'task.call={idx: x, targets: y}', or task._target_=mylab.MyTask.",
+        )
 
 
 def _check_amp(cfg: dict[str, Any]) -> None:
@@ -255,6 +257,8 @@ def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
 
     from disttrain.data import build_datasets
     from disttrain.models import build_model
+    from disttrain.tasks import build_task
+    from disttrain.tasks.dry_step import dry_step
 
     launch_checks.check_runtime(cfg)
     backend = cfg["backend"]["name"]
@@ -289,6 +293,7 @@ def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
         model = build_model(cfg["model"])
     dp_checks.check_runtime(cfg, gpus, model)
     parallel_checks.check_model(cfg, model)
+    dry_step(cfg, lambda: build_task(cfg["task"]), model, lambda: build_model(cfg["model"]), train, val)
     sizes = {"train": len(train)}
     if val is not None:
         sizes["val"] = len(val)

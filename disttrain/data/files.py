@@ -31,18 +31,18 @@ def load_arrays(path: str, x_key: str = "x", y_key: str = "y", target_column: in
 
 def load_files(
     path: str | None,
-    task: str = "classification",
+    targets: str = "classes",
     x_key: str = "x",
     y_key: str = "y",
     target_column: int = -1,
 ) -> TensorDataset | None:
-    """Features as float32; labels int64 for classification, float32 for regression. None: no file."""
+    """Features as float32; targets int64 for classes, float32 for values. None: no file."""
     if path is None:
         return None
     x, y = load_arrays(path, x_key, y_key, target_column)
     xt = torch.as_tensor(np.asarray(x), dtype=torch.float32)
     yt = torch.as_tensor(np.asarray(y))
-    yt = yt.long() if task == "classification" else yt.float()
+    yt = yt.long() if targets == "classes" else yt.float()
     if len(xt) != len(yt):
         raise ValueError(f"data file {path}: {len(xt)} inputs but {len(yt)} targets")
     return TensorDataset(xt, yt)

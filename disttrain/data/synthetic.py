@@ -13,7 +13,7 @@ def make_synthetic(
     noise: float = 1.0,
     seed: int = 1234,
     split: str = "train",
-    task: str = "classification",
+    targets: str = "classes",
 ) -> TensorDataset:
     """Class centres depend only on `seed`; train and val draw different points around them."""
     g = torch.Generator().manual_seed(seed)
@@ -21,6 +21,6 @@ def make_synthetic(
     g.manual_seed(seed + {"train": 1, "val": 2}.get(split, 3))
     y = torch.randint(0, num_classes, (num_samples,), generator=g)
     x = centres[y] + noise * torch.randn(num_samples, num_features, generator=g)
-    if task == "regression":
+    if targets == "values":
         return TensorDataset(x, torch.nn.functional.one_hot(y, num_classes).float())
     return TensorDataset(x, y)

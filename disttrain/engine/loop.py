@@ -19,12 +19,13 @@ from disttrain.engine.amp import Precision
 from disttrain.engine.checkpointing import Checkpointer
 from disttrain.engine.guards import AnomalyError, DesyncError, Guards
 from disttrain.engine.resume import StopFlag, set_rng_state
-from disttrain.engine.tasks import Task
 from disttrain.observe.metrics import NullMetrics
 from disttrain.observe.profiler import make_profiler
 from disttrain.observe.progress import make_progress
 from disttrain.observe.throughput import Throughput
 from disttrain.strategies.base import Strategy
+from disttrain.tasks import Task
+from disttrain.tasks import batch as batches
 
 log = logging.getLogger("disttrain")
 
@@ -211,11 +212,11 @@ class Engine:
         total = torch.zeros((), device=self.env.device)
         n = len(micro_batches)
         self.step_tokens = 0
-        for i, (x, y) in enumerate(micro_batches):
-            x, y = x.to(self.env.device, non_blocking=True), y.to(self.env.device, non_blocking=True)
-            self.step_tokens += self.task.tokens(y)
+        for i, batch in enumerate(micro_batches):
+            inputs, target = self.task.unpack(batches.to_device(batch, self.env.device))
+            self.step_tokens += self.task.tokens(inputs, target)
             with self.strategy.no_backward_sync(self.model, enabled=i < n - 1):
-                total += self.strategy.forward_backward(self.model, x, y, self.task.loss, scale=1.0 / n)
+                total += self.strategy.forward_backward(self.model, inputs, target, self.task, scale=1.0 / n)
         self.precision.unscale(self.optimizer)  # clipping and the norm see the true gradients
         grad_norm = self.strategy.clip_grad_norm(self.model, self.t["clip_grad_norm"])
         if (self.state.step + 1) % self.t["log_every"] == 0 and (norms := self.guards.grad_norms()):
@@ -245,7 +246,8 @@ class Engine:
                 if self.t.get("oom", "off") != "auto_microbatch":
                     raise
                 self.optimizer.zero_grad(set_to_none=True)
-                size = len(micro_batches[0][1]) // self.split
+                samples = batches.leading_size(micro_batches[0])
+                size = samples // self.split
                 if size <= 1:
                     raise RuntimeError(
                         f"trainer.oom=auto_microbatch: out of memory at step {self.state.step + 1} on rank "
@@ -260,7 +262,7 @@ class Engine:
                     self.env.rank,
                     self.state.step + 1,
                     size,
-                    len(micro_batches[0][1]) // self.split,
+                    samples // self.split,
                     self.accum * self.split // 2,
                     self.accum * self.split,
                 )
@@ -274,18 +276,19 @@ class Engine:
         sums = torch.zeros(3, dtype=torch.float64, device=self.env.device)  # loss*n, metric numerator, n
         batch: Any = None
         for batch in self.val_loader:
-            x, y = batch[0].to(self.env.device), batch[1].to(self.env.device)
-            sums += self.strategy.eval_step(self.model, x, y, self.task)
+            inputs, target = self.task.unpack(batches.to_device(batch, self.env.device))
+            sums += self.strategy.eval_step(self.model, inputs, target, self.task)
         for _ in range(val_batches(self.val_loader) - len(self.val_loader)):
             # A shorter shard: join the other ranks' collectives with a forward whose result is dropped.
             if batch is None:
                 batch = default_collate([self.val_loader.dataset[0]])
-            self.strategy.eval_step(
-                self.model, batch[0].to(self.env.device), batch[1].to(self.env.device), self.task
-            )
+            inputs, target = self.task.unpack(batches.to_device(batch, self.env.device))
+            self.strategy.eval_step(self.model, inputs, target, self.task)
         sums = self.strategy.all_reduce(sums, op="sum")
         count = max(sums[2].item(), 1.0)
-        values = {"val/loss": sums[0].item() / count, f"val/{self.task.metric}": sums[1].item() / count}
+        values = {"val/loss": sums[0].item() / count}
+        if self.task.metric:
+            values[f"val/{self.task.metric}"] = sums[1].item() / count
         values.update(self.task.derived(values))
         self.state.last_val = values
         self.metrics.log(self.state.step, values, epoch=self.state.epoch)
@@ -366,14 +369,10 @@ def val_batches(loader: DataLoader) -> int:
 
 
 def split_batches(micro_batches: list[Any], parts: int) -> list[Any]:
-    """Cut each (x, y) micro-batch into `parts` equal consecutive pieces (the last may be smaller)."""
+    """Cut each micro-batch (any structure) into `parts` consecutive pieces (the last may be smaller)."""
     if parts == 1:
         return micro_batches
-    out = []
-    for x, y in micro_batches:
-        size = -(-len(y) // parts)
-        out += list(zip(x.split(size), y.split(size), strict=True))
-    return out
+    return [piece for batch in micro_batches for piece in batches.split(batch, parts)]
 
 
 def total_steps(trainer: dict[str, Any], batches_per_epoch: int) -> int:

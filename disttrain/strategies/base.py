@@ -5,7 +5,6 @@ Modelled on Lightning Fabric's Strategy: the engine never asks `isinstance(model
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
@@ -15,8 +14,7 @@ from torch import nn
 
 from disttrain.dist import DistEnv
 from disttrain.engine.amp import Precision
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from disttrain.tasks import Task
 
 
 class Strategy:
@@ -59,28 +57,25 @@ class Strategy:
         return nullcontext()
 
     def forward_backward(
-        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn, scale: float
+        self, model: nn.Module, inputs: Any, target: Any, task: Task, scale: float
     ) -> torch.Tensor:
         """Forward, loss x `scale` (1/grad_accum), backward; returns the detached scaled loss.
 
         Strategies that split the model across ranks (pipeline) override this as a whole.
         """
         with self.precision.autocast():
-            loss = loss_fn(model(x), y) * scale
+            loss = task.loss(task.forward(model, inputs, target), target) * scale
         self.backward(self.precision.scale(loss))
         return loss.detach().float()
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def eval_step(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: Any) -> torch.Tensor:
+    def eval_step(self, model: nn.Module, inputs: Any, target: Any, task: Task) -> torch.Tensor:
         """[loss x n, metric numerator, n] for one validation batch (float64, on the device)."""
         with self.precision.autocast():
-            out = model(x)
-        loss = task.loss(out, y).to(torch.float64) * len(y)
-        return torch.stack(
-            [loss, task.correct(out, y), torch.tensor(float(len(y)), dtype=torch.float64, device=out.device)]
-        )
+            out = task.forward(model, inputs, target)
+        return task.eval_sums(out, inputs, target)
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float | None) -> torch.Tensor:
         """Clip to `max_norm` (None: only measure) and return the total norm before clipping."""

@@ -29,7 +29,8 @@ from torch import nn
 
 from disttrain.dist import DistEnv
 from disttrain.models.parallel import pipeline_layers, stage_bounds
-from disttrain.strategies.base import LossFn, Strategy
+from disttrain.strategies.base import Strategy
+from disttrain.tasks import Task
 
 log = logging.getLogger("disttrain")
 
@@ -64,7 +65,7 @@ class PipelineStrategy(Strategy):
         self.modules: dict[int, nn.Module] = {}
         self.names: dict[int, list[str]] = {}  # stage -> original layer names, in order
         self._schedule: Any = None
-        self._loss: LossFn | None = None
+        self._task: Task | None = None
         self._scale = 1.0
         self.busy_s = 0.0  # time inside this rank's stage compute (forward/backward chunks)
         self.wall_s = 0.0  # time inside schedule.step
@@ -144,14 +145,14 @@ class PipelineStrategy(Strategy):
         return wrapper
 
     def _microbatch_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        assert self._loss is not None
-        return self._loss(output, target) * (self._scale / self.n_micro)
+        assert self._task is not None
+        return self._task.loss(output, target) * (self._scale / self.n_micro)
 
     # ---------------------------------------------------------------------------------- step
-    def forward_backward(
-        self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn, scale: float
-    ) -> torch.Tensor:
-        self._loss, self._scale = loss_fn, scale
+    def forward_backward(self, model: nn.Module, x: Any, y: Any, task: Task, scale: float) -> torch.Tensor:
+        """The task's inputs go through the stages as one tensor, its loss runs on the last stage
+        (the pre-launch check refuses tasks that call the model any other way)."""
+        self._task, self._scale = task, scale
         if self._schedule is None:
             self._schedule = self._build_schedule()
         losses: list[torch.Tensor] = []
@@ -168,7 +169,7 @@ class PipelineStrategy(Strategy):
         return torch.zeros((), device=self.env.device)
 
     @torch.no_grad()
-    def eval_step(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, task: Any) -> torch.Tensor:
+    def eval_step(self, model: nn.Module, x: Any, y: Any, task: Task) -> torch.Tensor:
         """Forward only, stage by stage with point-to-point sends: any batch size, no schedule."""
         world, rank = self.env.world_size, self.env.rank
         act: torch.Tensor | None = None
@@ -184,8 +185,7 @@ class PipelineStrategy(Strategy):
         if not self.has_last:
             return torch.zeros(3, dtype=torch.float64, device=self.env.device)
         assert act is not None
-        n = torch.tensor(float(len(y)), dtype=torch.float64, device=act.device)
-        return torch.stack([task.loss(act, y).to(torch.float64) * len(y), task.correct(act, y), n])
+        return task.eval_sums(act, x, y)
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float | None) -> torch.Tensor:
         """The global norm over all stages (sum of squares all-reduced); the same coefficient everywhere."""

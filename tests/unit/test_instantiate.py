@@ -88,9 +88,7 @@ def test_digits_split_is_fixed_and_disjoint() -> None:
 
 
 def test_synthetic_sizes_follow_overrides_and_regression_gives_one_hot_targets() -> None:
-    cfg = checked(
-        ["data=synthetic", "data.num_samples=96", "data.num_val_samples=40", "data.task=regression"]
-    )
+    cfg = checked(["data=synthetic", "data.num_samples=96", "data.num_val_samples=40", "task=regression"])
     train, val = build_datasets(cfg["data"])
     assert (len(train), len(val)) == (96, 40)
     x, y = train[:]

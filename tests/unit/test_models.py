@@ -11,10 +11,10 @@ from torch import nn
 
 from disttrain.data.files import load_files
 from disttrain.data.text import DEFAULT_FILE, load_text
-from disttrain.engine.tasks import build_task
 from disttrain.models.cnn import CNN
 from disttrain.models.gpt import GPT
 from disttrain.models.parallel import pipeline_layers, shared_across_layers, tp_plan_fn
+from disttrain.tasks import Classification, LanguageModel
 
 
 def _gpt(**kw: object) -> GPT:
@@ -71,10 +71,10 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients(make: object
         torch.manual_seed(1)
         if isinstance(model, GPT):
             x, y = torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16))
-            loss = build_task("lm").loss(model(x), y)
+            loss = LanguageModel().loss(model(x), y)
         else:
             x, y = torch.rand(4, 64), torch.randint(0, 10, (4,))
-            loss = build_task("classification").loss(model(x), y)
+            loss = Classification().loss(model(x), y)
         loss.backward()
         results.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))  # type: ignore[union-attr]
     torch.testing.assert_close(results[0][0], results[1][0])
@@ -108,14 +108,14 @@ def test_text_data_is_shifted_bytes_with_disjoint_splits() -> None:
 
 
 def test_lm_task_loss_metric_and_perplexity() -> None:
-    task = build_task("lm")
+    task = LanguageModel()
     logits = torch.zeros(2, 5, 7)
     target = torch.zeros(2, 5, dtype=torch.long)
     loss = task.loss(logits, target)
     assert loss.item() == pytest.approx(np.log(7))
     assert task.derived({"val/loss": loss.item()})["val/ppl"] == pytest.approx(7.0)
-    assert task.tokens(target) == 10
-    assert task.correct(logits, target).item() == pytest.approx(2.0)  # argmax 0 == target 0
+    assert task.tokens(None, target) == 10
+    assert task.metric_sum(logits, target).item() == pytest.approx(2.0)  # argmax 0 == target 0
 
 
 @pytest.mark.parametrize("suffix", [".npz", ".pt", ".csv"])

@@ -168,12 +168,12 @@ BAD_STATIC = [
     Bad("prefetch-without-workers", ("data.prefetch_factor=4",), "data.prefetch_factor", "4"),
     Bad("workers-negative", ("data.num_workers=-1",), "data.num_workers", "-1"),
     Bad("detect-anomaly", ("trainer.detect_anomaly=maybe",), "trainer.detect_anomaly", "maybe"),
-    Bad("task", ("data.task=ranking",), "data.task", "ranking"),
+    Bad("task", ("data.task=ranking",), "data.task", "ranking"),  # moved to the task group: migration
+    Bad("targets", ("data.targets=labels",), "data.targets", "labels"),
     Bad("oom-mode", ("trainer.oom=retry",), "trainer.oom", "retry"),
     Bad("sync-check-fsdp", ("strategy=fsdp", "debug.check_sync_every=10"), "debug.check_sync_every", "10"),
     Bad("compile-pipeline", ("strategy=pipeline", "trainer.compile=true"), "trainer.compile", "True"),
     Bad("profiler-active", ("profile=true", "profiler.active=0"), "profiler.active", "0"),
-    Bad("gpt-needs-lm-data", ("model=gpt", "data=digits"), "model", "gpt"),
     Bad("missing-config-dir", ("--config-dir", "no_such_folder"), "--config-dir", "no_such_folder"),
     Bad("missing-config-name", ("--config-name", "nope"), "--config-name", "nope"),
 ]

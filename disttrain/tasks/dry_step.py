@@ -1,0 +1,229 @@
+"""The pre-launch dry step: the task run on two real training samples before any rank starts.
+
+Shape mismatches between data and model, labels out of range, a batch the task cannot unpack, an
+output without a loss, a validation set shaped unlike the training set: each becomes one paragraph
+naming the key to change, in seconds, instead of tracebacks from every rank after launch. The model
+runs on the meta device (no memory, no compute); a model that cannot (`.item()` inside forward, as
+Hugging Face models do) runs once more on the CPU, where the error, if any, is the real one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+from torch.utils.data import default_collate
+
+from disttrain.config.errors import ConfigError
+from disttrain.tasks import Classification, LanguageModel, Regression, Task
+from disttrain.tasks.batch import describe, to_device
+
+log = logging.getLogger("disttrain")
+
+CPU_FALLBACK_MAX_PARAMS = 1_000_000_000  # beyond this the CPU re-run costs too much: warn instead
+
+SHAPE_HINT = (
+    "Make the data and the model agree: the model's input width (e.g. model.in_features, by default "
+    "${data.num_features}), or reshape the inputs in YAML with torch.nn.Sequential and "
+    "torch.nn.Unflatten as the first module; if the model takes other arguments, use task=model_loss "
+    "'task.call={arg: x}' or your own task (README: Bring your own model)"
+)
+
+
+def dry_step(
+    cfg: dict[str, Any],
+    build_task: Callable[[], Task],
+    meta_model: nn.Module,
+    build_cpu_model: Callable[[], nn.Module],
+    train: Any,
+    val: Any | None,
+) -> None:
+    """Raise ConfigError when the configured task cannot run one step on the data and model."""
+    samples = _samples(train, "data.train")
+    batch = _collate(samples, "data.train")
+    if val is not None and len(val) > 0:
+        _same_structure(samples[0], _samples(val, "data.val")[0])
+    task = build_task()
+    try:
+        inputs, target = task.unpack(batch)
+    except Exception as exc:
+        raise ConfigError(
+            "task",
+            _target(cfg),
+            f"a task that can unpack the data set's batches: {describe(batch)}",
+            f"{_said(exc)}. Name the fields (task.inputs=..., task.target=... for dict keys or tuple "
+            "indices), use task=model_loss 'task.call={argument: field}', or your own task's unpack().",
+        ) from None
+    _check_pipeline(cfg, task, inputs, target)
+    _check_targets(cfg, task, train, target)
+    meta_exc = _run(task.setup(torch.device("meta")), meta_model, batch, torch.device("meta"))
+    if meta_exc is None:
+        return
+    params = sum(p.numel() for p in meta_model.parameters())
+    if params > CPU_FALLBACK_MAX_PARAMS:
+        log.warning(
+            "dry step skipped: %s cannot run on the meta device (%s), and a CPU run of %.2g parameters "
+            "is too costly before launch",
+            _target(cfg),
+            _said(meta_exc),
+            params,
+        )
+        return
+    log.debug("dry step: %s on meta failed (%s); running it on the CPU", _target(cfg), _said(meta_exc))
+    cpu_exc = _run(build_task(), build_cpu_model(), batch, torch.device("cpu"))
+    if cpu_exc is not None:
+        raise cpu_exc
+
+
+def _run(task: Task, model: nn.Module, batch: Any, device: torch.device) -> ConfigError | Exception | None:
+    """One forward and loss (and metric) on `device`; the first failure as a ConfigError."""
+    inputs, target = task.unpack(to_device(batch, device))
+    try:
+        with torch.no_grad():
+            output = task.forward(model, inputs, target)
+    except Exception as exc:
+        return ConfigError(
+            "model",
+            _model_target(model),
+            f"a model that accepts the task's inputs {describe(inputs)} (2 training samples)",
+            f"{task_name(task)} called it and it raised {_said(exc)}. {SHAPE_HINT}",
+        )
+    try:
+        with torch.no_grad():
+            loss = task.loss(output, target)
+            task.eval_sums(output, inputs, target)
+    except Exception as exc:
+        return ConfigError(
+            "task",
+            task_name(task),
+            f"a loss computable from the model's output {describe(output)} and the target {describe(target)}",
+            f"it raised {_said(exc)}. Check the output width against the targets (data.num_classes), "
+            "task.criterion, or task.loss for where a model-computed loss is",
+        )
+    if not (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.is_floating_point()):
+        return ConfigError(
+            "task",
+            task_name(task),
+            "a loss that is a 0-dim floating-point tensor",
+            f"the loss is {describe(loss)}; reduce it (mean) in the criterion or the task",
+        )
+    return None
+
+
+def _samples(data: Any, key: str) -> list[Any]:
+    try:
+        n = len(data)
+        return [data[i] for i in range(min(n, 2))]
+    except Exception as exc:
+        raise ConfigError(
+            key, type(data).__name__, "a map-style Dataset (len and [index])", f"data[0] raised {_said(exc)}."
+        ) from None
+
+
+def _collate(samples: list[Any], key: str) -> Any:
+    try:
+        return default_collate(samples)
+    except Exception as exc:
+        raise ConfigError(
+            key,
+            describe(samples[0]),
+            "samples the default collate can stack: tensors, numbers, or tuples/dicts of them",
+            f"collating two samples raised {_said(exc)}; return tensors of equal shape per field.",
+        ) from None
+
+
+def _same_structure(train_sample: Any, val_sample: Any) -> None:
+    def signature(sample: Any) -> tuple[Any, list[Any]]:
+        leaves, spec = pytree.tree_flatten(sample)
+        kinds = [(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else type(v) for v in leaves]
+        return spec, kinds
+
+    if signature(train_sample) != signature(val_sample):
+        raise ConfigError(
+            "data.val",
+            describe(val_sample),
+            f"samples shaped like the training set's: {describe(train_sample)}",
+            "build the validation set like the training set (data.val._target_ and its arguments), "
+            "or set data.val=null for no validation.",
+        )
+
+
+def _check_pipeline(cfg: dict[str, Any], task: Task, inputs: Any, target: Any) -> None:
+    if cfg["strategy"]["name"] != "pipeline":
+        return
+    if not task.plain_forward or not isinstance(inputs, torch.Tensor) or not isinstance(target, torch.Tensor):
+        raise ConfigError(
+            "strategy",
+            "pipeline",
+            "a task whose model call is model(inputs) with one input tensor and one target tensor",
+            f"{task_name(task)} gives the model {describe(inputs)} and the loss {describe(target)}; pipeline "
+            "stages pass one tensor from stage to stage and compute the loss on the last one, so keyword "
+            "arguments, several inputs or a loss inside the model cannot be split. Use strategy=fsdp or "
+            "ddp for this task.",
+        )
+
+
+def _check_targets(cfg: dict[str, Any], task: Task, train: Any, sample_target: Any) -> None:
+    """Labels against the output width, target dtypes against the loss: values need the data."""
+    if isinstance(task, Regression) and isinstance(sample_target, torch.Tensor):
+        if not sample_target.is_floating_point():
+            raise ConfigError(
+                "data.targets",
+                cfg["data"].get("targets", str(sample_target.dtype)),
+                "float targets for task=regression",
+                f"the data set gives {describe(sample_target)}; with the built-in data sets set "
+                "data.targets=values, with your own return float targets.",
+            )
+        return
+    if not isinstance(task, (Classification, LanguageModel)) or not isinstance(sample_target, torch.Tensor):
+        return
+    labels = _all_targets(task, train, sample_target)
+    if labels.is_floating_point() or labels.numel() == 0:
+        return
+    classes = cfg["data"].get("num_classes")
+    ignore = getattr(task.criterion, "ignore_index", None)
+    valid = labels[labels != ignore] if ignore is not None else labels
+    low, high = int(valid.min()), int(valid.max())
+    if isinstance(classes, int) and (low < 0 or high >= classes):
+        raise ConfigError(
+            "data.num_classes",
+            classes,
+            f"more than the largest label: the training labels run from {low} to {high}",
+            f"set data.num_classes={high + 1} (the model's output width follows it), or remap the labels "
+            "to 0..num_classes-1.",
+        )
+
+
+def _all_targets(task: Task, train: Any, sample_target: torch.Tensor) -> torch.Tensor:
+    """Every training label when the data set holds them in memory (a TensorDataset), else the sample's."""
+    tensors = getattr(train, "tensors", None)
+    if isinstance(tensors, tuple):
+        try:
+            target = task.unpack(tensors)[1]
+            if isinstance(target, torch.Tensor):
+                return target
+        except Exception:
+            pass
+    return sample_target
+
+
+def _target(cfg: dict[str, Any]) -> str:
+    task = cfg.get("task")
+    return str(task.get("_target_")) if isinstance(task, dict) else str(task)
+
+
+def task_name(task: Task) -> str:
+    return getattr(task, "name", None) or f"{type(task).__module__}.{type(task).__qualname__}"
+
+
+def _model_target(model: nn.Module) -> str:
+    return f"{type(model).__module__}.{type(model).__qualname__}"
+
+
+def _said(exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first[:300]}" if first else type(exc).__name__
