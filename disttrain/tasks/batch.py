@@ -58,8 +58,7 @@ def describe(batch: Any) -> str:
     if isinstance(batch, Mapping):
         return "{" + ", ".join(f"{k!r}: {describe(v)}" for k, v in batch.items()) + "}"
     if isinstance(batch, (tuple, list)):
-        open_, close = ("(", ")") if isinstance(batch, tuple) else ("[", "]")
-        return f"{len(batch)}-{type(batch).__name__} " + open_ + ", ".join(describe(v) for v in batch) + close
+        return f"{len(batch)} items (" + ", ".join(describe(v) for v in batch) + ")"
     return type(batch).__name__
 
 

@@ -1,0 +1,199 @@
+"""Users' own code trains as written (issue 11): four clients nobody on this project wrote or adapted.
+
+- nanoGPT's `model.py`, vendored byte-identical (tests/clients/nanogpt): `forward(idx, targets)`
+  returns `(logits, loss)` -> `task=model_loss 'task.call={idx: x, targets: y}'`;
+- a randomly initialised Hugging Face `GPT2LMHeadModel` (dict output, `.loss`, shifts its labels) ->
+  `task=model_loss 'task.call={input_ids: x, labels: x}'`;
+- a label-smoothing criterion plugged into the classification task by `_target_` arguments;
+- a Dataset returning `(x, y, weight)` with the user's own weighted-loss Task.
+
+Each trains under ddp and fsdp on 2 gloo ranks through the CLI; one with amp=bf16, one resumed from
+a mid-run checkpoint into a new run with bitwise-equal losses. Losses fall.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from .conftest import read_yaml, run_cli, train_losses, train_records, val_records, write_module
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+CLIENTS = Path(__file__).resolve().parents[1] / "clients"
+
+NANOGPT_YAML = """\
+# nanoGPT's GPT exactly as its author wrote it; it computes its own loss.
+defaults:
+  - override /data@_global_.data: text
+  - override /task@_global_.task: model_loss
+_target_: model.GPT
+config:
+  _target_: model.GPTConfig
+  n_layer: 2
+  n_head: 2
+  n_embd: 32
+  block_size: ${data.block_size}
+  vocab_size: ${data.num_classes}
+  dropout: 0.0
+  bias: true
+"""
+
+HF = """\
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def tiny_gpt2(n_layer: int = 2, n_embd: int = 32, vocab_size: int = 256, n_positions: int = 64):
+    config = GPT2Config(n_layer=n_layer, n_head=2, n_embd=n_embd, vocab_size=vocab_size,
+                        n_positions=n_positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(config)
+"""
+
+WEIGHTED = """\
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from disttrain.data.digits import load_digits
+from disttrain.tasks import Classification
+
+
+class WeightedDigits(Dataset):
+    \"\"\"Digits with a per-sample weight: odd labels count twice.\"\"\"
+
+    def __init__(self, split: str = "train"):
+        self.base = load_digits(split=split, val_fraction=0.2, seed=0)
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        x, y = self.base[i]
+        return x, y, torch.tensor(2.0 if int(y) % 2 else 1.0)
+
+
+class WeightedDigitsVal(WeightedDigits):
+    def __init__(self):
+        super().__init__(split="val")
+
+
+class WeightedCE(Classification):
+    \"\"\"Cross-entropy weighted per sample; accuracy on the labels.\"\"\"
+
+    def unpack(self, batch):
+        x, y, w = batch
+        return x, (y, w)
+
+    def loss(self, output, target):
+        y, w = target
+        return (F.cross_entropy(output, y, reduction="none") * w).sum() / w.sum()
+
+    def metric_sum(self, output, target):
+        return super().metric_sum(output, target[0])
+
+    def count(self, inputs, target):
+        return len(target[0])
+"""
+
+COMMON = ("trainer.log_every=2", "trainer.val_every=10", "checkpoint.export_final=false")
+DIGITS = ("trainer.max_steps=12", "sched=constant", "optim.lr=0.01", *COMMON)
+LM = ("data.block_size=32", "trainer.batch_size=8", "trainer.max_steps=10", *COMMON)
+
+
+def _nanogpt(tmp_path: Path) -> Path:
+    shutil.copy(CLIENTS / "nanogpt" / "model.py", tmp_path / "model.py")  # the user's repo, as found
+    (tmp_path / "conf" / "model").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "conf" / "model" / "nanogpt.yaml").write_text(NANOGPT_YAML)
+    return tmp_path / "conf"
+
+
+def _falls(run_dir: Path) -> list[float]:
+    losses = train_losses(run_dir)
+    assert len(losses) >= 4 and losses[-1] < losses[0] - 0.2, losses
+    return losses
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [("strategy=ddp",), ("strategy=fsdp", "strategy.wrap_classes=[Block]", "amp=bf16")],
+    ids=["ddp", "fsdp-bf16"],
+)
+def test_nanogpt_as_written(tmp_path: Path, strategy: tuple[str, ...]) -> None:
+    conf = _nanogpt(tmp_path)
+    call = ("model=nanogpt", "task.call={idx: x, targets: y}", "task.tokens=idx", "task.perplexity=true")
+    _, run_dir = run_cli(tmp_path, *call, *strategy, *LM, flags=("--config-dir", str(conf)))
+    assert run_dir is not None
+    _falls(run_dir)
+    last = train_records(run_dir)[-1]
+    assert last["tokens_per_s"] == pytest.approx(last["samples_per_s"] * 32)  # task.tokens=idx: B x T
+    (val,) = val_records(run_dir)
+    assert set(val) >= {"val/loss", "val/ppl"} and "val/acc" not in val  # the model gives no metric
+    assert read_yaml(run_dir / "config.yaml")["task"]["call"] == {"idx": "x", "targets": "y"}
+
+
+def test_nanogpt_resumes_bitwise_into_a_new_run(tmp_path: Path) -> None:
+    conf = _nanogpt(tmp_path)
+    call = ("model=nanogpt", "task.call={idx: x, targets: y}", "trainer.log_every=1", "trainer.ckpt_every=5")
+    args = (*LM, *call, "seed=3")  # after LM: log every step
+    _, full = run_cli(tmp_path, *args, "name=full", flags=("--config-dir", str(conf)))
+    assert full is not None
+    ckpt = full / "checkpoints" / "step_00000005"
+    _, resumed = run_cli(tmp_path, *args, "name=resumed", f"resume={ckpt}", flags=("--config-dir", str(conf)))
+    assert resumed is not None
+    ref = {r["step"]: r["train/loss"] for r in train_records(full)}
+    got = {r["step"]: r["train/loss"] for r in train_records(resumed)}
+    assert sorted(got) == list(range(6, 11))
+    assert all(got[s] == ref[s] for s in got), (got, ref)  # bitwise, not approximately
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [("strategy=ddp",), ("strategy=fsdp", "strategy.wrap_classes=[GPT2Block]")],
+    ids=["ddp", "fsdp"],
+)
+def test_hugging_face_gpt2(tmp_path: Path, strategy: tuple[str, ...]) -> None:
+    pytest.importorskip("transformers")
+    write_module(tmp_path, "hfmodels", HF)
+    _, run_dir = run_cli(
+        tmp_path,
+        "data=text",
+        "task=model_loss",
+        "task.call={input_ids: x, labels: x}",  # HF shifts labels itself: the unshifted ids
+        "model._target_=hfmodels.tiny_gpt2",
+        *strategy,
+        *LM,
+    )
+    assert run_dir is not None
+    _falls(run_dir)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_label_smoothing_criterion(tmp_path: Path, strategy: str) -> None:
+    args = (*DIGITS, f"strategy={strategy}", "seed=1")
+    _, plain = run_cli(tmp_path, *args, "name=plain")
+    _, smooth = run_cli(tmp_path, *args, "name=smooth", "+task.criterion.label_smoothing=0.2")
+    assert plain is not None and smooth is not None
+    _falls(smooth)
+    first_plain, first_smooth = train_losses(plain)[0], train_losses(smooth)[0]
+    # Step 1 sees the same untrained model and batch: smoothing only changes the loss's formula.
+    assert first_smooth != first_plain
+    assert read_yaml(smooth / "config.yaml")["task"]["criterion"]["label_smoothing"] == 0.2
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_weighted_three_tuple_dataset_with_a_user_task(tmp_path: Path, strategy: str) -> None:
+    write_module(tmp_path, "mylab.weighted", WEIGHTED)
+    _, run_dir = run_cli(
+        tmp_path,
+        "data.train._target_=mylab.weighted.WeightedDigits",
+        "data.val._target_=mylab.weighted.WeightedDigitsVal",
+        "task._target_=mylab.weighted.WeightedCE",
+        f"strategy={strategy}",
+        *DIGITS,
+    )
+    assert run_dir is not None
+    _falls(run_dir)
+    val = val_records(run_dir)[-1]
+    assert val["step"] == 12 and 0.3 < val["val/acc"] <= 1.0 and val["val/loss"] > 0
