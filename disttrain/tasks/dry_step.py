@@ -85,6 +85,9 @@ def _run(task: Task, model: nn.Module, batch: Any, device: torch.device) -> Conf
     try:
         with torch.no_grad():
             output = task.forward(model, inputs, target)
+    except torch.OutOfMemoryError as exc:  # memory is the device's business (trainer.oom), not the config's
+        log.warning("dry step skipped: %s", _said(exc))
+        return None
     except Exception as exc:
         return ConfigError(
             "model",
