@@ -28,6 +28,12 @@ Runs alternate (plain, disttrain, disttrain, plain, ...) and each row is the med
 
     python scripts/bench_overhead.py            # ~2-3 min on a quiet 2-core machine
     python scripts/bench_overhead.py --quick    # ~30 s
+    python scripts/bench_overhead.py --sweep    # model-size sweep 0.04 M -> 50 M parameters, ~10 min
+
+The sweep (`--sweep`, or `--sweep 128/512,512/4096,4096` for your own hidden widths) repeats the
+comparison per model size with fewer steps for the big ones and prints, per size, the parameter
+count, both step times, disttrain's overhead per step in ms and in % of the plain step: the engine's
+fixed per-step cost should fall towards 0 % as the work per step grows.
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ LR, WEIGHT_DECAY, CLIP = 1e-3, 0.01, 1.0
 TARGET = 1.03
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 BUSY_WARN = 0.05  # other processes using more than this share of the machine make a run suspect
+SWEEP = "128/512,512/2048,2048/4096,4096,4096/5120,5120,5120"  # ~0.04 M .. ~54 M parameters
+SWEEP_FLOPS = 1.5e9  # ~FLOPs one rank spends per timed run and size: few steps for big models
 
 
 class RunFailed(RuntimeError):
@@ -413,6 +421,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--quick", action="store_true", help="~30 s: 120 steps, 2 repeats, log every 20, no warm-up run"
     )
     p.add_argument("--keep", action="store_true", help="keep the run dirs (printed) instead of deleting them")
+    p.add_argument(
+        "--sweep",
+        nargs="?",
+        const=SWEEP,
+        default=None,
+        help=f"model-size sweep: hidden widths per size, sizes separated by / (default {SWEEP})",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.repeats, args.log_every, args.warmup = 120, 2, 20, 20
@@ -437,6 +452,49 @@ def attempt(name: str, fn: Any, opts: dict[str, Any], work: Path, tag: str, fail
         raise SystemExit(f"{name} run {tag} failed twice: {exc}") from None
 
 
+def mlp_params(features: int, hidden: list[int], classes: int) -> int:
+    widths = [features, *hidden, classes]
+    return sum(a * b + b for a, b in itertools.pairwise(widths))
+
+
+def sweep(args: argparse.Namespace, base: dict[str, Any], work: Path, failures: list[str]) -> None:
+    """The comparison once per model size: overhead per step in ms and in % of the plain step."""
+    rows = []
+    for size, spec in enumerate(args.sweep.split("/")):
+        hidden = [int(h) for h in spec.split(",")]
+        params = mlp_params(base["features"], hidden, base["classes"])
+        flops_per_step = 6 * params * base["batch"]
+        log_every = 10
+        steps = max(
+            6 * log_every, min(args.steps, int(SWEEP_FLOPS * 40 / flops_per_step) // log_every * log_every)
+        )
+        opts = {**base, "hidden": hidden, "steps": steps, "log_every": log_every, "warmup": 2 * log_every}
+        opts["samples"] = steps * base["batch"] * WORLD
+        plain: list[Run] = []
+        ours: list[Run] = []
+        for i in range(args.repeats):
+            order = [(run_plain, plain), (run_disttrain, ours)]
+            for fn, runs in order if i % 2 == 0 else order[::-1]:
+                runs.append(attempt(fn.__name__, fn, opts, work, f"size{size}_{i}", failures))
+        ratio, verdict = judge(plain, ours)
+        a, b = median(plain, "step_ms"), median(ours, "step_ms")
+        assert a is not None and b is not None
+        rows.append((params, steps, a, b, ratio, verdict))
+        print(
+            f"{params / 1e6:8.2f} M params, {steps} steps: plain {a:.2f} ms, disttrain {b:.2f} ms", flush=True
+        )
+    print(
+        f"\nmodel-size sweep, median of {args.repeats} interleaved repeats per size (2 gloo ranks x 1 thread)"
+    )
+    print(
+        f"{'params':>10}{'steps':>7}{'plain ms':>10}{'disttrain ms':>14}{'overhead ms':>13}{'overhead':>10}  verdict"
+    )
+    for params, steps, a, b, ratio, verdict in rows:
+        print(
+            f"{params / 1e6:9.2f}M{steps:>7}{a:>10.2f}{b:>14.2f}{b - a:>13.2f}{ratio - 1:>10.1%}  {verdict}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     opts = {
@@ -456,6 +514,12 @@ def main(argv: list[str] | None = None) -> int:
     plain: list[Run] = []
     ours: list[Run] = []
     failures: list[str] = []
+    if args.sweep:
+        try:
+            sweep(args, opts, work, failures)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
     try:
         if not args.quick:  # untimed: warms the file cache for the first pair's time to first step
             attempt(
