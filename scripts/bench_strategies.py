@@ -8,6 +8,11 @@ global batch and steps; the numbers come from its metrics.jsonl and summary.json
 - state bytes: parameters + gradients + optimizer state held by the fullest rank (local shards);
 - allreduce bytes/step: for strategies that count them (localsgd).
 
+Rows named `bare ...` are not disttrain: a plain torchrun script (this file, `--bare-worker`) that
+calls `fully_shard` itself on the same model (every Linear a unit, then the root, as
+`strategy.wrap_classes=[Linear]`), data, AdamW, clipping and log cadence, so the FSDP and HSDP rows
+can be read against what FSDP2 itself costs on this backend, not only against ddp.
+
 Rows are a list: a strategy (or a variant) is one `Row`; a row may add its own columns with
 `extra` (e.g. a pipeline's bubble fraction), printed after the shared ones.
 
@@ -41,6 +46,7 @@ class Row:
     extra: Callable[[Path], dict[str, str]] | None = None  # more columns from the run dir
     note: str = ""
     baseline: str = "ddp"  # the row its "vs ddp" columns divide by (same model and global batch)
+    bare: str | None = None  # a plain fully_shard script instead of disttrain: "fsdp" or "hsdp"
     results: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -57,6 +63,7 @@ def one_process(*overrides: str) -> tuple[str, ...]:
 PP_WIDTH, PP_BATCH = 1024, 256  # global batch of the pipeline rows
 PP_MODEL = (f"data.num_features={PP_WIDTH}", f"model.hidden=[{','.join([str(PP_WIDTH)] * 4)}]")
 PP_SPLIT4 = "strategy.split_points=[layers.3,layers.5,layers.7]"
+FSDP_PP = ("strategy=fsdp", "strategy.wrap_classes=[Linear]", f"trainer.batch_size={PP_BATCH // WORLD}")
 
 
 def bubble(run_dir: Path) -> dict[str, str]:
@@ -94,6 +101,12 @@ def model_parallel_rows() -> list[Row]:
             (*PP_MODEL, "strategy=ddp", f"trainer.batch_size={PP_BATCH // WORLD}"),
             note=f"baseline of the pipeline rows: MLP {PP_WIDTH} x4, global batch {PP_BATCH}",
         ),
+        Row("fsdp (pp model)", (*PP_MODEL, *FSDP_PP), baseline="ddp (pp model)"),
+        Row("bare fully_shard (pp model)", PP_MODEL, baseline="ddp (pp model)", bare="fsdp"),
+        Row(
+            "hsdp (2,1) (pp model)", (*PP_MODEL, *FSDP_PP, "strategy.replicate=2"), baseline="ddp (pp model)"
+        ),
+        Row("bare HSDP (2,1) (pp model)", PP_MODEL, baseline="ddp (pp model)", bare="hsdp"),
         pipeline_row("gpipe", 4),
         pipeline_row("1f1b", 4),
         pipeline_row("1f1b", 8),
@@ -121,6 +134,8 @@ ROWS: list[Row] = [
 
 def run(row: Row, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix=row.name.split()[0] + "_", dir=root))
+    if row.bare is not None:
+        return run_bare(row, args, folder)
     cmd = [
         shutil.which("disttrain") or "disttrain",
         "train",
@@ -155,6 +170,102 @@ def run(row: Row, args: argparse.Namespace, root: Path) -> dict[str, Any]:
         out["extra"] = row.extra(run_dir)
     shutil.rmtree(folder, ignore_errors=True)
     return out
+
+
+def run_bare(row: Row, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """The same model through a plain torchrun + fully_shard script (see the module docstring)."""
+    opts = {**vars(args), "kind": row.bare, "width": PP_WIDTH, "layers": 4, "batch": PP_BATCH // WORLD}
+    out = folder / "result.json"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}",
+        __file__, "--bare-worker", json.dumps(opts), str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=_one_thread())
+    if proc.returncode != 0:
+        raise SystemExit(f"{row.name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    result = json.loads(out.read_text())
+    shutil.rmtree(folder, ignore_errors=True)
+    return result
+
+
+def _one_thread() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def bare_worker(opts: dict[str, Any], out: str) -> None:
+    """One rank of the plain FSDP2 loop: disttrain's MLP and synthetic data, nothing of its engine."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from disttrain.data.synthetic import make_synthetic
+    from disttrain.models.mlp import MLP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    width, steps = opts["width"], opts["steps"]
+    data = make_synthetic(steps * opts["batch"] * world, width, 4, seed=1234)
+    torch.manual_seed(0)
+    model = MLP(width, 4, [width] * opts["layers"])
+    if opts["kind"] == "hsdp":
+        mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    dp_rank, dp_world = (rank, world)
+    sampler = DistributedSampler(data, dp_world, dp_rank, shuffle=True, seed=0, drop_last=True)
+    loader = DataLoader(data, batch_size=opts["batch"], sampler=sampler, drop_last=True)
+    records, loss_sum = [], torch.zeros(())
+    for step, (x, y) in enumerate(loader, start=1):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum += loss.detach()
+        if step % opts["log_every"] == 0 or step == steps:
+            dist.all_reduce(loss_sum)
+            records.append({"step": step, "time": time.time(), "loss": loss_sum.item() / world})
+            loss_sum = torch.zeros(())
+        if step == steps:
+            break
+
+    def local(t: torch.Tensor) -> int:
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * t.element_size()
+
+    params = list(model.parameters())
+    mine = 2 * sum(local(p) for p in params) + sum(
+        local(v) for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)
+    )
+    by_rank: list[Any] = [None] * world
+    dist.all_gather_object(by_rank, mine)
+    if rank == 0:
+        timed = [r for r in records if r["step"] >= opts["warmup"]]
+        first, last = timed[0], timed[-1]
+        result = {
+            "step_ms": 1000 * (last["time"] - first["time"]) / max(last["step"] - first["step"], 1),
+            "state_bytes": max(by_rank),
+            "allreduce_per_step": None,
+            "final_loss": last["loss"],
+        }
+        Path(out).write_text(json.dumps(result))
+    dist.destroy_process_group()
 
 
 def table(rows: list[Row]) -> str:
@@ -200,6 +311,9 @@ def table(rows: list[Row]) -> str:
 
 
 def main() -> int:
+    if len(sys.argv) == 4 and sys.argv[1] == "--bare-worker":
+        bare_worker(json.loads(sys.argv[2]), sys.argv[3])
+        return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--warmup", type=int, default=20, help="first step that counts towards step time")
