@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import II, MISSING
+from omegaconf import II, MISSING, DictConfig
 
 
 def _h(text: str, default: Any = MISSING, factory: Any = None) -> Any:
@@ -288,6 +288,8 @@ class AmpConfig:
 # ---------------------------------------------------------------------------------------- optim
 @dataclass
 class OptimConfig:
+    """Keys disttrain reads itself; a swapped `optim._target_` starts from these (see config/clean.py)."""
+
     _target_: str = _h("optimizer class", MISSING)
     _partial_: bool = True
     lr: float = _h("base learning rate (before scale_lr)", 1e-3)
@@ -317,6 +319,15 @@ class SGDConfig(OptimConfig):
 class SchedConfig:
     name: str = _h("constant or cosine", MISSING)
     warmup_steps: int = _h("linear warm-up from 0 to the base lr over this many optimizer steps", 0)
+
+
+@dataclass
+class TargetSchedConfig:
+    """Any torch.optim.lr_scheduler class (or your own): built with the optimizer, stepped once per
+    optimizer step. A swapped `sched._target_` starts from these keys."""
+
+    _target_: str = _h("scheduler class, e.g. torch.optim.lr_scheduler.StepLR", MISSING)
+    _partial_: bool = True
 
 
 @dataclass
@@ -456,8 +467,8 @@ class Config:
     model: Any = MISSING
     data: Any = MISSING
     amp: AmpConfig = MISSING
-    optim: OptimConfig = MISSING
-    sched: SchedConfig = MISSING
+    optim: Any = MISSING  # the options carry their schema; Any lets a swapped `_target_` start clean
+    sched: Any = MISSING
     launcher: LauncherConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -506,7 +517,10 @@ def register() -> None:
         },
         "amp": {"base_amp": AmpConfig},
         "optim": {"base_adamw": AdamWConfig, "base_sgd": SGDConfig},
-        "sched": {"base_constant": ConstantSchedConfig, "base_cosine": CosineSchedConfig},
+        "sched": {
+            "base_constant": ConstantSchedConfig,
+            "base_cosine": CosineSchedConfig,
+        },
         "launcher": {
             "base_torchrun": TorchrunLauncherConfig,
             "base_spawn": SpawnLauncherConfig,
@@ -516,4 +530,27 @@ def register() -> None:
     }
     for group, nodes in groups.items():
         for name, node in nodes.items():
-            cs.store(group=group, name=name, node=node)
+            cs.store(group=group, name=name, node=_open(group, node))
+
+
+# Groups whose node (or, for data, whose train/val nodes) is a `_target_` plug-in point.
+OPEN_GROUPS = ("model", "optim", "sched")
+OPEN_DATA_NODES = ("train", "val")
+
+
+def _open(group: str, node: type) -> Any:
+    """`_target_` nodes are open: a key the built-in option lacks may be set without `+` (from the
+    command line or a YAML), so swapping `_target_` needs no gymnastics. Declared fields keep their
+    types; config/clean.py then checks the keys or, for a swapped `_target_`, starts a clean node."""
+    from omegaconf import OmegaConf
+
+    if group not in (*OPEN_GROUPS, "data"):
+        return node
+    cfg = OmegaConf.structured(node)
+    if group == "data":
+        for key in OPEN_DATA_NODES:
+            if isinstance(cfg.get(key), DictConfig):
+                OmegaConf.set_struct(cfg[key], False)
+    else:
+        OmegaConf.set_struct(cfg, False)
+    return cfg

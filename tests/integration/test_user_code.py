@@ -60,9 +60,11 @@ def test_model_from_cwd_and_now_frozen_once(tmp_path: Path, launcher: str) -> No
         tmp_path,
         f"launcher={launcher}",
         *QUICK,
-        "model._target_=mylab.nets.Net",
-        "+model.width=16",
-        "+model.stamp=${now:%H-%M-%S-%f}",
+        "model._target_=mylab.nets.Net",  # a clean node: no mlp keys, no `+` needed
+        "model.in_features=${data.num_features}",
+        "model.num_classes=${data.num_classes}",
+        "model.width=16",
+        "model.stamp=${now:%H-%M-%S-%f}",
     )
     assert run_dir is not None
     weights = final_weights(run_dir)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import logging
 import math
 import sys
 from collections.abc import Iterator
@@ -180,21 +179,162 @@ def make_train(n: int = 50):
 """
 
 
-def test_user_model_target_with_a_new_key(user_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+CNN = """
+from torch import nn
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, num_classes: int, hidden_size: int = 64, channels: int = 4) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(), nn.Flatten(),
+            nn.Linear(channels * 64, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_classes),
+        )
+
+    def forward(self, x):
+        return self.body(x)
+"""
+
+NANO = """
+from dataclasses import dataclass
+
+from torch import nn
+
+
+@dataclass
+class GPTConfig:
+    n_layer: int = 2
+    n_embd: int = 16
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(config.n_embd, config.n_embd) for _ in range(config.n_layer))
+
+
+def config_kwargs(n_layer: int = 2, **kwargs):
+    return GPTConfig(n_layer=n_layer, **kwargs)
+"""
+
+WIRED = ["model.in_features=${data.num_features}", "model.num_classes=${data.num_classes}"]
+
+
+def test_swapped_model_target_starts_from_a_clean_node(user_dir: Path) -> None:
+    """No `+`, no leftover mlp keys: the node holds exactly what the user wrote (and what took effect)."""
     write_module(user_dir, "unitlab.nets", NET)
-    cfg = checked(["model._target_=unitlab.nets.Net", "+model.width=512"])
-    with caplog.at_level(logging.WARNING, logger="disttrain"):
-        net = build_model(cfg["model"])
+    cfg = checked(["model._target_=unitlab.nets.Net", *WIRED, "model.width=512"])
+    assert cfg["model"] == {
+        "_target_": "unitlab.nets.Net",
+        "in_features": 64,
+        "num_classes": 10,
+        "width": 512,
+    }
+    net = build_model(cfg["model"])
     assert net.body[1].out_features == 512 and net.body[1].in_features == 64
-    assert "model.hidden" in caplog.text, "the mlp keys the user's class does not take are named"
     check_runtime(cfg)
+
+
+def test_user_class_with_defaults_needs_only_the_keys_it_changes(user_dir: Path) -> None:
+    write_module(user_dir, "unitlab.cnn", CNN)
+    cfg = checked(["model._target_=unitlab.cnn.SmallCNN", "model.num_classes=${data.num_classes}",
+                   "model.hidden_size=32"])  # fmt: skip
+    assert cfg["model"] == {"_target_": "unitlab.cnn.SmallCNN", "num_classes": 10, "hidden_size": 32}
+    assert build_model(cfg["model"]).body[4].out_features == 32
+
+
+@pytest.mark.parametrize("plus", ["", "+"])
+def test_typo_in_a_user_model_argument_names_it_and_suggests_the_right_one(user_dir: Path, plus: str) -> None:
+    """The old builder dropped `+model.hiden_size` with a warning and trained the default model."""
+    write_module(user_dir, "unitlab.cnn", CNN)
+    with pytest.raises(ConfigError) as info:
+        checked(["model._target_=unitlab.cnn.SmallCNN", "model.num_classes=10", f"{plus}model.hiden_size=128"],
+                runtime=True)  # fmt: skip
+    assert (info.value.key, info.value.value) == ("model.hiden_size", 128)
+    assert "did you mean model.hidden_size?" in info.value.hint
+    assert "hidden_size" in info.value.allowed and "+" not in info.value.hint
+
+
+def test_typo_in_a_nested_target_is_a_config_error_naming_the_nested_key(user_dir: Path) -> None:
+    """nanoGPT's `GPT(config)`: the nested GPTConfig's keys are checked before anything is built."""
+    write_module(user_dir, "unitlab.nano", NANO)
+    base = ["data=text", "model._target_=unitlab.nano.GPT", "model.config._target_=unitlab.nano.GPTConfig"]
+    cfg = checked([*base, "model.config.n_layer=3"], runtime=True)
+    assert cfg["model"] == {
+        "_target_": "unitlab.nano.GPT",
+        "config": {"_target_": "unitlab.nano.GPTConfig", "n_layer": 3},
+    }
+    assert len(build_model(cfg["model"]).layers) == 3
+    with pytest.raises(ConfigError) as info:
+        checked([*base, "+model.config.n_layr=4"], runtime=True)
+    assert info.value.key == "model.config.n_layr" and "did you mean model.config.n_layer?" in info.value.hint
+
+
+def test_kwargs_targets_are_checked_where_their_signature_allows(user_dir: Path) -> None:
+    write_module(user_dir, "unitlab.nano", NANO)
+    spec = {"_target_": "unitlab.nano.config_kwargs", "n_embd": 8}  # passed on through **kwargs
+    assert build(spec, "model.config").n_embd == 8
+    with pytest.raises(ConfigError) as info:  # close to the named n_layer: a typo, not a kwarg
+        build({**spec, "n_layr": 4}, "model.config")
+    assert info.value.key == "model.config.n_layr" and "n_layer" in info.value.hint
+    with pytest.raises(ConfigError) as info:  # what **kwargs passes on fails inside: still one paragraph
+        build({**spec, "n_emb": 4}, "model.config")
+    assert info.value.key == "model.config.n_emb" and "unexpected keyword argument" in info.value.hint
+
+
+def test_experiment_in_a_config_dir_swaps_model_and_data_targets_cleanly(user_dir: Path) -> None:
+    write_module(user_dir, "unitlab.nets", NET)
+    write_module(user_dir, "unitlab.data", DATA)
+    (user_dir / "conf" / "experiment").mkdir(parents=True)
+    (user_dir / "conf" / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\n"
+        "model:\n  _target_: unitlab.nets.Net\n  width: 96\n"
+        "  in_features: ${data.num_features}\n  num_classes: ${data.num_classes}\n"
+        "data:\n  train:\n    _target_: unitlab.data.make_train\n    n: 60\n  val: null\n"
+    )
+    cfg = checked(
+        ["experiment=mine", "trainer.batch_size=10"], runtime=True, config_dir=str(user_dir / "conf")
+    )
+    assert cfg["model"] == {"_target_": "unitlab.nets.Net", "width": 96, "in_features": 64, "num_classes": 10}
+    assert cfg["data"]["train"] == {"_target_": "unitlab.data.make_train", "n": 60}
+    assert cfg["data"]["val"] is None and cfg["data"]["name"] == "digits"
+
+
+def test_swapped_optimizer_keeps_disttrains_own_keys_and_drops_adamws() -> None:
+    cfg = checked(["optim._target_=torch.optim.RMSprop", "optim.alpha=0.9", "optim.lr=0.02"], runtime=True)
+    assert cfg["optim"] == {"_target_": "torch.optim.RMSprop", "_partial_": True, "lr": 0.02, "weight_decay": 0.0,
+                            "scale_lr": "none", "alpha": 0.9}  # fmt: skip
+    opt = build_optimizer(cfg["optim"], torch.nn.Linear(2, 2).parameters(), world_size=1)
+    assert isinstance(opt, torch.optim.RMSprop) and opt.param_groups[0]["alpha"] == 0.9
+
+
+def test_frozen_config_of_a_swapped_node_rebuilds_the_same_objects(user_dir: Path) -> None:
+    """config.yaml is plain YAML; building from it again gives the same model, bit for bit."""
+    import yaml
+
+    write_module(user_dir, "unitlab.nets", NET)
+    cfg = checked(["model._target_=unitlab.nets.Net", *WIRED, "model.width=8"])
+    frozen = yaml.safe_load(yaml.safe_dump(cfg, sort_keys=False))
+    torch.manual_seed(0)
+    a = build_model(cfg["model"]).state_dict()
+    torch.manual_seed(0)
+    b = build_model(frozen["model"]).state_dict()
+    assert frozen["model"] == cfg["model"] and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_misspelt_key_of_a_built_in_node_is_caught_without_torch() -> None:
+    with pytest.raises(ConfigError) as info:
+        checked(["model.hiden=[256,256]"])
+    assert info.value.key == "model.hiden" and "did you mean model.hidden?" in info.value.hint
+    assert "+" not in info.value.hint
 
 
 def test_user_model_missing_required_argument_is_a_config_error(user_dir: Path) -> None:
     write_module(user_dir, "unitlab.nets", NET)
     with pytest.raises(ConfigError) as info:
-        checked(["model._target_=unitlab.nets.Net"], runtime=True)
-    assert info.value.key == "model.width" and "+model.width=VALUE" in info.value.hint
+        checked(["model._target_=unitlab.nets.Net", *WIRED], runtime=True)
+    assert info.value.key == "model.width" and "model.width=VALUE" in info.value.hint
+    assert "+model" not in info.value.hint  # the swapped node is clean and open: no `+`
 
 
 def test_user_data_target(user_dir: Path) -> None:
@@ -202,20 +342,22 @@ def test_user_data_target(user_dir: Path) -> None:
     cfg = checked(
         [
             "data.train._target_=unitlab.data.make_train",
-            "+data.train.n=40",
+            "data.train.n=40",
             "data.val=null",
             "trainer.batch_size=20",
         ]
     )
-    assert check_runtime(cfg) == {"train": 40}  # 2 ranks x batch 20 fit; the digits keys are dropped
+    assert cfg["data"]["train"] == {"_target_": "unitlab.data.make_train", "n": 40}  # no digits keys left
+    assert check_runtime(cfg) == {"train": 40}  # 2 ranks x batch 20 fit
 
 
 # ------------------------------------------------------------------------------------------- build
-def test_build_keeps_what_the_target_accepts_and_passes_extras() -> None:
-    lin = build(
-        {"_target_": "torch.nn.Linear", "in_features": 3, "bias": False, "junk": 1}, "model", out_features=2
-    )
+def test_build_passes_extras_and_rejects_keys_the_target_does_not_take() -> None:
+    lin = build({"_target_": "torch.nn.Linear", "in_features": 3, "bias": False}, "model", out_features=2)
     assert isinstance(lin, torch.nn.Linear) and lin.weight.shape == (2, 3) and lin.bias is None
+    with pytest.raises(ConfigError) as info:
+        build({"_target_": "torch.nn.Linear", "in_features": 3, "junk": 1}, "model", out_features=2)
+    assert (info.value.key, info.value.value) == ("model.junk", 1)
 
 
 @pytest.mark.parametrize(
