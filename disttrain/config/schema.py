@@ -286,6 +286,9 @@ class AmpConfig:
 
 
 # ---------------------------------------------------------------------------------------- optim
+NO_DECAY = "no_decay_bias_norm_embed"  # optim.param_groups: nanoGPT's / HF's weight-decay groups
+
+
 @dataclass
 class OptimConfig:
     """Keys disttrain reads itself; a swapped `optim._target_` starts from these (see config/clean.py)."""
@@ -295,6 +298,11 @@ class OptimConfig:
     lr: float = _h("base learning rate (before scale_lr)", 1e-3)
     weight_decay: float = _h("decoupled (AdamW) or L2 (SGD) weight decay", 0.0)
     scale_lr: str = _h("none, or linear: lr x world size (the linear scaling rule)", "none")
+    param_groups: Any = _h(
+        "null: one group; no_decay_bias_norm_embed: weight decay only on >=2-D weights that are not "
+        "embeddings; or a `_target_` factory called with the model that returns torch param groups",
+        None,
+    )
 
 
 @dataclass
@@ -328,6 +336,18 @@ class TargetSchedConfig:
 
     _target_: str = _h("scheduler class, e.g. torch.optim.lr_scheduler.StepLR", MISSING)
     _partial_: bool = True
+
+
+@dataclass
+class OneCycleSchedConfig(TargetSchedConfig):
+    _target_: str = "torch.optim.lr_scheduler.OneCycleLR"
+    max_lr: float = _h("peak lr of the cycle", II("optim.lr"))
+    pct_start: float = _h("share of the steps spent increasing the lr", 0.3)
+    anneal_strategy: str = _h("cos or linear", "cos")
+    div_factor: float = _h("initial lr = max_lr / div_factor", 25.0)
+    final_div_factor: float = _h("final lr = initial lr / final_div_factor", 1e4)
+    three_phase: bool = _h("a third phase annihilates the lr", False)
+    cycle_momentum: bool = _h("cycle momentum (beta1) inversely to the lr", True)
 
 
 @dataclass
@@ -520,6 +540,7 @@ def register() -> None:
         "sched": {
             "base_constant": ConstantSchedConfig,
             "base_cosine": CosineSchedConfig,
+            "base_onecycle": OneCycleSchedConfig,
         },
         "launcher": {
             "base_torchrun": TorchrunLauncherConfig,

@@ -303,8 +303,8 @@ def test_experiment_in_a_config_dir_swaps_model_and_data_targets_cleanly(user_di
 def test_swapped_optimizer_keeps_disttrains_own_keys_and_drops_adamws() -> None:
     cfg = checked(["optim._target_=torch.optim.RMSprop", "optim.alpha=0.9", "optim.lr=0.02"], runtime=True)
     assert cfg["optim"] == {"_target_": "torch.optim.RMSprop", "_partial_": True, "lr": 0.02, "weight_decay": 0.0,
-                            "scale_lr": "none", "alpha": 0.9}  # fmt: skip
-    opt = build_optimizer(cfg["optim"], torch.nn.Linear(2, 2).parameters(), world_size=1)
+                            "scale_lr": "none", "param_groups": None, "alpha": 0.9}  # fmt: skip
+    opt = build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1)
     assert isinstance(opt, torch.optim.RMSprop) and opt.param_groups[0]["alpha"] == 0.9
 
 
@@ -397,7 +397,7 @@ def test_locate_finds_classes_and_functions() -> None:
 def test_every_optimizer_builds_from_its_partial(optim: str) -> None:
     cfg = checked([f"optim={optim}", "optim.lr=0.02"])["optim"]
     model = torch.nn.Linear(4, 2)
-    opt = build_optimizer(cfg, model.parameters(), world_size=2)
+    opt = build_optimizer(cfg, model, world_size=2)
     assert type(opt) is locate(cfg["_target_"], "optim._target_")
     group = opt.param_groups[0]
     assert group["lr"] == pytest.approx(0.02) and group["weight_decay"] == pytest.approx(cfg["weight_decay"])
@@ -446,18 +446,87 @@ def test_constant_with_and_without_warmup() -> None:
     assert [f(s) for s in (0, 1, 2, 9)] == pytest.approx([0.5, 1.0, 1.0, 1.0])
 
 
-@pytest.mark.parametrize("sched", options("sched"))
-def test_every_schedule_drives_the_optimizer_lr(sched: str) -> None:
-    cfg = checked([f"sched={sched}", "optim.lr=0.1"])
-    opt = build_optimizer(cfg["optim"], torch.nn.Linear(2, 2).parameters(), world_size=1)
-    scheduler = build_scheduler(cfg["sched"], opt, total_steps=30)
-    f = lr_lambda(cfg["sched"], total_steps=30)
+def _lrs(cfg: dict, steps: int = 30) -> list[float]:
+    opt = build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1)
+    scheduler = build_scheduler(cfg["sched"], opt, total_steps=steps)
     lrs = []
-    for _ in range(30):
+    for _ in range(steps):  # the engine steps the scheduler once per optimizer step
         lrs.append(opt.param_groups[0]["lr"])
         opt.step()
         scheduler.step()
-    assert lrs == pytest.approx([0.1 * f(s) for s in range(30)])
+    return lrs
+
+
+@pytest.mark.parametrize("sched", [s for s in options("sched") if s in ("constant", "cosine")])
+def test_every_built_in_schedule_drives_the_optimizer_lr(sched: str) -> None:
+    cfg = checked([f"sched={sched}", "optim.lr=0.1"])
+    f = lr_lambda(cfg["sched"], total_steps=30)
+    assert _lrs(cfg) == [0.1 * f(s) for s in range(30)]  # bitwise: the same LambdaLR as before
+
+
+def test_any_torch_scheduler_class_by_target_steps_per_optimizer_step() -> None:
+    cfg = checked(["sched._target_=torch.optim.lr_scheduler.StepLR", "sched.step_size=10", "sched.gamma=0.5",
+                   "optim.lr=0.1"], runtime=True)  # fmt: skip
+    assert cfg["sched"] == {"_target_": "torch.optim.lr_scheduler.StepLR", "_partial_": True, "step_size": 10,
+                            "gamma": 0.5}  # fmt: skip
+    assert _lrs(cfg) == [0.1] * 10 + [0.05] * 10 + [0.025] * 10
+
+
+def test_onecycle_option_gets_the_runs_total_steps() -> None:
+    cfg = checked(["sched=onecycle", "optim.lr=0.1"], runtime=True)
+    lrs = _lrs(cfg)
+    opt = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    ref = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=30)
+    expected = []
+    for _ in range(30):
+        expected.append(opt.param_groups[0]["lr"])
+        opt.step()
+        ref.step()
+    assert lrs == expected and max(lrs) == pytest.approx(0.1)
+
+
+def test_scheduler_mistakes_are_config_errors_before_launch() -> None:
+    with pytest.raises(ConfigError) as info:
+        checked(["sched._target_=torch.optim.lr_scheduler.StepLR", "sched.step_sze=10"], runtime=True)
+    assert info.value.key == "sched.step_sze" and "did you mean sched.step_size?" in info.value.hint
+    with pytest.raises(ConfigError) as info:  # forgot the _target_: cosine has no such key
+        checked(["sched.step_size=10"])
+    assert info.value.key == "sched.step_size" and "sched._target_=" in info.value.hint
+
+
+# ------------------------------------------------------------------------------- param groups
+GROUPS = """
+def by_name(model, head_lr: float = 0.5):
+    head = [p for n, p in model.named_parameters() if n.startswith("head")]
+    rest = [p for n, p in model.named_parameters() if not n.startswith("head")]
+    return [{"params": rest}, {"params": head, "lr": head_lr}]
+"""
+
+
+def test_no_decay_groups_of_the_built_in_gpt() -> None:
+    cfg = checked(["model=gpt", "model.dim=16", "optim.param_groups=no_decay_bias_norm_embed"], runtime=True)
+    model = build_model(cfg["model"])
+    opt = build_optimizer(cfg["optim"], model, world_size=1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay, exempt = ({names[id(p)] for p in g["params"]} for g in opt.param_groups)
+    assert opt.param_groups[0]["weight_decay"] == cfg["optim"]["weight_decay"] > 0
+    assert opt.param_groups[1]["weight_decay"] == 0.0
+    assert {"embed.tok.weight", "embed.pos.weight"} <= exempt  # the tied head shares embed.tok.weight
+    assert all(n.endswith(".bias") or ".ln" in n or n.startswith("embed.") for n in exempt), exempt
+    assert decay and all(n.endswith(".weight") and ".ln" not in n for n in decay), decay
+    assert len(decay) + len(exempt) == len(list(model.parameters()))
+
+
+def test_user_param_group_factory_is_called_with_the_model(user_dir: Path) -> None:
+    write_module(user_dir, "unitlab.groups", GROUPS)
+    cfg = checked(["model=gpt", "model.dim=16", "optim.param_groups._target_=unitlab.groups.by_name",
+                   "optim.param_groups.head_lr=0.25"], runtime=True)  # fmt: skip
+    opt = build_optimizer(cfg["optim"], build_model(cfg["model"]), world_size=1)
+    assert [g["lr"] for g in opt.param_groups] == [cfg["optim"]["lr"], 0.25]
+    with pytest.raises(ConfigError) as info:
+        checked(["optim.param_groups._target_=unitlab.groups.by_name", "optim.param_groups.head_l=1"],
+                runtime=True)  # fmt: skip
+    assert info.value.key == "optim.param_groups.head_l"
 
 
 # ------------------------------------------------------------------------------ strategy, backend

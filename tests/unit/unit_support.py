@@ -174,6 +174,9 @@ BAD_STATIC = [
     Bad("compile-pipeline", ("strategy=pipeline", "trainer.compile=true"), "trainer.compile", "True"),
     Bad("profiler-active", ("profile=true", "profiler.active=0"), "profiler.active", "0"),
     Bad("gpt-needs-lm-data", ("model=gpt", "data=digits"), "model", "gpt"),
+    Bad("model-key-typo", ("model.hiden=[256,256]",), "model.hiden", "[256, 256]"),
+    Bad("sched-key-without-target", ("sched.step_size=10",), "sched.step_size", "10"),
+    Bad("param-groups", ("optim.param_groups=nodecay",), "optim.param_groups", "nodecay"),
     Bad("missing-config-dir", ("--config-dir", "no_such_folder"), "--config-dir", "no_such_folder"),
     Bad("missing-config-name", ("--config-name", "nope"), "--config-name", "nope"),
 ]
@@ -191,6 +194,9 @@ BAD_RUNTIME = [
     Bad("gpt-heads-vs-tp", ("model=gpt", "data=text", "strategy=tp", "model.n_heads=1", "model.dim=8"),
         "model.n_heads", "1", runtime=True),
     Bad("sweep-one-bad-job", ("-m", "optim.lr=1e-3,-1"), "optim.lr", "-1.0", runtime=True),
+    Bad("optim-argument-typo", ("optim.amsgrd=true",), "optim.amsgrd", "True", runtime=True),
+    Bad("sched-target-typo", ("sched._target_=torch.optim.lr_scheduler.StepLR", "sched.step_sze=10"),
+        "sched.step_sze", "10", runtime=True),
 ]
 # fmt: on
 
