@@ -98,6 +98,7 @@ def check_static(cfg: dict[str, Any]) -> None:
         cfg, "data.task", TASKS, "classification: cross-entropy, accuracy; regression: MSE; lm: CE per token."
     )
     _check_loader(cfg)
+    _check_data(cfg)
     model = str(_get(cfg, "model._target_"))
     if model == "disttrain.models.gpt.GPT" and cfg["data"]["task"] != "lm":
         raise ConfigError(
@@ -249,6 +250,22 @@ def _check_optim(cfg: dict[str, Any]) -> None:
     ratio = cfg["sched"].get("min_lr_ratio", 0.0)
     if not 0.0 <= ratio <= 1.0:
         raise ConfigError("sched.min_lr_ratio", ratio, "0..1", "0 decays to zero; 0.1 keeps 10% of lr.")
+
+
+def _check_data(cfg: dict[str, Any]) -> None:
+    """Ranges of the built-in data options' own keys (text: block_size, val_fraction)."""
+    data = cfg["data"]
+    if "block_size" in data:
+        _at_least(cfg, "data.block_size", 1, "tokens per sample, e.g. data.block_size=64.")
+    if "val_fraction" in data:
+        fraction = data["val_fraction"]
+        if fraction is None or not 0.0 <= fraction < 1.0:
+            raise ConfigError(
+                "data.val_fraction",
+                fraction,
+                "a fraction in [0, 1)",
+                "the share of the data that validates, e.g. 0.1; 0 validates on nothing.",
+            )
 
 
 def data_parallel_size(cfg: dict[str, Any]) -> int:

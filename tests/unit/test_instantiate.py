@@ -102,6 +102,52 @@ def test_no_val_set_when_val_is_null() -> None:
     assert val is None and len(train) == 2048
 
 
+BAD_FILES = {
+    "missing": None,
+    "a-folder": "folder",
+    "no-x-array": b"",
+    "empty": b"",
+    "not-a-zip": b"garbage " * 8,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+@pytest.mark.parametrize("key", ["data.path", "data.val_path"])
+def test_bad_data_file_is_a_config_error_naming_its_key(tmp_path: Path, kind: str, key: str) -> None:
+    """D11: these were Hydra tracebacks (FileNotFoundError, KeyError, EOFError, BadZipFile...)."""
+    good, bad = tmp_path / "good.npz", tmp_path / f"{kind}.npz"
+    np.savez(good, x=np.zeros((8, 4)), y=np.zeros(8, dtype=np.int64))
+    if kind == "a-folder":
+        bad.mkdir()
+    elif kind == "no-x-array":
+        np.savez(bad, inputs=np.zeros((8, 4)))
+    elif BAD_FILES[kind] is not None:
+        bad.write_bytes(BAD_FILES[kind])  # type: ignore[arg-type]
+    paths = {"data.path": good, "data.val_path": good, key: bad}
+    overrides = ["data=files", "data.num_features=4", "data.num_classes=3", "trainer.batch_size=2"]
+    with pytest.raises(ConfigError) as info:
+        checked([*overrides, *(f"{k}={v}" for k, v in paths.items())], runtime=True)
+    assert (info.value.key, info.value.value) == (key, str(bad)) and info.value.hint
+
+
+def test_missing_text_file_is_a_config_error_naming_data_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        checked(["model=gpt", f"data.path={tmp_path / 'nope.txt'}"], runtime=True)
+    assert info.value.key == "data.path" and "FileNotFoundError" in info.value.hint
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [("data.block_size=0", "data.block_size"), ("data.val_fraction=1", "data.val_fraction"),
+     ("data.val_fraction=-0.5", "data.val_fraction")],
+)  # fmt: skip
+def test_text_data_ranges_are_checked_before_launch(override: str, key: str) -> None:
+    """block_size=0 divided by zero in a rank; val_fraction=-0.5 reported a perfect model (D12)."""
+    with pytest.raises(ConfigError) as info:
+        checked(["model=gpt", override])
+    assert info.value.key == key
+
+
 # ----------------------------------------------------------------------------------------- model
 # Which built-in data sets each model takes: cnn needs square images, gpt token sequences.
 PAIRS = {"mlp": ("digits", "synthetic"), "cnn": ("digits",), "gpt": ("text",)}
