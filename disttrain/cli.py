@@ -86,6 +86,15 @@ def cmd_train(rest: list[str]) -> int:
             cfg = _compose_checked(job, args, runtime=not args.cfg)
             _CHECKED[tuple(job)] = cfg
         _CHECKED_FROM[:] = [args.config_dir, args.config_name or "config"]
+        if args.cfg == "job" and not args.multirun and not args.package:
+            # Hydra would print its own composition, before the `_target_` nodes are settled.
+            from omegaconf import OmegaConf
+
+            from disttrain.config import compose
+
+            job_cfg = compose(args.overrides, args.config_dir, args.config_name or "config")
+            sys.stdout.write(OmegaConf.to_yaml(job_cfg, resolve=args.resolve))
+            return 0
         if not args.multirun and not args.cfg:
             rest = [*rest, *_multinode_run_dir(cfg, args.overrides)]
     return _run_hydra_app(rest, args.config_name or "config")

@@ -179,6 +179,14 @@ def test_user_model_target_importable_from_the_working_directory(scratch: Path) 
     assert model == {"_target_": "mylab.nets.Net", "width": 512, "in_features": 64}, "a clean node"
 
 
+def test_train_cfg_job_prints_the_settled_node_of_a_swapped_target(scratch: Path) -> None:
+    write_module(scratch, "mylab.nets", NET)
+    proc = disttrain("train", "model._target_=mylab.nets.Net", "model.width=8", "--cfg", "job", cwd=scratch)
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout)["model"] == {"_target_": "mylab.nets.Net", "width": 8}
+    assert {p.name for p in scratch.iterdir()} == {"mylab"}
+
+
 def test_train_cfg_job_prints_without_launching(scratch: Path) -> None:
     proc = disttrain("train", "optim.lr=0.5", "--cfg", "job", cwd=scratch)
     assert proc.returncode == 0, proc.stderr
