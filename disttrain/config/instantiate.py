@@ -63,10 +63,12 @@ def _nested(value: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
             yield from _nested(v, f"{path}.{i}")
 
 
-def check(spec: Any, key: str, extra: Iterable[str] = ()) -> None:
+def check(spec: Any, key: str, extra: Iterable[str] = (), supplied: int = 0) -> None:
     """Check the keys of `spec` and of its nested `_target_` nodes against the targets' signatures.
 
-    `extra` names arguments the caller passes itself. Builds nothing (imports the targets).
+    `extra` names arguments the caller passes itself; `supplied` counts leading positional ones it
+    passes to the partial later (an optimizer's params, a scheduler's optimizer): not the user's to
+    set. Builds nothing (imports the targets).
     """
     if not isinstance(spec, dict) or "_target_" not in spec:
         raise ConfigError(key, spec, "a node with _target_", f"set {key}._target_=package.module.Class.")
@@ -81,7 +83,8 @@ def check(spec: Any, key: str, extra: Iterable[str] = ()) -> None:
     if sig is None:
         log.debug("%s: %s has no signature to check its arguments against", key, target)
         return
-    named = [n for n, p in sig.parameters.items() if p.kind in _NAMED]
+    later = [n for n, p in sig.parameters.items() if p.kind in _POSITIONAL][:supplied]
+    named = [n for n, p in sig.parameters.items() if p.kind in _NAMED and n not in later]
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
     given = {k for k in spec if not k.startswith("_")} | set(extra)
     for name in (k for k in spec if not k.startswith("_")):
@@ -128,16 +131,18 @@ def build(
     spec: Any,
     key: str,
     on_error: Callable[[BaseException], ConfigError | None] | None = None,
+    supplied: int = 0,
     **extra: Any,
 ) -> Any:
     """Instantiate `spec` (a dict with `_target_`); `key` names it in messages (e.g. 'model').
 
-    `on_error` may turn an exception the target raised into a ConfigError (e.g. a bad data file).
+    `on_error` may turn an exception the target raised into a ConfigError (e.g. a bad data file);
+    `supplied`: see `check`.
     """
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
-    check(spec, key, extra)
+    check(spec, key, extra, supplied)
     try:
         return instantiate({**spec, **extra}, _convert_="all")
     except InstantiationException as exc:

@@ -41,7 +41,9 @@ def build_optimizer(
         log.info(
             "optim.scale_lr=linear: lr %.3g x world size %d = %.3g", optim_cfg["lr"], world_size, spec["lr"]
         )
-    factory = build(spec, "optim")
+    if not spec.get("weight_decay") and "weight_decay" not in _arguments(spec["_target_"], "optim._target_"):
+        del spec["weight_decay"]  # 0 means none: LBFGS, SparseAdam have no such argument
+    factory = build(spec, "optim", supplied=1)  # the parameters are passed below
     groups = param_groups(optim_cfg.get("param_groups"), model)  # .get: run dirs frozen before the key
     optimizer: torch.optim.Optimizer = factory(groups)
     return optimizer
@@ -57,7 +59,7 @@ def param_groups(choice: Any, model: torch.nn.Module | Iterable[torch.nn.Paramet
     if choice == NO_DECAY:
         return no_decay_groups(model)
     if isinstance(choice, dict):
-        factory = build({**choice, "_partial_": True}, "optim.param_groups")
+        factory = build({**choice, "_partial_": True}, "optim.param_groups", supplied=1)  # the model
         groups = list(factory(model))
         if not groups:
             raise ConfigError(
@@ -118,14 +120,10 @@ def build_scheduler(
     if "_target_" not in sched_cfg:
         return LambdaLR(optimizer, lr_lambda(sched_cfg, total_steps))
     extra: dict[str, Any] = {}
-    fn = locate(sched_cfg["_target_"], "sched._target_")
-    try:
-        accepted = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        accepted = {}  # type: ignore[assignment]
+    accepted = _arguments(sched_cfg["_target_"], "sched._target_")
     if "total_steps" in accepted and not {"total_steps", "epochs"} & set(sched_cfg):
         extra["total_steps"] = total_steps
-    factory = build(sched_cfg, "sched", **extra)
+    factory = build(sched_cfg, "sched", supplied=1, **extra)  # the optimizer is passed below
     scheduler = factory(optimizer) if callable(factory) and not isinstance(factory, LRScheduler) else factory
     if not isinstance(scheduler, LRScheduler):
         raise ConfigError(
@@ -135,3 +133,11 @@ def build_scheduler(
             "e.g. sched._target_=torch.optim.lr_scheduler.StepLR sched.step_size=100.",
         )
     return scheduler
+
+
+def _arguments(target: Any, key: str) -> set[str]:
+    """Names `target` takes (empty when it has no inspectable signature)."""
+    try:
+        return set(inspect.signature(locate(target, key)).parameters)
+    except (TypeError, ValueError):
+        return set()

@@ -354,6 +354,20 @@ def test_swapped_optimizer_keeps_disttrains_own_keys_and_drops_adamws() -> None:
     assert isinstance(opt, torch.optim.RMSprop) and opt.param_groups[0]["alpha"] == 0.9
 
 
+def test_swapped_optimizer_without_weight_decay_and_the_arguments_disttrain_passes() -> None:
+    """LBFGS takes no weight_decay: the clean node's 0 (none) is not forced on it; `params` and a
+    scheduler's `optimizer` are passed by disttrain, so they are not offered as suggestions."""
+    cfg = checked(["optim._target_=torch.optim.LBFGS"], runtime=True)
+    assert isinstance(build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1), torch.optim.LBFGS)
+    with pytest.raises(ConfigError) as info:
+        checked(["optim.param=1"], runtime=True)
+    assert info.value.key == "optim.param" and "params" not in info.value.allowed
+    with pytest.raises(ConfigError) as info:
+        checked(["sched._target_=torch.optim.lr_scheduler.StepLR", "sched.step_size=2", "sched.optimizr=1"],
+                runtime=True)  # fmt: skip
+    assert "optimizer" not in info.value.hint + info.value.allowed
+
+
 def test_frozen_config_of_a_swapped_node_rebuilds_the_same_objects(user_dir: Path) -> None:
     """config.yaml is plain YAML; building from it again gives the same model, bit for bit."""
     import yaml
