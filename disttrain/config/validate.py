@@ -234,7 +234,7 @@ def _check_optim(cfg: dict[str, Any]) -> None:
     if cfg["optim"]["lr"] <= 0:
         raise ConfigError("optim.lr", cfg["optim"]["lr"], "a number > 0", "e.g. optim.lr=3e-4.")
     _choice(cfg, "optim.scale_lr", SCALE_LR, "linear multiplies lr by the world size.")
-    groups = cfg["optim"]["param_groups"]
+    groups = cfg["optim"].get("param_groups")  # .get: `disttrain resume` of a run frozen before the key
     if groups not in (None, NO_DECAY) and not (isinstance(groups, dict) and "_target_" in groups):
         raise ConfigError(
             "optim.param_groups",

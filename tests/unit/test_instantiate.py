@@ -19,7 +19,7 @@ from unit_support import checked, write_module
 
 from disttrain.config import ConfigError, compose, config_dir, resolve
 from disttrain.config.instantiate import build, locate
-from disttrain.config.validate import check_runtime
+from disttrain.config.validate import check_runtime, check_static
 from disttrain.data import build_datasets
 from disttrain.dist import DistEnv, choose_backend
 from disttrain.engine.optim import build_optimizer, build_scheduler, effective_lr, lr_lambda
@@ -575,6 +575,15 @@ def test_no_decay_groups_of_the_built_in_gpt() -> None:
     assert all(n.endswith(".bias") or ".ln" in n or n.startswith("embed.") for n in exempt), exempt
     assert decay and all(n.endswith(".weight") and ".ln" not in n for n in decay), decay
     assert len(decay) + len(exempt) == len(list(model.parameters()))
+
+
+def test_a_run_frozen_before_param_groups_still_resumes() -> None:
+    """`disttrain resume` checks and builds from an old config.yaml that lacks optim.param_groups."""
+    cfg = checked([])
+    del cfg["optim"]["param_groups"]
+    check_static(cfg)
+    check_runtime(cfg)
+    assert len(build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1).param_groups) == 1
 
 
 def test_user_param_group_factory_is_called_with_the_model(user_dir: Path) -> None:
