@@ -391,10 +391,18 @@ def load_sharded(
 
 
 # --------------------------------------------------------------------------------- export
-def export_model(location: Path, out: Path, model: torch.nn.Module, verify: str = "hash") -> Path:
+def export_model(
+    location: Path,
+    out: Path,
+    model: torch.nn.Module,
+    verify: str = "hash",
+    metadata: dict[str, str] | None = None,
+) -> Path:
     """Load the newest whole checkpoint at `location` into the plain `model`; save one state dict.
 
-    `.safetensors` writes a safetensors file, anything else a torch.save file.
+    `.safetensors` writes a safetensors file through `safetensors.torch.save_model`: a tensor shared
+    by several names (tied embeddings) is stored once and `safetensors.torch.load_model` ties it
+    back; `metadata` (strings) goes into its header. Anything else is a torch.save file.
     """
     path = choose(location, verify)
     if path is None:
@@ -409,11 +417,14 @@ def export_model(location: Path, out: Path, model: torch.nn.Module, verify: str 
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".safetensors":
-        from safetensors.torch import save_file
+        from safetensors.torch import save_model
 
         tmp = out.with_name(f".{out.name}.tmp")
-        save_file(tensors, str(tmp), metadata={"checkpoint": str(path)})
-        os.replace(tmp, out)
+        try:
+            save_model(model.cpu(), str(tmp), metadata={"checkpoint": str(path), **(metadata or {})})
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
     else:
         save_atomic(tensors, out)
     log.info("exported %s (%d tensors) to %s", path, len(tensors), out)

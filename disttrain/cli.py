@@ -84,6 +84,17 @@ def cmd_train(rest: list[str]) -> int:
 
         for job in expand_sweep(args.overrides) if args.multirun else [args.overrides]:
             cfg = _compose_checked(job, args, runtime=not args.cfg)
+            _CHECKED[tuple(job)] = cfg
+        _CHECKED_FROM[:] = [args.config_dir, args.config_name or "config"]
+        if args.cfg == "job" and not args.multirun and not args.package:
+            # Hydra would print its own composition, before the `_target_` nodes are settled.
+            from omegaconf import OmegaConf
+
+            from disttrain.config import compose
+
+            job_cfg = compose(args.overrides, args.config_dir, args.config_name or "config")
+            sys.stdout.write(OmegaConf.to_yaml(job_cfg, resolve=args.resolve))
+            return 0
         if not args.multirun and not args.cfg:
             rest = [*rest, *_multinode_run_dir(cfg, args.overrides)]
     return _run_hydra_app(rest, args.config_name or "config")
@@ -104,6 +115,11 @@ def _multinode_run_dir(cfg: dict[str, Any], overrides: list[str]) -> list[str]:
 
 # The user's command line for command.txt: Hydra must see sys.argv without the `train` subcommand.
 _COMMAND: list[str] = []
+
+# The checked config of each job (keyed by its overrides), with its `_target_` nodes settled
+# (config/clean.py): the job runs exactly what was checked, not Hydra's unsettled composition.
+_CHECKED: dict[tuple[str, ...], dict[str, Any]] = {}
+_CHECKED_FROM: list[Any] = [None, "config"]  # --config-dir, --config-name of those checks
 
 
 def _run_hydra_app(rest: list[str], config_name: str) -> int:
@@ -156,7 +172,13 @@ def _hydra_task(cfg: Any) -> dict[str, Any] | None:
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir).resolve()
-    return _freeze_and_launch(resolve(cfg), run_dir, list(hc.overrides.task))
+    overrides = list(hc.overrides.task)
+    checked = _CHECKED.get(tuple(overrides))
+    if checked is None:  # not seen by the checks (should not happen): compose and settle it now
+        from disttrain.config import compose
+
+        checked = resolve(compose(overrides, *_CHECKED_FROM), overrides)
+    return _freeze_and_launch(checked, run_dir, overrides)
 
 
 def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:

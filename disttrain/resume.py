@@ -25,7 +25,8 @@ EXPORT_USAGE = """\
 usage: disttrain export RUN_DIR|CHECKPOINT_DIR [--out model.pt|model.safetensors]
 
 Write the newest whole checkpoint's model as one consolidated state dict that plain PyTorch loads
-into the unwrapped model: torch.load(path, weights_only=True) or safetensors.torch.load_file(path).
+into the unwrapped model: torch.load(path, weights_only=True), or safetensors.torch.load_model(model,
+path) (tied weights are stored once; the header's "disttrain.model" holds the model config as JSON).
 """
 
 
@@ -108,10 +109,36 @@ def cmd_export(rest: list[str]) -> int:
         run_dir = run_dir.parent  # a checkpoint folder: its run dir holds the config
     run_dir = _run_dir(str(run_dir), EXPORT_USAGE)
     out = Path(args.out) if args.out else run_dir / "export" / "model.pt"
+    check_out(out, "--out" if args.out else "RUN_DIR")
     return export(run_dir, location, out)
 
 
+def check_out(out: Path, key: str) -> None:
+    """The export target must be a file path we may write: not a folder, under a writable folder."""
+    import os
+
+    if out.is_dir():
+        raise ConfigError(
+            key,
+            str(out),
+            "a file path ending in .pt or .safetensors",
+            f"name a file, e.g. --out {out / 'model.pt'}.",
+        )
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent  # the folders export would create
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(
+            key,
+            str(out),
+            "a file path in a folder you can write",
+            f"{parent} is {'not a folder' if not parent.is_dir() else 'not writable'}; choose another --out.",
+        )
+
+
 def export(run_dir: Path, location: Path, out: Path) -> int:
+    import json
+
     import torch
 
     from disttrain import checkpoint
@@ -123,9 +150,11 @@ def export(run_dir: Path, location: Path, out: Path) -> int:
     setup_logging(None, 0, to_console=True)
     with torch.device("cpu"):
         model = build_model(cfg["model"])
+    # What built the weights: `_target_` and its arguments, so the file says which class loads it.
+    metadata = {"disttrain.model": json.dumps(cfg["model"], sort_keys=True), "format": "pt"}
     try:
         source = checkpoint.export_model(
-            location, out, model, cfg.get("checkpoint", {}).get("verify", "hash")
+            location, out, model, cfg.get("checkpoint", {}).get("verify", "hash"), metadata
         )
     except FileNotFoundError as exc:
         raise ConfigError(

@@ -86,7 +86,7 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
         log.info("trainer.compile: torch.compile of %s (inductor)", type(strategy.unwrap(model)).__name__)
         model.compile()  # in place: parameter names (and so checkpoints) stay the same
     dp_rank_size = strategy.data_parallel_rank_size()  # pipeline/tp ranks share data: not env.rank/world
-    optimizer = strategy.setup_optimizer(build_optimizer(cfg["optim"], model.parameters(), dp_rank_size[1]))
+    optimizer = strategy.setup_optimizer(build_optimizer(cfg["optim"], model, dp_rank_size[1]))
     train_loader, val_loader = make_loaders(cfg, env, train_set, val_set, dp_rank_size)
     scheduler = build_scheduler(cfg["sched"], optimizer, total_steps(cfg["trainer"], len(train_loader)))
     resume_from = resume_location(cfg, run_dir)

@@ -50,7 +50,28 @@ def compose(
     config_name: str = CONFIG_NAME,
     with_hydra: bool = False,
 ) -> DictConfig:
-    """Compose `config_name` with `overrides`; raise ConfigError for every mistake of the user's."""
+    """Compose `config_name` with `overrides`; raise ConfigError for every mistake of the user's.
+
+    The `_target_` nodes are then settled (config/clean.py): a swapped `_target_` starts clean.
+    """
+    from disttrain.config.clean import settle
+
+    cfg = _compose(overrides, user_config_dir, config_name, with_hydra)
+    try:
+        settle(cfg, overrides, lambda ovs: _compose(ovs, user_config_dir, config_name, False))
+    except ConfigError:
+        raise
+    except Exception as exc:
+        err = translate(exc, overrides)
+        if err is None:
+            raise
+        raise err from None
+    return cfg
+
+
+def _compose(
+    overrides: list[str], user_config_dir: str | None, config_name: str, with_hydra: bool
+) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -103,12 +104,22 @@ def translate(exc: BaseException, overrides: list[str]) -> ConfigError | None:
     if unknown is not None and full_key:
         parent = full_key.rpartition(".")[0] or "the top level"
         allowed = _fields(getattr(cause, "object_type", None))
+        leaf = full_key.rpartition(".")[2]
+        close = difflib.get_close_matches(leaf, allowed, n=1)
+        # `+` is right only for a node without a schema (your own YAML option); a schema'd block
+        # would take the key and nothing would read it. The _target_ nodes are open: no `+` needed.
+        hint = (
+            f"did you mean {parent}.{close[0]}?"
+            if close and parent != "the top level"
+            else (f"did you mean {close[0]}?" if close else "check the spelling.")
+        )
+        if not allowed:
+            hint += f" To add a key to your own node, write +{full_key}=VALUE."
         return ConfigError(
             full_key,
             _override_value(full_key, overrides),
             f"the keys of {parent}: " + (", ".join(allowed) if allowed else "see `disttrain config`"),
-            f"check the spelling; to add a key the schema does not know, write +{full_key}=VALUE "
-            "(only for your own _target_ classes).",
+            hint,
         )
     converted = re.search(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", text)
     if converted is not None and full_key:

@@ -1,20 +1,29 @@
-"""Build objects from `_target_` specs, forgiving about keys the target does not take.
+"""Build objects from `_target_` specs, strictly: every key written for a target must be one of its
+arguments.
 
-A user swaps `model._target_=mylab.nets.Net` while the mlp keys are still in the node; rather than
-fail inside a rank, keys the target's signature does not accept are dropped with a warning, and a
-missing required argument, an import error or a ValueError the target raises becomes a ConfigError in
-the parent.
+A key the target does not take is a ConfigError naming it, with a "did you mean" from difflib. The
+keys of nested `_target_` nodes (nanoGPT's `model.config._target_=model.GPTConfig`) are checked the
+same way, all before anything is built. A target taking `**kwargs` is checked where its signature
+allows: a key close to one of its named parameters is a typo; any other key passes through
+unchecked (logged at debug level). A missing required argument, an import error and a ValueError or
+argument TypeError the target raises become ConfigErrors as well: in the parent, before launch.
 """
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
+import re
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from disttrain.config.errors import ConfigError
 
 log = logging.getLogger("disttrain")
+
+_NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
 def locate(target: Any, key: str) -> Any:
@@ -34,65 +43,154 @@ def locate(target: Any, key: str) -> Any:
         ) from None
 
 
-def build(spec: Any, key: str, **extra: Any) -> Any:
-    """Instantiate `spec` (a dict with `_target_`); `key` names it in messages (e.g. 'model')."""
+def _signature(fn: Any) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def _nested(value: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(path, node) of every `_target_` node inside `value`, as Hydra would instantiate them."""
+    if isinstance(value, dict):
+        if "_target_" in value:
+            yield path, value
+            return
+        for k, v in value.items():
+            yield from _nested(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _nested(v, f"{path}.{i}")
+
+
+def check(spec: Any, key: str, extra: Iterable[str] = (), supplied: int = 0) -> None:
+    """Check the keys of `spec` and of its nested `_target_` nodes against the targets' signatures.
+
+    `extra` names arguments the caller passes itself; `supplied` counts leading positional ones it
+    passes to the partial later (an optimizer's params, a scheduler's optimizer): not the user's to
+    set. Builds nothing (imports the targets).
+    """
+    if not isinstance(spec, dict) or "_target_" not in spec:
+        raise ConfigError(key, spec, "a node with _target_", f"set {key}._target_=package.module.Class.")
+    target = spec["_target_"]
+    fn = locate(target, f"{key}._target_")
+    if spec.get("_recursive_", True):
+        for name, value in spec.items():
+            if name != "_target_":
+                for path, node in _nested(value, f"{key}.{name}" if name != "_args_" else key):
+                    check(node, path)
+    sig = _signature(fn)
+    if sig is None:
+        log.debug("%s: %s has no signature to check its arguments against", key, target)
+        return
+    later = [n for n, p in sig.parameters.items() if p.kind in _POSITIONAL][:supplied]
+    named = [n for n, p in sig.parameters.items() if p.kind in _NAMED and n not in later]
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    given = {k for k in spec if not k.startswith("_")} | set(extra)
+    for name in (k for k in spec if not k.startswith("_")):
+        if name in named:
+            continue
+        close = difflib.get_close_matches(name, [n for n in named if n not in given], n=1)
+        if takes_kwargs and not close:
+            log.debug("%s.%s: %s takes **kwargs; the key is passed on unchecked", key, name, target)
+            continue
+        raise ConfigError(
+            f"{key}.{name}",
+            spec[name],
+            f"the arguments of {target}: {', '.join(named) or 'none by name'}",
+            (
+                f"did you mean {key}.{close[0]}?"
+                if close
+                else f"remove {key}.{name}, or check {target}'s signature."
+            )
+            + (
+                " (It takes **kwargs, but a key this close to a named argument is taken for a typo.)"
+                if takes_kwargs
+                else ""
+            ),
+        )
+    if spec.get("_partial_"):
+        return
+    covered = [n for n, p in sig.parameters.items() if p.kind in _POSITIONAL][: len(spec.get("_args_") or [])]
+    missing = [
+        n
+        for n, p in sig.parameters.items()
+        if p.default is p.empty and p.kind in _NAMED and n not in given and n not in covered
+    ]
+    if missing:
+        raise ConfigError(
+            f"{key}.{missing[0]}",
+            "(missing)",
+            f"a value for every required argument of {target}",
+            "set " + " ".join(f"{key}.{n}=VALUE" for n in missing) + " on the command line "
+            f"(or the key{'s' if len(missing) > 1 else ''} under {key} in your YAML).",
+        )
+
+
+def build(
+    spec: Any,
+    key: str,
+    on_error: Callable[[BaseException], ConfigError | None] | None = None,
+    supplied: int = 0,
+    **extra: Any,
+) -> Any:
+    """Instantiate `spec` (a dict with `_target_`); `key` names it in messages (e.g. 'model').
+
+    `on_error` may turn an exception the target raised into a ConfigError (e.g. a bad data file);
+    `supplied`: see `check`.
+    """
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
-    if not isinstance(spec, dict) or "_target_" not in spec:
-        raise ConfigError(key, spec, "a node with _target_", f"set {key}._target_=package.module.Class.")
-    fn = locate(spec["_target_"], f"{key}._target_")
-    params = {k: v for k, v in spec.items() if not k.startswith("_")}
-    params.update(extra)
+    check(spec, key, extra, supplied)
     try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        sig = None
-    if sig is not None and not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-        dropped = sorted(k for k in params if k not in sig.parameters)
-        if dropped:
-            log.warning(
-                "%s: %s does not accept %s; ignoring %s",
-                key,
-                spec["_target_"],
-                ", ".join(dropped),
-                ", ".join(f"{key}.{k}" for k in dropped),
-            )
-        params = {k: v for k, v in params.items() if k in sig.parameters}
-        required = (
-            []
-            if spec.get("_partial_")
-            else [
-                n
-                for n, p in sig.parameters.items()
-                if p.default is p.empty
-                and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                and n not in params
-            ]
-        )
-        if required:
-            raise ConfigError(
-                f"{key}.{required[0]}",
-                "(missing)",
-                f"a value for every required argument of {spec['_target_']}",
-                " ".join(f"+{key}.{n}=VALUE" for n in required) + " on the command line.",
-            )
-    node = {
-        "_target_": spec["_target_"],
-        **{k: v for k, v in spec.items() if k.startswith("_") and k != "_target_"},
-    }
-    try:
-        return instantiate({**node, **params}, _convert_="all")
+        return instantiate({**spec, **extra}, _convert_="all")
     except InstantiationException as exc:
         cause = exc.__cause__
         if isinstance(cause, ConfigError):
             raise cause from None
+        err = on_error(cause) if on_error is not None and cause is not None else None
+        if err is not None:
+            raise err from None
+        where = _where(exc, key)
+        said = str(cause).splitlines()[0] if cause is not None and str(cause) else "(no message)"
         if isinstance(cause, ValueError):  # the target rejected a value: the user's mistake, not a bug
-            said = str(cause).splitlines()[0] if str(cause) else "(no message)"
             raise ConfigError(
-                key,
-                spec["_target_"],
-                f"arguments that {spec['_target_']} accepts",
+                where,
+                _target_at(spec, where, key),
+                f"arguments that {_target_at(spec, where, key)} accepts",
                 f"it raised ValueError: {said}",
             ) from None
+        argument = re.search(r"unexpected keyword argument '(\w+)'|required \w+ ?argument: '(\w+)'", said)
+        if isinstance(cause, TypeError) and argument is not None:
+            name = argument.group(1) or argument.group(2)
+            raise ConfigError(
+                f"{where}.{name}",
+                "(missing)" if argument.group(2) else _value_at(spec, where, key, name),
+                f"the arguments {_target_at(spec, where, key)} accepts",
+                f"it raised TypeError: {said}",
+            ) from None
         raise
+
+
+def _where(exc: BaseException, key: str) -> str:
+    """The config key of the nested node whose target failed (Hydra names it as full_key)."""
+    found = re.search(r"full_key: (\S+)", str(exc))
+    return f"{key}.{found.group(1)}" if found else key
+
+
+def _node_at(spec: dict[str, Any], where: str, key: str) -> Any:
+    node: Any = spec
+    for part in where[len(key) :].split(".")[1:]:
+        node = node[int(part)] if isinstance(node, list) else node.get(part, {})
+    return node
+
+
+def _target_at(spec: dict[str, Any], where: str, key: str) -> Any:
+    node = _node_at(spec, where, key)
+    return node.get("_target_", spec["_target_"]) if isinstance(node, dict) else spec["_target_"]
+
+
+def _value_at(spec: dict[str, Any], where: str, key: str, name: str) -> Any:
+    node = _node_at(spec, where, key)
+    return node.get(name, "?") if isinstance(node, dict) else "?"

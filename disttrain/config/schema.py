@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import II, MISSING
+from omegaconf import II, MISSING, DictConfig
 
 
 def _h(text: str, default: Any = MISSING, factory: Any = None) -> Any:
@@ -287,13 +287,23 @@ class AmpConfig:
 
 
 # ---------------------------------------------------------------------------------------- optim
+NO_DECAY = "no_decay_bias_norm_embed"  # optim.param_groups: nanoGPT's / HF's weight-decay groups
+
+
 @dataclass
 class OptimConfig:
+    """Keys disttrain reads itself; a swapped `optim._target_` starts from these (see config/clean.py)."""
+
     _target_: str = _h("optimizer class", MISSING)
     _partial_: bool = True
     lr: float = _h("base learning rate (before scale_lr)", 1e-3)
     weight_decay: float = _h("decoupled (AdamW) or L2 (SGD) weight decay", 0.0)
     scale_lr: str = _h("none, or linear: lr x world size (the linear scaling rule)", "none")
+    param_groups: Any = _h(
+        "null: one group; no_decay_bias_norm_embed: weight decay only on >=2-D weights that are not "
+        "embeddings; or a `_target_` factory called with the model that returns torch param groups",
+        None,
+    )
 
 
 @dataclass
@@ -318,6 +328,27 @@ class SGDConfig(OptimConfig):
 class SchedConfig:
     name: str = _h("constant or cosine", MISSING)
     warmup_steps: int = _h("linear warm-up from 0 to the base lr over this many optimizer steps", 0)
+
+
+@dataclass
+class TargetSchedConfig:
+    """Any torch.optim.lr_scheduler class (or your own): built with the optimizer, stepped once per
+    optimizer step. A swapped `sched._target_` starts from these keys."""
+
+    _target_: str = _h("scheduler class, e.g. torch.optim.lr_scheduler.StepLR", MISSING)
+    _partial_: bool = True
+
+
+@dataclass
+class OneCycleSchedConfig(TargetSchedConfig):
+    _target_: str = "torch.optim.lr_scheduler.OneCycleLR"
+    max_lr: float = _h("peak lr of the cycle", II("optim.lr"))
+    pct_start: float = _h("share of the steps spent increasing the lr", 0.3)
+    anneal_strategy: str = _h("cos or linear", "cos")
+    div_factor: float = _h("initial lr = max_lr / div_factor", 25.0)
+    final_div_factor: float = _h("final lr = initial lr / final_div_factor", 1e4)
+    three_phase: bool = _h("a third phase annihilates the lr", False)
+    cycle_momentum: bool = _h("cycle momentum (beta1) inversely to the lr", True)
 
 
 @dataclass
@@ -460,8 +491,8 @@ class Config:
         "batch -> loss and metrics: classification, regression, lm, model_loss, or your _target_", MISSING
     )
     amp: AmpConfig = MISSING
-    optim: OptimConfig = MISSING
-    sched: SchedConfig = MISSING
+    optim: Any = MISSING  # the options carry their schema; Any lets a swapped `_target_` start clean
+    sched: Any = MISSING
     launcher: LauncherConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -510,7 +541,11 @@ def register() -> None:
         },
         "amp": {"base_amp": AmpConfig},
         "optim": {"base_adamw": AdamWConfig, "base_sgd": SGDConfig},
-        "sched": {"base_constant": ConstantSchedConfig, "base_cosine": CosineSchedConfig},
+        "sched": {
+            "base_constant": ConstantSchedConfig,
+            "base_cosine": CosineSchedConfig,
+            "base_onecycle": OneCycleSchedConfig,
+        },
         "launcher": {
             "base_torchrun": TorchrunLauncherConfig,
             "base_spawn": SpawnLauncherConfig,
@@ -520,4 +555,27 @@ def register() -> None:
     }
     for group, nodes in groups.items():
         for name, node in nodes.items():
-            cs.store(group=group, name=name, node=node)
+            cs.store(group=group, name=name, node=_open(group, node))
+
+
+# Groups whose node (or, for data, whose train/val nodes) is a `_target_` plug-in point.
+OPEN_GROUPS = ("model", "optim", "sched")
+OPEN_DATA_NODES = ("train", "val")
+
+
+def _open(group: str, node: type) -> Any:
+    """`_target_` nodes are open: a key the built-in option lacks may be set without `+` (from the
+    command line or a YAML), so swapping `_target_` needs no gymnastics. Declared fields keep their
+    types; config/clean.py then checks the keys or, for a swapped `_target_`, starts a clean node."""
+    from omegaconf import OmegaConf
+
+    if group not in (*OPEN_GROUPS, "data"):
+        return node
+    cfg = OmegaConf.structured(node)
+    if group == "data":
+        for key in OPEN_DATA_NODES:
+            if isinstance(cfg.get(key), DictConfig):
+                OmegaConf.set_struct(cfg[key], False)
+    else:
+        OmegaConf.set_struct(cfg, False)
+    return cfg

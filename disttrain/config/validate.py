@@ -11,6 +11,7 @@ from typing import Any
 
 from disttrain.config import dp_checks, launch_checks, parallel_checks
 from disttrain.config.errors import ConfigError, one_of
+from disttrain.config.schema import NO_DECAY
 from disttrain.strategies import STRATEGIES
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -95,6 +96,7 @@ def check_static(cfg: dict[str, Any]) -> None:
     _check_optim(cfg)
     _check_loader(cfg)
     _check_targets(cfg)
+    _check_data(cfg)
     threads = cfg.get("threads_per_rank")
     if threads is not None and threads < 1:
         raise ConfigError("threads_per_rank", threads, "null (cores / local ranks) or >= 1", "leave it null.")
@@ -234,11 +236,38 @@ def _check_optim(cfg: dict[str, Any]) -> None:
     if cfg["optim"]["lr"] <= 0:
         raise ConfigError("optim.lr", cfg["optim"]["lr"], "a number > 0", "e.g. optim.lr=3e-4.")
     _choice(cfg, "optim.scale_lr", SCALE_LR, "linear multiplies lr by the world size.")
+    groups = cfg["optim"].get("param_groups")  # .get: `disttrain resume` of a run frozen before the key
+    if groups not in (None, NO_DECAY) and not (isinstance(groups, dict) and "_target_" in groups):
+        raise ConfigError(
+            "optim.param_groups",
+            groups,
+            f"null (one group), {NO_DECAY}, or a node with _target_ (a factory called with the model)",
+            f"optim.param_groups={NO_DECAY} exempts biases, norms and embeddings from weight decay; "
+            "optim.param_groups._target_=mylab.groups calls your function with the model.",
+        )
+    if "_target_" in cfg["sched"]:  # any scheduler class: its arguments are checked when it is built
+        return
     _choice(cfg, "sched.name", SCHEDULES, "cosine decays to min_lr_ratio x lr after warm-up.")
     _at_least(cfg, "sched.warmup_steps", 0, "0 disables warm-up.")
     ratio = cfg["sched"].get("min_lr_ratio", 0.0)
     if not 0.0 <= ratio <= 1.0:
         raise ConfigError("sched.min_lr_ratio", ratio, "0..1", "0 decays to zero; 0.1 keeps 10% of lr.")
+
+
+def _check_data(cfg: dict[str, Any]) -> None:
+    """Ranges of the built-in data options' own keys (text: block_size, val_fraction)."""
+    data = cfg["data"]
+    if "block_size" in data:
+        _at_least(cfg, "data.block_size", 1, "tokens per sample, e.g. data.block_size=64.")
+    if "val_fraction" in data:
+        fraction = data["val_fraction"]
+        if fraction is None or not 0.0 <= fraction < 1.0:
+            raise ConfigError(
+                "data.val_fraction",
+                fraction,
+                "a fraction in [0, 1)",
+                "the share of the data that validates, e.g. 0.1; 0 validates on nothing.",
+            )
 
 
 def data_parallel_size(cfg: dict[str, Any]) -> int:
@@ -291,6 +320,7 @@ def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
         )
     with torch.device("meta"):
         model = build_model(cfg["model"])
+        check_optim_runtime(cfg, model, len(train) // per_step)
     dp_checks.check_runtime(cfg, gpus, model)
     parallel_checks.check_model(cfg, model)
     dry_step(cfg, lambda: build_task(cfg["task"]), model, lambda: build_model(cfg["model"]), train, val)
@@ -298,3 +328,14 @@ def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     if val is not None:
         sizes["val"] = len(val)
     return sizes
+
+
+def check_optim_runtime(cfg: dict[str, Any], model: Any, batches_per_epoch: int) -> None:
+    """Build the optimizer (with its parameter groups) and the schedule on the meta model: a key the
+    optimizer or scheduler class does not take, or a value it rejects, fails here, before launch."""
+    from disttrain.engine.loop import total_steps
+    from disttrain.engine.optim import build_optimizer, build_scheduler
+
+    optimizer = build_optimizer(cfg["optim"], model, data_parallel_size(cfg))
+    steps = total_steps(cfg["trainer"], max(batches_per_epoch, 1) * cfg["trainer"]["grad_accum"])
+    build_scheduler(cfg["sched"], optimizer, max(steps, 1))

@@ -1,18 +1,24 @@
-"""Optimizer (a `_partial_` Hydra target) and the learning-rate schedule."""
+"""Optimizer (a `_partial_` Hydra target) over parameter groups, and the learning-rate schedule."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
-from disttrain.config.instantiate import build
+from disttrain.config.errors import ConfigError
+from disttrain.config.instantiate import build, locate
+from disttrain.config.schema import NO_DECAY
 
 log = logging.getLogger("disttrain")
+
+# Keys of the optim node that disttrain reads itself; the rest go to the optimizer.
+OWN_KEYS = ("scale_lr", "param_groups")
 
 
 def effective_lr(optim_cfg: dict[str, Any], world_size: int) -> float:
@@ -22,17 +28,70 @@ def effective_lr(optim_cfg: dict[str, Any], world_size: int) -> float:
 
 
 def build_optimizer(
-    optim_cfg: dict[str, Any], params: Iterable[torch.nn.Parameter], world_size: int
+    optim_cfg: dict[str, Any], model: torch.nn.Module | Iterable[torch.nn.Parameter], world_size: int
 ) -> torch.optim.Optimizer:
-    spec = {k: v for k, v in optim_cfg.items() if k != "scale_lr"}
+    """The optimizer over `model`'s parameters, grouped as `optim.param_groups` says.
+
+    `model` is the module the strategy returned (DDP, FSDP2 with DTensor parameters, a pipeline
+    stage, ...); the groups are torch param-group dicts, which ZeRO and post-local SGD keep.
+    """
+    spec = {k: v for k, v in optim_cfg.items() if k not in OWN_KEYS}
     spec["lr"] = effective_lr(optim_cfg, world_size)
     if spec["lr"] != optim_cfg["lr"]:
         log.info(
             "optim.scale_lr=linear: lr %.3g x world size %d = %.3g", optim_cfg["lr"], world_size, spec["lr"]
         )
-    factory = build(spec, "optim")
-    optimizer: torch.optim.Optimizer = factory(params)
+    if not spec.get("weight_decay") and "weight_decay" not in _arguments(spec["_target_"], "optim._target_"):
+        del spec["weight_decay"]  # 0 means none: LBFGS, SparseAdam have no such argument
+    factory = build(spec, "optim", supplied=1)  # the parameters are passed below
+    groups = param_groups(optim_cfg.get("param_groups"), model)  # .get: run dirs frozen before the key
+    optimizer: torch.optim.Optimizer = factory(groups)
     return optimizer
+
+
+def param_groups(choice: Any, model: torch.nn.Module | Iterable[torch.nn.Parameter]) -> Any:
+    """null: every parameter in one group; NO_DECAY: see no_decay_groups; a `_target_` node: the
+    user's factory, called with the model, returns param groups (or parameters)."""
+    if choice is None:
+        return model.parameters() if isinstance(model, torch.nn.Module) else model
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError("optim.param_groups needs the model, not its parameters")
+    if choice == NO_DECAY:
+        return no_decay_groups(model)
+    if isinstance(choice, dict):
+        factory = build({**choice, "_partial_": True}, "optim.param_groups", supplied=1)  # the model
+        groups = list(factory(model))
+        if not groups:
+            raise ConfigError(
+                "optim.param_groups._target_",
+                choice.get("_target_"),
+                "a factory that returns at least one parameter group",
+                "return e.g. [{'params': decay}, {'params': rest, 'weight_decay': 0.0}].",
+            )
+        return groups
+    raise ConfigError(
+        "optim.param_groups",
+        choice,
+        f"null, {NO_DECAY}, or a node with _target_ (a factory called with the model)",
+        f"optim.param_groups={NO_DECAY} exempts biases, norms and embeddings from weight decay.",
+    )
+
+
+def no_decay_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
+    """nanoGPT's and HF's rule: weight decay on >= 2-D weights that are not embeddings; biases,
+    norm weights (1-D) and embeddings (also a head tied to one) get weight_decay 0."""
+    embeddings = {
+        id(p)
+        for m in model.modules()
+        if isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag)
+        for p in m.parameters(recurse=False)
+    }
+    decay: list[torch.nn.Parameter] = []
+    exempt: list[torch.nn.Parameter] = []
+    for p in model.parameters():  # each shared (tied) parameter once
+        (exempt if p.ndim < 2 or id(p) in embeddings else decay).append(p)
+    groups: list[dict[str, Any]] = [{"params": decay}, {"params": exempt, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
 
 
 def lr_lambda(sched_cfg: dict[str, Any], total_steps: int) -> Any:
@@ -54,5 +113,31 @@ def lr_lambda(sched_cfg: dict[str, Any], total_steps: int) -> Any:
 
 def build_scheduler(
     sched_cfg: dict[str, Any], optimizer: torch.optim.Optimizer, total_steps: int
-) -> LambdaLR:
-    return LambdaLR(optimizer, lr_lambda(sched_cfg, total_steps))
+) -> LRScheduler:
+    """The built-in warm-up + constant/cosine (`sched.name`), or any scheduler class the
+    `sched._target_` names (a partial: the optimizer is passed here). Stepped once per optimizer
+    step. A target with a `total_steps` argument (OneCycleLR) gets the run's, unless set."""
+    if "_target_" not in sched_cfg:
+        return LambdaLR(optimizer, lr_lambda(sched_cfg, total_steps))
+    extra: dict[str, Any] = {}
+    accepted = _arguments(sched_cfg["_target_"], "sched._target_")
+    if "total_steps" in accepted and not {"total_steps", "epochs"} & set(sched_cfg):
+        extra["total_steps"] = total_steps
+    factory = build(sched_cfg, "sched", supplied=1, **extra)  # the optimizer is passed below
+    scheduler = factory(optimizer) if callable(factory) and not isinstance(factory, LRScheduler) else factory
+    if not isinstance(scheduler, LRScheduler):
+        raise ConfigError(
+            "sched._target_",
+            sched_cfg["_target_"],
+            "a torch.optim.lr_scheduler class (or a factory returning one), built with _partial_: true",
+            "e.g. sched._target_=torch.optim.lr_scheduler.StepLR sched.step_size=100.",
+        )
+    return scheduler
+
+
+def _arguments(target: Any, key: str) -> set[str]:
+    """Names `target` takes (empty when it has no inspectable signature)."""
+    try:
+        return set(inspect.signature(locate(target, key)).parameters)
+    except (TypeError, ValueError):
+        return set()

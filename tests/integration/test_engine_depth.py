@@ -26,7 +26,14 @@ TINY_GPT = (
     "data.block_size=32",
     "trainer.batch_size=16",
 )
-FAULT = ("data=synthetic", "model._target_=disttrain.testing.FaultMLP", "trainer.log_every=1")
+# A swapped _target_ starts from a clean node: FaultMLP gets the MLP arguments it forwards.
+FAULT_MLP_WIRING = ("model.in_features=${data.num_features}", "model.num_classes=${data.num_classes}")
+FAULT = (
+    "data=synthetic",
+    "model._target_=disttrain.testing.FaultMLP",
+    *FAULT_MLP_WIRING,
+    "trainer.log_every=1",
+)
 
 
 def test_gpt_on_text_in_bf16_loss_falls_well_below_its_start(tmp_path: Path) -> None:

@@ -18,7 +18,14 @@ from .conftest import CLI, FAST, _group_members, _kill_group, clean_env, final_w
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
-FAULT = ("data=synthetic", "trainer.log_every=1", "model._target_=disttrain.testing.FaultMLP")
+# A swapped _target_ starts from a clean node: FaultMLP gets the MLP arguments it forwards.
+FAULT_MLP_WIRING = ("model.in_features=${data.num_features}", "model.num_classes=${data.num_classes}")
+FAULT = (
+    "data=synthetic",
+    "trainer.log_every=1",
+    "model._target_=disttrain.testing.FaultMLP",
+    *FAULT_MLP_WIRING,
+)
 
 
 def _start(cwd: Path, *overrides: str) -> subprocess.Popen[str]:

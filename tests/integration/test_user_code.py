@@ -60,9 +60,11 @@ def test_model_from_cwd_and_now_frozen_once(tmp_path: Path, launcher: str) -> No
         tmp_path,
         f"launcher={launcher}",
         *QUICK,
-        "model._target_=mylab.nets.Net",
-        "+model.width=16",
-        "+model.stamp=${now:%H-%M-%S-%f}",
+        "model._target_=mylab.nets.Net",  # a clean node: no mlp keys, no `+` needed
+        "model.in_features=${data.num_features}",
+        "model.num_classes=${data.num_classes}",
+        "model.width=16",
+        "model.stamp=${now:%H-%M-%S-%f}",
     )
     assert run_dir is not None
     weights = final_weights(run_dir)
@@ -101,3 +103,35 @@ def test_experiment_from_config_dir(tmp_path: Path) -> None:
     assert summary["steps"] == 4 and summary["samples"] == 4 * 8 * 2  # 2 ranks x batch 8
     train = train_records(run_dir)
     assert [(r["step"], r["lr"]) for r in train] == [(2, 0.0123), (4, 0.0123)]
+
+
+GROUPS = """
+def freeze_positions(model):
+    # A user's grouping: the position embedding gets lr 0 (so it must not move), the rest trains.
+    pos = [p for n, p in model.named_parameters() if n.endswith("embed.pos.weight")]
+    rest = [p for n, p in model.named_parameters() if not n.endswith("embed.pos.weight")]
+    return [{"params": rest}, {"params": pos, "lr": 0.0}]
+"""
+
+
+def test_user_param_groups_and_a_torch_scheduler_under_zero(tmp_path: Path) -> None:
+    """The factory gets the DDP-wrapped model, ZeRO rebuilds its groups, StepLR steps per step."""
+    import torch
+
+    from disttrain.models import build_model
+
+    write_module(tmp_path, "mylab.groups", GROUPS)
+    model_keys = ("model=gpt", "model.dim=16", "model.n_layers=1")
+    _, run_dir = run_cli(
+        tmp_path, *model_keys, "strategy=zero", "trainer.max_steps=4", "trainer.log_every=1",
+        "trainer.batch_size=8", "optim.lr=0.01", "optim.param_groups._target_=mylab.groups.freeze_positions",
+        "sched._target_=torch.optim.lr_scheduler.StepLR", "sched.step_size=2", "sched.gamma=0.5",
+    )  # fmt: skip
+    assert run_dir is not None
+    assert [r["lr"] for r in train_records(run_dir)] == pytest.approx([0.01, 0.01, 0.005, 0.005])
+    cfg = read_yaml(run_dir / "config.yaml")
+    torch.manual_seed(cfg["seed"])  # the worker's init: same seed, same model
+    init = build_model(cfg["model"]).state_dict()
+    final = final_weights(run_dir)
+    assert torch.equal(final["embed.pos.weight"], init["embed.pos.weight"]), "lr 0 group moved"
+    assert not torch.equal(final["embed.tok.weight"], init["embed.tok.weight"]), "the rest trains"

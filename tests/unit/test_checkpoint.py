@@ -349,3 +349,64 @@ def test_config_hash_ignores_logging_and_names_changed_keys() -> None:
     b["optim"]["lr"] = 0.2
     assert config_hash(a) != config_hash(b)
     assert config_diff(shaping_config(a), shaping_config(b)) == ["optim.lr: 0.1 -> 0.2"]
+
+
+def _gpt_run(tmp_path: Path) -> tuple[Path, dict[str, Any], nn.Module]:
+    """A run dir as `disttrain train model=gpt` leaves it: config.yaml and one committed checkpoint."""
+    import yaml
+    from unit_support import checked
+
+    from disttrain.models import build_model
+
+    cfg = checked(["model=gpt", "model.dim=16", "model.n_layers=1"])
+    assert cfg["model"]["tie_weights"] is True
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    torch.manual_seed(0)
+    model = build_model(cfg["model"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randint(0, 256, (2, 8))).sum().backward()
+    opt.step()
+    _save(tmp_path / "checkpoints", 1, model, opt)
+    return tmp_path, cfg, model
+
+
+def test_export_of_a_tied_gpt_to_safetensors_loads_back_with_its_config(tmp_path: Path) -> None:
+    """safetensors refused the shared embed.tok/head.out tensor (real-clients review §2)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_model
+
+    from disttrain.models.gpt import GPT
+    from disttrain.resume import export
+
+    run_dir, cfg, trained = _gpt_run(tmp_path)
+    out = tmp_path / "out" / "m.safetensors"
+    assert export(run_dir, run_dir, out) == 0
+    with safe_open(str(out), "pt") as f:
+        meta = f.metadata()
+    model_cfg = json.loads(meta["disttrain.model"])
+    assert model_cfg == cfg["model"] and model_cfg["_target_"] == "disttrain.models.gpt.GPT"
+    fresh = GPT(**{k: v for k, v in model_cfg.items() if k != "_target_"})
+    load_model(fresh, str(out))
+    assert fresh.head.out.weight is fresh.embed.tok.weight, "still tied after loading"
+    x = torch.randint(0, 256, (2, 8))
+    trained.eval(), fresh.eval()
+    assert torch.equal(trained(x), fresh(x))
+    pt = tmp_path / "m.pt"  # the torch.save export stays a plain state dict
+    export(run_dir, run_dir, pt)
+    plain = GPT(**{k: v for k, v in model_cfg.items() if k != "_target_"})
+    plain.load_state_dict(torch.load(pt, weights_only=True))
+    assert torch.equal(trained(x), plain.eval()(x))
+
+
+@pytest.mark.parametrize("where", ["a-folder", "under-a-file"])
+def test_export_out_must_be_a_file_path_that_can_be_written(tmp_path: Path, where: str) -> None:
+    from disttrain.config import ConfigError
+    from disttrain.resume import cmd_export
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("model: {}\n")
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path if where == "a-folder" else tmp_path / "a-file" / "m.pt"
+    with pytest.raises(ConfigError) as info:
+        cmd_export([str(tmp_path / "run"), "--out", str(out)])
+    assert (info.value.key, info.value.value) == ("--out", str(out))

@@ -76,11 +76,39 @@ class Net(nn.Module):
 
 def test_train_rejects_user_model_missing_a_required_argument(scratch: Path) -> None:
     write_module(scratch, "mylab.nets", NET)
-    proc = disttrain("train", "model._target_=mylab.nets.Net", cwd=scratch)
+    wiring = ("model.in_features=${data.num_features}", "model.num_classes=${data.num_classes}")
+    proc = disttrain("train", "model._target_=mylab.nets.Net", *wiring, cwd=scratch)
     assert_config_error(
         proc, Bad("missing-arg", (), "model.width", "(missing)"), scratch, frozenset({"mylab"})
     )
-    assert "+model.width=VALUE" in proc.stderr
+    assert "model.width=VALUE" in proc.stderr and "+model.width" not in proc.stderr
+
+
+CNN = """
+from torch import nn
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, num_classes: int, hidden_size: int = 64) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(64, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_classes))
+
+    def forward(self, x):
+        return self.body(x)
+"""
+
+
+@pytest.mark.parametrize("plus", ["", "+"])
+def test_train_rejects_a_typo_in_a_user_model_argument(scratch: Path, plus: str) -> None:
+    """Real-clients review §5: `+model.hiden_size=128` used to train the default model, exit 0."""
+    write_module(scratch, "mycnn", CNN)
+    proc = disttrain(
+        "train", "model._target_=mycnn.SmallCNN", "model.num_classes=10", f"{plus}model.hiden_size=128",
+        cwd=scratch,
+    )  # fmt: skip
+    bad = Bad("typo", (), "model.hiden_size", "128")
+    assert_config_error(proc, bad, scratch, frozenset({"mycnn.py", "__pycache__"}))
+    assert "did you mean model.hidden_size?" in proc.stderr
 
 
 def test_unknown_subcommand(scratch: Path) -> None:
@@ -142,10 +170,21 @@ def test_config_dir_with_a_user_experiment(scratch: Path) -> None:
 
 def test_user_model_target_importable_from_the_working_directory(scratch: Path) -> None:
     write_module(scratch, "mylab.nets", NET)
-    proc = disttrain("config", "model._target_=mylab.nets.Net", "+model.width=512", cwd=scratch)
+    proc = disttrain(
+        "config", "model._target_=mylab.nets.Net", "model.width=512", "model.in_features=${data.num_features}",
+        cwd=scratch,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     model = yaml.safe_load(proc.stdout)["model"]
-    assert (model["_target_"], model["width"], model["in_features"]) == ("mylab.nets.Net", 512, 64)
+    assert model == {"_target_": "mylab.nets.Net", "width": 512, "in_features": 64}, "a clean node"
+
+
+def test_train_cfg_job_prints_the_settled_node_of_a_swapped_target(scratch: Path) -> None:
+    write_module(scratch, "mylab.nets", NET)
+    proc = disttrain("train", "model._target_=mylab.nets.Net", "model.width=8", "--cfg", "job", cwd=scratch)
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout)["model"] == {"_target_": "mylab.nets.Net", "width": 8}
+    assert {p.name for p in scratch.iterdir()} == {"mylab"}
 
 
 def test_train_cfg_job_prints_without_launching(scratch: Path) -> None:

@@ -192,11 +192,19 @@ def test_runtime_mistakes_pass_the_static_checks() -> None:
             checked(overrides)  # composes and passes check_static
 
 
-def test_unknown_key_lists_the_allowed_keys_and_the_plus_syntax() -> None:
+def test_unknown_key_lists_the_allowed_keys_and_suggests_the_close_one() -> None:
     with pytest.raises(ConfigError) as info:
         checked(["optim.lrr=1"])
     assert "lr" in info.value.allowed.split(": ", 1)[1].split(", ")
-    assert "+optim.lrr=VALUE" in info.value.hint
+    assert "did you mean optim.lr?" in info.value.hint and "+" not in info.value.hint
+
+
+def test_unknown_key_of_a_schema_block_does_not_recommend_plus() -> None:
+    """D20: `+trainer.max_step=10` would be taken into the typed block and read by nothing."""
+    with pytest.raises(ConfigError) as info:
+        checked(["trainer.max_step=10"])
+    assert info.value.key == "trainer.max_step" and "did you mean trainer.max_steps?" in info.value.hint
+    assert "+trainer" not in info.value.hint
 
 
 def test_unknown_option_lists_the_group_options_without_schema_bases() -> None:
@@ -236,6 +244,7 @@ def test_more_static_rules(overrides: list[str], key: str) -> None:
         ["nodes=2", "node_rank=1", "master_addr=10.0.0.1"],
         ["sched.min_lr_ratio=1.0", "optim.scale_lr=linear"],
         ["+model.width=512"],
+        ["model.width=512"],  # the model node is open: a key for your own class needs no `+`
     ],
 )
 def test_valid_edge_values_pass(overrides: list[str]) -> None:

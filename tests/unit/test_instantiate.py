@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import logging
 import math
 import sys
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from unit_support import checked, write_module
 
 from disttrain.config import ConfigError, compose, config_dir, resolve
 from disttrain.config.instantiate import build, locate
-from disttrain.config.validate import check_runtime
+from disttrain.config.validate import check_runtime, check_static
 from disttrain.data import build_datasets
 from disttrain.dist import DistEnv, choose_backend
 from disttrain.engine.optim import build_optimizer, build_scheduler, effective_lr, lr_lambda
@@ -101,6 +100,52 @@ def test_no_val_set_when_val_is_null() -> None:
     assert val is None and len(train) == 2048
 
 
+BAD_FILES = {
+    "missing": None,
+    "a-folder": "folder",
+    "no-x-array": b"",
+    "empty": b"",
+    "not-a-zip": b"garbage " * 8,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+@pytest.mark.parametrize("key", ["data.path", "data.val_path"])
+def test_bad_data_file_is_a_config_error_naming_its_key(tmp_path: Path, kind: str, key: str) -> None:
+    """D11: these were Hydra tracebacks (FileNotFoundError, KeyError, EOFError, BadZipFile...)."""
+    good, bad = tmp_path / "good.npz", tmp_path / f"{kind}.npz"
+    np.savez(good, x=np.zeros((8, 4)), y=np.zeros(8, dtype=np.int64))
+    if kind == "a-folder":
+        bad.mkdir()
+    elif kind == "no-x-array":
+        np.savez(bad, inputs=np.zeros((8, 4)))
+    elif BAD_FILES[kind] is not None:
+        bad.write_bytes(BAD_FILES[kind])  # type: ignore[arg-type]
+    paths = {"data.path": good, "data.val_path": good, key: bad}
+    overrides = ["data=files", "data.num_features=4", "data.num_classes=3", "trainer.batch_size=2"]
+    with pytest.raises(ConfigError) as info:
+        checked([*overrides, *(f"{k}={v}" for k, v in paths.items())], runtime=True)
+    assert (info.value.key, info.value.value) == (key, str(bad)) and info.value.hint
+
+
+def test_missing_text_file_is_a_config_error_naming_data_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        checked(["model=gpt", f"data.path={tmp_path / 'nope.txt'}"], runtime=True)
+    assert info.value.key == "data.path" and "FileNotFoundError" in info.value.hint
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [("data.block_size=0", "data.block_size"), ("data.val_fraction=1", "data.val_fraction"),
+     ("data.val_fraction=-0.5", "data.val_fraction")],
+)  # fmt: skip
+def test_text_data_ranges_are_checked_before_launch(override: str, key: str) -> None:
+    """block_size=0 divided by zero in a rank; val_fraction=-0.5 reported a perfect model (D12)."""
+    with pytest.raises(ConfigError) as info:
+        checked(["model=gpt", override])
+    assert info.value.key == key
+
+
 # ----------------------------------------------------------------------------------------- model
 # Which built-in data sets each model takes: cnn needs square images, gpt token sequences.
 PAIRS = {"mlp": ("digits", "synthetic"), "cnn": ("digits",), "gpt": ("text",)}
@@ -178,21 +223,176 @@ def make_train(n: int = 50):
 """
 
 
-def test_user_model_target_with_a_new_key(user_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+CNN = """
+from torch import nn
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, num_classes: int, hidden_size: int = 64, channels: int = 4) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(), nn.Flatten(),
+            nn.Linear(channels * 64, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_classes),
+        )
+
+    def forward(self, x):
+        return self.body(x)
+"""
+
+NANO = """
+from dataclasses import dataclass
+
+from torch import nn
+
+
+@dataclass
+class GPTConfig:
+    n_layer: int = 2
+    n_embd: int = 16
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(config.n_embd, config.n_embd) for _ in range(config.n_layer))
+
+
+def config_kwargs(n_layer: int = 2, **kwargs):
+    return GPTConfig(n_layer=n_layer, **kwargs)
+"""
+
+WIRED = ["model.in_features=${data.num_features}", "model.num_classes=${data.num_classes}"]
+
+
+def test_swapped_model_target_starts_from_a_clean_node(user_dir: Path) -> None:
+    """No `+`, no leftover mlp keys: the node holds exactly what the user wrote (and what took effect)."""
     write_module(user_dir, "unitlab.nets", NET)
-    cfg = checked(["model._target_=unitlab.nets.Net", "+model.width=512"])
-    with caplog.at_level(logging.WARNING, logger="disttrain"):
-        net = build_model(cfg["model"])
+    cfg = checked(["model._target_=unitlab.nets.Net", *WIRED, "model.width=512"])
+    assert cfg["model"] == {
+        "_target_": "unitlab.nets.Net",
+        "in_features": 64,
+        "num_classes": 10,
+        "width": 512,
+    }
+    net = build_model(cfg["model"])
     assert net.body[1].out_features == 512 and net.body[1].in_features == 64
-    assert "model.hidden" in caplog.text, "the mlp keys the user's class does not take are named"
     check_runtime(cfg)
+
+
+def test_user_class_with_defaults_needs_only_the_keys_it_changes(user_dir: Path) -> None:
+    write_module(user_dir, "unitlab.cnn", CNN)
+    cfg = checked(["model._target_=unitlab.cnn.SmallCNN", "model.num_classes=${data.num_classes}",
+                   "model.hidden_size=32"])  # fmt: skip
+    assert cfg["model"] == {"_target_": "unitlab.cnn.SmallCNN", "num_classes": 10, "hidden_size": 32}
+    assert build_model(cfg["model"]).body[4].out_features == 32
+
+
+@pytest.mark.parametrize("plus", ["", "+"])
+def test_typo_in_a_user_model_argument_names_it_and_suggests_the_right_one(user_dir: Path, plus: str) -> None:
+    """The old builder dropped `+model.hiden_size` with a warning and trained the default model."""
+    write_module(user_dir, "unitlab.cnn", CNN)
+    with pytest.raises(ConfigError) as info:
+        checked(["model._target_=unitlab.cnn.SmallCNN", "model.num_classes=10", f"{plus}model.hiden_size=128"],
+                runtime=True)  # fmt: skip
+    assert (info.value.key, info.value.value) == ("model.hiden_size", 128)
+    assert "did you mean model.hidden_size?" in info.value.hint
+    assert "hidden_size" in info.value.allowed and "+" not in info.value.hint
+
+
+def test_typo_in_a_nested_target_is_a_config_error_naming_the_nested_key(user_dir: Path) -> None:
+    """nanoGPT's `GPT(config)`: the nested GPTConfig's keys are checked before anything is built."""
+    write_module(user_dir, "unitlab.nano", NANO)
+    base = ["data=text", "model._target_=unitlab.nano.GPT", "model.config._target_=unitlab.nano.GPTConfig"]
+    cfg = checked([*base, "model.config.n_layer=3"], runtime=True)
+    assert cfg["model"] == {
+        "_target_": "unitlab.nano.GPT",
+        "config": {"_target_": "unitlab.nano.GPTConfig", "n_layer": 3},
+    }
+    assert len(build_model(cfg["model"]).layers) == 3
+    with pytest.raises(ConfigError) as info:
+        checked([*base, "+model.config.n_layr=4"], runtime=True)
+    assert info.value.key == "model.config.n_layr" and "did you mean model.config.n_layer?" in info.value.hint
+
+
+def test_kwargs_targets_are_checked_where_their_signature_allows(user_dir: Path) -> None:
+    write_module(user_dir, "unitlab.nano", NANO)
+    spec = {"_target_": "unitlab.nano.config_kwargs", "n_embd": 8}  # passed on through **kwargs
+    assert build(spec, "model.config").n_embd == 8
+    with pytest.raises(ConfigError) as info:  # close to the named n_layer: a typo, not a kwarg
+        build({**spec, "n_layr": 4}, "model.config")
+    assert info.value.key == "model.config.n_layr" and "n_layer" in info.value.hint
+    with pytest.raises(ConfigError) as info:  # what **kwargs passes on fails inside: still one paragraph
+        build({**spec, "n_emb": 4}, "model.config")
+    assert info.value.key == "model.config.n_emb" and "unexpected keyword argument" in info.value.hint
+
+
+def test_experiment_in_a_config_dir_swaps_model_and_data_targets_cleanly(user_dir: Path) -> None:
+    write_module(user_dir, "unitlab.nets", NET)
+    write_module(user_dir, "unitlab.data", DATA)
+    (user_dir / "conf" / "experiment").mkdir(parents=True)
+    (user_dir / "conf" / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\n"
+        "model:\n  _target_: unitlab.nets.Net\n  width: 96\n"
+        "  in_features: ${data.num_features}\n  num_classes: ${data.num_classes}\n"
+        "data:\n  train:\n    _target_: unitlab.data.make_train\n    n: 60\n  val: null\n"
+    )
+    cfg = checked(
+        ["experiment=mine", "trainer.batch_size=10"], runtime=True, config_dir=str(user_dir / "conf")
+    )
+    assert cfg["model"] == {"_target_": "unitlab.nets.Net", "width": 96, "in_features": 64, "num_classes": 10}
+    assert cfg["data"]["train"] == {"_target_": "unitlab.data.make_train", "n": 60}
+    assert cfg["data"]["val"] is None and cfg["data"]["name"] == "digits"
+
+
+def test_swapped_optimizer_keeps_disttrains_own_keys_and_drops_adamws() -> None:
+    cfg = checked(["optim._target_=torch.optim.RMSprop", "optim.alpha=0.9", "optim.lr=0.02"], runtime=True)
+    assert cfg["optim"] == {"_target_": "torch.optim.RMSprop", "_partial_": True, "lr": 0.02, "weight_decay": 0.0,
+                            "scale_lr": "none", "param_groups": None, "alpha": 0.9}  # fmt: skip
+    opt = build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1)
+    assert isinstance(opt, torch.optim.RMSprop) and opt.param_groups[0]["alpha"] == 0.9
+
+
+def test_swapped_optimizer_without_weight_decay_and_the_arguments_disttrain_passes() -> None:
+    """LBFGS takes no weight_decay: the clean node's 0 (none) is not forced on it; `params` and a
+    scheduler's `optimizer` are passed by disttrain, so they are not offered as suggestions."""
+    cfg = checked(["optim._target_=torch.optim.LBFGS"], runtime=True)
+    assert isinstance(build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1), torch.optim.LBFGS)
+    with pytest.raises(ConfigError) as info:
+        checked(["optim.param=1"], runtime=True)
+    assert info.value.key == "optim.param" and "params" not in info.value.allowed
+    with pytest.raises(ConfigError) as info:
+        checked(["sched._target_=torch.optim.lr_scheduler.StepLR", "sched.step_size=2", "sched.optimizr=1"],
+                runtime=True)  # fmt: skip
+    assert "optimizer" not in info.value.hint + info.value.allowed
+
+
+def test_frozen_config_of_a_swapped_node_rebuilds_the_same_objects(user_dir: Path) -> None:
+    """config.yaml is plain YAML; building from it again gives the same model, bit for bit."""
+    import yaml
+
+    write_module(user_dir, "unitlab.nets", NET)
+    cfg = checked(["model._target_=unitlab.nets.Net", *WIRED, "model.width=8"])
+    frozen = yaml.safe_load(yaml.safe_dump(cfg, sort_keys=False))
+    torch.manual_seed(0)
+    a = build_model(cfg["model"]).state_dict()
+    torch.manual_seed(0)
+    b = build_model(frozen["model"]).state_dict()
+    assert frozen["model"] == cfg["model"] and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_misspelt_key_of_a_built_in_node_is_caught_without_torch() -> None:
+    with pytest.raises(ConfigError) as info:
+        checked(["model.hiden=[256,256]"])
+    assert info.value.key == "model.hiden" and "did you mean model.hidden?" in info.value.hint
+    assert "+" not in info.value.hint
 
 
 def test_user_model_missing_required_argument_is_a_config_error(user_dir: Path) -> None:
     write_module(user_dir, "unitlab.nets", NET)
     with pytest.raises(ConfigError) as info:
-        checked(["model._target_=unitlab.nets.Net"], runtime=True)
-    assert info.value.key == "model.width" and "+model.width=VALUE" in info.value.hint
+        checked(["model._target_=unitlab.nets.Net", *WIRED], runtime=True)
+    assert info.value.key == "model.width" and "model.width=VALUE" in info.value.hint
+    assert "+model" not in info.value.hint  # the swapped node is clean and open: no `+`
 
 
 def test_user_data_target(user_dir: Path) -> None:
@@ -200,20 +400,22 @@ def test_user_data_target(user_dir: Path) -> None:
     cfg = checked(
         [
             "data.train._target_=unitlab.data.make_train",
-            "+data.train.n=40",
+            "data.train.n=40",
             "data.val=null",
             "trainer.batch_size=20",
         ]
     )
-    assert check_runtime(cfg) == {"train": 40}  # 2 ranks x batch 20 fit; the digits keys are dropped
+    assert cfg["data"]["train"] == {"_target_": "unitlab.data.make_train", "n": 40}  # no digits keys left
+    assert check_runtime(cfg) == {"train": 40}  # 2 ranks x batch 20 fit
 
 
 # ------------------------------------------------------------------------------------------- build
-def test_build_keeps_what_the_target_accepts_and_passes_extras() -> None:
-    lin = build(
-        {"_target_": "torch.nn.Linear", "in_features": 3, "bias": False, "junk": 1}, "model", out_features=2
-    )
+def test_build_passes_extras_and_rejects_keys_the_target_does_not_take() -> None:
+    lin = build({"_target_": "torch.nn.Linear", "in_features": 3, "bias": False}, "model", out_features=2)
     assert isinstance(lin, torch.nn.Linear) and lin.weight.shape == (2, 3) and lin.bias is None
+    with pytest.raises(ConfigError) as info:
+        build({"_target_": "torch.nn.Linear", "in_features": 3, "junk": 1}, "model", out_features=2)
+    assert (info.value.key, info.value.value) == ("model.junk", 1)
 
 
 @pytest.mark.parametrize(
@@ -253,7 +455,7 @@ def test_locate_finds_classes_and_functions() -> None:
 def test_every_optimizer_builds_from_its_partial(optim: str) -> None:
     cfg = checked([f"optim={optim}", "optim.lr=0.02"])["optim"]
     model = torch.nn.Linear(4, 2)
-    opt = build_optimizer(cfg, model.parameters(), world_size=2)
+    opt = build_optimizer(cfg, model, world_size=2)
     assert type(opt) is locate(cfg["_target_"], "optim._target_")
     group = opt.param_groups[0]
     assert group["lr"] == pytest.approx(0.02) and group["weight_decay"] == pytest.approx(cfg["weight_decay"])
@@ -302,18 +504,96 @@ def test_constant_with_and_without_warmup() -> None:
     assert [f(s) for s in (0, 1, 2, 9)] == pytest.approx([0.5, 1.0, 1.0, 1.0])
 
 
-@pytest.mark.parametrize("sched", options("sched"))
-def test_every_schedule_drives_the_optimizer_lr(sched: str) -> None:
-    cfg = checked([f"sched={sched}", "optim.lr=0.1"])
-    opt = build_optimizer(cfg["optim"], torch.nn.Linear(2, 2).parameters(), world_size=1)
-    scheduler = build_scheduler(cfg["sched"], opt, total_steps=30)
-    f = lr_lambda(cfg["sched"], total_steps=30)
+def _lrs(cfg: dict, steps: int = 30) -> list[float]:
+    opt = build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1)
+    scheduler = build_scheduler(cfg["sched"], opt, total_steps=steps)
     lrs = []
-    for _ in range(30):
+    for _ in range(steps):  # the engine steps the scheduler once per optimizer step
         lrs.append(opt.param_groups[0]["lr"])
         opt.step()
         scheduler.step()
-    assert lrs == pytest.approx([0.1 * f(s) for s in range(30)])
+    return lrs
+
+
+@pytest.mark.parametrize("sched", [s for s in options("sched") if s in ("constant", "cosine")])
+def test_every_built_in_schedule_drives_the_optimizer_lr(sched: str) -> None:
+    cfg = checked([f"sched={sched}", "optim.lr=0.1"])
+    f = lr_lambda(cfg["sched"], total_steps=30)
+    assert _lrs(cfg) == [0.1 * f(s) for s in range(30)]  # bitwise: the same LambdaLR as before
+
+
+def test_any_torch_scheduler_class_by_target_steps_per_optimizer_step() -> None:
+    cfg = checked(["sched._target_=torch.optim.lr_scheduler.StepLR", "sched.step_size=10", "sched.gamma=0.5",
+                   "optim.lr=0.1"], runtime=True)  # fmt: skip
+    assert cfg["sched"] == {"_target_": "torch.optim.lr_scheduler.StepLR", "_partial_": True, "step_size": 10,
+                            "gamma": 0.5}  # fmt: skip
+    assert _lrs(cfg) == [0.1] * 10 + [0.05] * 10 + [0.025] * 10
+
+
+def test_onecycle_option_gets_the_runs_total_steps() -> None:
+    cfg = checked(["sched=onecycle", "optim.lr=0.1"], runtime=True)
+    lrs = _lrs(cfg)
+    opt = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    ref = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=30)
+    expected = []
+    for _ in range(30):
+        expected.append(opt.param_groups[0]["lr"])
+        opt.step()
+        ref.step()
+    assert lrs == expected and max(lrs) == pytest.approx(0.1)
+
+
+def test_scheduler_mistakes_are_config_errors_before_launch() -> None:
+    with pytest.raises(ConfigError) as info:
+        checked(["sched._target_=torch.optim.lr_scheduler.StepLR", "sched.step_sze=10"], runtime=True)
+    assert info.value.key == "sched.step_sze" and "did you mean sched.step_size?" in info.value.hint
+    with pytest.raises(ConfigError) as info:  # forgot the _target_: cosine has no such key
+        checked(["sched.step_size=10"])
+    assert info.value.key == "sched.step_size" and "sched._target_=" in info.value.hint
+
+
+# ------------------------------------------------------------------------------- param groups
+GROUPS = """
+def by_name(model, head_lr: float = 0.5):
+    head = [p for n, p in model.named_parameters() if n.startswith("head")]
+    rest = [p for n, p in model.named_parameters() if not n.startswith("head")]
+    return [{"params": rest}, {"params": head, "lr": head_lr}]
+"""
+
+
+def test_no_decay_groups_of_the_built_in_gpt() -> None:
+    cfg = checked(["model=gpt", "model.dim=16", "optim.param_groups=no_decay_bias_norm_embed"], runtime=True)
+    model = build_model(cfg["model"])
+    opt = build_optimizer(cfg["optim"], model, world_size=1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay, exempt = ({names[id(p)] for p in g["params"]} for g in opt.param_groups)
+    assert opt.param_groups[0]["weight_decay"] == cfg["optim"]["weight_decay"] > 0
+    assert opt.param_groups[1]["weight_decay"] == 0.0
+    assert {"embed.tok.weight", "embed.pos.weight"} <= exempt  # the tied head shares embed.tok.weight
+    assert all(n.endswith(".bias") or ".ln" in n or n.startswith("embed.") for n in exempt), exempt
+    assert decay and all(n.endswith(".weight") and ".ln" not in n for n in decay), decay
+    assert len(decay) + len(exempt) == len(list(model.parameters()))
+
+
+def test_a_run_frozen_before_param_groups_still_resumes() -> None:
+    """`disttrain resume` checks and builds from an old config.yaml that lacks optim.param_groups."""
+    cfg = checked([])
+    del cfg["optim"]["param_groups"]
+    check_static(cfg)
+    check_runtime(cfg)
+    assert len(build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1).param_groups) == 1
+
+
+def test_user_param_group_factory_is_called_with_the_model(user_dir: Path) -> None:
+    write_module(user_dir, "unitlab.groups", GROUPS)
+    cfg = checked(["model=gpt", "model.dim=16", "optim.param_groups._target_=unitlab.groups.by_name",
+                   "optim.param_groups.head_lr=0.25"], runtime=True)  # fmt: skip
+    opt = build_optimizer(cfg["optim"], build_model(cfg["model"]), world_size=1)
+    assert [g["lr"] for g in opt.param_groups] == [cfg["optim"]["lr"], 0.25]
+    with pytest.raises(ConfigError) as info:
+        checked(["optim.param_groups._target_=unitlab.groups.by_name", "optim.param_groups.head_l=1"],
+                runtime=True)  # fmt: skip
+    assert info.value.key == "optim.param_groups.head_l"
 
 
 # ------------------------------------------------------------------------------ strategy, backend

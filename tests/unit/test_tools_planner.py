@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -59,13 +60,28 @@ def test_transformer_activations_korthikanti_by_hand() -> None:
     assert act_ckpt == 2 * (2 * 16_777_216) + 16_777_216 * 74  # inputs kept + one layer recomputed
 
 
-def test_gpt_like_plan_sharding_and_recommendation(caplog: pytest.LogCaptureFixture) -> None:
-    """A 4096 x 4096 Linear stands in for the weights; the transformer fields drive activations."""
+STAND_IN = """
+from torch import nn
+
+
+def linear(in_features, out_features, n_layer, d_model, n_head, seq_len):
+    return nn.Linear(in_features, out_features)
+"""
+
+
+def test_gpt_like_plan_sharding_and_recommendation(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 4096 x 4096 Linear stands in for the weights; the transformer fields drive activations.
+
+    The stand-in takes those fields as arguments: _target_ keys are strict (no silent drops)."""
+    (tmp_path / "planstandin.py").write_text(STAND_IN)
+    monkeypatch.syspath_prepend(str(tmp_path))
     cfg = _cfg(
         "nodes=2", "nproc_per_node=4", "master_addr=10.0.0.1", "plan.micro_batch=1", "plan.gpu_mem_gb=0.3"
     )
     cfg["model"] = {
-        "_target_": "torch.nn.Linear",
+        "_target_": "planstandin.linear",
         "in_features": 4096,
         "out_features": 4096,
         "n_layer": 8,

@@ -174,6 +174,11 @@ BAD_STATIC = [
     Bad("sync-check-fsdp", ("strategy=fsdp", "debug.check_sync_every=10"), "debug.check_sync_every", "10"),
     Bad("compile-pipeline", ("strategy=pipeline", "trainer.compile=true"), "trainer.compile", "True"),
     Bad("profiler-active", ("profile=true", "profiler.active=0"), "profiler.active", "0"),
+    Bad("model-key-typo", ("model.hiden=[256,256]",), "model.hiden", "[256, 256]"),
+    Bad("sched-key-without-target", ("sched.step_size=10",), "sched.step_size", "10"),
+    Bad("param-groups", ("optim.param_groups=nodecay",), "optim.param_groups", "nodecay"),
+    Bad("text-block-size", ("model=gpt", "data.block_size=0"), "data.block_size", "0"),
+    Bad("text-val-fraction", ("model=gpt", "data.val_fraction=1"), "data.val_fraction", "1.0"),
     Bad("missing-config-dir", ("--config-dir", "no_such_folder"), "--config-dir", "no_such_folder"),
     Bad("missing-config-name", ("--config-name", "nope"), "--config-name", "nope"),
 ]
@@ -191,6 +196,11 @@ BAD_RUNTIME = [
     Bad("gpt-heads-vs-tp", ("model=gpt", "data=text", "strategy=tp", "model.n_heads=1", "model.dim=8"),
         "model.n_heads", "1", runtime=True),
     Bad("sweep-one-bad-job", ("-m", "optim.lr=1e-3,-1"), "optim.lr", "-1.0", runtime=True),
+    Bad("missing-data-file", ("data=files", "data.path=no_such.npz", "data.num_features=4", "data.num_classes=3"),
+        "data.path", "no_such.npz", runtime=True),
+    Bad("optim-argument-typo", ("optim.amsgrd=true",), "optim.amsgrd", "True", runtime=True),
+    Bad("sched-target-typo", ("sched._target_=torch.optim.lr_scheduler.StepLR", "sched.step_sze=10"),
+        "sched.step_sze", "10", runtime=True),
 ]
 # fmt: on
 
