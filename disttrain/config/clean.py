@@ -1,6 +1,6 @@
 """`_target_` nodes after composition: a swapped `_target_` starts from a clean node.
 
-The plug-in nodes (model, optim, sched, data.train, data.val) are open in the schema, so a user may
+The plug-in nodes (model, optim, sched, task, data.train, data.val) are open in the schema, so a user may
 write keys the built-in option lacks, on the command line (`model.hidden_size=128`, no `+`) or in a
 YAML (`model: {_target_: mylab.Net, width: 96}`). After composition each node is settled:
 
@@ -32,11 +32,12 @@ from disttrain.config.errors import ConfigError
 
 log = logging.getLogger("disttrain")
 
-NODES = ("model", "optim", "sched", "data.train", "data.val")
+NODES = ("model", "optim", "sched", "task", "data.train", "data.val")
 EXAMPLE = {
     "model": "mylab.nets.Net",
     "optim": "torch.optim.RMSprop",
     "sched": "torch.optim.lr_scheduler.StepLR",
+    "task": "mylab.tasks.Weighted",
     "data.train": "mylab.data.make_train",
     "data.val": "mylab.data.make_val",
 }

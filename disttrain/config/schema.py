@@ -277,6 +277,58 @@ class FilesDataConfig(DataConfig):
     )
 
 
+# ------------------------------------------------------------------------------------------- task
+@dataclass
+class TaskConfig:
+    _target_: str = _h("a disttrain.tasks.Task subclass, or a function step(model, batch) -> loss", MISSING)
+
+
+@dataclass
+class CriterionTaskConfig(TaskConfig):
+    criterion: Any = _h(
+        "loss = criterion(model(inputs), target): any torch.nn loss or yours, by _target_", None
+    )
+    inputs: str = _h("batch field the model gets: x (item 0 of a tuple), an index, or a dict key", "x")
+    target: str = _h(
+        "batch field the loss compares with: y (item 1 of a tuple), an index, or a dict key", "y"
+    )
+
+
+def _criterion(target: str) -> Any:
+    return field(default_factory=lambda: {"_target_": target}, metadata={"help": "the loss, by _target_"})
+
+
+@dataclass
+class ClassificationTaskConfig(CriterionTaskConfig):
+    _target_: str = "disttrain.tasks.Classification"
+    criterion: Any = _criterion("torch.nn.CrossEntropyLoss")
+
+
+@dataclass
+class RegressionTaskConfig(CriterionTaskConfig):
+    _target_: str = "disttrain.tasks.Regression"
+    criterion: Any = _criterion("torch.nn.MSELoss")
+
+
+@dataclass
+class LMTaskConfig(CriterionTaskConfig):
+    _target_: str = "disttrain.tasks.LanguageModel"
+    criterion: Any = _criterion("torch.nn.CrossEntropyLoss")
+
+
+@dataclass
+class ModelLossTaskConfig(TaskConfig):
+    _target_: str = "disttrain.tasks.ModelLoss"
+    call: Any = _h(
+        "model arguments -> batch fields, e.g. {idx: x, targets: y}; null: the whole batch "
+        "(a dict as keyword arguments)",
+        None,
+    )
+    loss: Any = _h("where the loss is when not a 0-dim tensor, .loss, ['loss'] or a tuple's one scalar", None)
+    tokens: str | None = _h("a model argument whose elements count as tokens (tokens/s), e.g. idx", None)
+    perplexity: bool = _h("also report */ppl = exp(loss)", False)
+
+
 # -------------------------------------------------------------------------------------------- amp
 @dataclass
 class AmpConfig:
@@ -539,6 +591,12 @@ def register() -> None:
             "base_text": TextDataConfig,
             "base_files": FilesDataConfig,
         },
+        "task": {
+            "base_classification": ClassificationTaskConfig,
+            "base_regression": RegressionTaskConfig,
+            "base_lm": LMTaskConfig,
+            "base_model_loss": ModelLossTaskConfig,
+        },
         "amp": {"base_amp": AmpConfig},
         "optim": {"base_adamw": AdamWConfig, "base_sgd": SGDConfig},
         "sched": {
@@ -559,7 +617,7 @@ def register() -> None:
 
 
 # Groups whose node (or, for data, whose train/val nodes) is a `_target_` plug-in point.
-OPEN_GROUPS = ("model", "optim", "sched")
+OPEN_GROUPS = ("model", "optim", "sched", "task")
 OPEN_DATA_NODES = ("train", "val")
 
 

@@ -67,11 +67,12 @@ def test_every_option_composes_and_passes_static_checks(group: str, option: str)
 
 
 def test_gpt_brings_the_text_data_unless_data_is_chosen() -> None:
-    """The brief's `disttrain train strategy=fsdp model=gpt amp=bf16` needs no data=text."""
+    """The brief's `disttrain train strategy=fsdp model=gpt amp=bf16` needs no data=text (nor task=lm)."""
     cfg = checked(["model=gpt", "strategy=fsdp", "amp=bf16"])
     assert (cfg["data"]["name"], cfg["model"]["vocab_size"], cfg["model"]["block_size"]) == ("text", 256, 64)
-    with pytest.raises(ConfigError, match="data=synthetic is a classification set"):
-        checked(["model=gpt", "data=synthetic"])  # an explicit choice wins, and is checked
+    assert cfg["task"]["_target_"] == "disttrain.tasks.LanguageModel"
+    with pytest.raises(ConfigError, match="Expected tensor for argument #1 'indices' to have one of"):
+        checked(["model=gpt", "data=synthetic"], runtime=True)  # an explicit choice wins: the dry step
 
 
 def test_default_config() -> None:
