@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from disttrain.safefile import write_atomic
+
 CONFIG = "config.yaml"
 
 
@@ -39,11 +41,10 @@ def freeze(run_dir: Path, cfg: dict[str, Any], overrides: list[str], argv: list[
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Atomic replace. The temp name is per host and process: the nodes of a multi-node run write
-    the same files into one run dir on a shared file system, and must not rename each other's."""
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """Atomic replace through a fresh, randomly named temp file (O_EXCL): the nodes of a
+    multi-node run write the same files into one run dir on a shared file system and must not
+    rename each other's, and a symlink planted at a predictable temp name is never followed."""
+    write_atomic(path, text.encode("utf-8"))
 
 
 def git_state(directory: Path) -> dict[str, Any]:
