@@ -7,6 +7,7 @@ too small for the world size, or nccl without a GPU fails in seconds, before a q
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from disttrain.config import dp_checks, launch_checks, parallel_checks
@@ -49,8 +50,25 @@ def _get(cfg: dict[str, Any], key: str) -> Any:
     return node
 
 
+NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def check_name(cfg: dict[str, Any]) -> None:
+    """`name` becomes a path component (runs/NAME/...), the Slurm job name and the rendezvous id:
+    no separators, no `..`, nothing a shell or sbatch would split or run."""
+    name = cfg.get("name")
+    if not isinstance(name, str) or not NAME.fullmatch(name) or set(name) == {"."}:
+        raise ConfigError(
+            "name",
+            repr(name) if isinstance(name, str) and not NAME.fullmatch(name) else name,
+            "letters, digits and . _ - (not only dots)",
+            "e.g. name=lr-sweep_3; the run dir is runs/NAME/TIMESTAMP (set hydra.run.dir for another place).",
+        )
+
+
 def check_static(cfg: dict[str, Any]) -> None:
     """Checks that need only the resolved config."""
+    check_name(cfg)
     _at_least(cfg, "nodes", 1, "use nodes=1 for a single machine.")
     _at_least(cfg, "nproc_per_node", 1, "one rank per GPU; on CPU 2 is a good start.")
     nodes = cfg["nodes"]
