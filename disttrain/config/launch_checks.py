@@ -63,6 +63,14 @@ def check_static(cfg: dict[str, Any]) -> None:
             "a number of seconds >= 1",
             "after min_nodes have joined, torchrun waits this long for the rest (default 30).",
         )
+    interval = launcher.get("monitor_interval")
+    if interval is None or not interval > 0:
+        raise ConfigError(
+            "launcher.monitor_interval",
+            interval,
+            "a number of seconds > 0",
+            "how often torchrun's agent checks the ranks; the default 0.1 suits most runs.",
+        )
     low = launcher.get("min_nodes") or 0
     if not 0 <= low <= nodes:
         raise ConfigError(

@@ -176,6 +176,12 @@ BAD_STATIC = [
     Bad("gpt-needs-lm-data", ("model=gpt", "data=digits"), "model", "gpt"),
     Bad("missing-config-dir", ("--config-dir", "no_such_folder"), "--config-dir", "no_such_folder"),
     Bad("missing-config-name", ("--config-name", "nope"), "--config-name", "nope"),
+    Bad("monitor-interval", ("launcher.monitor_interval=-1",), "launcher.monitor_interval", "-1.0"),
+    Bad("plus-into-typed-block", ("+trainer.max_step=10",), "trainer.max_step", "10"),
+    Bad("plus-at-top-level", ("+foo=bar",), "foo", "bar"),
+    Bad("plus-existing-key", ("+trainer.max_steps=10",), "+trainer.max_steps", "10"),
+    Bad("name-traversal", ("name=../../escape",), "name", "'../../escape'"),
+    Bad("name-only-dots", ("name=..",), "name", ".."),
 ]
 
 BAD_RUNTIME = [
