@@ -238,9 +238,20 @@ def cmd_export(rest: list[str]) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(rest)
     location = Path(args.location).resolve()
+    if not location.is_dir():
+        raise ConfigError(
+            "RUN_DIR", args.location, "an existing run dir or checkpoint folder", EXPORT_USAGE.splitlines()[0]
+        )
     run_dir = location
     while not (run_dir / "config.yaml").is_file() and run_dir != run_dir.parent:
         run_dir = run_dir.parent  # a checkpoint folder: its run dir holds the config
+    if not (run_dir / "config.yaml").is_file():  # name what the user gave, not the root it reached
+        raise ConfigError(
+            "RUN_DIR",
+            args.location,
+            "a run dir (it holds config.yaml) or a checkpoint folder inside one",
+            EXPORT_USAGE.splitlines()[0],
+        )
     run_dir = _run_dir(str(run_dir), EXPORT_USAGE)
     out = Path(args.out) if args.out else run_dir / "export" / "model.pt"
     return export(run_dir, location, out)

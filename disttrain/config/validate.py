@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from disttrain.config import dp_checks, launch_checks, parallel_checks
-from disttrain.config.errors import ConfigError, one_of
+from disttrain.config.errors import ConfigError, _show, one_of
 from disttrain.strategies import STRATEGIES
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -257,6 +257,19 @@ def _check_optim(cfg: dict[str, Any]) -> None:
         raise ConfigError("sched.min_lr_ratio", ratio, "0..1", "0 decays to zero; 0.1 keeps 10% of lr.")
 
 
+def _empty_training_set(data: dict[str, Any]) -> None:
+    """No training sample at all: the data settings are the cause, not trainer.batch_size."""
+    knobs = ("path", "num_samples", "val_fraction", "block_size")
+    shown = ", ".join(f"data.{k}={_show(data[k])}" for k in knobs if k in data) or "see `disttrain config`"
+    raise ConfigError(
+        "data",
+        data.get("name") or data.get("_target_") or "?",
+        "a data set with at least one training sample",
+        f"it has 0 ({shown}): check the file is not empty, that data.val_fraction leaves samples "
+        "for training (< 1), that data.block_size is shorter than the text, and data.num_samples >= 1.",
+    )
+
+
 def data_parallel_size(cfg: dict[str, Any]) -> int:
     """Replicas that read different data: ranks that split one model (pipeline, tp) share a batch."""
     name, ws = cfg["strategy"]["name"], world_size(cfg)
@@ -292,6 +305,8 @@ def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
             f"set nproc_per_node={gpus}, one rank per GPU.",
         )
     train, val = build_datasets(cfg["data"])
+    if len(train) == 0:
+        _empty_training_set(cfg["data"])
     replicas = data_parallel_size(cfg)
     per_step = replicas * cfg["trainer"]["batch_size"] * cfg["trainer"]["grad_accum"]
     if len(train) < per_step:

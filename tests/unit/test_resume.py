@@ -91,3 +91,12 @@ def test_cli_refuses_a_run_that_is_still_running(saved: dict, tmp_path: Path) ->
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and str(sleeper.pid) in proc.stderr
     assert json.loads((run / "status.json").read_text())["pid"] == sleeper.pid != os.getpid()
+
+
+@pytest.mark.parametrize("where", ["/nonexistent/run", "{tmp}"])
+def test_export_names_the_location_it_was_given(where: str, tmp_path: Path) -> None:
+    """`export /nonexistent` reported RUN_DIR=/ (it walked up to the root looking for config.yaml)."""
+    location = where.format(tmp=tmp_path)
+    proc = disttrain("export", location, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"disttrain: config error: RUN_DIR={location} is not valid"), proc.stderr
