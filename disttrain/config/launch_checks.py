@@ -160,5 +160,9 @@ def _check_port_free(cfg: dict[str, Any]) -> None:
                 f"a free TCP port on this machine (port {port} is "
                 f"{'in use' if taken else 'not bindable: ' + (exc.strerror or str(exc))})",
                 f"another run or program listens there (`ss -ltnp 'sport = :{port}'` shows which); "
-                + ("use master_port=0 to pick a free one." if nodes == 1 else "pick another port on every node."),
+                + (
+                    "use master_port=0 to pick a free one."
+                    if nodes == 1
+                    else "pick another port on every node."
+                ),
             ) from None
