@@ -53,10 +53,12 @@ def _create_handler(params: Any) -> Any:
     handler = create_handler(store, LoopbackBackend(store, params.run_id), params)
     # The store the agent shares with its ranks (MASTER_ADDR/PORT of init_process_group): torch
     # makes it with TCPStore(addr, 0, is_master=True), i.e. on every interface; make it here.
-    setattr(
-        handler, "_create_tcp_store_server", lambda addr, port: loopback_store(port, wait_for_workers=False)
-    )  # noqa: B010
+    handler._create_tcp_store_server = _shared_store  # type: ignore[method-assign,assignment]
     return handler
+
+
+def _shared_store(addr: str, port: int) -> Any:
+    return loopback_store(port, wait_for_workers=False)
 
 
 def register_backend() -> str:
