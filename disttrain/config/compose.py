@@ -122,6 +122,7 @@ def resolve(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, An
         if "hydra" in cfg:
             with _open(cfg):
                 del cfg["hydra"]
+        _check_missing(cfg)
         container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except Exception as exc:
         err = translate(exc, overrides or [])
@@ -131,6 +132,32 @@ def resolve(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, An
     assert isinstance(container, dict)
     elastic_nodes(container)  # type: ignore[arg-type]
     return container  # type: ignore[return-value]
+
+
+def _check_missing(cfg: DictConfig) -> None:
+    """Every `???` at once, the file path first: resolving stops at the first interpolation that
+    reaches one (data=files without a path named model.in_features, which reads data.num_features)."""
+    missing = sorted(_missing_keys(cfg, ""), key=lambda k: (not k.endswith("path"), k))
+    if missing:
+        also = f" (also without a value: {', '.join(missing[1:])})" if missing[1:] else ""
+        raise ConfigError(
+            missing[0], "???", "a value (this key has no default)", f"set it: {missing[0]}=VALUE{also}."
+        )
+
+
+def _missing_keys(node: Any, prefix: str) -> list[str]:
+    """Dotted keys holding a literal `???` (OmegaConf.missing_keys resolves interpolations and so
+    fails on the first one that reaches a missing value)."""
+    keys: list[str] = []
+    names = list(node.keys()) if OmegaConf.is_dict(node) else range(len(node))
+    for key in names:
+        child: Any = node._get_node(key)
+        path = f"{prefix}{key}"
+        if OmegaConf.is_dict(child) or OmegaConf.is_list(child):
+            keys += _missing_keys(child, f"{path}.")
+        elif child is not None and child._is_missing() and not child._is_interpolation():
+            keys.append(path)
+    return keys
 
 
 def _open(cfg: DictConfig) -> Any:

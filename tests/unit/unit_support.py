@@ -182,6 +182,7 @@ BAD_STATIC = [
     Bad("plus-existing-key", ("+trainer.max_steps=10",), "+trainer.max_steps", "10"),
     Bad("name-traversal", ("name=../../escape",), "name", "'../../escape'"),
     Bad("name-only-dots", ("name=..",), "name", ".."),
+    Bad("files-without-path", ("data=files",), "data.path", "???"),
 ]
 
 BAD_RUNTIME = [
