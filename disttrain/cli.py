@@ -85,6 +85,8 @@ def cmd_train(rest: list[str]) -> int:
 
         for job in expand_sweep(args.overrides) if args.multirun else [args.overrides]:
             cfg = _compose_checked(job, args, runtime=not args.cfg)
+        if args.multirun and not args.cfg:
+            rest = [*rest, *_own_sweep_dir(args, expand_sweep(args.overrides)[0])]
         if not args.multirun and not args.cfg:
             extra = _multinode_run_dir(cfg, args.overrides)
             command = [*rest, *extra]  # every node derives the same dir: part of the command
@@ -112,6 +114,18 @@ def _own_run_dir(cfg: dict[str, Any], args: Any, overrides: list[str], command: 
     if any(o.lstrip("+").startswith("hydra.run.dir=") for o in overrides):
         return rundir.reuse(run_dir, cfg, shared=cfg["nodes"] > 1)  # the nodes share one dir
     return rundir.claim(run_dir)
+
+
+def _own_sweep_dir(args: Any, first_job: list[str]) -> list[str]:
+    """`-m`: the sweep's folder (`runs/NAME/multirun_TIMESTAMP`) claimed exclusively, as a run dir."""
+    from disttrain import rundir
+    from disttrain.config import compose
+
+    if any(o.lstrip("+").startswith("hydra.sweep.dir=") for o in args.overrides):
+        return []  # the user's own folder: its job subdirs are theirs to reuse
+    full = compose(first_job, args.config_dir, args.config_name or "config", with_hydra=True)
+    sweep_dir = rundir.claim(Path(str(full.hydra.sweep.dir)).absolute())
+    return [f"hydra.sweep.dir={_hydra_quote(str(sweep_dir))}"]
 
 
 def _hydra_quote(value: str) -> str:

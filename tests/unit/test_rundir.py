@@ -106,6 +106,24 @@ def test_two_invocations_with_the_same_run_dir_get_their_own(scratch: Path) -> N
     assert "hydra.run.dir" not in (runs / "pinned-1" / "command.txt").read_text()
 
 
+def test_two_sweeps_with_the_same_sweep_dir_get_their_own(scratch: Path) -> None:
+    exp = scratch / "cfgs" / "experiment"
+    exp.mkdir(parents=True)
+    (exp / "pinned.yaml").write_text(PINNED.replace("run:", "sweep:"))
+    dry = ("--config-dir", "cfgs", "-m", "launcher=slurm", "launcher.dry_run=true", "experiment=pinned")
+    for lrs in ("optim.lr=0.1,0.2", "optim.lr=0.3,0.4"):
+        proc = disttrain("train", *dry, lrs, cwd=scratch)
+        assert proc.returncode == 0, proc.stderr
+    lr = {
+        d: [
+            yaml.safe_load((scratch / "runs" / d / job / "config.yaml").read_text())["optim"]["lr"]
+            for job in "01"
+        ]
+        for d in ("pinned", "pinned-1")
+    }
+    assert lr == {"pinned": [0.1, 0.2], "pinned-1": [0.3, 0.4]}
+
+
 def test_train_into_a_finished_run_with_another_config_is_refused(scratch: Path) -> None:
     run = scratch / "done"
     dry = ("launcher=slurm", "launcher.dry_run=true", f"hydra.run.dir={run}")
