@@ -46,18 +46,14 @@ def step_name(step: int) -> str:
 
 # --------------------------------------------------------------------------------- plain files
 def save_atomic(state: dict[str, Any], path: Path) -> Path:
-    """torch.save to a temporary name, fsync, rename: the file at `path` is always whole."""
+    """torch.save to a fresh temporary file, fsync, rename: the file at `path` is always whole.
+
+    The temp name is random and created exclusively (never a planted symlink followed)."""
+    from disttrain.safefile import write_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(path, lambda f: torch.save(state, f), sync=True)
+    fsync_dir(path.parent)
     return path
 
 
@@ -75,7 +71,9 @@ def fsync_dir(directory: Path) -> None:
 
 
 def _write_synced(path: Path, data: bytes) -> None:
-    with path.open("wb") as f:
+    """Write and fsync; a symlink at `path` (planted in a shared run dir) fails, never followed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    with os.fdopen(fd, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -291,9 +289,11 @@ def commit_dir(ckpt_dir: Path, tmp: Path, name: str, meta: dict[str, Any], verif
 
 
 def point_latest(ckpt_dir: Path, name: str) -> None:
-    tmp = ckpt_dir / f".{LATEST}.tmp"
-    _write_synced(tmp, (name + "\n").encode())
-    os.replace(tmp, ckpt_dir / LATEST)
+    """Replace `latest` through a fresh, randomly named temp file: a symlink planted at a
+    predictable name (`.latest.tmp`) is never written through, and `latest` is a regular file."""
+    from disttrain.safefile import write_atomic
+
+    write_atomic(ckpt_dir / LATEST, (name + "\n").encode(), sync=True)
     fsync_dir(ckpt_dir)
 
 

@@ -78,6 +78,7 @@ def cmd_train(rest: list[str]) -> int:
         return _train_as_launched_rank(args)
     slurm = allocation_overrides(args.overrides)  # inside srun: node_rank, master_addr from SLURM
     rest, args.overrides = [*rest, *slurm[len(args.overrides) :]], slurm
+    command = rest
     if not (args.help or args.hydra_help or args.info or args.shell_completion):
         # Check every job before Hydra creates a single run dir: nothing half-written on bad input.
         from disttrain.config import expand_sweep
@@ -95,9 +96,52 @@ def cmd_train(rest: list[str]) -> int:
             job_cfg = compose(args.overrides, args.config_dir, args.config_name or "config")
             sys.stdout.write(OmegaConf.to_yaml(job_cfg, resolve=args.resolve))
             return 0
+        if args.multirun and not args.cfg:
+            rest = [*rest, *_own_sweep_dir(args, expand_sweep(args.overrides)[0])]
         if not args.multirun and not args.cfg:
-            rest = [*rest, *_multinode_run_dir(cfg, args.overrides)]
-    return _run_hydra_app(rest, args.config_name or "config")
+            extra = _multinode_run_dir(cfg, args.overrides)
+            command = [*rest, *extra]  # every node derives the same dir: part of the command
+            run_dir = _own_run_dir(cfg, args, [*args.overrides, *extra], command)
+            rest = [*command, f"hydra.run.dir={_hydra_quote(str(run_dir))}"]
+    return _run_hydra_app(rest, args.config_name or "config", command)
+
+
+def _own_run_dir(cfg: dict[str, Any], args: Any, overrides: list[str], command: list[str]) -> Path:
+    """This invocation's run dir, created before Hydra runs the job (Hydra would reuse any).
+
+    The default `runs/NAME/TIMESTAMP` is claimed exclusively (a taken one gets a -1 suffix); a
+    `hydra.run.dir=PATH` the user chose is continued only with the same config (see rundir.reuse).
+    Both are checked to be writable first: one paragraph instead of a traceback after the freeze."""
+    from disttrain import rundir
+    from disttrain.config import compose
+
+    full = compose(overrides, args.config_dir, args.config_name or "config", with_hydra=True)
+    run_dir = Path(str(full.hydra.run.dir)).absolute()
+    rundir.check_path(run_dir)
+    if cfg["launcher"]["name"] == "slurm":
+        from disttrain.launch.slurm import check_script_inputs
+
+        check_script_inputs(run_dir, [Path(sys.argv[0]).name, "train", *command])
+    if any(o.lstrip("+").startswith("hydra.run.dir=") for o in overrides):
+        return rundir.reuse(run_dir, cfg, shared=cfg["nodes"] > 1)  # the nodes share one dir
+    return rundir.claim(run_dir)
+
+
+def _own_sweep_dir(args: Any, first_job: list[str]) -> list[str]:
+    """`-m`: the sweep's folder (`runs/NAME/multirun_TIMESTAMP`) claimed exclusively, as a run dir."""
+    from disttrain import rundir
+    from disttrain.config import compose
+
+    if any(o.lstrip("+").startswith("hydra.sweep.dir=") for o in args.overrides):
+        return []  # the user's own folder: its job subdirs are theirs to reuse
+    full = compose(first_job, args.config_dir, args.config_name or "config", with_hydra=True)
+    sweep_dir = rundir.claim(Path(str(full.hydra.sweep.dir)).absolute())
+    return [f"hydra.sweep.dir={_hydra_quote(str(sweep_dir))}"]
+
+
+def _hydra_quote(value: str) -> str:
+    """A Hydra override value that stays one string (a path may hold blanks, commas, brackets)."""
+    return "'" + value.replace("'", "\\'") + "'"
 
 
 def _multinode_run_dir(cfg: dict[str, Any], overrides: list[str]) -> list[str]:
@@ -122,7 +166,7 @@ _CHECKED: dict[tuple[str, ...], dict[str, Any]] = {}
 _CHECKED_FROM: list[Any] = [None, "config"]  # --config-dir, --config-name of those checks
 
 
-def _run_hydra_app(rest: list[str], config_name: str) -> int:
+def _run_hydra_app(rest: list[str], config_name: str, command: list[str] | None = None) -> int:
     import hydra
 
     from disttrain.config import config_dir
@@ -132,7 +176,7 @@ def _run_hydra_app(rest: list[str], config_name: str) -> int:
     if {"--help", "-h"} & set(rest):
         _hide_schemas_in_help()
     argv0 = sys.argv[0]
-    _COMMAND[:] = [Path(argv0).name, "train", *rest]
+    _COMMAND[:] = [Path(argv0).name, "train", *(rest if command is None else command)]
     sys.argv = [argv0, *rest]
     try:
         hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")(_hydra_task)()
@@ -280,6 +324,20 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 }
 
 
+# Commands that build the user's `_target_`s (`_target_: mylab.nets.Net` from the working directory).
+# The read-only ones (config, runs, show, compare, env, plan) never import from the cwd.
+USER_CODE_COMMANDS = ("train", "resume", "export", "bench")
+
+
+def add_cwd_to_path() -> None:
+    """Append (never prepend) the cwd: a `yaml.py` or `torch.py` lying in a shared folder must not
+    shadow a dependency, while the user's own packages stay importable."""
+    import os
+
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -297,10 +355,8 @@ def main(argv: list[str] | None = None) -> int:
             "HINT: run `disttrain --help`.\n"
         )
         return 2
-    import os
-
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # `_target_: mylab.nets.Net` from the user's working directory
+    if argv[0] in USER_CODE_COMMANDS:
+        add_cwd_to_path()
     from disttrain.config.errors import ConfigError
 
     try:

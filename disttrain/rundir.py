@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -15,7 +16,10 @@ from typing import Any
 
 import yaml
 
+from disttrain.safefile import open_append, write_atomic
+
 CONFIG = "config.yaml"
+HISTORY = "commands.txt"
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -30,20 +34,25 @@ def read_config(run_dir: Path) -> dict[str, Any]:
 
 
 def freeze(run_dir: Path, cfg: dict[str, Any], overrides: list[str], argv: list[str]) -> None:
-    """Write config.yaml (resolved once), overrides.yaml, the command line and the git state."""
+    """Write config.yaml (resolved once), overrides.yaml, the command line and the git state.
+
+    command.txt keeps the command that created the run; commands.txt lists every command that
+    froze into it (`disttrain resume RUN ...` included), one per line."""
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_text(run_dir / CONFIG, yaml.safe_dump(cfg, sort_keys=False))
     _write_text(run_dir / "overrides.yaml", yaml.safe_dump(list(overrides)))
-    _write_text(run_dir / "command.txt", shlex.join(argv) + "\n")
+    if not (run_dir / "command.txt").exists():  # the command that made the run stays as it was
+        _write_text(run_dir / "command.txt", shlex.join(argv) + "\n")
+    with open_append(run_dir / HISTORY) as f:  # every command that froze into it, resumes included
+        f.write(shlex.join(argv) + "\n")
     write_json(run_dir / "git.json", git_state(Path.cwd()))
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Atomic replace. The temp name is per host and process: the nodes of a multi-node run write
-    the same files into one run dir on a shared file system, and must not rename each other's."""
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """Atomic replace through a fresh, randomly named temp file (O_EXCL): the nodes of a
+    multi-node run write the same files into one run dir on a shared file system and must not
+    rename each other's, and a symlink planted at a predictable temp name is never followed."""
+    write_atomic(path, text.encode("utf-8"))
 
 
 def git_state(directory: Path) -> dict[str, Any]:
@@ -102,3 +111,148 @@ def run_status(run_dir: Path) -> Iterator[None]:
         raise
     finally:
         write_json(run_dir / STATUS, {**base, **end, "ended": time.time()})
+
+
+# ------------------------------------------------------------------------- claiming a run dir
+def check_path(run_dir: Path) -> None:
+    """A run dir path is one line of printable text (it goes into scripts, logs, command lines)."""
+    from disttrain.config.errors import ConfigError
+
+    text = str(run_dir)
+    if not text.isprintable():
+        raise ConfigError(
+            "hydra.run.dir",
+            repr(text),
+            "a path without control characters (newline, tab, escape)",
+            "choose a plain folder name, e.g. hydra.run.dir=runs/my-run.",
+        )
+
+
+def _unusable(run_dir: Path, error: OSError) -> Exception:
+    from disttrain.config.errors import ConfigError
+
+    return ConfigError(
+        "hydra.run.dir",
+        str(run_dir),
+        "a folder this user can create and write",
+        f"{error.strerror or error} ({type(error).__name__}); choose another place, e.g. "
+        "hydra.run.dir=runs/my-run (relative to the cwd).",
+    )
+
+
+def claim(run_dir: Path) -> Path:
+    """Create `run_dir` exclusively, or, if another invocation already has it (two runs started in
+    the same second with the same name), the first free `run_dir-1`, `run_dir-2`, ... Two
+    invocations never share a run dir, so neither trains or freezes the other's config."""
+    check_path(run_dir)
+    try:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        for i in range(10_000):
+            candidate = run_dir if i == 0 else run_dir.with_name(f"{run_dir.name}-{i}")
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                continue
+            _probe_writable(candidate, created=True)
+            return candidate
+    except OSError as exc:
+        raise _unusable(run_dir, exc) from None
+    raise _unusable(run_dir, FileExistsError(f"{run_dir}-1 .. -9999 all exist"))
+
+
+def reuse(run_dir: Path, cfg: dict[str, Any], shared: bool = False) -> Path:
+    """An explicit `hydra.run.dir=PATH`: continue in it (resume=auto), but only with the same config
+    and never while another launcher still runs there. `shared`: several nodes launch into it."""
+    from disttrain.config.errors import ConfigError
+
+    check_path(run_dir)
+    if (run_dir / CONFIG).is_file() and not shared:
+        refuse_if_running(run_dir, "hydra.run.dir")
+        saved = read_config(run_dir)
+        changed = changed_keys(saved, cfg)
+        if changed and read_status(run_dir).get("status") == "finished":
+            shown = ", ".join(changed[:5]) + (", ..." if len(changed) > 5 else "")
+            raise ConfigError(
+                "hydra.run.dir",
+                str(run_dir),
+                f"a new folder, or a finished run's own config (this one changes {shown})",
+                f"the run there finished with other settings; its weights and summary would no longer "
+                f"match config.yaml. Continue it with `disttrain resume {run_dir} KEY=VALUE`, or train "
+                "into a new folder (leave hydra.run.dir unset).",
+            )
+    created = not run_dir.exists()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _probe_writable(run_dir, created)
+    except OSError as exc:
+        raise _unusable(run_dir, exc) from None
+    return run_dir
+
+
+def _probe_writable(run_dir: Path, created: bool) -> None:
+    """Root ignores permission bits and /proc refuses files: try a real file, then remove it."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".probe.", dir=run_dir)
+        os.close(fd)
+        os.unlink(name)
+    except OSError:
+        if created:
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()
+        raise
+
+
+def changed_keys(saved: dict[str, Any], cfg: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ (`resume` is how to start, not what is trained)."""
+    keys = []
+    for k in sorted(set(saved) | set(cfg), key=str):
+        path = f"{prefix}{k}"
+        if path == "resume":
+            continue
+        a, b = saved.get(k), cfg.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += changed_keys(a, b, f"{path}.")
+        elif a != b:
+            keys.append(path)
+    return keys
+
+
+def read_status(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run_dir / STATUS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def running_pid(run_dir: Path) -> int | None:
+    """The pid of the launcher still running this run on this host (status.json `running`)."""
+    status = read_status(run_dir)
+    pid = status.get("pid")
+    if status.get("status") != "running" or not isinstance(pid, int) or pid == os.getpid():
+        return None
+    if status.get("host") != socket.gethostname():
+        return None  # another host: its pid means nothing here
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # died without updating status.json (SIGKILL): safe to continue
+    except PermissionError:
+        pass  # alive, another user's
+    return pid
+
+
+def refuse_if_running(run_dir: Path, key: str) -> None:
+    from disttrain.config.errors import ConfigError
+
+    pid = running_pid(run_dir)
+    if pid is not None:
+        raise ConfigError(
+            key,
+            str(run_dir),
+            "a run that is not running now",
+            f"process {pid} on this host is still training it (status.json: running); wait for it, "
+            f"or stop it (kill -TERM {pid} saves a checkpoint) and then `disttrain resume {run_dir}`.",
+        )

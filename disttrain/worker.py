@@ -43,7 +43,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     run_dir = Path(run_dir)
     cfg = read_config(run_dir)
     if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # the user's own modules, as in the parent
+        sys.path.append(os.getcwd())  # the user's own modules, as in the parent; never ahead of torch
     env = DistEnv.from_env(cfg["backend"]["name"])
     setup_logging(run_dir / "logs", env.rank, to_console=env.is_zero)
     threads = set_threads(cfg, env)
@@ -116,6 +116,7 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
             engine.ckpt.restore(path)
         elif resume_from is not None:
             log.warning("no loadable checkpoint under %s: starting from step 0", resume_from)
+        start_step = engine.state.step
         summary = engine.fit()
         if path is not None:
             summary["resumed_from"] = str(path)
@@ -126,9 +127,12 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
     if launched and summary.get("first_step_at"):
         summary["time_to_first_step_s"] = round(summary["first_step_at"] - launched, 3)
     summary.update(strategy.summary_stats(model, optimizer))  # a collective: every rank
-    if env.is_zero and not summary.get("stopped_by"):
+    trained = path is None or summary["steps"] > start_step  # a finished run resumed trains nothing
+    if env.is_zero and not summary.get("stopped_by") and trained:
         write_json(run_dir / "summary.json", summary)
         print_summary(summary)
+    elif env.is_zero and not trained:
+        log.warning("no step ran (the run had already finished): summary.json left as it was")
     return summary
 
 

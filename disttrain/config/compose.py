@@ -5,13 +5,14 @@ This module must not import torch: `disttrain config` and `disttrain --help` sta
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from disttrain.config.errors import ConfigError, translate
+from disttrain.config.errors import ConfigError, _fields, translate, unknown_key_hint
 from disttrain.config.launch_checks import elastic_nodes
 from disttrain.config.schema import register
 
@@ -91,7 +92,48 @@ def _compose(
         raise err from None
     finally:
         GlobalHydra.instance().clear()
+    _check_adds(cfg, overrides, user_config_dir)
     return cfg
+
+
+def _check_adds(cfg: DictConfig, overrides: list[str], user_config_dir: str | None) -> None:
+    """Hydra accepts `+trainer.max_step=10` into a typed block, where nothing reads it."""
+    adds = [o for o in overrides if o.startswith("+") and not o.startswith("++") and "=" in o]
+    folders = [config_dir()] + ([Path(user_config_dir)] if user_config_dir else [])
+    for override in adds:
+        key, _, value = override[1:].partition("=")
+        if key.startswith("hydra.") or any((d / key.split("@")[0]).is_dir() for d in folders):
+            continue  # a config group (+experiment=x), or Hydra's own settings
+        error = typed_add_error(cfg, key, value)
+        if error is not None:
+            raise error
+
+
+def typed_add_error(cfg: Any, key: str, value: Any) -> ConfigError | None:
+    """`+key=value` into a typed block (trainer, launcher, checkpoint, ...) adds a key nothing reads:
+    an error naming the closest key. Under a `_target_` node (model, optim, data sets) or an
+    untyped one, adding a key is how the user's class gets its argument: None."""
+    from omegaconf import OmegaConf
+
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+    while node is None and parent:  # +a.b.c where a.b is new: judge by the nearest existing ancestor
+        parent, _, leaf = parent.rpartition(".")
+        node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+    object_type = OmegaConf.get_type(node) if OmegaConf.is_dict(node) else None
+    if not dataclasses.is_dataclass(object_type) or "_target_" in node:
+        return None
+    allowed = [k for k in _fields(object_type) if k != leaf]
+    if leaf in _fields(object_type):
+        return ConfigError(
+            f"+{key}", value, f"{key}=VALUE (the key exists)", f"drop the +: write {key}={value}."
+        )
+    return ConfigError(
+        key,
+        value,
+        f"the keys of {parent or 'the top level'}: {', '.join(allowed)}",
+        unknown_key_hint(key, allowed, False),
+    )
 
 
 def resolve(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, Any]:
@@ -101,6 +143,7 @@ def resolve(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, An
         if "hydra" in cfg:
             with _open(cfg):
                 del cfg["hydra"]
+        _check_missing(cfg)
         container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except Exception as exc:
         err = translate(exc, overrides or [])
@@ -110,6 +153,32 @@ def resolve(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, An
     assert isinstance(container, dict)
     elastic_nodes(container)  # type: ignore[arg-type]
     return container  # type: ignore[return-value]
+
+
+def _check_missing(cfg: DictConfig) -> None:
+    """Every `???` at once, the file path first: resolving stops at the first interpolation that
+    reaches one (data=files without a path named model.in_features, which reads data.num_features)."""
+    missing = sorted(_missing_keys(cfg, ""), key=lambda k: (not k.endswith("path"), k))
+    if missing:
+        also = f" (also without a value: {', '.join(missing[1:])})" if missing[1:] else ""
+        raise ConfigError(
+            missing[0], "???", "a value (this key has no default)", f"set it: {missing[0]}=VALUE{also}."
+        )
+
+
+def _missing_keys(node: Any, prefix: str) -> list[str]:
+    """Dotted keys holding a literal `???` (OmegaConf.missing_keys resolves interpolations and so
+    fails on the first one that reaches a missing value)."""
+    keys: list[str] = []
+    names = list(node.keys()) if OmegaConf.is_dict(node) else range(len(node))
+    for key in names:
+        child: Any = node._get_node(key)
+        path = f"{prefix}{key}"
+        if OmegaConf.is_dict(child) or OmegaConf.is_list(child):
+            keys += _missing_keys(child, f"{path}.")
+        elif child is not None and child._is_missing() and not child._is_interpolation():
+            keys.append(path)
+    return keys
 
 
 def _open(cfg: DictConfig) -> Any:

@@ -38,6 +38,28 @@ def _fields(object_type: Any) -> list[str]:
     return []
 
 
+def _has_target(object_type: Any) -> bool:
+    return (
+        object_type is not None
+        and dataclasses.is_dataclass(object_type)
+        and any(f.name == "_target_" for f in dataclasses.fields(object_type))
+    )
+
+
+def unknown_key_hint(full_key: str, allowed: list[str], target: bool) -> str:
+    """The closest key; `+KEY` only under a `_target_` node, whose extra keys reach the user's class.
+    A typed block (trainer, launcher, ...) reads only its schema's keys: `+` there would be ignored."""
+
+    parent, _, leaf = full_key.rpartition(".")
+    close = difflib.get_close_matches(leaf, allowed, n=1)
+    hint = f"did you mean {parent + '.' if parent else ''}{close[0]}? " if close else "check the spelling. "
+    if target:
+        return hint + f"To pass a key your own _target_ class takes, write +{full_key}=VALUE."
+    return (
+        hint + f"{parent or 'the top level'} is a typed block: it has no other keys, and +KEY cannot add one."
+    )
+
+
 def _override_value(key: str, overrides: list[str]) -> str:
     for ov in overrides:
         name, _, value = ov.lstrip("+~").partition("=")
@@ -84,6 +106,16 @@ def translate(exc: BaseException, overrides: list[str]) -> ConfigError | None:
             "one value (a comma list is a sweep, which needs -m)",
             f"sweep with `disttrain train -m {sweep}`; a list is {key}=[{value}], a string {key}='{value}'.",
         )
+    taken = _search(r"An item is already at '([^']+)'", text) or _search(
+        r"Multiple values for ([\w/.@-]+)\.", text
+    )
+    if taken is not None:  # `+key=...` for a key (or group) the config already has
+        return ConfigError(
+            f"+{taken}",
+            _override_value(taken, overrides),
+            f"{taken}=VALUE (it already has a value)",
+            f"drop the +: write {taken}={_override_value(taken, overrides)}.",
+        )
     if isinstance(exc, OverrideParseException):
         return ConfigError(
             "override",
@@ -103,23 +135,13 @@ def translate(exc: BaseException, overrides: list[str]) -> ConfigError | None:
         )
     if unknown is not None and full_key:
         parent = full_key.rpartition(".")[0] or "the top level"
-        allowed = _fields(getattr(cause, "object_type", None))
-        leaf = full_key.rpartition(".")[2]
-        close = difflib.get_close_matches(leaf, allowed, n=1)
-        # `+` is right only for a node without a schema (your own YAML option); a schema'd block
-        # would take the key and nothing would read it. The _target_ nodes are open: no `+` needed.
-        hint = (
-            f"did you mean {parent}.{close[0]}?"
-            if close and parent != "the top level"
-            else (f"did you mean {close[0]}?" if close else "check the spelling.")
-        )
-        if not allowed:
-            hint += f" To add a key to your own node, write +{full_key}=VALUE."
+        object_type = getattr(cause, "object_type", None)
+        allowed = _fields(object_type)
         return ConfigError(
             full_key,
             _override_value(full_key, overrides),
             f"the keys of {parent}: " + (", ".join(allowed) if allowed else "see `disttrain config`"),
-            hint,
+            unknown_key_hint(full_key, allowed, _has_target(object_type) or not allowed),
         )
     converted = re.search(r"Value '(.*)' of type '(\w+)' could not be converted to (\w+)", text)
     if converted is not None and full_key:

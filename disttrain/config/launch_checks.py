@@ -63,6 +63,14 @@ def check_static(cfg: dict[str, Any]) -> None:
             "a number of seconds >= 1",
             "after min_nodes have joined, torchrun waits this long for the rest (default 30).",
         )
+    interval = launcher.get("monitor_interval")
+    if interval is None or not interval > 0:
+        raise ConfigError(
+            "launcher.monitor_interval",
+            interval,
+            "a number of seconds > 0",
+            "how often torchrun's agent checks the ranks; the default 0.1 suits most runs.",
+        )
     low = launcher.get("min_nodes") or 0
     if not 0 <= low <= nodes:
         raise ConfigError(
@@ -113,6 +121,7 @@ def _check_slurm(launcher: dict[str, Any]) -> None:
 
 
 def check_runtime(cfg: dict[str, Any]) -> None:
+    _check_port_free(cfg)
     launcher = cfg["launcher"]
     if launcher["name"] == "slurm" and not launcher.get("dry_run") and shutil.which("sbatch") is None:
         raise ConfigError(
@@ -121,3 +130,39 @@ def check_runtime(cfg: dict[str, Any]) -> None:
             "a machine with `sbatch` on PATH (a cluster login node)",
             "submit from the cluster, or launcher.dry_run=true to print the script here.",
         )
+
+
+def _check_port_free(cfg: dict[str, Any]) -> None:
+    """The rendezvous port this launcher will host (master_port on a single node, or node 0's):
+    a bind probe now, instead of a RendezvousConnectionError with a multi-node hint after the run
+    dir was written. Ranks someone else launched (torchrun -m disttrain, srun) host nothing here."""
+    import errno
+    import os
+    import socket
+
+    from disttrain.launch.multinode import DEFAULT_PORT
+
+    if cfg["launcher"]["name"] == "slurm" or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+        return
+    nodes, port = int(cfg["nodes"]), int(cfg.get("master_port") or 0)
+    if (nodes == 1 and not port) or (nodes > 1 and cfg["node_rank"] != 0):
+        return
+    port = port or DEFAULT_PORT
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are fine
+        try:
+            s.bind(("", port))  # the store binds every interface (see README: the trust boundary)
+        except OSError as exc:
+            taken = exc.errno == errno.EADDRINUSE
+            raise ConfigError(
+                "master_port",
+                cfg.get("master_port") or 0,
+                f"a free TCP port on this machine (port {port} is "
+                f"{'in use' if taken else 'not bindable: ' + (exc.strerror or str(exc))})",
+                f"another run or program listens there (`ss -ltnp 'sport = :{port}'` shows which); "
+                + (
+                    "use master_port=0 to pick a free one."
+                    if nodes == 1
+                    else "pick another port on every node."
+                ),
+            ) from None

@@ -7,10 +7,11 @@ too small for the world size, or nccl without a GPU fails in seconds, before a q
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from disttrain.config import dp_checks, launch_checks, parallel_checks
-from disttrain.config.errors import ConfigError, one_of
+from disttrain.config.errors import ConfigError, _show, one_of
 from disttrain.config.schema import NO_DECAY
 from disttrain.strategies import STRATEGIES
 
@@ -50,8 +51,25 @@ def _get(cfg: dict[str, Any], key: str) -> Any:
     return node
 
 
+NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def check_name(cfg: dict[str, Any]) -> None:
+    """`name` becomes a path component (runs/NAME/...), the Slurm job name and the rendezvous id:
+    no separators, no `..`, nothing a shell or sbatch would split or run."""
+    name = cfg.get("name")
+    if not isinstance(name, str) or not NAME.fullmatch(name) or set(name) == {"."}:
+        raise ConfigError(
+            "name",
+            repr(name) if isinstance(name, str) and not NAME.fullmatch(name) else name,
+            "letters, digits and . _ - (not only dots)",
+            "e.g. name=lr-sweep_3; the run dir is runs/NAME/TIMESTAMP (set hydra.run.dir for another place).",
+        )
+
+
 def check_static(cfg: dict[str, Any]) -> None:
     """Checks that need only the resolved config."""
+    check_name(cfg)
     _at_least(cfg, "nodes", 1, "use nodes=1 for a single machine.")
     _at_least(cfg, "nproc_per_node", 1, "one rank per GPU; on CPU 2 is a good start.")
     nodes = cfg["nodes"]
@@ -270,6 +288,19 @@ def _check_data(cfg: dict[str, Any]) -> None:
             )
 
 
+def _empty_training_set(data: dict[str, Any]) -> None:
+    """No training sample at all: the data settings are the cause, not trainer.batch_size."""
+    knobs = ("path", "num_samples", "val_fraction", "block_size")
+    shown = ", ".join(f"data.{k}={_show(data[k])}" for k in knobs if k in data) or "see `disttrain config`"
+    raise ConfigError(
+        "data",
+        data.get("name") or data.get("_target_") or "?",
+        "a data set with at least one training sample",
+        f"it has 0 ({shown}): check the file is not empty, that data.val_fraction leaves samples "
+        "for training (< 1), that data.block_size is shorter than the text, and data.num_samples >= 1.",
+    )
+
+
 def data_parallel_size(cfg: dict[str, Any]) -> int:
     """Replicas that read different data: ranks that split one model (pipeline, tp) share a batch."""
     name, ws = cfg["strategy"]["name"], world_size(cfg)
@@ -307,6 +338,8 @@ def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
             f"set nproc_per_node={gpus}, one rank per GPU.",
         )
     train, val = build_datasets(cfg["data"])
+    if len(train) == 0:
+        _empty_training_set(cfg["data"])
     replicas = data_parallel_size(cfg)
     per_step = replicas * cfg["trainer"]["batch_size"] * cfg["trainer"]["grad_accum"]
     if len(train) < per_step:

@@ -28,12 +28,13 @@ def threads_per_rank(cfg: dict[str, Any]) -> int:
 
 def rank_environment(cfg: dict[str, Any]) -> Any:
     """Variables every rank inherits; restored afterwards (multirun launches again)."""
-    path = os.environ.get("PYTHONPATH", "")
     return patched_environ(
         {
             "OMP_NUM_THREADS": str(threads_per_rank(cfg)),
             "DISTTRAIN_LAUNCH_TIME": repr(time.time()),
-            "PYTHONPATH": os.getcwd() + (os.pathsep + path if path else ""),  # the user's modules, every rank
+            # `python -m disttrain.worker` would put the cwd first on sys.path, ahead of torch and
+            # yaml (a stray yaml.py in a shared folder would run); the worker appends it instead.
+            "PYTHONSAFEPATH": "1",
         }
     )
 

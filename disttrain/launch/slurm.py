@@ -22,15 +22,46 @@ from disttrain.config.launch_checks import node_bounds
 SCRIPT = "slurm/job.sbatch"
 
 
+def _printable(text: str) -> str:
+    """`text` with control characters escaped (\\n, \\x1b): safe inside a one-line `#` comment."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _sbatch_value(value: object) -> str:
+    """A #SBATCH option value; sbatch splits on blanks, so one with a blank is double-quoted."""
+    text = _printable(str(value))
+    return f'"{text}"' if any(c.isspace() for c in text) else text
+
+
+def check_script_inputs(run_dir: Path, command: list[str]) -> None:
+    """Everything the job script embeds is one line: no control characters in the run dir or argv.
+
+    A newline there would start a shell line of its own in the script (before `set -e`), and the
+    first non-comment line makes sbatch ignore every later #SBATCH directive."""
+    bad = [("hydra.run.dir", str(run_dir))] if _printable(str(run_dir)) != str(run_dir) else []
+    if '"' in str(run_dir):
+        bad.append(("hydra.run.dir", str(run_dir)))
+    bad += [("argument", a) for a in command if _printable(a) != a]
+    if bad:
+        key, value = bad[0]
+        raise ConfigError(
+            key,
+            repr(value),
+            "text without control characters (newline, tab, escape) or double quotes",
+            "launcher=slurm writes it into the sbatch job script; remove the newline from the value.",
+        )
+
+
 def sbatch_script(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str:
-    """The job script: #SBATCH head from launcher.*, then srun of one node launcher per node."""
+    """The job script: the #SBATCH head first (sbatch stops reading directives at the first command),
+    then srun of one node launcher per node. Paths are quoted; comments have control chars escaped."""
     lc = cfg["launcher"]
     log = run_dir / "slurm" / "job-%j.out"
     head = [
-        f"--job-name=disttrain-{cfg['name']}",
+        f"--job-name={_sbatch_value('disttrain-' + str(cfg['name']))}",
         f"--nodes={node_range(cfg)}",  # MIN-MAX: Slurm may start the job on fewer nodes (elastic)
         "--ntasks-per-node=1",  # one torchrun agent per node; it starts nproc_per_node ranks
-        f"--output={log}",
+        f"--output={_sbatch_value(log)}",
         "--open-mode=append",  # a requeued job appends to the same log
         "--requeue",
     ]
@@ -42,16 +73,16 @@ def sbatch_script(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str
         "gpus-per-node": lc.get("gpus_per_node") or None,
         "cpus-per-task": lc.get("cpus_per_task") or None,
     }
-    head += [f"--{k}={v}" for k, v in optional.items() if v is not None]
+    head += [f"--{k}={_sbatch_value(v)}" for k, v in optional.items() if v is not None]
     if lc.get("signal_before_s"):
         head.append(f"--signal=USR1@{lc['signal_before_s']}")  # to the srun tasks: checkpoint + requeue
     lines = [
         "#!/bin/bash",
-        f"# Written by disttrain for run {run_dir}",
-        f"# Submitted with: {shlex.join(command)}",
-        f"# Resubmit by hand: sbatch {run_dir / SCRIPT}",
         *[f"#SBATCH {h}" for h in head],
-        *[str(x) for x in lc.get("extra") or []],
+        *[_printable(str(x)) for x in lc.get("extra") or []],  # checked: single '#SBATCH ' lines
+        f"# Written by disttrain for run {_printable(str(run_dir))}",
+        f"# Submitted with: {_printable(shlex.join(command))}",
+        f"# Resubmit by hand: sbatch {_printable(shlex.quote(str(run_dir / SCRIPT)))}",
         "",
         "set -euo pipefail",
         "# Node 0 of the allocation hosts the rendezvous; every node derives its rank from SLURM_NODEID.",
@@ -61,7 +92,8 @@ def sbatch_script(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str
         'echo "disttrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST (restart ${SLURM_RESTART_COUNT:-0}), '
         'master $MASTER_ADDR"',
         "srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
-        f"  {shlex.quote(sys.executable)} -u -m disttrain.launch.slurm_node {shlex.quote(str(run_dir))}",
+        # -P: the cwd (a shared folder) is not put first on sys.path; disttrain appends it itself
+        f"  {shlex.quote(sys.executable)} -P -u -m disttrain.launch.slurm_node {shlex.quote(str(run_dir))}",
         "",
     ]
     return "\n".join(lines)
@@ -76,7 +108,8 @@ def submit(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str | None
     path.chmod(0o755)
     if cfg["launcher"].get("dry_run"):
         sys.stdout.write(script)
-        sys.stdout.write(f"# dry run: not submitted. Script: {path}\n# submit it: sbatch {path}\n")
+        quoted = shlex.quote(str(path))
+        sys.stdout.write(f"# dry run: not submitted. Script: {quoted}\n# submit it: sbatch {quoted}\n")
         return None
     try:
         out = subprocess.run(

@@ -22,10 +22,11 @@ def _rank_main(local_rank: int, run_dir: str, nproc: int, entry: str = "disttrai
 
 def launch_spawn(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.worker") -> None:
     import torch.multiprocessing as mp
-    from torch.distributed import TCPStore
+
+    from disttrain.launch.loopback import loopback_store
 
     nproc = cfg["nproc_per_node"]
-    store = TCPStore("127.0.0.1", 0, world_size=nproc, is_master=True, wait_for_workers=False)
+    store = loopback_store(world_size=nproc, wait_for_workers=False)  # 127.0.0.1 only, not *:port
     updates = {
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(store.port),

@@ -20,9 +20,14 @@ def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
 
     single = cfg["nodes"] == 1
     launcher = cfg["launcher"]
+    backend = "c10d"
     if single:
         rdzv = "127.0.0.1:0" if not cfg["master_port"] else f"{cfg['master_addr']}:{cfg['master_port']}"
         local_addr: str | None = "127.0.0.1"
+        if cfg["master_addr"] in ("127.0.0.1", "localhost"):
+            from disttrain.launch.loopback import register_backend
+
+            backend = register_backend()  # c10d, with its stores bound to 127.0.0.1 only
     else:
         host, port = endpoint(cfg)
         rdzv, local_addr = f"{host}:{port}", local_address(host, port)
@@ -35,7 +40,7 @@ def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
         run_id=f"disttrain-{uuid.uuid4().hex[:8]}" if single else f"disttrain-{cfg['name']}",
         role="disttrain",
         rdzv_endpoint=rdzv,
-        rdzv_backend="c10d",
+        rdzv_backend=backend,
         # Multi-node: node 0's roll call already hosts the store, every agent is its client.
         rdzv_configs={
             "timeout": int(launcher["rdzv_timeout"]),

@@ -5,12 +5,22 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
 
 LOGGER = "disttrain"
 console = Console(stderr=False, highlight=False)
+
+
+class _LogFile(logging.FileHandler):
+    """A rank's log file, opened for append without following a symlink planted in the run dir."""
+
+    def _open(self) -> Any:
+        from disttrain.safefile import open_append
+
+        return open_append(Path(self.baseFilename), self.encoding or "utf-8")
 
 
 def get_logger() -> logging.Logger:
@@ -25,7 +35,7 @@ def setup_logging(log_dir: Path | None, rank: int, to_console: bool) -> logging.
     log.propagate = False
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        fh = logging.FileHandler(log_dir / f"rank{rank}.log", encoding="utf-8")
+        fh = _LogFile(log_dir / f"rank{rank}.log", encoding="utf-8")
         fh.setFormatter(logging.Formatter(f"%(asctime)s [rank{rank}] %(levelname)s %(message)s"))
         log.addHandler(fh)
     if to_console:

@@ -22,7 +22,9 @@ class Metrics(NullMetrics):
     def __init__(self, run_dir: Path) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self._jsonl = (run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        from disttrain.safefile import open_append
+
+        self._jsonl = open_append(run_dir / "metrics.jsonl")  # a planted symlink fails, not followed
         self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
     def log(self, step: int, values: dict[str, float], **extra: Any) -> None:

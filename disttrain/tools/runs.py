@@ -247,6 +247,16 @@ def _run_dir(text: str) -> Path:
 
 def cmd_runs(rest: list[str]) -> int:
     args = _args("runs", rest, ("dir", "folder to search for runs (default ./runs)"))
+    if not Path(args.dir).is_dir():  # a typo must not read as "0 runs"
+        from disttrain.config.errors import ConfigError
+
+        raise ConfigError(
+            "DIR",
+            args.dir,
+            "an existing folder holding run dirs",
+            "runs are under ./runs of the folder you trained in (or the hydra.run.dir you chose); "
+            "`disttrain runs PATH` searches PATH.",
+        )
     rows = [run_info(d) for d in find_runs(Path(args.dir).resolve())]
     rows.sort(key=lambda r: r["started"] or 0)
     if args.json:

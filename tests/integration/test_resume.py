@@ -122,3 +122,27 @@ def test_fsdp_resume_bitwise_and_to_one_rank(root: Path) -> None:
     _, c = run_cli(root, *fsdp, f"resume={a / STEP17}", "nproc_per_node=1", "hydra.run.dir=fsdp_one")
     assert c is not None and "world size 2 -> 1" in _log(c)
     assert max(train_losses(c)) < 10
+
+
+def test_rerun_of_a_finished_run_keeps_its_summary(tmp_path: Path) -> None:
+    """D18: the same command again into a finished run dir trains nothing and leaves summary.json
+    as it was (it was rewritten with a stale last_val and an absurd samples/s); another config is
+    refused before launch (one world-1 run, in-process: cheap)."""
+    one = (
+        "strategy=single",
+        "nproc_per_node=1",
+        "data=synthetic",
+        "trainer.max_steps=3",
+        "hydra.run.dir=done",
+    )
+    _, run_dir = run_cli(tmp_path, *one)
+    assert run_dir is not None
+    summary = (run_dir / "summary.json").read_bytes()
+    fast = ("trainer.progress=false", "threads_per_rank=1")
+    proc = run_command([CLI, "train", *fast, *one], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "no step ran" in proc.stdout + proc.stderr
+    assert (run_dir / "summary.json").read_bytes() == summary
+    proc = run_command([CLI, "train", *fast, *one, "optim.lr=0.5"], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "config error: hydra.run.dir=" in proc.stderr and "disttrain resume" in proc.stderr

@@ -255,3 +255,42 @@ def test_console_script_does_not_import_torch(argv: list[str], scratch: Path) ->
     ]
     assert "yaml" in imported or argv == ["--help"], "the import profile was captured"
     assert not [m for m in imported if m == "torch" or m.startswith("torch.")]
+
+
+# ----------------------------------------------------------------- D7: the cwd is not trusted
+SHADOW = "import pathlib\npathlib.Path(__file__).with_name('PWNED').write_text('ran')\nraise ImportError('shadow')\n"
+
+
+@pytest.mark.parametrize("argv", [["runs"], ["config"], ["show", "nowhere"], ["env", "--json"]], ids=" ".join)
+def test_read_only_commands_never_import_from_the_cwd(argv: list[str], scratch: Path) -> None:
+    """A `yaml.py` (or `rich.py`) lying in the working directory is not run by a listing."""
+    for module in ("yaml", "rich", "omegaconf"):
+        (scratch / f"{module}.py").write_text(SHADOW)
+    proc = disttrain(*argv, cwd=scratch, timeout=120)
+    assert not (scratch / "PWNED").exists(), f"`disttrain {' '.join(argv)}` ran a module from the cwd"
+    assert "shadow" not in proc.stderr
+
+
+def test_train_appends_the_cwd_after_the_dependencies(scratch: Path) -> None:
+    """`train` still finds the user's own package in the cwd, but a stray yaml.py never shadows."""
+    (scratch / "yaml.py").write_text(SHADOW)
+    write_module(scratch, "mylab.nets", NET)
+    proc = disttrain("train", "model._target_=mylab.nets.Net", cwd=scratch, timeout=CLI_TIMEOUT)
+    assert not (scratch / "PWNED").exists()
+    assert proc.returncode == 2 and "model.width" in proc.stderr, proc.stderr  # imported mylab.nets
+
+
+# ------------------------------------------------------- D20: `+` only where a class reads the key
+def test_typo_in_typed_block_suggests_the_key_not_plus(scratch: Path) -> None:
+    for argv in (["trainer.max_step=10"], ["+trainer.max_step=10"]):
+        proc = disttrain("config", *argv, cwd=scratch)
+        assert proc.returncode == 2, proc.stderr
+        assert "did you mean trainer.max_steps?" in proc.stderr
+        assert "+trainer.max_step=VALUE" not in proc.stderr, "never recommend + into a typed block"
+
+
+def test_plus_still_adds_keys_under_a_target(scratch: Path) -> None:
+    proc = disttrain("config", "+optim.amsgrad=true", "+model.note=x", cwd=scratch)
+    assert proc.returncode == 0, proc.stderr
+    cfg = yaml.safe_load(proc.stdout)
+    assert (cfg["optim"]["amsgrad"], cfg["model"]["note"]) == (True, "x")

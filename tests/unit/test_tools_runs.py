@@ -135,3 +135,12 @@ def test_nodes_sharing_a_run_dir_never_rename_each_others_temp_files(tmp_path: P
         pids = pool.map(_write_status_many_times, [str(target)] * 2)  # raises if a rename lost its file
     assert json.loads(target.read_text())["pid"] in pids
     assert [p.name for p in tmp_path.iterdir()] == ["status.json"], "no temp file left behind"
+
+
+def test_runs_of_a_missing_folder_is_an_error(tmp_path: Path) -> None:
+    """`disttrain runs /nonexistent` said "0 runs" and exited 0: a typo looked like an empty list."""
+    from unit_support import disttrain
+
+    proc = disttrain("runs", str(tmp_path / "nope"), cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"disttrain: config error: DIR={tmp_path / 'nope'} is not valid")

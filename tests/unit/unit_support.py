@@ -181,6 +181,13 @@ BAD_STATIC = [
     Bad("text-val-fraction", ("model=gpt", "data.val_fraction=1"), "data.val_fraction", "1.0"),
     Bad("missing-config-dir", ("--config-dir", "no_such_folder"), "--config-dir", "no_such_folder"),
     Bad("missing-config-name", ("--config-name", "nope"), "--config-name", "nope"),
+    Bad("monitor-interval", ("launcher.monitor_interval=-1",), "launcher.monitor_interval", "-1.0"),
+    Bad("plus-into-typed-block", ("+trainer.max_step=10",), "trainer.max_step", "10"),
+    Bad("plus-at-top-level", ("+foo=bar",), "foo", "bar"),
+    Bad("plus-existing-key", ("+trainer.max_steps=10",), "+trainer.max_steps", "10"),
+    Bad("name-traversal", ("name=../../escape",), "name", "'../../escape'"),
+    Bad("name-only-dots", ("name=..",), "name", ".."),
+    Bad("files-without-path", ("data=files",), "data.path", "???"),
 ]
 
 BAD_RUNTIME = [
@@ -201,6 +208,7 @@ BAD_RUNTIME = [
     Bad("optim-argument-typo", ("optim.amsgrd=true",), "optim.amsgrd", "True", runtime=True),
     Bad("sched-target-typo", ("sched._target_=torch.optim.lr_scheduler.StepLR", "sched.step_sze=10"),
         "sched.step_sze", "10", runtime=True),
+    Bad("empty-training-set", ("data=synthetic", "data.num_samples=0"), "data", "synthetic", runtime=True),
 ]
 # fmt: on
 

@@ -1,0 +1,90 @@
+"""D25: files written into a run dir never follow a symlink planted at a predictable name."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from disttrain import checkpoint
+from disttrain.observe.log import setup_logging, teardown_logging
+from disttrain.rundir import write_json
+from disttrain.safefile import open_append, write_atomic
+
+
+def _victim(tmp_path: Path) -> Path:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    return victim
+
+
+def test_point_latest_does_not_write_through_a_planted_temp_symlink(tmp_path: Path) -> None:
+    victim, ckpts = _victim(tmp_path), tmp_path / "checkpoints"
+    ckpts.mkdir()
+    (ckpts / ".latest.tmp").symlink_to(victim)
+    checkpoint.point_latest(ckpts, "step_00000001")
+    assert victim.read_text() == "precious\n"
+    latest = ckpts / "latest"
+    assert latest.is_file() and not latest.is_symlink()
+    assert latest.read_text() == "step_00000001\n"
+
+
+def test_point_latest_replaces_a_planted_latest_symlink(tmp_path: Path) -> None:
+    victim, ckpts = _victim(tmp_path), tmp_path / "checkpoints"
+    ckpts.mkdir()
+    (ckpts / "latest").symlink_to(victim)
+    checkpoint.point_latest(ckpts, "step_00000002")
+    assert victim.read_text() == "precious\n"
+    assert not (ckpts / "latest").is_symlink() and checkpoint.read_latest(ckpts) == "step_00000002"
+
+
+def test_save_atomic_and_write_json_use_unpredictable_temp_names(tmp_path: Path, monkeypatch) -> None:
+    import os
+
+    victim = _victim(tmp_path)
+    pid = os.getpid()
+    (tmp_path / f".model.pt.tmp-{pid}").symlink_to(victim)  # the old predictable names
+    (tmp_path / f".status.json.{os.uname().nodename}.{pid}.tmp").symlink_to(victim)
+    checkpoint.save_atomic({"w": 1}, tmp_path / "model.pt")
+    write_json(tmp_path / "status.json", {"status": "running"})
+    assert victim.read_text() == "precious\n"
+    assert checkpoint.load(tmp_path / "model.pt") == {"w": 1}
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
+
+
+def test_write_synced_refuses_a_symlink(tmp_path: Path) -> None:
+    victim = _victim(tmp_path)
+    (tmp_path / "meta.json").symlink_to(victim)
+    with pytest.raises(OSError):
+        checkpoint._write_synced(tmp_path / "meta.json", b"{}")
+    assert victim.read_text() == "precious\n"
+
+
+def test_appends_refuse_a_planted_symlink(tmp_path: Path) -> None:
+    victim = _victim(tmp_path)
+    (tmp_path / "metrics.jsonl").symlink_to(victim)
+    with pytest.raises(OSError):
+        open_append(tmp_path / "metrics.jsonl")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "rank0.log").symlink_to(victim)
+    try:
+        with pytest.raises(OSError):
+            setup_logging(logs, 0, to_console=False)
+    finally:
+        teardown_logging()
+    assert victim.read_text() == "precious\n"
+    setup_logging(logs, 1, to_console=False)  # a plain file: appended as before
+    logging.getLogger("disttrain").info("hello")
+    teardown_logging()
+    assert "hello" in (logs / "rank1.log").read_text()
+
+
+def test_write_atomic_leaves_no_temp_file_on_error(tmp_path: Path) -> None:
+    def boom(f: object) -> None:
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        write_atomic(tmp_path / "x.bin", boom)
+    assert list(tmp_path.iterdir()) == []
