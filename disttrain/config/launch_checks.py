@@ -6,6 +6,7 @@ import re
 import shutil
 from typing import Any
 
+from disttrain.config import k8s_checks
 from disttrain.config.errors import ConfigError
 
 # sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
@@ -78,6 +79,8 @@ def check_static(cfg: dict[str, Any]) -> None:
         )
     if launcher["name"] == "slurm":
         _check_slurm(launcher)
+    if launcher["name"] == "k8s":
+        k8s_checks.check_static(cfg)
 
 
 def _check_slurm(launcher: dict[str, Any]) -> None:
@@ -121,3 +124,5 @@ def check_runtime(cfg: dict[str, Any]) -> None:
             "a machine with `sbatch` on PATH (a cluster login node)",
             "submit from the cluster, or launcher.dry_run=true to print the script here.",
         )
+    if launcher["name"] == "k8s":
+        k8s_checks.check_runtime(cfg)
