@@ -20,7 +20,7 @@ PATH = re.compile(r"/[A-Za-z0-9._/-]*")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Set by the operator or its runtime (the Trainer webhook rejects PET_* in trainer.env).
 RESERVED_ENV = ("PET_", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK")
-NAME_MAX = 36  # + "-YYYYMMDD-HHMMSS" = 52: pod names `<job>-worker-<i>` stay 63-character labels
+NAME_MAX = 31  # + "-YYYYMMDD-HHMMSS-abcd" = 52: pod names `<job>-worker-<i>` stay 63-character labels
 APIS = ("trainjob", "pytorchjob")
 
 
@@ -46,7 +46,7 @@ def check_static(cfg: dict[str, Any]) -> None:
             "name",
             cfg["name"],
             f"with launcher=k8s: up to {NAME_MAX} letters, digits, '-', '_' or '.', starting with a letter "
-            "and ending with a letter or digit (the job is NAME-YYYYMMDD-HHMMSS, a DNS label)",
+            "and ending with a letter or digit (the job is NAME-YYYYMMDD-HHMMSS-XXXX, a DNS label)",
             "e.g. name=gpt-small.",
         )
     for key, pattern in (("namespace", DNS_LABEL), ("runtime", DNS_SUBDOMAIN)):

@@ -11,6 +11,7 @@ The run dir is `<run_root>/<job>` on `launcher.pvc` (shared by the pods), or on 
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 import subprocess
@@ -35,10 +36,15 @@ API = {
 }
 
 
-def job_name(cfg: dict[str, Any], now: float | None = None) -> str:
-    """`<name>-YYYYMMDD-HHMMSS` (UTC): a DNS-1035 label, `name` lower-cased with _ and . as -."""
+def job_name(cfg: dict[str, Any], run_dir: Path, now: float | None = None) -> str:
+    """`<name>-YYYYMMDD-HHMMSS-<4 hex of the run dir>` (UTC): a DNS-1035 label, unique per sweep job.
+
+    `name` is lower-cased with _ and . as -; the run dir's hash tells apart the jobs of one `-m`
+    sweep submitted within the same second.
+    """
     stamp = time.strftime(STAMP, time.gmtime(time.time() if now is None else now))
-    name = f"{k8s_name(cfg['name'])}-{stamp}"
+    tag = hashlib.sha256(str(run_dir).encode()).hexdigest()[:4]
+    name = f"{k8s_name(cfg['name'])}-{stamp}-{tag}"
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= JOB_NAME_MAX, name
     return name
 
@@ -218,7 +224,7 @@ _BlockDumper.add_representer(str, _str)
 def submit(cfg: dict[str, Any], run_dir: Path) -> str:
     """Write the manifest into the run dir; `kubectl apply` it unless dry_run. Returns the job name."""
     lc = cfg["launcher"]
-    job = job_name(cfg)
+    job = job_name(cfg, run_dir)
     text = render(cfg, run_dir, job)
     path = run_dir / MANIFEST
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -66,7 +66,7 @@ PYTORCHJOB = "kubeflow.org_pytorchjobs.yaml.gz"
 def documents(tmp_path: Path, *overrides: str) -> list[dict[str, Any]]:
     cfg = checked([*FULL, *overrides])
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    text = k8s.render(cfg, tmp_path, k8s.job_name(cfg, now=0))
+    text = k8s.render(cfg, tmp_path, k8s.job_name(cfg, tmp_path, now=0))
     return [d for d in yaml.safe_load_all(text) if d]
 
 
@@ -125,9 +125,10 @@ def test_one_node_pytorchjob_has_only_a_master(tmp_path: Path) -> None:
     assert errors(crd_schema(PYTORCHJOB), job) == []
 
 
-def test_job_names_are_dns_labels_from_the_run_name() -> None:
+def test_job_names_are_dns_labels_from_the_run_name(tmp_path: Path) -> None:
     cfg = checked([*K8S, "name=GPT_small.v2"])
-    assert k8s.job_name(cfg, now=0) == "gpt-small-v2-19700101-000000"
+    a, b = k8s.job_name(cfg, tmp_path / "0", now=0), k8s.job_name(cfg, tmp_path / "1", now=0)
+    assert a.startswith("gpt-small-v2-19700101-000000-") and len(a) == len(b) == 33 and a != b
 
 
 @pytest.mark.parametrize(
