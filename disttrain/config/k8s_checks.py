@@ -24,6 +24,11 @@ NAME_MAX = 31  # + "-YYYYMMDD-HHMMSS-abcd" = 52: pod names `<job>-worker-<i>` st
 APIS = ("trainjob", "pytorchjob")
 
 
+def k8s_name(name: str) -> str:
+    """The run name as the start of a Kubernetes name: lower case, _ and . as -."""
+    return re.sub(r"[_.]", "-", str(name).lower())
+
+
 def check_static(cfg: dict[str, Any]) -> None:
     lc = cfg["launcher"]
     if not lc["image"] or not IMAGE.fullmatch(str(lc["image"])):
@@ -40,7 +45,7 @@ def check_static(cfg: dict[str, Any]) -> None:
             one_of(APIS),
             "trainjob needs Kubeflow Trainer v2; pytorchjob the v1 operator.",
         )
-    name = re.sub(r"[_.]", "-", str(cfg["name"]).lower())
+    name = k8s_name(cfg["name"])
     if len(name) > NAME_MAX or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
         raise ConfigError(
             "name",

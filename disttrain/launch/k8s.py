@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from disttrain.config.errors import ConfigError
+from disttrain.config.k8s_checks import k8s_name
 
 MANIFEST = "k8s/job.yaml"
 CONFIG_MOUNT = "/etc/disttrain"  # the ConfigMap's mount point in every pod
@@ -47,10 +48,6 @@ def job_name(cfg: dict[str, Any], run_dir: Path, now: float | None = None) -> st
     name = f"{k8s_name(cfg['name'])}-{stamp}-{tag}"
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= JOB_NAME_MAX, name
     return name
-
-
-def k8s_name(name: str) -> str:
-    return re.sub(r"[_.]", "-", str(name).lower())
 
 
 def pod_command(cfg: dict[str, Any], job: str) -> list[str]:
