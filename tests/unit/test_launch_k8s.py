@@ -252,3 +252,19 @@ def test_kubectl_is_needed_to_submit_but_not_inside_a_pod(monkeypatch: pytest.Mo
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     k8s_checks.check_runtime(cfg)
     assert k8s.in_pod()
+
+
+def test_a_pod_composes_the_mounted_frozen_config_unchanged(tmp_path: Path) -> None:
+    """`--config-dir /etc/disttrain --config-name frozen`: the ConfigMap's file is the primary config;
+    only the node settings taken from the operator differ from the config frozen at submission."""
+    (config_map, _) = documents(tmp_path)
+    mounted = tmp_path / "etc-disttrain"
+    mounted.mkdir()
+    (mounted / "frozen.yaml").write_text(config_map["data"]["frozen.yaml"])
+    node = ["node_rank=1", "master_addr=job-node-0-0.job", "master_port=29500"]
+    cfg = checked([*node, "hydra/job_logging=none"], config_dir=str(mounted), config_name="frozen")
+    frozen = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert {k: v for k, v in cfg.items() if k not in ("node_rank", "master_addr", "master_port")} == {
+        k: v for k, v in frozen.items() if k not in ("node_rank", "master_addr", "master_port")
+    }
+    assert (cfg["node_rank"], cfg["master_addr"], cfg["master_port"]) == (1, "job-node-0-0.job", 29500)
