@@ -71,12 +71,15 @@ def cmd_config(rest: list[str]) -> int:
 
 def cmd_train(rest: list[str]) -> int:
     from disttrain.launch import launched_externally
+    from disttrain.launch.kubeflow_env import kubeflow_node_env, node_overrides
     from disttrain.launch.slurm import allocation_overrides
 
     args = _hydra_args(rest)
-    if launched_externally():
+    # A Kubeflow pod running `disttrain train` is a node launcher (PyTorchJob's RANK is its node rank).
+    if launched_externally() and kubeflow_node_env() is None:
         return _train_as_launched_rank(args)
-    slurm = allocation_overrides(args.overrides)  # inside srun: node_rank, master_addr from SLURM
+    # inside a Kubeflow pod or an srun step: node_rank, master_addr (and port) from their variables
+    slurm = allocation_overrides(node_overrides(args.overrides))
     rest, args.overrides = [*rest, *slurm[len(args.overrides) :]], slurm
     command = rest
     if not (args.help or args.hydra_help or args.info or args.shell_completion):
@@ -150,7 +153,7 @@ def _multinode_run_dir(cfg: dict[str, Any], overrides: list[str]) -> list[str]:
     from disttrain.launch.slurm import check_allocation
 
     check_allocation(cfg)  # inside srun: SLURM_NNODES / SLURM_NTASKS against nodes
-    if cfg["nodes"] == 1 or cfg["launcher"]["name"] == "slurm":
+    if cfg["nodes"] == 1 or cfg["launcher"]["name"] in ("slurm", "k8s"):
         return []
     if any(o.startswith("hydra.run.dir=") for o in overrides):
         return []
@@ -235,6 +238,13 @@ def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str])
 
         submit(cfg, run_dir, _COMMAND or command_line())  # the job's nodes train; status.json is theirs
         return None
+    if cfg["launcher"]["name"] == "k8s":
+        from disttrain.launch import k8s
+
+        if not k8s.in_pod():
+            k8s.submit(cfg, run_dir)  # the job's pods train, each into its own <run_root>/<job>
+            return None
+        k8s.check_pod(cfg)
     try:
         with run_status(run_dir):  # status.json: running -> finished / failed / interrupted
             launch(cfg, run_dir)

@@ -79,9 +79,13 @@ def _compose(
 
     register()
     extra = _search_path_override(user_config_dir)
+    primary = config_dir()
+    if user_config_dir and (Path(user_config_dir) / f"{config_name}.yaml").is_file():
+        # As @hydra.main's --config-dir: the primary config may live there (a k8s pod's frozen.yaml).
+        primary, extra = Path(user_config_dir).resolve(), [f"hydra.searchpath=[file://{primary}]"]
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3", job_name="disttrain"):
+        with initialize_config_dir(config_dir=str(primary), version_base="1.3", job_name="disttrain"):
             cfg = hydra_compose(config_name, overrides=overrides + extra, return_hydra_config=with_hydra)
     except ConfigError:
         raise

@@ -6,6 +6,7 @@ import re
 import shutil
 from typing import Any
 
+from disttrain.config import k8s_checks
 from disttrain.config.errors import ConfigError
 
 # sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
@@ -86,6 +87,8 @@ def check_static(cfg: dict[str, Any]) -> None:
         )
     if launcher["name"] == "slurm":
         _check_slurm(launcher)
+    if launcher["name"] == "k8s":
+        k8s_checks.check_static(cfg)
 
 
 def _check_slurm(launcher: dict[str, Any]) -> None:
@@ -130,6 +133,8 @@ def check_runtime(cfg: dict[str, Any]) -> None:
             "a machine with `sbatch` on PATH (a cluster login node)",
             "submit from the cluster, or launcher.dry_run=true to print the script here.",
         )
+    if launcher["name"] == "k8s":
+        k8s_checks.check_runtime(cfg)
 
 
 def _check_port_free(cfg: dict[str, Any]) -> None:
@@ -142,7 +147,7 @@ def _check_port_free(cfg: dict[str, Any]) -> None:
 
     from disttrain.launch.multinode import DEFAULT_PORT
 
-    if cfg["launcher"]["name"] == "slurm" or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+    if cfg["launcher"]["name"] in ("slurm", "k8s") or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         return
     nodes, port = int(cfg["nodes"]), int(cfg.get("master_port") or 0)
     if (nodes == 1 and not port) or (nodes > 1 and cfg["node_rank"] != 0):

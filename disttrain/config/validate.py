@@ -16,7 +16,7 @@ from disttrain.config.schema import NO_DECAY
 from disttrain.strategies import STRATEGIES
 
 BACKENDS = ("auto", "gloo", "nccl")
-LAUNCHERS = ("torchrun", "spawn", "slurm")
+LAUNCHERS = ("torchrun", "spawn", "slurm", "k8s")
 SCHEDULES = ("constant", "cosine")
 TARGETS = ("classes", "values")
 SCALE_LR = ("none", "linear")
@@ -77,7 +77,8 @@ def check_static(cfg: dict[str, Any]) -> None:
         raise ConfigError(
             "node_rank", cfg["node_rank"], f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0."
         )
-    slurm = cfg["launcher"]["name"] == "slurm"  # the job script takes node 0 of the allocation
+    # slurm: the job script takes node 0 of the allocation; k8s: the operator names node 0's pod
+    slurm = cfg["launcher"]["name"] in ("slurm", "k8s")
     if nodes > 1 and not slurm and cfg["master_addr"] in ("127.0.0.1", "localhost"):
         raise ConfigError(
             "master_addr",
@@ -102,7 +103,8 @@ def check_static(cfg: dict[str, Any]) -> None:
         cfg,
         "launcher.name",
         LAUNCHERS,
-        "torchrun is the default; spawn uses torch.multiprocessing; slurm submits an sbatch job.",
+        "torchrun is the default; spawn uses torch.multiprocessing; slurm submits an sbatch job; "
+        "k8s a Kubeflow TrainJob.",
     )
     if cfg["launcher"]["name"] == "spawn" and nodes > 1:
         raise ConfigError("launcher", "spawn", "nodes=1", "use launcher=torchrun for several nodes.")

@@ -33,6 +33,7 @@ NEEDS = {
     ("strategy", "dp"): ["nproc_per_node=1"],
     ("model", "gpt"): ["data=text"],
     ("data", "files"): ["data.path=train.npz", "data.num_features=4", "data.num_classes=2"],
+    ("launcher", "k8s"): ["launcher.image=ghcr.io/lab/train:1"],  # required: no image works silently
 }
 
 MESSAGE = re.compile(

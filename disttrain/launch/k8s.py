@@ -1,0 +1,275 @@
+"""`launcher=k8s`: a Kubeflow TrainJob (or legacy PyTorchJob) manifest in the run dir; kubectl applies it.
+
+The manifest holds two objects: a ConfigMap with the run's frozen config.yaml, and the job. Every
+pod mounts the ConfigMap and runs `disttrain train --config-dir /etc/disttrain --config-name frozen`:
+the same resolved config on every node (nothing re-composed from the image's own config files, no
+`${now:}` resolved per pod). In the pod, disttrain reads the operator's PET_* variables
+(`kubeflow_env`) as node_rank/master_addr/master_port and starts `nproc_per_node` ranks like a
+by-hand node: the nodes' roll call compares config hashes, then torchrun's c10d rendezvous runs.
+The run dir is `<run_root>/<job>` on `launcher.pvc` (shared by the pods), or on a per-pod emptyDir.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from disttrain.config.errors import ConfigError
+from disttrain.config.k8s_checks import k8s_name
+
+MANIFEST = "k8s/job.yaml"
+CONFIG_MOUNT = "/etc/disttrain"  # the ConfigMap's mount point in every pod
+CONFIG_NAME = "frozen"  # its key: frozen.yaml, the run's config.yaml
+TRAINER_PORT = 29500  # Trainer v2's torch runtime serves PET_MASTER_PORT here; the PyTorchJob port too
+JOB_NAME_MAX = 52  # `<job>-worker-<i>` / `<job>-node-0-<i>` must stay a 63-character DNS label
+STAMP = "%Y%m%d-%H%M%S"
+API = {
+    "trainjob": ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
+    "pytorchjob": ("kubeflow.org/v1", "PyTorchJob"),
+}
+
+
+def job_name(cfg: dict[str, Any], run_dir: Path, now: float | None = None) -> str:
+    """`<name>-YYYYMMDD-HHMMSS-<4 hex of the run dir>` (UTC): a DNS-1035 label, unique per sweep job.
+
+    `name` is lower-cased with _ and . as -; the run dir's hash tells apart the jobs of one `-m`
+    sweep submitted within the same second.
+    """
+    stamp = time.strftime(STAMP, time.gmtime(time.time() if now is None else now))
+    tag = hashlib.sha256(str(run_dir).encode()).hexdigest()[:4]
+    name = f"{k8s_name(cfg['name'])}-{stamp}-{tag}"
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= JOB_NAME_MAX, name
+    return name
+
+
+def pod_command(cfg: dict[str, Any], job: str) -> list[str]:
+    """What every pod runs: train the mounted frozen config into the run dir `<run_root>/<job>`."""
+    run_dir = f"{cfg['launcher']['run_root'].rstrip('/')}/{job}"
+    return [
+        "disttrain",
+        "train",
+        "--config-dir",
+        CONFIG_MOUNT,
+        "--config-name",
+        CONFIG_NAME,
+        f"hydra.run.dir={run_dir}",
+        "hydra/job_logging=none",  # as disttrain's own config.yaml: disttrain logs, not Hydra
+    ]
+
+
+def manifests(cfg: dict[str, Any], frozen: str, job: str) -> list[dict[str, Any]]:
+    """[ConfigMap with the frozen config, TrainJob or PyTorchJob]."""
+    lc = cfg["launcher"]
+    meta = {
+        "name": job,
+        "namespace": lc["namespace"],
+        "labels": {"app.kubernetes.io/managed-by": "disttrain"},
+    }
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {**meta, "name": f"{job}-config"},
+        "data": {f"{CONFIG_NAME}.yaml": frozen},
+    }
+    build = trainjob if lc["api"] == "trainjob" else pytorchjob
+    return [config_map, build(cfg, job, meta)]
+
+
+def trainjob(cfg: dict[str, Any], job: str, meta: dict[str, Any]) -> dict[str, Any]:
+    """Trainer v2: the runtime's `node` job; volumes and the service account as a runtime patch."""
+    lc = cfg["launcher"]
+    pod: dict[str, Any] = {
+        "volumes": volumes(cfg, job),
+        "containers": [{"name": "node", "volumeMounts": mounts(cfg)}],
+    }
+    if lc["service_account"]:
+        pod["serviceAccountName"] = lc["service_account"]
+    patch = {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"spec": pod}}}}]}
+    return {
+        "apiVersion": API["trainjob"][0],
+        "kind": "TrainJob",
+        "metadata": meta,
+        "spec": {
+            "runtimeRef": {
+                "apiGroup": "trainer.kubeflow.org",
+                "kind": "ClusterTrainingRuntime",
+                "name": lc["runtime"],
+            },
+            "trainer": {
+                "image": lc["image"],
+                "command": pod_command(cfg, job),
+                "numNodes": int(cfg["nodes"]),
+                "numProcPerNode": int(cfg["nproc_per_node"]),
+                "resourcesPerNode": resources(cfg),
+                "env": env(cfg),
+            },
+            "runtimePatches": [
+                {"manager": "disttrain", "trainingRuntimeSpec": {"template": {"spec": patch}}}
+            ],
+        },
+    }
+
+
+def pytorchjob(cfg: dict[str, Any], job: str, meta: dict[str, Any]) -> dict[str, Any]:
+    """The v1 training-operator's PyTorchJob: one Master pod (node 0) and nodes-1 Worker pods."""
+    lc = cfg["launcher"]
+    container = {
+        "name": "pytorch",  # the operator finds the master port on this container
+        "image": lc["image"],
+        "command": pod_command(cfg, job),
+        "env": env(cfg),
+        "resources": resources(cfg),
+        "volumeMounts": mounts(cfg),
+        "ports": [{"name": "pytorchjob-port", "containerPort": TRAINER_PORT}],
+    }
+    pod: dict[str, Any] = {"volumes": volumes(cfg, job), "containers": [container]}
+    if lc["service_account"]:
+        pod["serviceAccountName"] = lc["service_account"]
+
+    def replica(n: int) -> dict[str, Any]:
+        # Never: a restarted pod would join a rendezvous the others have left; rerun the job instead.
+        return {"replicas": n, "restartPolicy": "Never", "template": {"spec": pod}}
+
+    specs = {"Master": replica(1)}
+    if int(cfg["nodes"]) > 1:
+        specs["Worker"] = replica(int(cfg["nodes"]) - 1)
+    return {
+        "apiVersion": API["pytorchjob"][0],
+        "kind": "PyTorchJob",
+        "metadata": meta,
+        "spec": {"nprocPerNode": str(cfg["nproc_per_node"]), "pytorchReplicaSpecs": specs},
+    }
+
+
+def resources(cfg: dict[str, Any]) -> dict[str, Any]:
+    lc = cfg["launcher"]
+    sized = {k: str(lc[k]) for k in ("cpu", "memory") if lc[k] is not None}
+    limits = dict(sized)
+    if lc["gpus_per_node"]:
+        limits["nvidia.com/gpu"] = str(lc["gpus_per_node"])
+    return {k: v for k, v in (("limits", limits), ("requests", sized)) if v}
+
+
+def env(cfg: dict[str, Any]) -> list[dict[str, str]]:
+    values = {"PYTHONUNBUFFERED": "1", **{str(k): str(v) for k, v in cfg["launcher"]["env"].items()}}
+    return [{"name": k, "value": v} for k, v in values.items()]
+
+
+def volumes(cfg: dict[str, Any], job: str) -> list[dict[str, Any]]:
+    lc = cfg["launcher"]
+    run: dict[str, Any] = (
+        {"persistentVolumeClaim": {"claimName": lc["pvc"]}} if lc["pvc"] else {"emptyDir": {}}
+    )
+    out = [{"name": "disttrain-config", "configMap": {"name": f"{job}-config"}}, {"name": "run-dir", **run}]
+    out += [
+        {"name": f"volume-{i}", "persistentVolumeClaim": {"claimName": v.split(":", 1)[0]}}
+        for i, v in enumerate(lc["volumes"])
+    ]
+    return out
+
+
+def mounts(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    lc = cfg["launcher"]
+    out: list[dict[str, Any]] = [
+        {"name": "disttrain-config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+        {"name": "run-dir", "mountPath": lc["run_root"]},
+    ]
+    out += [{"name": f"volume-{i}", "mountPath": v.split(":", 1)[1]} for i, v in enumerate(lc["volumes"])]
+    return out
+
+
+def render(cfg: dict[str, Any], run_dir: Path, job: str) -> str:
+    """The manifest file: a comment head (how to apply, follow, delete), then the YAML documents."""
+    lc = cfg["launcher"]
+    kind = API[lc["api"]][1]
+    path, ns = run_dir / MANIFEST, lc["namespace"]
+    head = [
+        f"# Written by disttrain for run {run_dir}",
+        f"# Apply by hand: kubectl apply -f {shlex.quote(str(path))}",
+        f"# Follow: kubectl -n {ns} get {kind.lower()} {job}; kubectl -n {ns} logs -f {job}-"
+        + ("node-0-0-<suffix>" if lc["api"] == "trainjob" else "master-0"),
+        f"# Delete: kubectl -n {ns} delete {kind.lower()},configmap {job} {job}-config",
+    ]
+    if not lc["pvc"]:
+        head.append(
+            "# Run dir: an emptyDir per pod (lost with the pod); set launcher.pvc=CLAIM for a shared, kept one"
+        )
+    docs = manifests(cfg, (run_dir / "config.yaml").read_text(), job)
+    body = yaml.dump_all(docs, Dumper=_BlockDumper, sort_keys=False)
+    return "\n".join(head) + "\n---\n" + body
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """yaml.safe_dump, with multi-line strings (the ConfigMap's config.yaml) as readable | blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_BlockDumper.add_representer(str, _str)
+
+
+def submit(cfg: dict[str, Any], run_dir: Path) -> str:
+    """Write the manifest into the run dir; `kubectl apply` it unless dry_run. Returns the job name."""
+    lc = cfg["launcher"]
+    job = job_name(cfg, run_dir)
+    text = render(cfg, run_dir, job)
+    path = run_dir / MANIFEST
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    (run_dir / "k8s" / "job_name").write_text(job + "\n")
+    if lc["dry_run"]:
+        sys.stdout.write(text)
+        sys.stdout.write(f"# dry run: not applied. Manifest: {path}\n# apply it: kubectl apply -f {path}\n")
+        return job
+    argv = [lc["kubectl"], "apply", "-f", str(path)]
+    try:
+        subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = (getattr(exc, "stderr", "") or str(exc)).strip()
+        raise ConfigError(
+            "launcher",
+            "k8s",
+            "a kubectl that reaches the cluster",
+            f"`{shlex.join(argv)}` failed: {detail}; the manifest is {path}.",
+        ) from None
+    kind, ns = API[lc["api"]][1], lc["namespace"]
+    sys.stdout.write(
+        f"submitted: {kind} {job} in namespace {ns}\n  run dir: {run_dir} (manifest {path})\n"
+        f"  state:   kubectl -n {ns} get {kind.lower()} {job}\n"
+    )
+    return job
+
+
+def in_pod() -> bool:
+    """True in a pod of the job (the operator's variables are set): train here, do not submit."""
+    from disttrain.launch.kubeflow_env import kubeflow_node_env
+
+    return kubeflow_node_env() is not None
+
+
+def check_pod(cfg: dict[str, Any]) -> None:
+    """In a pod: the operator's node count and processes per node must be the config's."""
+    from disttrain.launch.kubeflow_env import kubeflow_node_env
+
+    node = kubeflow_node_env()
+    if node is None:
+        return
+    for key in ("nodes", "nproc_per_node"):
+        if node[key] is not None and node[key] != int(cfg[key]):
+            raise ConfigError(
+                key,
+                cfg[key],
+                f"{node[key]} (PET_{'NNODES' if key == 'nodes' else 'NPROC_PER_NODE'} set by the operator)",
+                "the job's numNodes/numProcPerNode (replicas/nprocPerNode) must match the frozen config; "
+                "submit again with launcher=k8s rather than editing the manifest.",
+            )
