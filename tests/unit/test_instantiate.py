@@ -254,7 +254,15 @@ class GPTConfig:
 class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
+        self.embed = nn.Embedding(256, config.n_embd)
         self.layers = nn.ModuleList(nn.Linear(config.n_embd, config.n_embd) for _ in range(config.n_layer))
+        self.head = nn.Linear(config.n_embd, 256)
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
 
 
 def config_kwargs(n_layer: int = 2, **kwargs):
@@ -302,7 +310,12 @@ def test_typo_in_a_user_model_argument_names_it_and_suggests_the_right_one(user_
 def test_typo_in_a_nested_target_is_a_config_error_naming_the_nested_key(user_dir: Path) -> None:
     """nanoGPT's `GPT(config)`: the nested GPTConfig's keys are checked before anything is built."""
     write_module(user_dir, "unitlab.nano", NANO)
-    base = ["data=text", "model._target_=unitlab.nano.GPT", "model.config._target_=unitlab.nano.GPTConfig"]
+    base = [
+        "data=text",
+        "task=lm",
+        "model._target_=unitlab.nano.GPT",
+        "model.config._target_=unitlab.nano.GPTConfig",
+    ]
     cfg = checked([*base, "model.config.n_layer=3"], runtime=True)
     assert cfg["model"] == {
         "_target_": "unitlab.nano.GPT",
