@@ -91,12 +91,16 @@ def cmd_train(rest: list[str]) -> int:
 
 def _multinode_run_dir(cfg: dict[str, Any], overrides: list[str]) -> list[str]:
     """Several nodes (by hand): a run dir name every node derives alike, unless hydra.run.dir is set."""
+    from disttrain.config.launch_checks import rehearsal_warning
     from disttrain.launch.multinode import run_dir_name
     from disttrain.launch.slurm import check_allocation
 
     check_allocation(cfg)  # inside srun: SLURM_NNODES / SLURM_NTASKS against nodes
     if cfg["nodes"] == 1 or cfg["launcher"]["name"] == "slurm":
         return []
+    warning = rehearsal_warning(cfg)
+    if warning:
+        sys.stderr.write(f"disttrain: warning: {warning}\n")
     if any(o.startswith("hydra.run.dir=") for o in overrides):
         return []
     return [f"hydra.run.dir={run_dir_name(cfg)}"]

@@ -58,14 +58,6 @@ def check_static(cfg: dict[str, Any]) -> None:
         raise ConfigError(
             "node_rank", cfg["node_rank"], f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0."
         )
-    slurm = cfg["launcher"]["name"] == "slurm"  # the job script takes node 0 of the allocation
-    if nodes > 1 and not slurm and cfg["master_addr"] in ("127.0.0.1", "localhost"):
-        raise ConfigError(
-            "master_addr",
-            cfg["master_addr"],
-            "the address of node 0 reachable from every node",
-            f"with nodes={nodes}, set master_addr=HOST on every node, or submit with launcher=slurm.",
-        )
     _choice(cfg, "backend.name", BACKENDS, "auto picks nccl when CUDA GPUs are present, else gloo.")
     _at_least(cfg, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
     _choice(cfg, "strategy.name", tuple(STRATEGIES), "choose the strategy group option: strategy=ddp.")
