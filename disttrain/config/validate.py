@@ -163,6 +163,14 @@ def _check_checkpoint(cfg: dict[str, Any]) -> None:
 
     _at_least(cfg, "checkpoint.keep", 1, "keep >= 1; the newest committed checkpoint is never deleted.")
     _choice(cfg, "checkpoint.verify", VERIFY, "size checks file sizes (fast); hash also checks contents.")
+    ckpt_dir = cfg["checkpoint"].get("dir")
+    if ckpt_dir is not None and (not str(ckpt_dir).strip() or "://" in str(ckpt_dir)):
+        raise ConfigError(
+            "checkpoint.dir",
+            ckpt_dir,
+            "null (<run dir>/checkpoints) or a path; URLs (s3://, gs://) are not supported yet",
+            "mount the shared storage (NFS, a cluster file system, a volume) and give its path.",
+        )
     resume = cfg.get("resume", "auto")
     if resume not in (None, "auto", "never") and not os.path.exists(str(resume)):
         raise ConfigError(
