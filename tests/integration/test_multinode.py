@@ -275,6 +275,8 @@ def test_private_run_dirs_without_a_shared_checkpoint_dir_fail_before_training(
 ) -> None:
     results = _by_hand(tmp_path, netns_pair, 29536, "hydra.run.dir=priv")
     _assert_failed_before_training(results, tmp_path / "node0" / "priv")
+    for r in results:  # the launcher's one paragraph, not each rank's traceback
+        assert "Traceback" not in r.stderr and "training failed" in r.stderr, _report(results)
     # Each node kept its own run dir, with its own frozen config, logs and status.
     for k in (0, 1):
         own = tmp_path / f"node{k}" / "priv"
@@ -333,3 +335,40 @@ def test_external_torchrun_on_two_nodes_without_a_shared_run_dir(
     assert len(two) == len(one) == 6
     diff = max(abs(x - y) for x, y in zip(two, one, strict=True))
     assert diff <= 1e-6, f"2-node torchrun losses {two} vs 1-node {one} (max diff {diff:.2e})"
+
+
+def test_pods_with_kubeflow_environment_train_without_a_shared_run_dir(
+    tmp_path: Path, netns_pair: tuple[tuple[str, str], tuple[str, str]]
+) -> None:
+    """A PyTorchJob/TrainJob pod runs `python -m disttrain train` with MASTER_ADDR/PORT, WORLD_SIZE,
+    RANK and PET_* set by the operator, and no LOCAL_* variables: each pod is its own node."""
+    commands = []
+    for k, (ns, veth) in enumerate(netns_pair):
+        pod_env = {
+            "MASTER_ADDR": MASTER,
+            "MASTER_PORT": "29543",
+            "WORLD_SIZE": "2",
+            "RANK": str(k),
+            "PET_NNODES": "2",
+            "PET_NPROC_PER_NODE": "1",
+            "PET_NODE_RANK": str(k),
+        }
+        cmd = [
+            "env",
+            *(f"{key}={value}" for key, value in pod_env.items()),
+            *(sys.executable, "-m", "disttrain", "train", *FAST, *QUICK, "hydra.run.dir=pod"),
+            f"checkpoint.dir={tmp_path / 'shared'}",
+        ]
+        commands.append((veth, _private_node(tmp_path, ns, k, cmd)))
+    results = _run_commands(tmp_path, commands)
+    assert all(r.returncode == 0 for r in results), _report(results)
+    for k in (0, 1):
+        own = tmp_path / f"node{k}" / "pod"
+        launch = read_yaml(own / "launch.json")
+        assert launch["launcher"] == "kubeflow" and launch["nodes"] == 2 and launch["nproc_per_node"] == 1
+        assert read_yaml(own / "status.json")["status"] == "finished"
+        assert "-m disttrain train" in (own / "command.txt").read_text()
+    two, one = train_losses(tmp_path / "node0" / "pod"), _one_node_losses(tmp_path)
+    assert len(two) == len(one) == 6
+    diff = max(abs(x - y) for x, y in zip(two, one, strict=True))
+    assert diff <= 1e-6, f"2-pod losses {two} vs 1-node {one} (max diff {diff:.2e})"
