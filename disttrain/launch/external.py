@@ -93,10 +93,18 @@ def agree(cfg: dict[str, Any], env: Any) -> str | None:
     return None
 
 
-def record(run_dir: Path, cfg: dict[str, Any], env: Any, present: list[int]) -> None:
-    """launch.json (how the ranks were started) and rendezvous_node<K>.json (the config hash)."""
+def record(run_dir: Path, cfg: dict[str, Any], env: Any, present: list[int], owner: bool) -> None:
+    """rendezvous_node<K>.json (the config hash, every node), launch.json (how the ranks were
+    started: the run dir's owner, i.e. rank 0 or a node keeping its own copy)."""
     from disttrain.rundir import write_json
 
+    node = int(cfg["node_rank"])
+    write_json(
+        run_dir / f"rendezvous_node{node}.json",
+        {"config_hash": config_hash(cfg), "node_rank": node, "nodes": present, "launcher": launcher_name()},
+    )
+    if not owner:
+        return
     write_json(
         run_dir / "launch.json",
         {
@@ -107,11 +115,6 @@ def record(run_dir: Path, cfg: dict[str, Any], env: Any, present: list[int]) -> 
             "nproc_per_node": cfg["nproc_per_node"],
             "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
         },
-    )
-    node = int(cfg["node_rank"])
-    write_json(
-        run_dir / f"rendezvous_node{node}.json",
-        {"config_hash": config_hash(cfg), "node_rank": node, "nodes": present, "launcher": launcher_name()},
     )
 
 
@@ -154,8 +157,8 @@ def train_as_launched_rank(args: Any) -> int:
     dist.all_gather_object(owners, env.is_zero or own_copy)  # also a barrier: every copy is written
     nodes_present = sorted({r // local for r in range(env.world_size)})
     writes_status = bool(owners[env.rank])
-    if writes_status:
-        record(run_dir, {**frozen, "node_rank": env.rank // local}, env, nodes_present)
+    if env.local_rank == 0:
+        record(run_dir, {**frozen, "node_rank": env.rank // local}, env, nodes_present, writes_status)
     status = run_status(run_dir) if writes_status else contextlib.nullcontext()
     with status:
         worker.run(run_dir)
