@@ -372,3 +372,27 @@ def test_pods_with_kubeflow_environment_train_without_a_shared_run_dir(
     assert len(two) == len(one) == 6
     diff = max(abs(x - y) for x, y in zip(two, one, strict=True))
     assert diff <= 1e-6, f"2-pod losses {two} vs 1-node {one} (max diff {diff:.2e})"
+
+
+def test_two_nodes_on_loopback_are_a_rehearsal_that_trains(tmp_path: Path) -> None:
+    """master_addr=127.0.0.1 with nodes=2: allowed (torchrun allows it) with a rehearsal warning."""
+    args = [*QUICK, "nodes=2", "nproc_per_node=1", "master_addr=127.0.0.1", "master_port=29544"]
+    commands = [
+        (
+            "lo",
+            [
+                CLI,
+                "train",
+                *FAST,
+                *args,
+                "launcher.rdzv_timeout=60",
+                "hydra.run.dir=rehearsal",
+                f"node_rank={k}",
+            ],
+        )
+        for k in (0, 1)
+    ]
+    results = _run_commands(tmp_path, commands)
+    assert all(r.returncode == 0 for r in results), _report(results)
+    assert all("rehearsal" in r.stderr and "master_addr=127.0.0.1" in r.stderr for r in results)
+    assert len(train_losses(tmp_path / "rehearsal")) == 6
