@@ -8,6 +8,7 @@ would train to the end and only then fail writing a shard; the probe fails it be
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -41,12 +42,11 @@ def check_shared(cfg: dict[str, Any], run_dir: Path, env: Any) -> None:
         (directory / token).write_text(token)
         box = [token]
     dist.broadcast_object_list(box, src=0)
-    token = box[0]
-    seen = (directory / token).is_file() and (directory / token).read_text() == token
+    seen = _sees(directory / box[0], box[0])
     views: list[Any] = [None] * env.world_size
     dist.all_gather_object(views, (seen, env.rank // max(1, env.local_world_size), _host()))
     if env.is_zero:
-        (directory / token).unlink(missing_ok=True)
+        (directory / box[0]).unlink(missing_ok=True)
     blind = sorted({(node, host) for ok, node, host in views if not ok})
     if not blind:
         return
@@ -62,6 +62,20 @@ def check_shared(cfg: dict[str, Any], run_dir: Path, env: Any) -> None:
         "same on every node; or give every node the same run dir on such a file system "
         "(hydra.run.dir=/shared/runs/NAME).",
     )
+
+
+def _sees(path: Path, token: str, patience_s: float = 5.0) -> bool:
+    """Whether the token is there; a network file system may show a new file a moment late."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            if path.read_text() == token:
+                return True
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.25)
 
 
 def _host() -> str:
