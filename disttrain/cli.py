@@ -149,12 +149,16 @@ def _hydra_quote(value: str) -> str:
 
 def _multinode_run_dir(cfg: dict[str, Any], overrides: list[str]) -> list[str]:
     """Several nodes (by hand): a run dir name every node derives alike, unless hydra.run.dir is set."""
+    from disttrain.config.launch_checks import rehearsal_warning
     from disttrain.launch.multinode import run_dir_name
     from disttrain.launch.slurm import check_allocation
 
     check_allocation(cfg)  # inside srun: SLURM_NNODES / SLURM_NTASKS against nodes
     if cfg["nodes"] == 1 or cfg["launcher"]["name"] in ("slurm", "k8s"):
         return []
+    warning = rehearsal_warning(cfg)
+    if warning:
+        sys.stderr.write(f"disttrain: warning: {warning}\n")
     if any(o.startswith("hydra.run.dir=") for o in overrides):
         return []
     return [f"hydra.run.dir={run_dir_name(cfg)}"]
@@ -270,28 +274,10 @@ def _print_summary(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _train_as_launched_rank(args: Any) -> int:
-    """Inside a rank torchrun/srun started: rank 0 freezes the run dir, every rank trains from it."""
-    import torch.distributed as dist
+    """Inside a rank torchrun/Kubeflow/TorchX/srun started: see disttrain.launch.external."""
+    from disttrain.launch.external import train_as_launched_rank
 
-    from disttrain import worker
-    from disttrain.config import compose
-    from disttrain.dist import DistEnv, exit_rank, init_process_group
-    from disttrain.rundir import command_line, freeze
-
-    cfg = _compose_checked(args.overrides, args, runtime=True)
-    env = DistEnv.from_env(cfg["backend"]["name"])
-    init_process_group(env, cfg["backend"]["timeout"])
-    box: list[Any] = [None]
-    if env.is_zero:
-        full = compose(args.overrides, args.config_dir, args.config_name or "config", with_hydra=True)
-        run_dir = Path(str(full.hydra.run.dir)).resolve()
-        freeze(run_dir, cfg, args.overrides, command_line())
-        box = [str(run_dir)]
-    dist.broadcast_object_list(box, src=0)
-    worker.run(box[0])
-    if env.is_zero:
-        _print_summary(Path(box[0]))
-    exit_rank(0)  # a rank process: skip interpreter finalization (see exit_rank)
+    return train_as_launched_rank(args)
 
 
 def _tool(target: str) -> Callable[[list[str]], int]:

@@ -101,10 +101,15 @@ def rank_main(run: Callable[[str], Any], module: str) -> int:
     """`python -m MODULE RUN_DIR` in a launched rank; torchelastic's @record writes its error file."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from disttrain.config.errors import ConfigError
+
     if len(sys.argv) != 2:
         sys.stderr.write(f"usage: python -m {module} RUN_DIR\n")
         return 2
-    record(run)(sys.argv[1])
+    try:
+        record(run)(sys.argv[1])
+    except ConfigError:
+        return 2  # @record wrote the paragraph for the launcher, the rank's log has it: no traceback
     return 0
 
 

@@ -293,6 +293,10 @@ def export(run_dir: Path, location: Path, out: Path) -> int:
     from disttrain.rundir import read_config
 
     cfg = read_config(run_dir)
+    if location == run_dir:  # the run's checkpoint.dir, which may lie outside the run dir
+        from disttrain.shared_dir import checkpoint_dir
+
+        location = checkpoint_dir(cfg, run_dir)
     setup_logging(None, 0, to_console=True)
     with torch.device("cpu"):
         model = build_model(cfg["model"])

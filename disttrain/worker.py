@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from disttrain import checkpoint
+from disttrain.config.errors import ConfigError
 from disttrain.data import build_datasets
 from disttrain.dist import DistEnv, destroy_process_group, hostname, init_process_group
 from disttrain.engine.loop import Engine, total_steps
@@ -31,6 +32,7 @@ from disttrain.observe.log import get_logger, setup_logging, teardown_logging
 from disttrain.observe.metrics import NullMetrics, make_metrics
 from disttrain.observe.summary import print_summary
 from disttrain.rundir import read_config, write_json
+from disttrain.shared_dir import check_shared, checkpoint_dir
 from disttrain.strategies import build_strategy
 from disttrain.tasks import build_task
 from disttrain.tools.envreport import collect_env
@@ -61,7 +63,11 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
                 run_dir,
             )
         report_env(run_dir, env, threads)
+        check_shared(cfg, run_dir, env)  # several nodes: all see checkpoint.dir, or fail before training
         summary = train(cfg, env, run_dir)
+    except ConfigError as exc:
+        log.error("rank %d: %s", env.rank, exc)  # one paragraph, no traceback
+        raise
     except BaseException:
         log.exception("rank %d failed", env.rank)
         raise
@@ -205,7 +211,7 @@ def make_loaders(
 
 def resume_location(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     """Where to continue from: a restart or resume=auto takes the run dir's own checkpoints first."""
-    own = run_dir / "checkpoints"
+    own = checkpoint_dir(cfg, run_dir)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
     resume = cfg.get("resume", "auto")
     if checkpoint.committed(own) and (resume == "auto" or restarted):

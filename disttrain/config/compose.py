@@ -20,15 +20,23 @@ CONFIG_NAME = "config"
 
 
 def config_dir() -> Path:
-    """The built-in config folder: $DISTTRAIN_CONFIG_DIR, else `configs/` beside the package."""
+    """The built-in config folder: $DISTTRAIN_CONFIG_DIR, else the package's own `disttrain/configs`.
+
+    Found with importlib.resources, so a wheel installed anywhere (not only an editable checkout)
+    has its configs; `--config-dir` and experiment files are added on top of this search path.
+    """
     env = os.environ.get("DISTTRAIN_CONFIG_DIR")
     if env:
         return Path(env).resolve()
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here.parent / "configs", here / "configs"):
-        if (candidate / f"{CONFIG_NAME}.yaml").is_file():
-            return candidate
-    raise FileNotFoundError(f"disttrain's configs/ folder was not found next to {here}")
+    from importlib.resources import files
+
+    shipped = Path(str(files("disttrain") / "configs"))
+    if not (shipped / f"{CONFIG_NAME}.yaml").is_file():
+        raise FileNotFoundError(
+            f"disttrain's configs are missing from the installed package ({shipped}): reinstall disttrain, "
+            "or point DISTTRAIN_CONFIG_DIR at a folder holding config.yaml and its groups"
+        )
+    return shipped
 
 
 def _search_path_override(user_dir: str | None) -> list[str]:

@@ -123,6 +123,27 @@ def _check_slurm(launcher: dict[str, Any]) -> None:
             )
 
 
+LOOPBACK = ("localhost", "::1")
+
+
+def rehearsal_warning(cfg: dict[str, Any]) -> str | None:
+    """Several nodes whose master is this host's loopback: allowed (as torchrun allows it), but said.
+
+    Users rehearse a multi-node config on one machine before a queue wait; on real machines a
+    loopback master_addr means the other nodes never arrive, so the launch says which case it is.
+    """
+    addr = str(cfg.get("master_addr"))
+    if int(cfg["nodes"]) == 1 or cfg["launcher"]["name"] == "slurm":
+        return None
+    if addr not in LOOPBACK and not addr.startswith("127."):
+        return None
+    return (
+        f"master_addr={addr} is this host's loopback: a rehearsal of nodes={cfg['nodes']} on one "
+        "machine (start every node_rank here). Nodes on other machines cannot reach it: set "
+        "master_addr=ADDRESS_OF_NODE_0 on every node for a real multi-node run."
+    )
+
+
 def check_runtime(cfg: dict[str, Any]) -> None:
     _check_port_free(cfg)
     launcher = cfg["launcher"]

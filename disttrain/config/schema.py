@@ -1,6 +1,6 @@
 """Dataclass schemas for every config group, registered in Hydra's ConfigStore.
 
-YAML files under ``configs/`` only fill values (``defaults: [base_ddp]``), so an unknown key or a
+YAML files under ``disttrain/configs/`` only fill values (``defaults: [base_ddp]``), so an unknown key or a
 wrong type fails at compose time.  ``model`` and ``data`` are typed ``Any`` at the top level: they
 are the plug-in points for the user's own ``_target_``; the built-in options still carry a schema.
 """
@@ -553,6 +553,11 @@ def _keyword_field(name: str, type_name: str, default: Any, text: str) -> Any:
     "async", "bool", False, "save in a background thread (DCP async_save); training waits only to stage"
 )
 class CheckpointConfig:
+    dir: str | None = _h(
+        "where checkpoints go; null: <run dir>/checkpoints. With several nodes every node must see "
+        "it (a shared file system): checked before training",
+        None,
+    )
     keep: int = _h("committed checkpoints to keep (the newest N; older ones are deleted)", 3)
     verify: str = _h("check at load: size (file sizes vs manifest) or hash (sizes + sha256)", "hash")
     on_signal: bool = _h("SIGTERM/SIGINT: every rank saves a checkpoint, then exits", True)

@@ -77,15 +77,6 @@ def check_static(cfg: dict[str, Any]) -> None:
         raise ConfigError(
             "node_rank", cfg["node_rank"], f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0."
         )
-    # slurm: the job script takes node 0 of the allocation; k8s: the operator names node 0's pod
-    slurm = cfg["launcher"]["name"] in ("slurm", "k8s")
-    if nodes > 1 and not slurm and cfg["master_addr"] in ("127.0.0.1", "localhost"):
-        raise ConfigError(
-            "master_addr",
-            cfg["master_addr"],
-            "the address of node 0 reachable from every node",
-            f"with nodes={nodes}, set master_addr=HOST on every node, or submit with launcher=slurm.",
-        )
     _choice(cfg, "backend.name", BACKENDS, "auto picks nccl when CUDA GPUs are present, else gloo.")
     _at_least(cfg, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
     _choice(cfg, "strategy.name", tuple(STRATEGIES), "choose the strategy group option: strategy=ddp.")
@@ -193,6 +184,14 @@ def _check_checkpoint(cfg: dict[str, Any]) -> None:
 
     _at_least(cfg, "checkpoint.keep", 1, "keep >= 1; the newest committed checkpoint is never deleted.")
     _choice(cfg, "checkpoint.verify", VERIFY, "size checks file sizes (fast); hash also checks contents.")
+    ckpt_dir = cfg["checkpoint"].get("dir")
+    if ckpt_dir is not None and (not str(ckpt_dir).strip() or "://" in str(ckpt_dir)):
+        raise ConfigError(
+            "checkpoint.dir",
+            ckpt_dir,
+            "null (<run dir>/checkpoints) or a path; URLs (s3://, gs://) are not supported yet",
+            "mount the shared storage (NFS, a cluster file system, a volume) and give its path.",
+        )
     resume = cfg.get("resume", "auto")
     if resume not in (None, "auto", "never") and not os.path.exists(str(resume)):
         raise ConfigError(

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from disttrain import checkpoint
 from disttrain.engine.resume import config_diff, config_hash, rng_state, shaping_config
+from disttrain.shared_dir import checkpoint_dir
 
 if TYPE_CHECKING:
     from disttrain.engine.loop import Engine
@@ -25,7 +26,7 @@ class Checkpointer:
 
     def __init__(self, engine: Engine, cfg: dict[str, Any], run_cfg: dict[str, Any]) -> None:
         self.e, self.cfg, self.run_cfg = engine, cfg, run_cfg
-        self.dir = engine.run_dir / "checkpoints"
+        self.dir = checkpoint_dir(run_cfg, engine.run_dir)  # checkpoint.dir, else <run dir>/checkpoints
         self.pending: checkpoint.PendingSave | None = None
         self.last_saved_step = -1
         self.stalls: list[float] = []

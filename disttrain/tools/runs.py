@@ -174,7 +174,13 @@ def reproduce(run_dir: Path) -> str:
 
 
 def checkpoints(run_dir: Path) -> list[dict[str, Any]]:
-    folder = run_dir / "checkpoints"
+    from disttrain.shared_dir import checkpoint_dir
+
+    try:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        cfg = None
+    folder = checkpoint_dir(cfg if isinstance(cfg, dict) else {}, run_dir)  # checkpoint.dir, if set
     if not folder.is_dir():
         return []
     return [

@@ -82,5 +82,13 @@ def test_already_launched_runs_as_those_ranks(
     assert "${" not in (run_dir / "config.yaml").read_text()
     assert read_yaml(run_dir / "overrides.yaml") == [*FAST, *BASELINE]
     assert sum(line.startswith("done: 6 steps") for line in proc.stdout.splitlines()) == 1, "rank 0 only"
+    # The run record is the real launch: torchrun's command, its world, a status.
+    command = (run_dir / "command.txt").read_text()
+    assert "torch.distributed.run --nproc-per-node 2" in command and "__main__.py" not in command
+    launch = read_yaml(run_dir / "launch.json")
+    assert launch["launcher"] == "torchrun" and launch["world_size"] == 2 and launch["nproc_per_node"] == 2
+    frozen = read_yaml(run_dir / "config.yaml")
+    assert frozen["nproc_per_node"] == 2 and frozen["nodes"] == 1
+    assert read_yaml(run_dir / "status.json")["status"] == "finished"
     # The same ranks, the same config: the same run as the one disttrain launched itself.
     _assert_bitwise_equal(baseline[1], run_dir)

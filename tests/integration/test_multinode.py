@@ -12,9 +12,11 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -80,10 +82,19 @@ def _run_nodes(
     cwd: Path, nodes: list[tuple[str, str, list[str]]], timeout: float = TIMEOUT
 ) -> list[subprocess.CompletedProcess[str]]:
     """Start `disttrain train` in each (namespace, veth, overrides) at once; wait for all."""
+    commands = [
+        (veth, ["ip", "netns", "exec", ns, CLI, "train", *FAST, *overrides]) for ns, veth, overrides in nodes
+    ]
+    return _run_commands(cwd, commands, timeout)
+
+
+def _run_commands(
+    cwd: Path, commands: list[tuple[str, list[str]]], timeout: float = TIMEOUT
+) -> list[subprocess.CompletedProcess[str]]:
+    """Start each (veth, command) at once; wait for all; kill every process group afterwards."""
     procs = []
     try:
-        for ns, veth, overrides in nodes:
-            cmd = ["ip", "netns", "exec", ns, CLI, "train", *FAST, *overrides]
+        for veth, cmd in commands:
             procs.append(
                 subprocess.Popen(
                     cmd,
@@ -198,3 +209,190 @@ def test_elastic_min_nodes_trains_with_the_nodes_that_came(
     assert train_losses(tmp_path / "el")
     frozen = read_yaml(tmp_path / "el" / "config.yaml")
     assert frozen["nodes"] == 2 and frozen["launcher"]["min_nodes"] == 1
+
+
+# --------------------------------------------------------------------------- no shared file system
+# Each node also gets a private mount namespace: `work/` is bind-mounted from the node's own
+# `nodeK/` folder, so the two nodes see different contents at the same path (different machines
+# with local disks). `shared/` stays one folder both see: a shared checkpoint.dir.
+
+
+def _private_node(tmp_path: Path, ns: str, node: int, cmd: list[str]) -> list[str]:
+    own, work = tmp_path / f"node{node}", tmp_path / "work"
+    own.mkdir(exist_ok=True)
+    work.mkdir(exist_ok=True)
+    script = 'mount --bind "$1" "$2" && cd "$2" && shift 2 && exec "$@"'
+    return [
+        *("ip", "netns", "exec", ns, "unshare", "--mount", "--propagation", "private"),
+        *("sh", "-c", script, "sh", str(own), str(work), *cmd),
+    ]
+
+
+def _by_hand(tmp_path: Path, netns: Any, port: int, *extra: str) -> list[subprocess.CompletedProcess[str]]:
+    args = _node_args(port, "launcher.rdzv_timeout=60", *extra)
+    return _run_commands(
+        tmp_path,
+        [
+            (veth, _private_node(tmp_path, ns, k, [CLI, "train", *FAST, *args, f"node_rank={k}"]))
+            for k, (ns, veth) in enumerate(netns)
+        ],
+    )
+
+
+def _external_torchrun(
+    tmp_path: Path, netns: Any, port: int, *extra: str
+) -> list[subprocess.CompletedProcess[str]]:
+    """`torchrun --nnodes=2 --node_rank=K -m disttrain train ...` on each node (static rendezvous)."""
+    commands = []
+    for k, (ns, veth) in enumerate(netns):
+        torchrun = [
+            *(sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={k}"),
+            *("--nproc_per_node=1", f"--master_addr={MASTER}", f"--master_port={port}"),
+            *("-m", "disttrain", "train", *FAST, *QUICK, *extra),
+        ]
+        commands.append((veth, _private_node(tmp_path, ns, k, torchrun)))
+    return _run_commands(tmp_path, commands)
+
+
+def _one_node_losses(tmp_path: Path, *extra: str) -> list[float]:
+    base = tmp_path / "baseline"
+    base.mkdir()
+    _, one = run_cli(base, *QUICK, "nproc_per_node=2", *extra)
+    assert one is not None
+    return train_losses(one)
+
+
+def _assert_failed_before_training(results: list[subprocess.CompletedProcess[str]], run_dir: Path) -> None:
+    for r in results:
+        assert r.returncode != 0, _report(results)
+    text = "".join(r.stderr for r in results)
+    assert "checkpoint.dir" in text and "every node" in text and "HINT" in text, _report(results)
+    assert not (run_dir / "metrics.jsonl").is_file() or not train_losses(run_dir), "it trained first"
+
+
+def test_private_run_dirs_without_a_shared_checkpoint_dir_fail_before_training(
+    tmp_path: Path, netns_pair: tuple[tuple[str, str], tuple[str, str]]
+) -> None:
+    results = _by_hand(tmp_path, netns_pair, 29536, "hydra.run.dir=priv")
+    _assert_failed_before_training(results, tmp_path / "node0" / "priv")
+    for r in results:  # the launcher's one paragraph, not each rank's traceback
+        assert "Traceback" not in r.stderr and "training failed" in r.stderr, _report(results)
+    # Each node kept its own run dir, with its own frozen config, logs and status.
+    for k in (0, 1):
+        own = tmp_path / f"node{k}" / "priv"
+        assert (own / "config.yaml").is_file() and (own / "logs" / f"rank{k}.log").is_file()
+        assert read_yaml(own / "status.json")["status"] == "failed"
+
+
+def test_private_run_dirs_train_and_resume_through_a_shared_checkpoint_dir(
+    tmp_path: Path, netns_pair: tuple[tuple[str, str], tuple[str, str]]
+) -> None:
+    """3 steps, then a new run (its own run dirs) to step 6 resuming from the shared dir: the
+    6 losses equal one node's uninterrupted run (constant schedule, so the horizon does not matter)."""
+    shared = tmp_path / "shared" / "ckpt"
+    common = ("sched=constant", f"checkpoint.dir={shared}")
+    first = _by_hand(tmp_path, netns_pair, 29537, *common, "trainer.max_steps=3", "hydra.run.dir=a")
+    assert all(r.returncode == 0 for r in first), _report(first)
+    second = _by_hand(tmp_path, netns_pair, 29538, *common, "hydra.run.dir=b")
+    assert all(r.returncode == 0 for r in second), _report(second)
+    summary = json.loads((tmp_path / "node0" / "b" / "summary.json").read_text())
+    assert summary["resumed_from"].startswith(str(shared)), summary
+    assert (shared / "final.pt").is_file() and not (tmp_path / "node0" / "b" / "checkpoints").exists()
+    assert (tmp_path / "node1" / "b" / "logs" / "rank1.log").is_file()  # node 1's logs: its own dir
+    losses = train_losses(tmp_path / "node0" / "a") + train_losses(tmp_path / "node0" / "b")
+    one = _one_node_losses(tmp_path, "sched=constant")
+    assert len(losses) == len(one) == 6, (losses, one)
+    diff = max(abs(x - y) for x, y in zip(losses, one, strict=True))
+    assert diff <= 1e-6, f"2-node resumed losses {losses} vs 1-node {one} (max diff {diff:.2e})"
+
+
+def test_external_torchrun_on_two_nodes_without_a_shared_run_dir(
+    tmp_path: Path, netns_pair: tuple[tuple[str, str], tuple[str, str]]
+) -> None:
+    """torchrun --nnodes=2 (as Kubeflow, TorchX and SkyPilot start ranks): node 1 gets the frozen
+    config from rank 0, not a path; each node writes its own run record. Without a shared
+    checkpoint.dir it fails before the first step; with one it trains like one node."""
+    blind = _external_torchrun(tmp_path, netns_pair, 29539, "hydra.run.dir=ext0")
+    _assert_failed_before_training(blind, tmp_path / "node0" / "ext0")
+    results = _external_torchrun(
+        tmp_path, netns_pair, 29540, "hydra.run.dir=ext", f"checkpoint.dir={tmp_path / 'shared'}"
+    )
+    assert all(r.returncode == 0 for r in results), _report(results)
+    for k in (0, 1):
+        own = tmp_path / f"node{k}" / "ext"
+        frozen = read_yaml(own / "config.yaml")
+        assert frozen["nodes"] == 2 and frozen["nproc_per_node"] == 1 and frozen["node_rank"] == k
+        launch = read_yaml(own / "launch.json")
+        assert launch["launcher"] == "torchrun" and launch["world_size"] == 2
+        assert "torch.distributed.run --nnodes=2" in (own / "command.txt").read_text()
+        assert read_yaml(own / "status.json")["status"] == "finished"
+        assert (own / "logs" / f"rank{k}.log").is_file()
+    hashes = {
+        read_yaml(tmp_path / f"node{k}" / "ext" / f"rendezvous_node{k}.json")["config_hash"] for k in (0, 1)
+    }
+    assert len(hashes) == 1
+    two, one = train_losses(tmp_path / "node0" / "ext"), _one_node_losses(tmp_path)
+    assert len(two) == len(one) == 6
+    diff = max(abs(x - y) for x, y in zip(two, one, strict=True))
+    assert diff <= 1e-6, f"2-node torchrun losses {two} vs 1-node {one} (max diff {diff:.2e})"
+
+
+def test_pods_with_kubeflow_environment_train_without_a_shared_run_dir(
+    tmp_path: Path, netns_pair: tuple[tuple[str, str], tuple[str, str]]
+) -> None:
+    """A PyTorchJob/TrainJob pod runs `python -m disttrain train` with MASTER_ADDR/PORT, WORLD_SIZE,
+    RANK and PET_* set by the operator, and no LOCAL_* variables: each pod is its own node."""
+    commands = []
+    for k, (ns, veth) in enumerate(netns_pair):
+        pod_env = {
+            "MASTER_ADDR": MASTER,
+            "MASTER_PORT": "29543",
+            "WORLD_SIZE": "2",
+            "RANK": str(k),
+            "PET_NNODES": "2",
+            "PET_NPROC_PER_NODE": "1",
+            "PET_NODE_RANK": str(k),
+        }
+        cmd = [
+            "env",
+            *(f"{key}={value}" for key, value in pod_env.items()),
+            *(sys.executable, "-m", "disttrain", "train", *FAST, *QUICK, "hydra.run.dir=pod"),
+            f"checkpoint.dir={tmp_path / 'shared'}",
+        ]
+        commands.append((veth, _private_node(tmp_path, ns, k, cmd)))
+    results = _run_commands(tmp_path, commands)
+    assert all(r.returncode == 0 for r in results), _report(results)
+    for k in (0, 1):
+        own = tmp_path / f"node{k}" / "pod"
+        launch = read_yaml(own / "launch.json")
+        assert launch["launcher"] == "kubeflow" and launch["nodes"] == 2 and launch["nproc_per_node"] == 1
+        assert read_yaml(own / "status.json")["status"] == "finished"
+        assert "-m disttrain train" in (own / "command.txt").read_text()
+    two, one = train_losses(tmp_path / "node0" / "pod"), _one_node_losses(tmp_path)
+    assert len(two) == len(one) == 6
+    diff = max(abs(x - y) for x, y in zip(two, one, strict=True))
+    assert diff <= 1e-6, f"2-pod losses {two} vs 1-node {one} (max diff {diff:.2e})"
+
+
+def test_two_nodes_on_loopback_are_a_rehearsal_that_trains(tmp_path: Path) -> None:
+    """master_addr=127.0.0.1 with nodes=2: allowed (torchrun allows it) with a rehearsal warning."""
+    args = [*QUICK, "nodes=2", "nproc_per_node=1", "master_addr=127.0.0.1", "master_port=29544"]
+    commands = [
+        (
+            "lo",
+            [
+                CLI,
+                "train",
+                *FAST,
+                *args,
+                "launcher.rdzv_timeout=60",
+                "hydra.run.dir=rehearsal",
+                f"node_rank={k}",
+            ],
+        )
+        for k in (0, 1)
+    ]
+    results = _run_commands(tmp_path, commands)
+    assert all(r.returncode == 0 for r in results), _report(results)
+    assert all("rehearsal" in r.stderr and "master_addr=127.0.0.1" in r.stderr for r in results)
+    assert len(train_losses(tmp_path / "rehearsal")) == 6

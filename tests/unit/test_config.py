@@ -54,7 +54,9 @@ EVERY_OPTION = [pytest.param(g, o, id=f"{g}={o}") for g in GROUPS for o in optio
 def test_every_promised_group_and_option_exists() -> None:
     assert set(PROMISED) <= set(GROUPS)
     for group, promised in PROMISED.items():
-        assert promised <= set(options(group)), f"configs/{group}/ lacks {promised - set(options(group))}"
+        assert promised <= set(options(group)), (
+            f"disttrain/configs/{group}/ lacks {promised - set(options(group))}"
+        )
     assert options("experiment"), "ship at least one example experiment"
 
 

@@ -127,9 +127,6 @@ def test_allocation_mismatch_is_reported(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_elastic_range_reaches_sbatch_and_the_allocation_check(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    with pytest.raises(ConfigError) as info:
-        checked(["nodes=2:4"])  # by hand, every node must be told where node 0 is
-    assert info.value.key == "master_addr"
     cfg = checked(["nodes=2:4", "launcher=slurm"])  # no master_addr: the job script finds node 0
     assert "#SBATCH --nodes=2-4\n" in slurm.sbatch_script(cfg, tmp_path, ["disttrain", "train"])
     monkeypatch.setenv("SLURM_JOB_ID", "7")
@@ -159,3 +156,16 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
     assert (tmp_path / "r" / "slurm" / "job.sbatch").is_file() and not (
         tmp_path / "r" / "slurm" / "job_id"
     ).exists()
+
+
+def test_several_nodes_on_loopback_are_a_rehearsal_with_a_warning() -> None:
+    """master_addr=127.0.0.1 with nodes=2 is allowed (torchrun allows it): a one-host rehearsal."""
+    from disttrain.config.launch_checks import rehearsal_warning
+
+    cfg = checked(["nodes=2"])  # the default master_addr is 127.0.0.1: no error any more
+    warning = rehearsal_warning(cfg)
+    assert warning is not None and "rehearsal" in warning and "master_addr=127.0.0.1" in warning
+    assert rehearsal_warning(checked(["nodes=2", "master_addr=127.0.0.2"])) is not None
+    assert rehearsal_warning(checked(["nodes=2", "master_addr=10.1.2.3"])) is None
+    assert rehearsal_warning(checked([])) is None  # one node: nothing to rehearse
+    assert rehearsal_warning(checked(["nodes=2", "launcher=slurm"])) is None

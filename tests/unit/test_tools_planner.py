@@ -112,3 +112,12 @@ def test_nothing_fits_says_so_with_a_hint() -> None:
     assert result["recommendation"]["layout"] is None
     assert "HINT" in result["recommendation"]["reason"]
     assert result["usable_bytes"] == pytest.approx(0.00001 * GIB * 0.9)
+
+
+def test_plan_of_four_nodes_needs_no_launch_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    """A planning tool asks for no master_addr: `plan model=gpt nodes=4 nproc_per_node=8` prints."""
+    from disttrain.tools.planner import cmd_plan
+
+    assert cmd_plan(["model=gpt", "nodes=4", "nproc_per_node=8"]) == 0
+    out = capsys.readouterr().out
+    assert "4 node(s) x 8 = 32 ranks" in out and "recommended:" in out and "master_addr" not in out

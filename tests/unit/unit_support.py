@@ -157,7 +157,6 @@ BAD_STATIC = [
     Bad("lr-negative", ("optim.lr=-1",), "optim.lr", "-1.0"),
     Bad("min-lr-ratio", ("sched.min_lr_ratio=2",), "sched.min_lr_ratio", "2.0"),
     Bad("backend-name", ("backend.name=mpi",), "backend.name", "mpi"),
-    Bad("nodes-no-master", ("nodes=2",), "master_addr", "127.0.0.1"),
     Bad("node-rank", ("node_rank=1",), "node_rank", "1"),
     Bad("spawn-two-nodes", ("launcher=spawn", "nodes=2", "master_addr=10.0.0.1"), "launcher", "spawn"),
     Bad("threads-zero", ("threads_per_rank=0",), "threads_per_rank", "0"),

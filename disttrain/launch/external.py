@@ -1,0 +1,169 @@
+"""Ranks someone else started: torchrun, Kubeflow TrainJob/PyTorchJob, TorchX dist.ddp, an srun.
+
+Every rank composes and checks the config (a mistake fails every rank before any process group),
+then the nodes compare config hashes as the by-hand roll call does. Rank 0 freezes the run dir and
+sends the frozen config itself (not its path) to every rank over the process group; a node that
+does not see rank 0's run dir (no shared file system) freezes its own copy, and its ranks log
+there. Each run dir records the real launch (launch.json: launcher, command, world) and its status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from disttrain.launch.multinode import config_diff, config_hash, flatten
+
+
+def fill_local_env() -> None:
+    """LOCAL_RANK / LOCAL_WORLD_SIZE where the launcher sets only RANK and WORLD_SIZE.
+
+    A Kubeflow pod (one process per pod, or PET_NPROC_PER_NODE of them) or a user's srun (one task
+    per rank) has no LOCAL_* variables; read as "every rank on one node", the run would record
+    one node and skip the shared-directory probe. Without any hint a process is its own node.
+    """
+    if "LOCAL_WORLD_SIZE" not in os.environ:
+        per_node = os.environ.get("PET_NPROC_PER_NODE") or os.environ.get("SLURM_NTASKS_PER_NODE") or "1"
+        per_node = per_node.split("(")[0]  # SLURM_NTASKS_PER_NODE may read "2(x3)"
+        os.environ["LOCAL_WORLD_SIZE"] = per_node if per_node.isdigit() else "1"
+    if "LOCAL_RANK" not in os.environ:
+        local = os.environ.get("SLURM_LOCALID")
+        if local is None:
+            local = str(int(os.environ["RANK"]) % int(os.environ["LOCAL_WORLD_SIZE"]))
+        os.environ["LOCAL_RANK"] = local
+
+
+def launcher_name() -> str:
+    """Which outside launcher started this rank, as far as its environment tells."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return "torchrun"  # also TorchX dist.ddp, Kubeflow's torchrun-based runtimes, SkyPilot recipes
+    if any(k.startswith("PET_") for k in os.environ) or "KUBERNETES_SERVICE_HOST" in os.environ:
+        return "kubeflow"
+    if "SLURM_JOB_ID" in os.environ:
+        return "srun"
+    return "env"
+
+
+def launch_command() -> list[str]:
+    """The command the user ran: torchrun's own command line when torchrun started this rank."""
+    if launcher_name() == "torchrun":
+        with contextlib.suppress(OSError):
+            raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+            agent = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+            if agent and any("torchrun" in a or "torch.distributed.run" in a for a in agent[:3]):
+                return [Path(agent[0]).name, *agent[1:]]
+    argv0 = sys.argv[0]
+    if Path(argv0).name == "__main__.py":  # python -m disttrain
+        return [Path(sys.executable).name, "-m", "disttrain", *sys.argv[1:]]
+    return [Path(argv0).name, *sys.argv[1:]]
+
+
+def launched_shape(cfg: dict[str, Any], env: Any) -> None:
+    """The world the outside launcher made, written into the config every rank checks and freezes.
+
+    `disttrain resume` of this run dir then launches the same world, and data-size checks see it.
+    """
+    local = max(1, env.local_world_size)
+    cfg["nproc_per_node"] = local
+    cfg["nodes"] = max(1, env.world_size // local)
+    cfg["node_rank"] = int(os.environ.get("GROUP_RANK", env.rank // local))
+    cfg["launcher"] = {**cfg["launcher"], "min_nodes": 0}
+
+
+def agree(cfg: dict[str, Any], env: Any) -> str | None:
+    """Every rank's config against rank 0's: None, or the message naming the keys that differ."""
+    import torch.distributed as dist
+
+    mine = json.loads(json.dumps(flatten(cfg), default=str))
+    views: list[Any] = [None] * env.world_size
+    dist.all_gather_object(views, (config_hash(cfg), mine))
+    local = max(1, env.local_world_size)
+    for rank, (theirs_hash, theirs) in enumerate(views):
+        if theirs_hash != views[0][0]:
+            lines = "\n    ".join(config_diff(views[0][1], theirs, rank // local))
+            return (
+                f"config mismatch: rank 0 (node 0, hash {views[0][0][:12]}) and rank {rank} (node "
+                f"{rank // local}, hash {theirs_hash[:12]}) were started with different configs:\n"
+                f"    {lines}\n  HINT: every node must run the same command and config files."
+            )
+    return None
+
+
+def record(run_dir: Path, cfg: dict[str, Any], env: Any, present: list[int], owner: bool) -> None:
+    """rendezvous_node<K>.json (the config hash, every node), launch.json (how the ranks were
+    started: the run dir's owner, i.e. rank 0 or a node keeping its own copy)."""
+    from disttrain.rundir import write_json
+
+    node = int(cfg["node_rank"])
+    write_json(
+        run_dir / f"rendezvous_node{node}.json",
+        {"config_hash": config_hash(cfg), "node_rank": node, "nodes": present, "launcher": launcher_name()},
+    )
+    if not owner:
+        return
+    write_json(
+        run_dir / "launch.json",
+        {
+            "launcher": launcher_name(),
+            "command": launch_command(),
+            "world_size": env.world_size,
+            "nodes": cfg["nodes"],
+            "nproc_per_node": cfg["nproc_per_node"],
+            "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+        },
+    )
+
+
+def train_as_launched_rank(args: Any) -> int:
+    """Inside a rank an outside launcher started: agree on one config, freeze it per node, train."""
+    import torch.distributed as dist
+
+    from disttrain import worker
+    from disttrain.config import compose, resolve
+    from disttrain.config.validate import check_runtime, check_static
+    from disttrain.dist import DistEnv, exit_rank, init_process_group
+    from disttrain.rundir import freeze, run_status
+
+    fill_local_env()
+    cfg = resolve(compose(args.overrides, args.config_dir, args.config_name or "config"), args.overrides)
+    env = DistEnv.from_env(cfg["backend"]["name"])
+    launched_shape(cfg, env)  # before the checks: data size vs the real world size
+    check_static(cfg)
+    check_runtime(cfg)
+    init_process_group(env, cfg["backend"]["timeout"])
+    problem = agree(cfg, env)
+    if problem:
+        sys.stderr.write(f"disttrain: {problem}\n")
+        exit_rank(1)
+    command = launch_command()
+    box: list[Any] = [None, None]
+    if env.is_zero:
+        full = compose(args.overrides, args.config_dir, args.config_name or "config", with_hydra=True)
+        run_dir = Path(str(full.hydra.run.dir)).resolve()
+        freeze(run_dir, cfg, args.overrides, command)
+        box = [str(run_dir), cfg]
+    dist.broadcast_object_list(box, src=0)  # the frozen config itself, not a path only rank 0 sees
+    run_dir, frozen = Path(box[0]), box[1]
+    local = max(1, env.local_world_size)
+    # A node that does not see rank 0's run dir (no shared file system) keeps its own copy.
+    own_copy = env.local_rank == 0 and not env.is_zero and not (run_dir / "config.yaml").is_file()
+    if own_copy:
+        freeze(run_dir, {**frozen, "node_rank": env.rank // local}, args.overrides, command)
+    owners: list[Any] = [None] * env.world_size
+    dist.all_gather_object(owners, env.is_zero or own_copy)  # also a barrier: every copy is written
+    nodes_present = sorted({r // local for r in range(env.world_size)})
+    writes_status = bool(owners[env.rank])
+    if env.local_rank == 0:
+        record(run_dir, {**frozen, "node_rank": env.rank // local}, env, nodes_present, writes_status)
+    status = run_status(run_dir) if writes_status else contextlib.nullcontext()
+    with status:
+        worker.run(run_dir)
+    if env.is_zero:
+        from disttrain.cli import _print_summary
+
+        _print_summary(run_dir)
+    exit_rank(0)  # a rank process: skip interpreter finalization (see exit_rank)

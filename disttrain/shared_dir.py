@@ -1,0 +1,82 @@
+"""Where checkpoints go, and whether every node sees that place: probed before the first step.
+
+DCP writes one shard per rank into a checkpoint directory that rank 0 creates and commits, so every
+node must see the same directory. Without a shared file system (each node its own run dir) a run
+would train to the end and only then fail writing a shard; the probe fails it before training.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from disttrain.config.errors import ConfigError
+
+KEY = "checkpoint.dir"
+
+
+def checkpoint_dir(cfg: dict[str, Any], run_dir: Path) -> Path:
+    """`checkpoint.dir` (relative: to the working directory), else `<run dir>/checkpoints`."""
+    chosen = (cfg.get("checkpoint") or {}).get("dir")
+    return Path(str(chosen)).absolute() if chosen else run_dir / "checkpoints"
+
+
+def check_shared(cfg: dict[str, Any], run_dir: Path, env: Any) -> None:
+    """Node 0 writes a token into the checkpoint dir; every other rank looks for it there.
+
+    A collective on every rank (only with several nodes: one node always sees its own files).
+    Raises the same ConfigError on every rank when any node cannot see the token.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or env.world_size == env.local_world_size:
+        return
+    directory = checkpoint_dir(cfg, run_dir)
+    box: list[Any] = [None]
+    if env.is_zero:
+        directory.mkdir(parents=True, exist_ok=True)
+        token = f".node0-probe-{uuid.uuid4().hex}"
+        (directory / token).write_text(token)
+        box = [token]
+    dist.broadcast_object_list(box, src=0)
+    seen = _sees(directory / box[0], box[0])
+    views: list[Any] = [None] * env.world_size
+    dist.all_gather_object(views, (seen, env.rank // max(1, env.local_world_size), _host()))
+    if env.is_zero:
+        (directory / box[0]).unlink(missing_ok=True)
+    blind = sorted({(node, host) for ok, node, host in views if not ok})
+    if not blind:
+        return
+    where = ", ".join(f"node {n} ({h})" for n, h in blind)
+    given = (cfg.get("checkpoint") or {}).get("dir")
+    raise ConfigError(
+        KEY,
+        given,
+        f"a directory every node sees: node 0 wrote a token into {directory}, which {where} cannot "
+        "see, so the checkpoint shards of those nodes' ranks could not be written there "
+        "(nothing was trained)",
+        f"set {KEY}=PATH on a file system every node mounts (NFS, Lustre, a shared volume), the "
+        "same on every node; or give every node the same run dir on such a file system "
+        "(hydra.run.dir=/shared/runs/NAME).",
+    )
+
+
+def _sees(path: Path, token: str, patience_s: float = 5.0) -> bool:
+    """Whether the token is there; a network file system may show a new file a moment late."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            if path.read_text() == token:
+                return True
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.25)
+
+
+def _host() -> str:
+    return os.uname().nodename

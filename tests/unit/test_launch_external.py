@@ -1,0 +1,76 @@
+"""Ranks an outside launcher started: the local world they are in, who started them, the command."""
+
+from __future__ import annotations
+
+import pytest
+
+from disttrain.launch import external
+
+LAUNCH_VARS = (
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "PET_NPROC_PER_NODE",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_LOCALID",
+    "SLURM_JOB_ID",
+    "TORCHELASTIC_RUN_ID",
+    "KUBERNETES_SERVICE_HOST",
+)
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in LAUNCH_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for var in [v for v in __import__("os").environ if v.startswith("PET_")]:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+
+
+def test_a_pod_without_local_variables_is_its_own_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    external.fill_local_env()
+    import os
+
+    assert (os.environ["LOCAL_WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("1", "0")
+    assert external.launcher_name() == "env"
+
+
+def test_kubeflow_processes_per_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.setenv("PET_NPROC_PER_NODE", "2")
+    external.fill_local_env()
+    assert (os.environ["LOCAL_WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("2", "1")
+    assert external.launcher_name() == "kubeflow"
+
+
+def test_srun_tasks_per_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2(x2)")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    external.fill_local_env()
+    assert (os.environ["LOCAL_WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("2", "1")
+    assert external.launcher_name() == "srun"
+
+
+def test_torchrun_sets_its_own_and_the_command_is_never_main_py(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    external.fill_local_env()
+    assert external.launcher_name() == "torchrun"
+    monkeypatch.setattr("sys.argv", ["/x/disttrain/__main__.py", "train", "seed=1"])
+    command = external.launch_command()  # the parent here is pytest, not a torchrun agent
+    assert command[1:] == ["-m", "disttrain", "train", "seed=1"]
+
+
+def test_launched_shape_is_the_real_world() -> None:
+    from disttrain.dist import DistEnv
+
+    env = DistEnv(5, 1, 8, 4, "gloo", __import__("torch").device("cpu"))
+    cfg = {"nodes": 1, "nproc_per_node": 2, "node_rank": 0, "launcher": {"name": "torchrun"}}
+    external.launched_shape(cfg, env)
+    assert (cfg["nodes"], cfg["nproc_per_node"], cfg["node_rank"]) == (2, 4, 1)
