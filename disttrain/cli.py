@@ -182,8 +182,10 @@ def _run_hydra_app(rest: list[str], config_name: str, command: list[str] | None 
     register()
     if {"--help", "-h"} & set(rest):
         _hide_schemas_in_help()
+    from disttrain.rundir import program
+
     argv0 = sys.argv[0]
-    _COMMAND[:] = [Path(argv0).name, "train", *(rest if command is None else command)]
+    _COMMAND[:] = [*program(), "train", *(rest if command is None else command)]
     sys.argv = [argv0, *rest]
     try:
         hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")(_hydra_task)()

@@ -74,8 +74,14 @@ def git_state(directory: Path) -> dict[str, Any]:
     return {"repo": git("rev-parse", "--show-toplevel"), "sha": sha, "dirty": bool(status)}
 
 
+def program() -> list[str]:
+    """How the user started disttrain: `disttrain`, or `python -m disttrain` (argv[0] __main__.py)."""
+    name = Path(sys.argv[0]).name
+    return [Path(sys.executable).name, "-m", "disttrain"] if name == "__main__.py" else [name]
+
+
 def command_line() -> list[str]:
-    return [Path(sys.argv[0]).name, *sys.argv[1:]]
+    return [*program(), *sys.argv[1:]]
 
 
 STATUS = "status.json"

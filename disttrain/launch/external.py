@@ -56,10 +56,9 @@ def launch_command() -> list[str]:
             agent = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
             if agent and any("torchrun" in a or "torch.distributed.run" in a for a in agent[:3]):
                 return [Path(agent[0]).name, *agent[1:]]
-    argv0 = sys.argv[0]
-    if Path(argv0).name == "__main__.py":  # python -m disttrain
-        return [Path(sys.executable).name, "-m", "disttrain", *sys.argv[1:]]
-    return [Path(argv0).name, *sys.argv[1:]]
+    from disttrain.rundir import command_line
+
+    return command_line()
 
 
 def launched_shape(cfg: dict[str, Any], env: Any) -> None:

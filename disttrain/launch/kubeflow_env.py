@@ -46,10 +46,12 @@ def kubeflow_node_env(environ: Mapping[str, str] | None = None) -> dict[str, Any
 
 
 def node_overrides(overrides: list[str], environ: Mapping[str, str] | None = None) -> list[str]:
-    """`overrides` plus node_rank, master_addr and master_port from the operator (unless given)."""
+    """`overrides` plus the operator's node settings (unless given): the job's shape comes from the
+    environment, as torchrun takes it, so a PyTorchJob the user wrote around `python -m disttrain
+    train` needs no nodes=/nproc_per_node= of its own (a launcher=k8s pod's frozen config agrees)."""
     node = kubeflow_node_env(environ)
     if node is None:
         return overrides
     given = {o.split("=", 1)[0].lstrip("+") for o in overrides}
-    keys = ("node_rank", "master_addr", "master_port")
-    return [*overrides, *(f"{k}={node[k]}" for k in keys if k not in given)]
+    keys = ("nodes", "node_rank", "nproc_per_node", "master_addr", "master_port")
+    return [*overrides, *(f"{k}={node[k]}" for k in keys if k not in given and node[k] is not None)]

@@ -341,7 +341,8 @@ def test_pods_with_kubeflow_environment_train_without_a_shared_run_dir(
     tmp_path: Path, netns_pair: tuple[tuple[str, str], tuple[str, str]]
 ) -> None:
     """A PyTorchJob/TrainJob pod runs `python -m disttrain train` with MASTER_ADDR/PORT, WORLD_SIZE,
-    RANK and PET_* set by the operator, and no LOCAL_* variables: each pod is its own node."""
+    RANK and PET_* set by the operator, and no LOCAL_* variables: each pod is a node launcher (as
+    torchrun would be there) whose shape comes from PET_NNODES/PET_NPROC_PER_NODE."""
     commands = []
     for k, (ns, veth) in enumerate(netns_pair):
         pod_env = {
@@ -364,8 +365,8 @@ def test_pods_with_kubeflow_environment_train_without_a_shared_run_dir(
     assert all(r.returncode == 0 for r in results), _report(results)
     for k in (0, 1):
         own = tmp_path / f"node{k}" / "pod"
-        launch = read_yaml(own / "launch.json")
-        assert launch["launcher"] == "kubeflow" and launch["nodes"] == 2 and launch["nproc_per_node"] == 1
+        frozen = read_yaml(own / "config.yaml")  # the pod is a node launcher: the shape from PET_*
+        assert (frozen["nodes"], frozen["node_rank"], frozen["nproc_per_node"]) == (2, k, 1)
         assert read_yaml(own / "status.json")["status"] == "finished"
         assert "-m disttrain train" in (own / "command.txt").read_text()
     two, one = train_losses(tmp_path / "node0" / "pod"), _one_node_losses(tmp_path)
