@@ -382,7 +382,9 @@ class TrainerConfig:
     log_every: int = _h("optimizer steps between train-metric logs", 10)
     val_every: int = _h("optimizer steps between validations; 0: at the end of each epoch", 0)
     ckpt_every: int = _h("optimizer steps between checkpoints; 0: only the final one", 0)
-    progress: bool = _h("rich progress bar on rank 0", True)
+    progress: bool = _h(
+        "rich progress bar on rank 0 when stderr is a terminal (plain lines every log_every otherwise)", True
+    )
     activation_checkpointing: bool = _h(
         "recompute each block's activations in backward (built-in models)", False
     )
