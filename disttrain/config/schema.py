@@ -411,6 +411,16 @@ class ProfilerConfig:
     active: int = _h("profile=true: steps recorded into the trace", 3)
 
 
+# --------------------------------------------------------------------------------------- observe
+@dataclass
+class ObserveConfig:
+    sinks: list[Any] = _h(
+        "metric sinks besides metrics.jsonl: names (tensorboard, csv, mlflow, wandb) or {_target_: ...} "
+        "dicts with the sink's arguments, e.g. [tensorboard,{_target_:mlflow,tracking_uri:'file:///tmp/ml'}]",
+        factory=lambda: ["tensorboard"],
+    )
+
+
 # ------------------------------------------------------------------------------------------ plan
 @dataclass
 class PlanConfig:
@@ -468,6 +478,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     profile: bool = _h("record a torch.profiler window into RUN_DIR/profile (TensorBoard traces)", False)

@@ -11,6 +11,7 @@ from typing import Any
 
 from disttrain.config import dp_checks, launch_checks, parallel_checks
 from disttrain.config.errors import ConfigError, one_of
+from disttrain.observe.sinks import check_sinks
 from disttrain.strategies import STRATEGIES
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -67,6 +68,7 @@ def check_static(cfg: dict[str, Any]) -> None:
             f"with nodes={nodes}, set master_addr=HOST on every node, or submit with launcher=slurm.",
         )
     _choice(cfg, "backend.name", BACKENDS, "auto picks nccl when CUDA GPUs are present, else gloo.")
+    check_sinks(cfg)
     _at_least(cfg, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
     _choice(cfg, "strategy.name", tuple(STRATEGIES), "choose the strategy group option: strategy=ddp.")
     ws = world_size(cfg)

@@ -147,7 +147,10 @@ class Engine:
                     values = self._log_train(window, grad_norm)
                     window = self._new_window()
                     bar.update(
-                        s.step, loss=values["train/loss"], lr=values["lr"], samples_per_s=values["samples_per_s"]
+                        s.step,
+                        loss=values["train/loss"],
+                        lr=values["lr"],
+                        samples_per_s=values["samples_per_s"],
                     )
                 if t["val_every"] and s.step % t["val_every"] == 0:
                     self.validate()

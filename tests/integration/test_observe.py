@@ -27,3 +27,88 @@ def test_progress_lines_go_to_stderr_and_rank0_log_stdout_is_the_result(tmp_path
     assert logged == [2, 4, 6]
     lines = proc.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("done: 6 steps"), proc.stdout
+
+
+# ------------------------------------------------------------------------------------ trackers
+# A sink after the tracker that SIGKILLs rank 0 at step 10 on the first attempt only (a marker file):
+# the run dies between its step-8 checkpoint and the end, with steps 9 and 10 already in the tracker.
+KILLER = """
+import os, signal
+from pathlib import Path
+
+
+class KillOnce:
+    def __init__(self, marker: str, at: int) -> None:
+        self.marker, self.at = Path(marker), at
+
+    def open(self, ctx): pass
+    def log_hparams(self, params): pass
+    def state(self): return {}
+    def close(self): pass
+
+    def log(self, step, values):
+        if step == self.at and "train/loss" in values and not self.marker.exists():
+            self.marker.write_text("killed")
+            os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+TRACKED = (
+    "launcher=spawn",
+    "data=synthetic",
+    "trainer.max_steps=12",
+    "trainer.ckpt_every=4",
+    "trainer.log_every=1",
+)
+
+
+def _sinks(tracker: str, killer: str | None = None) -> str:
+    return f"observe.sinks=[{tracker}{',' + killer if killer else ''}]"
+
+
+def _killed_and_resumed(tmp_path: Path, tracker: str) -> tuple[Path, Path]:
+    """An uninterrupted run and one killed at step 10 (checkpoint at 8), then `disttrain resume`d."""
+    from tests.integration.conftest import CLI, run_command, write_module
+
+    write_module(tmp_path, "killsink", KILLER)
+    killer = f"{{_target_:killsink.KillOnce,marker:'{tmp_path / 'kill.marker'}',at:10}}"
+    _, straight = run_cli(tmp_path, *TRACKED, _sinks(tracker), "hydra.run.dir=straight")
+    _, killed = run_cli(tmp_path, *TRACKED, _sinks(tracker, killer), "hydra.run.dir=killed", expect_rc=1)
+    assert straight is not None and killed is not None and (tmp_path / "kill.marker").exists()
+    resumed = run_command([CLI, "resume", str(killed)], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return straight, killed
+
+
+def _mlflow_history(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    keys = client.get_run(run_id).data.metrics
+    return {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k)) for k in keys}
+
+
+def test_mlflow_run_killed_and_resumed_has_the_uninterrupted_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow")
+    import json
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "mlruns").as_uri()
+    straight, killed = _killed_and_resumed(tmp_path, f"{{_target_:mlflow,tracking_uri:'{uri}'}}")
+    ids = {d: json.loads((d / "trackers.json").read_text())["0:MLflow"]["run_id"] for d in (straight, killed)}
+    meta = json.loads((killed / "checkpoints" / "step_00000008" / "meta.json").read_text())
+    assert meta["trackers"]["0:MLflow"]["run_id"] == ids[killed], "the run id is saved with the checkpoint"
+    from mlflow.tracking import MlflowClient
+
+    runs = MlflowClient(tracking_uri=uri).search_runs(
+        [e.experiment_id for e in MlflowClient(tracking_uri=uri).search_experiments()]
+    )
+    assert sorted(r.info.run_id for r in runs) == sorted(ids.values()), "the resume made no second run"
+    a, b = _mlflow_history(uri, ids[straight]), _mlflow_history(uri, ids[killed])
+    timing = {"samples_per_s", "step_time_s", "data_wait_frac", "tokens_per_s"}
+    assert a.keys() == b.keys() and "train/loss" in a
+    for key in a.keys() - timing:
+        assert a[key] == b[key], key
+    assert [s for s, _ in b["train/loss"]] == list(range(1, 13)), "steps 9 and 10 replaced, not duplicated"
+    assert MlflowClient(tracking_uri=uri).get_run(ids[killed]).info.status == "FINISHED"
