@@ -21,6 +21,7 @@ commands:
            Takes every @hydra.main flag: -m (multirun), --cfg job, --config-dir DIR, --help, ...
   config   print the resolved config after the same checks (fast: no torch import)
   resume   RUN_DIR [key=value ...]: continue a run from its latest checkpoint with its saved config
+  rerun    RUN_DIR [key=value ...] [--run-dir NEW]: the same run again from its frozen config.yaml
   export   RUN_DIR --out model.pt|model.safetensors: the consolidated model for plain PyTorch
   env      environment report: versions, GPUs, backends, network, variables, known traps
   bench    `bench comm`: collective benchmark + correctness check on the configured ranks
@@ -248,6 +249,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": cmd_train,
     "config": cmd_config,
     "resume": _command("disttrain.resume:cmd_resume"),
+    "rerun": _command("disttrain.rerun:cmd_rerun"),
     "export": _command("disttrain.resume:cmd_export"),
     "env": _tool("envreport:cmd_env"),
     "bench": _tool("benchcmd:cmd_bench"),

@@ -35,7 +35,10 @@ def freeze(run_dir: Path, cfg: dict[str, Any], overrides: list[str], argv: list[
     _write_text(run_dir / CONFIG, yaml.safe_dump(cfg, sort_keys=False))
     _write_text(run_dir / "overrides.yaml", yaml.safe_dump(list(overrides)))
     _write_text(run_dir / "command.txt", shlex.join(argv) + "\n")
-    write_json(run_dir / "git.json", git_state(Path.cwd()))
+    git = git_state(Path.cwd())
+    write_json(run_dir / "git.json", git)
+    if git.get("dirty"):  # the uncommitted changes the run used, for `git apply` after a checkout
+        _write_text(run_dir / "git.diff", git_diff(Path.cwd()))
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -63,6 +66,17 @@ def git_state(directory: Path) -> dict[str, Any]:
         return {"repo": None, "sha": None, "dirty": None}
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"repo": git("rev-parse", "--show-toplevel"), "sha": sha, "dirty": bool(status)}
+
+
+def git_diff(directory: Path) -> str:
+    """`git diff HEAD` (tracked files, staged or not) of the repo containing `directory`."""
+    try:
+        out = subprocess.run(
+            ["git", "diff", "HEAD"], cwd=directory, capture_output=True, text=True, timeout=30, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout
 
 
 def command_line() -> list[str]:

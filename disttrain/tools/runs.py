@@ -173,6 +173,18 @@ def reproduce(run_dir: Path) -> str:
     return shlex.join(["disttrain", "train", *extra, *overrides])
 
 
+def rerun_command(run_dir: Path) -> str:
+    """The exact rerun: the run's code (`git checkout SHA` in its repo), then its frozen config."""
+    git = _json(run_dir / "git.json") or {}
+    steps = []
+    if git.get("repo") and git.get("sha"):
+        steps.append(f"cd {shlex.quote(str(git['repo']))} && git checkout {git['sha']}")
+        if git.get("dirty"):
+            steps.append(f"git apply {shlex.quote(str(run_dir.resolve() / 'git.diff'))}")
+    steps.append(shlex.join(["disttrain", "rerun", str(run_dir.resolve())]))
+    return " && ".join(steps)
+
+
 def checkpoints(run_dir: Path) -> list[dict[str, Any]]:
     folder = run_dir / "checkpoints"
     if not folder.is_dir():
@@ -207,6 +219,7 @@ def show(run_dir: Path) -> dict[str, Any]:
         "checkpoints": checkpoints(run_dir),
         "command": " ".join(_command(run_dir)),
         "reproduce": reproduce(run_dir),
+        "rerun": rerun_command(run_dir),
     }
 
 
@@ -297,7 +310,7 @@ def cmd_show(rest: list[str]) -> int:
     )
     ck = [(Path(c["path"]).name, human_bytes(c["bytes"]), _when(c["modified"])) for c in data["checkpoints"]]
     out.print(table("checkpoints", ["file", ">size", "written"], ck or [("(none)", "", "")]))
-    out.print(f"command:   {data['command']}\nreproduce: {data['reproduce']}")
+    out.print(f"command:   {data['command']}\nrerun:     {data['rerun']}\nrecompose: {data['reproduce']}")
     return 0
 
 

@@ -112,3 +112,34 @@ def test_mlflow_run_killed_and_resumed_has_the_uninterrupted_history(
         assert a[key] == b[key], key
     assert [s for s, _ in b["train/loss"]] == list(range(1, 13)), "steps 9 and 10 replaced, not duplicated"
     assert MlflowClient(tracking_uri=uri).get_run(ids[killed]).info.status == "FINISHED"
+
+
+# ------------------------------------------------------------------------------------ rerun
+def test_rerun_of_a_finished_two_rank_run_is_bitwise_equal(baseline: tuple[object, Path]) -> None:
+    """`disttrain rerun RUN --run-dir NEW` from the frozen config: the same losses and weights, bit for
+    bit; `show` prints the rerun with the run's git SHA; an unknown SHA is warned about."""
+    import json
+
+    import torch
+
+    from tests.integration.conftest import CLI, final_weights, run_command, train_losses
+
+    _, run_dir = baseline
+    cwd = Path(json.loads((run_dir / "git.json").read_text())["repo"])  # the baseline's git repo
+    new = cwd / "rerun_of_baseline"
+    proc = run_command([CLI, "rerun", str(run_dir), "--run-dir", str(new)], cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "warning" not in proc.stderr, "same SHA, clean tree: no warning"
+    assert proc.stdout.startswith("done: ") and str(new) in proc.stdout
+    assert train_losses(new) == train_losses(run_dir)
+    a, b = final_weights(run_dir), final_weights(new)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (new / "config.yaml").read_text() == (run_dir / "config.yaml").read_text()
+
+    shown = json.loads(run_command([CLI, "show", str(run_dir), "--json"], cwd).stdout)
+    sha = json.loads((run_dir / "git.json").read_text())["sha"]
+    assert shown["rerun"].endswith(f"git checkout {sha} && disttrain rerun {run_dir.resolve()}")
+
+    elsewhere = run_command([CLI, "rerun", str(run_dir), "--run-dir", str(cwd / "x"), "nonsense.key=1"], cwd)
+    assert elsewhere.returncode == 2 and "Traceback" not in elsewhere.stderr  # bad input: nothing runs
+    assert not (cwd / "x").exists()
