@@ -30,6 +30,7 @@ commands:
   show     one run: config diff against defaults, final metrics, checkpoints, how to reproduce it
   compare  two runs side by side: config diff and metric diff
            (env, bench, plan, runs, show and compare take --json for scripts)
+  completion  bash|zsh: the shell completion script (eval "$(disttrain completion bash)")
 
 examples:
   disttrain train                                   # MLP on digits, 2 CPU ranks, DDP over gloo
@@ -65,9 +66,36 @@ def cmd_config(rest: list[str]) -> int:
     import yaml
 
     args = _hydra_args(rest)
+    if args.help:
+        sys.stdout.write("usage: disttrain config [--config-dir DIR] [key=value ...]\n\n")
+        return _key_help(args)
     cfg = _compose_checked(args.overrides, args, runtime=False)
     sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
     return 0
+
+
+def _key_help(args: Any) -> int:
+    """Each key's type, default (given the overrides' group choices) and the schema's help text."""
+    from disttrain.config import compose
+    from disttrain.config.keyhelp import format_keys
+
+    sys.stdout.write(format_keys(compose(args.overrides, args.config_dir, args.config_name or "config")))
+    return 0
+
+
+def _shell_completion(request: str) -> int:
+    """`train -sc install=bash` / `--shell-completion query=zsh`: disttrain's script, not Hydra's
+    (whose script calls `disttrain -sc` and parses the line with `train` in it)."""
+    from disttrain.completion import SCRIPTS, cmd_complete, cmd_completion
+
+    action, _, shell = request.partition("=")
+    shell = shell or "bash"
+    if action == "query":
+        return cmd_complete([shell])
+    if action == "uninstall":
+        sys.stdout.write("complete -r disttrain\n")
+        return 0
+    return cmd_completion([shell if shell in SCRIPTS else ""])
 
 
 def cmd_train(rest: list[str]) -> int:
@@ -75,6 +103,8 @@ def cmd_train(rest: list[str]) -> int:
     from disttrain.launch.slurm import allocation_overrides
 
     args = _hydra_args(rest)
+    if args.shell_completion:
+        return _shell_completion(" ".join(args.overrides))
     if launched_externally():
         return _train_as_launched_rank(args)
     slurm = allocation_overrides(args.overrides)  # inside srun: node_rank, master_addr from SLURM
@@ -83,10 +113,19 @@ def cmd_train(rest: list[str]) -> int:
         # Check every job before Hydra creates a single run dir: nothing half-written on bad input.
         from disttrain.config import expand_sweep
 
+        # A sweeper plugin's syntax (Optuna's interval(...)) expands only inside the plugin: then the
+        # base job is checked here and every job again as the plugin launches it (_hydra_task).
         for job in expand_sweep(args.overrides) if args.multirun else [args.overrides]:
             cfg = _compose_checked(job, args, runtime=not args.cfg)
         if not args.multirun and not args.cfg:
             rest = [*rest, *_multinode_run_dir(cfg, args.overrides)]
+    if args.help:  # Hydra's help (groups, options, the config), then every key's type and help text
+        try:
+            _run_hydra_app(rest, args.config_name or "config")
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise
+        return _key_help(args)
     return _run_hydra_app(rest, args.config_name or "config")
 
 
@@ -154,10 +193,32 @@ def _hydra_task(cfg: Any) -> dict[str, Any] | None:
     from hydra.core.hydra_config import HydraConfig
 
     from disttrain.config import resolve
+    from disttrain.config.errors import ConfigError
+    from disttrain.config.validate import check_runtime, check_static
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir).resolve()
-    return _freeze_and_launch(resolve(cfg), run_dir, list(hc.overrides.task))
+    resolved = resolve(cfg)
+    plugin = "BasicSweeper" not in str(hc.sweeper.get("_target_", "BasicSweeper"))
+    if plugin:  # this job's values were chosen by the sweeper plugin: check them before any rank starts
+        try:
+            check_static(resolved)
+            check_runtime(resolved)
+        except ConfigError as exc:
+            sys.stderr.write(f"disttrain: {exc}\n")
+            raise SystemExit(2) from None
+    summary = _freeze_and_launch(resolved, run_dir, list(hc.overrides.task))
+    if plugin and summary is not None:
+        return _objective(summary)  # type: ignore[return-value]
+    return summary
+
+
+def _objective(summary: dict[str, Any]) -> float:
+    """What a sweeper plugin (Optuna) minimises: the final val/loss, else the last train loss."""
+    for key in ("val/loss", "train/loss"):
+        if isinstance(summary.get(key), int | float):
+            return float(summary[key])
+    return float("nan")
 
 
 def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
@@ -257,6 +318,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "runs": _tool("runs:cmd_runs"),
     "show": _tool("runs:cmd_show"),
     "compare": _tool("runs:cmd_compare"),
+    "completion": _command("disttrain.completion:cmd_completion"),
 }
 
 
@@ -265,11 +327,15 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
         return 0
-    if argv[0] == "--version":
+    if "--version" in argv:  # any command: disttrain's version (Hydra's parser would print Hydra's)
         from disttrain import __version__
 
         sys.stdout.write(f"disttrain {__version__}\n")
         return 0
+    if argv[0] == "__complete":  # the completion scripts' query (see disttrain.completion)
+        from disttrain.completion import cmd_complete
+
+        return cmd_complete(argv[1:])
     command = COMMANDS.get(argv[0])
     if command is None:
         sys.stderr.write(
