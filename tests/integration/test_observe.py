@@ -143,3 +143,31 @@ def test_rerun_of_a_finished_two_rank_run_is_bitwise_equal(baseline: tuple[objec
     elsewhere = run_command([CLI, "rerun", str(run_dir), "--run-dir", str(cwd / "x"), "nonsense.key=1"], cwd)
     assert elsewhere.returncode == 2 and "Traceback" not in elsewhere.stderr  # bad input: nothing runs
     assert not (cwd / "x").exists()
+
+
+# ------------------------------------------------------------------------------------ sweeper plugins
+def test_optuna_sweep_over_an_interval_runs_both_trials(tmp_path: Path) -> None:
+    """`-m hydra/sweeper=optuna optim.lr=interval(...)`: the pre-launch check takes the base job, the
+    plugin picks the values, both trials train end to end and Optuna gets val/loss as the objective."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    import yaml
+
+    from tests.integration.conftest import CLI, FAST, find_run_dirs, run_command
+
+    cmd = [
+        CLI, "train", "-m", *FAST, "launcher=spawn", "data=synthetic", "trainer.max_steps=3",
+        "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=1",
+        "optim.lr=interval(1e-4,1e-2)",
+    ]  # fmt: skip
+    proc = run_command(cmd, tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = find_run_dirs(tmp_path)
+    assert len(runs) == 2 and all((r / "summary.json").is_file() for r in runs)
+    lrs = [yaml.safe_load((r / "config.yaml").read_text())["optim"]["lr"] for r in runs]
+    assert all(1e-4 <= lr <= 1e-2 for lr in lrs) and lrs[0] != lrs[1]
+    assert [ln for ln in proc.stdout.splitlines() if ln.strip()] == [
+        ln for ln in proc.stdout.splitlines() if ln.startswith("done: ")
+    ], "stdout: the result lines only"
+    assert "Best value" in proc.stderr
+    optimized = yaml.safe_load(next(tmp_path.rglob("optimization_results.yaml")).read_text())
+    assert "optim.lr" in optimized["best_params"]
