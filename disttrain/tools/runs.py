@@ -289,8 +289,37 @@ def cmd_runs(rest: list[str]) -> int:
     return 0
 
 
+def _plot_flag(rest: list[str]) -> tuple[list[str], str | None]:
+    """`--plot OUT.png` (or `--plot=OUT.png`) taken out of the arguments."""
+    out, kept, it = None, [], iter(rest)
+    for tok in it:
+        if tok == "--plot":
+            out = next(it, None) or ""
+        elif tok.startswith("--plot="):
+            out = tok.partition("=")[2]
+        else:
+            kept.append(tok)
+    if out == "":
+        from disttrain.config.errors import ConfigError
+
+        raise ConfigError("--plot", None, "an image path (png, svg, pdf)", "e.g. --plot curves.png.")
+    return kept, out
+
+
+def _write_plot(runs: list[Path], out: str) -> None:
+    from disttrain.tools.plot import plot
+
+    drawn = plot(runs, Path(out))
+    import sys
+
+    sys.stderr.write(f"plotted {', '.join(drawn)} of {len(runs)} run(s) -> {Path(out).resolve()}\n")
+
+
 def cmd_show(rest: list[str]) -> int:
+    rest, plot_out = _plot_flag(rest)
     args = _args("show", rest, ("run_dir", "a run directory"))
+    if plot_out:
+        _write_plot([_run_dir(args.run_dir)], plot_out)
     data = show(_run_dir(args.run_dir))
     if args.json:
         from disttrain.tools.render import print_json
@@ -315,7 +344,20 @@ def cmd_show(rest: list[str]) -> int:
 
 
 def cmd_compare(rest: list[str]) -> int:
+    rest, plot_out = _plot_flag(rest)
+    positional = [t for t in rest if not t.startswith("-")]
+    if plot_out and len(positional) != 2:  # several runs: the picture only
+        if not positional:
+            from disttrain.config.errors import ConfigError
+
+            raise ConfigError(
+                "RUN_DIR", None, "one or more run directories", "disttrain compare A B C --plot p.png."
+            )
+        _write_plot([_run_dir(p) for p in positional], plot_out)
+        return 0
     args = _args("compare", rest, ("run_a", "first run directory"), ("run_b", "second run directory"))
+    if plot_out:
+        _write_plot([_run_dir(args.run_a), _run_dir(args.run_b)], plot_out)
     data = compare(_run_dir(args.run_a), _run_dir(args.run_b))
     if args.json:
         from disttrain.tools.render import print_json
