@@ -38,8 +38,8 @@ from pathlib import Path
 
 
 class KillOnce:
-    def __init__(self, marker: str, at: int) -> None:
-        self.marker, self.at = Path(marker), at
+    def __init__(self, marker: str, at: int, sig: str = "SIGKILL") -> None:
+        self.marker, self.at, self.sig = Path(marker), at, getattr(signal, sig)
 
     def open(self, ctx): pass
     def log_hparams(self, params): pass
@@ -49,7 +49,7 @@ class KillOnce:
     def log(self, step, values):
         if step == self.at and "train/loss" in values and not self.marker.exists():
             self.marker.write_text("killed")
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), self.sig)
 """
 
 TRACKED = (
@@ -65,17 +65,21 @@ def _sinks(tracker: str, killer: str | None = None) -> str:
     return f"observe.sinks=[{tracker}{',' + killer if killer else ''}]"
 
 
-def _killed_and_resumed(tmp_path: Path, tracker: str) -> tuple[Path, Path]:
-    """An uninterrupted run and one killed at step 10 (checkpoint at 8), then `disttrain resume`d."""
-    from tests.integration.conftest import CLI, run_command, write_module
+def _killed_and_resumed(tmp_path: Path, tracker: str, sig: str = "SIGKILL") -> tuple[Path, Path]:
+    """An uninterrupted run and one stopped at step 10 by `sig` (SIGKILL: the checkpoint is step 8's;
+    SIGTERM: the engine saves one as it stops), then `disttrain resume`d."""
+    from tests.integration.conftest import CLI, FAST, run_command, write_module
 
     write_module(tmp_path, "killsink", KILLER)
-    killer = f"{{_target_:killsink.KillOnce,marker:'{tmp_path / 'kill.marker'}',at:10}}"
+    killer = f"{{_target_:killsink.KillOnce,marker:'{tmp_path / 'kill.marker'}',at:10,sig:{sig}}}"
     _, straight = run_cli(tmp_path, *TRACKED, _sinks(tracker), "hydra.run.dir=straight")
-    _, killed = run_cli(tmp_path, *TRACKED, _sinks(tracker, killer), "hydra.run.dir=killed", expect_rc=1)
-    assert straight is not None and killed is not None and (tmp_path / "kill.marker").exists()
+    cmd = [CLI, "train", *FAST, *TRACKED, _sinks(tracker, killer), "hydra.run.dir=killed"]
+    stopped = run_command(cmd, tmp_path)
+    killed = tmp_path / "killed"
+    assert stopped.returncode != 0 and (tmp_path / "kill.marker").exists(), stopped.stderr[-3000:]
     resumed = run_command([CLI, "resume", str(killed)], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert straight is not None
     return straight, killed
 
 
@@ -171,3 +175,68 @@ def test_optuna_sweep_over_an_interval_runs_both_trials(tmp_path: Path) -> None:
     assert "Best value" in proc.stderr
     optimized = yaml.safe_load(next(tmp_path.rglob("optimization_results.yaml")).read_text())
     assert "optim.lr" in optimized["best_params"]
+
+
+def _wandb_history(offline_run: Path) -> dict[int, dict[str, float]]:
+    """step -> logged values, read from an offline run's .wandb file (LevelDB-log framed protobufs)."""
+    import json
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = next(offline_run.glob("*.wandb")).read_bytes()
+    assert data[:4] == b":W&B"
+    pos, buf, out, block = 7, b"", {}, 32768
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a record header is padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if length == 0 and kind == 0:
+            break
+        buf, pos = buf + data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            rec = pb.Record()
+            rec.ParseFromString(buf)
+            buf = b""
+            if rec.WhichOneof("record_type") == "history":
+                items = {
+                    (i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in rec.history.item
+                }
+                out[int(items.pop("_step"))] = {k: v for k, v in items.items() if not k.startswith("_")}
+    return out
+
+
+def test_wandb_offline_run_stopped_and_resumed_continues_the_same_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W&B offline (no network): a run stopped by SIGTERM (a requeue) and resumed reopens the
+    checkpoint's run id and logs on from the step after the checkpoint; both attempts together (what
+    `wandb sync` uploads as one run) equal an uninterrupted run's history. (SIGKILL loses what W&B's
+    writer had not flushed; the MLflow test covers the replacement of steps after the checkpoint.)"""
+    pytest.importorskip("wandb")
+    import json
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    straight, killed = _killed_and_resumed(
+        tmp_path, "{_target_:wandb,mode:offline,project:disttrain-test}", sig="SIGTERM"
+    )
+    run_id = json.loads((killed / "trackers.json").read_text())["0:WandB"]["run_id"]
+    latest = (killed / "checkpoints" / "latest").read_text().strip()
+    step_dirs = sorted((killed / "checkpoints").glob("step_*"))
+    meta = json.loads((step_dirs[-2] / "meta.json").read_text())  # the signal checkpoint (before final)
+    assert latest == step_dirs[-1].name and meta["reason"] == "signal", [d.name for d in step_dirs]
+    assert meta["trackers"]["0:WandB"]["run_id"] == run_id
+    attempts = sorted((killed / "wandb").glob("offline-run-*"))
+    assert len(attempts) == 2 and all(a.name.endswith(f"-{run_id}") for a in attempts), attempts
+    first, second = (_wandb_history(a) for a in attempts)
+    assert max(first) == meta["step"] and min(second) == meta["step"] + 1
+    merged = {**{s: v for s, v in first.items() if s <= meta["step"]}, **second}
+    (only,) = (straight / "wandb").glob("offline-run-*")
+    uninterrupted = _wandb_history(only)
+    assert sorted(merged) == sorted(uninterrupted)
+    timing = {"samples_per_s", "step_time_s", "data_wait_frac", "tokens_per_s"}
+    for step, values in uninterrupted.items():
+        assert {k: v for k, v in merged[step].items() if k not in timing} == {
+            k: v for k, v in values.items() if k not in timing
+        }, step
