@@ -68,7 +68,9 @@ class TensorBoard:
     def open(self, ctx: SinkContext) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self._tb = SummaryWriter(log_dir=str(ctx.run_dir / "tensorboard"), purge_step=ctx.resume_step + 1)
+        # a resume: TensorBoard hides the earlier attempt's events after the checkpoint's step
+        purge = ctx.resume_step + 1 if ctx.resume is not None else None
+        self._tb = SummaryWriter(log_dir=str(ctx.run_dir / "tensorboard"), purge_step=purge)
         if ctx.resume is None:
             from torch.utils.tensorboard.summary import hparams
 

@@ -81,3 +81,52 @@ def test_version_is_disttrains_everywhere(argv: list[str], capsys: pytest.Captur
 def test_bad_completion_shell_is_a_config_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["completion", "fish"]) == 2
     assert "bash or zsh" in capsys.readouterr().err
+
+
+def test_a_sweeper_plugins_syntax_is_checked_on_the_base_job() -> None:
+    from disttrain.config.compose import expand_sweep
+
+    assert expand_sweep(["optim.lr=1e-3,1e-2", "seed=1"]) == [
+        ["optim.lr=0.001", "seed=1"],
+        ["optim.lr=0.01", "seed=1"],
+    ]
+    base = expand_sweep(["hydra/sweeper=optuna", "optim.lr=interval(1e-4,1e-2)", "seed=1"])
+    assert base == [["hydra/sweeper=optuna", "seed=1"]], "the plugin picks lr; the rest is checked now"
+
+
+def test_bad_base_job_of_a_plugin_sweep_fails_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "-m", "hydra/sweeper=optuna", "optim.lr=interval(1e-4,1e-2)", "nproc_per_node=0"]
+    assert main(argv) == 2
+    assert "nproc_per_node" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+
+
+def test_sink_config_errors_are_one_paragraph() -> None:
+    from disttrain.config.errors import ConfigError
+    from disttrain.observe.sinks import check_sinks
+
+    check_sinks(
+        {"observe": {"sinks": ["tensorboard", "csv", {"_target_": "mlflow", "tracking_uri": "file:///x"}]}}
+    )
+    with pytest.raises(ConfigError, match=r"observe.sinks\[0\]=tensorbord"):
+        check_sinks({"observe": {"sinks": ["tensorbord"]}})
+    with pytest.raises(ConfigError, match="keys of WandB: project, entity, mode"):
+        check_sinks({"observe": {"sinks": [{"_target_": "wandb", "projekt": "x"}]}})
+
+
+def test_csv_sink_resume_replaces_rows_after_the_checkpoint(tmp_path: Path) -> None:
+    from disttrain.observe.sinks import CSV, SinkContext
+
+    first = CSV()
+    first.open(SinkContext(tmp_path, "x", {}))
+    for step in (1, 2, 3):
+        first.log(step, {"loss": float(step)})
+    first.close()
+    again = CSV()
+    again.open(SinkContext(tmp_path, "x", {}, resume=first.state(), resume_step=2))
+    again.log(3, {"loss": 30.0})
+    again.close()
+    rows = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert rows == ["step,key,value", "1,loss,1.0", "2,loss,2.0", "3,loss,30.0"]
