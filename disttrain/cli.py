@@ -21,6 +21,7 @@ commands:
            Takes every @hydra.main flag: -m (multirun), --cfg job, --config-dir DIR, --help, ...
   config   print the resolved config after the same checks (fast: no torch import)
   resume   RUN_DIR [key=value ...]: continue a run from its latest checkpoint with its saved config
+  rerun    RUN_DIR [key=value ...] [--run-dir NEW]: the same run again from its frozen config.yaml
   export   RUN_DIR --out model.pt|model.safetensors: the consolidated model for plain PyTorch
   env      environment report: versions, GPUs, backends, network, variables, known traps
   bench    `bench comm`: collective benchmark + correctness check on the configured ranks
@@ -29,6 +30,7 @@ commands:
   show     one run: config diff against defaults, final metrics, checkpoints, how to reproduce it
   compare  two runs side by side: config diff and metric diff
            (env, bench, plan, runs, show and compare take --json for scripts)
+  completion  bash|zsh: the shell completion script (eval "$(disttrain completion bash)")
 
 examples:
   disttrain train                                   # MLP on digits, 2 CPU ranks, DDP over gloo
@@ -64,9 +66,36 @@ def cmd_config(rest: list[str]) -> int:
     import yaml
 
     args = _hydra_args(rest)
+    if args.help:
+        sys.stdout.write("usage: disttrain config [--config-dir DIR] [key=value ...]\n\n")
+        return _key_help(args)
     cfg = _compose_checked(args.overrides, args, runtime=False)
     sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
     return 0
+
+
+def _key_help(args: Any) -> int:
+    """Each key's type, default (given the overrides' group choices) and the schema's help text."""
+    from disttrain.config import compose
+    from disttrain.config.keyhelp import format_keys
+
+    sys.stdout.write(format_keys(compose(args.overrides, args.config_dir, args.config_name or "config")))
+    return 0
+
+
+def _shell_completion(request: str) -> int:
+    """`train -sc install=bash` / `--shell-completion query=zsh`: disttrain's script, not Hydra's
+    (whose script calls `disttrain -sc` and parses the line with `train` in it)."""
+    from disttrain.completion import SCRIPTS, cmd_complete, cmd_completion
+
+    action, _, shell = request.partition("=")
+    shell = shell or "bash"
+    if action == "query":
+        return cmd_complete([shell])
+    if action == "uninstall":
+        sys.stdout.write("complete -r disttrain\n")
+        return 0
+    return cmd_completion([shell if shell in SCRIPTS else ""])
 
 
 def cmd_train(rest: list[str]) -> int:
@@ -75,6 +104,8 @@ def cmd_train(rest: list[str]) -> int:
     from disttrain.launch.slurm import allocation_overrides
 
     args = _hydra_args(rest)
+    if args.shell_completion:
+        return _shell_completion(" ".join(args.overrides))
     # A Kubeflow pod running `disttrain train` is a node launcher (PyTorchJob's RANK is its node rank).
     if launched_externally() and kubeflow_node_env() is None:
         return _train_as_launched_rank(args)
@@ -86,6 +117,8 @@ def cmd_train(rest: list[str]) -> int:
         # Check every job before Hydra creates a single run dir: nothing half-written on bad input.
         from disttrain.config import expand_sweep
 
+        # A sweeper plugin's syntax (Optuna's interval(...)) expands only inside the plugin: then the
+        # base job is checked here and every job again as the plugin launches it (_hydra_task).
         for job in expand_sweep(args.overrides) if args.multirun else [args.overrides]:
             cfg = _compose_checked(job, args, runtime=not args.cfg)
             _CHECKED[tuple(job)] = cfg
@@ -106,6 +139,13 @@ def cmd_train(rest: list[str]) -> int:
             command = [*rest, *extra]  # every node derives the same dir: part of the command
             run_dir = _own_run_dir(cfg, args, [*args.overrides, *extra], command)
             rest = [*command, f"hydra.run.dir={_hydra_quote(str(run_dir))}"]
+    if args.help:  # Hydra's help (groups, options, the config), then every key's type and help text
+        try:
+            _run_hydra_app(rest, args.config_name or "config", command)
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise
+        return _key_help(args)
     return _run_hydra_app(rest, args.config_name or "config", command)
 
 
@@ -222,16 +262,36 @@ def _hydra_task(cfg: Any) -> dict[str, Any] | None:
     from hydra.core.hydra_config import HydraConfig
 
     from disttrain.config import resolve
+    from disttrain.config.errors import ConfigError
+    from disttrain.config.validate import check_runtime, check_static
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir).resolve()
     overrides = list(hc.overrides.task)
+    plugin = "BasicSweeper" not in str(hc.sweeper.get("_target_", "BasicSweeper"))
     checked = _CHECKED.get(tuple(overrides))
-    if checked is None:  # not seen by the checks (should not happen): compose and settle it now
+    if checked is None:  # a job a sweeper plugin chose (Optuna): compose, settle and check it now
         from disttrain.config import compose
 
-        checked = resolve(compose(overrides, *_CHECKED_FROM), overrides)
-    return _freeze_and_launch(checked, run_dir, overrides)
+        try:
+            checked = resolve(compose(overrides, *_CHECKED_FROM), overrides)
+            check_static(checked)
+            check_runtime(checked)
+        except ConfigError as exc:
+            sys.stderr.write(f"disttrain: {exc}\n")
+            raise SystemExit(2) from None
+    summary = _freeze_and_launch(checked, run_dir, overrides)
+    if plugin and summary is not None:
+        return _objective(summary)  # type: ignore[return-value]
+    return summary
+
+
+def _objective(summary: dict[str, Any]) -> float:
+    """What a sweeper plugin (Optuna) minimises: the final val/loss, else the last train loss."""
+    for key in ("val/loss", "train/loss"):
+        if isinstance(summary.get(key), int | float):
+            return float(summary[key])
+    return float("nan")
 
 
 def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
@@ -312,6 +372,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": cmd_train,
     "config": cmd_config,
     "resume": _command("disttrain.resume:cmd_resume"),
+    "rerun": _command("disttrain.rerun:cmd_rerun"),
     "export": _command("disttrain.resume:cmd_export"),
     "env": _tool("envreport:cmd_env"),
     "bench": _tool("benchcmd:cmd_bench"),
@@ -319,6 +380,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "runs": _tool("runs:cmd_runs"),
     "show": _tool("runs:cmd_show"),
     "compare": _tool("runs:cmd_compare"),
+    "completion": _command("disttrain.completion:cmd_completion"),
 }
 
 
@@ -341,11 +403,15 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
         return 0
-    if argv[0] == "--version":
+    if "--version" in argv:  # any command: disttrain's version (Hydra's parser would print Hydra's)
         from disttrain import __version__
 
         sys.stdout.write(f"disttrain {__version__}\n")
         return 0
+    if argv[0] == "__complete":  # the completion scripts' query (see disttrain.completion)
+        from disttrain.completion import cmd_complete
+
+        return cmd_complete(argv[1:])
     command = COMMANDS.get(argv[0])
     if command is None:
         sys.stderr.write(

@@ -45,7 +45,10 @@ def freeze(run_dir: Path, cfg: dict[str, Any], overrides: list[str], argv: list[
         _write_text(run_dir / "command.txt", shlex.join(argv) + "\n")
     with open_append(run_dir / HISTORY) as f:  # every command that froze into it, resumes included
         f.write(shlex.join(argv) + "\n")
-    write_json(run_dir / "git.json", git_state(Path.cwd()))
+    git = git_state(Path.cwd())
+    write_json(run_dir / "git.json", git)
+    if git.get("dirty"):  # the uncommitted changes the run used, for `git apply` after a checkout
+        _write_text(run_dir / "git.diff", git_diff(Path.cwd()))
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -78,6 +81,17 @@ def program() -> list[str]:
     """How the user started disttrain: `disttrain`, or `python -m disttrain` (argv[0] __main__.py)."""
     name = Path(sys.argv[0]).name
     return [Path(sys.executable).name, "-m", "disttrain"] if name == "__main__.py" else [name]
+
+
+def git_diff(directory: Path) -> str:
+    """`git diff HEAD` (tracked files, staged or not) of the repo containing `directory`."""
+    try:
+        out = subprocess.run(
+            ["git", "diff", "HEAD"], cwd=directory, capture_output=True, text=True, timeout=30, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout
 
 
 def command_line() -> list[str]:

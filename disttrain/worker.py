@@ -29,7 +29,7 @@ from disttrain.engine.optim import build_optimizer, build_scheduler
 from disttrain.engine.resume import ResumableSampler
 from disttrain.models import build_model
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
-from disttrain.observe.metrics import NullMetrics, make_metrics
+from disttrain.observe.metrics import NullMetrics, make_metrics, tracker_resume
 from disttrain.observe.summary import print_summary
 from disttrain.rundir import read_config, write_json
 from disttrain.shared_dir import check_shared, checkpoint_dir
@@ -115,9 +115,11 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
             timeout_s=float(cfg["backend"]["timeout"]),
         )
         path = engine.ckpt.choose(resume_from) if resume_from else None
-        if path is not None and env.is_zero:
-            truncate_metrics(run_dir / "metrics.jsonl", checkpoint.read_meta(path)["step"])
-        engine.metrics = metrics = make_metrics(run_dir, env.is_zero)
+        meta = checkpoint.read_meta(path) if path is not None and env.is_zero else None
+        if meta is not None:
+            truncate_metrics(run_dir / "metrics.jsonl", meta["step"])
+        trackers, from_step = tracker_resume(run_dir, meta) if env.is_zero else (None, 0)
+        engine.metrics = metrics = make_metrics(run_dir, env.is_zero, cfg, trackers, from_step)
         if path is not None:
             engine.ckpt.restore(path)
         elif resume_from is not None:

@@ -203,8 +203,22 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     """The override lists `-m` would run, one per job, as Hydra's basic sweeper splits them."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
 
     parser = OverridesParser.create()
     parsed = parser.parse_overrides(overrides)
+    plugin_syntax = any(
+        o.is_sweep_override() and not isinstance(o.value(), ChoiceSweep | RangeSweep) for o in parsed
+    )
+    if plugin_syntax or any(o.key_or_group == "hydra/sweeper" for o in parsed):
+        # A sweeper plugin (hydra/sweeper=optuna, interval(...)) chooses the values: the base job is
+        # checked here, every job as the plugin launches it.
+        return [
+            [
+                str(o.input_line)
+                for o in parsed
+                if not o.is_sweep_override() or o.key_or_group.startswith("hydra")
+            ]
+        ]
     batches = BasicSweeper.split_arguments(parsed, None)
     return [list(job) for batch in batches for job in batch]

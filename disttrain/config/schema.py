@@ -492,7 +492,9 @@ class TrainerConfig:
     log_every: int = _h("optimizer steps between train-metric logs", 10)
     val_every: int = _h("optimizer steps between validations; 0: at the end of each epoch", 0)
     ckpt_every: int = _h("optimizer steps between checkpoints; 0: only the final one", 0)
-    progress: bool = _h("rich progress bar on rank 0", True)
+    progress: bool = _h(
+        "rich progress bar on rank 0 when stderr is a terminal (plain lines every log_every otherwise)", True
+    )
     activation_checkpointing: bool = _h(
         "recompute each block's activations in backward (built-in models)", False
     )
@@ -517,6 +519,16 @@ class ProfilerConfig:
     wait: int = _h("profile=true: steps skipped before the window", 1)
     warmup: int = _h("profile=true: steps traced but discarded (profiler warm-up)", 1)
     active: int = _h("profile=true: steps recorded into the trace", 3)
+
+
+# --------------------------------------------------------------------------------------- observe
+@dataclass
+class ObserveConfig:
+    sinks: list[Any] = _h(
+        "metric sinks besides metrics.jsonl: names (tensorboard, csv, mlflow, wandb) or {_target_: ...} "
+        "dicts with the sink's arguments, e.g. [tensorboard,{_target_:mlflow,tracking_uri:'file:///tmp/ml'}]",
+        factory=lambda: ["tensorboard"],
+    )
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -581,6 +593,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     profile: bool = _h("record a torch.profiler window into RUN_DIR/profile (TensorBoard traces)", False)

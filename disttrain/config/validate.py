@@ -13,6 +13,7 @@ from typing import Any
 from disttrain.config import dp_checks, launch_checks, parallel_checks
 from disttrain.config.errors import ConfigError, _show, one_of
 from disttrain.config.schema import NO_DECAY
+from disttrain.observe.sinks import check_sinks
 from disttrain.strategies import STRATEGIES
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -78,6 +79,7 @@ def check_static(cfg: dict[str, Any]) -> None:
             "node_rank", cfg["node_rank"], f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0."
         )
     _choice(cfg, "backend.name", BACKENDS, "auto picks nccl when CUDA GPUs are present, else gloo.")
+    check_sinks(cfg)
     _at_least(cfg, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
     _choice(cfg, "strategy.name", tuple(STRATEGIES), "choose the strategy group option: strategy=ddp.")
     ws = world_size(cfg)

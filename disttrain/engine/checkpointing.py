@@ -63,6 +63,7 @@ class Checkpointer:
             "config": shaping_config(self.run_cfg),
             "last_val": s.last_val,
             "has_scaler": e.scaler is not None,
+            "trackers": getattr(e.metrics, "tracker_state", dict)(),  # rank 0: tracker run ids to continue
         }
         async_save = bool(self.cfg.get("async")) and reason in ("periodic",)
         self.pending = checkpoint.save(

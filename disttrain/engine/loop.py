@@ -109,7 +109,7 @@ class Engine:
         s, t = self.state, self.t
         started = time.perf_counter()
         resumed_done = s.step >= self.total_steps and s.step > 0
-        progress = make_progress(self.env.is_zero and t["progress"], self.total_steps, "train")
+        progress = make_progress(self.env.is_zero, t["progress"], self.total_steps, "train")
         with self.stop, self.profiler, progress as bar:
             bar.update(s.step)
             try:
@@ -146,7 +146,12 @@ class Engine:
                 if s.step % t["log_every"] == 0 or s.step == self.total_steps:
                     values = self._log_train(window, grad_norm)
                     window = self._new_window()
-                    bar.update(s.step, loss=values["train/loss"], lr=values["lr"])
+                    bar.update(
+                        s.step,
+                        loss=values["train/loss"],
+                        lr=values["lr"],
+                        samples_per_s=values["samples_per_s"],
+                    )
                 if t["val_every"] and s.step % t["val_every"] == 0:
                     self.validate()
                 if t["ckpt_every"] and s.step % t["ckpt_every"] == 0:

@@ -84,6 +84,7 @@ NOT_SHAPING = (
     "trainer.ckpt_every",
     "data.num_workers",
     "data.pin_memory",
+    "observe",  # where metrics go (sinks) does not change training
 )
 
 

@@ -1,4 +1,8 @@
-"""One rank-aware logger: rank 0 to the console, every rank to its own file in the run dir."""
+"""One rank-aware logger: rank 0 to the console (stderr), every rank to its own file in the run dir.
+
+stdout carries only a command's result (the `done:` line, `--json`), so `disttrain train ... | tee`
+and scripts that parse stdout see no log lines.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 LOGGER = "disttrain"
-console = Console(stderr=False, highlight=False)
+console = Console(stderr=True, highlight=False)
+FILE_ONLY = "file_only"  # `extra={FILE_ONLY: True}`: a record the console already shows (the bar)
 
 
 class _LogFile(logging.FileHandler):
@@ -42,8 +47,9 @@ def setup_logging(log_dir: Path | None, rank: int, to_console: bool) -> logging.
         if console.is_terminal:
             ch: logging.Handler = RichHandler(console=console, show_path=False, markup=False)
         else:
-            ch = logging.StreamHandler(sys.stdout)
+            ch = logging.StreamHandler(sys.stderr)
             ch.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+        ch.addFilter(lambda record: not getattr(record, FILE_ONLY, False))
         log.addHandler(ch)
     return log
 

@@ -173,6 +173,18 @@ def reproduce(run_dir: Path) -> str:
     return shlex.join(["disttrain", "train", *extra, *overrides])
 
 
+def rerun_command(run_dir: Path) -> str:
+    """The exact rerun: the run's code (`git checkout SHA` in its repo), then its frozen config."""
+    git = _json(run_dir / "git.json") or {}
+    steps = []
+    if git.get("repo") and git.get("sha"):
+        steps.append(f"cd {shlex.quote(str(git['repo']))} && git checkout {git['sha']}")
+        if git.get("dirty"):
+            steps.append(f"git apply {shlex.quote(str(run_dir.resolve() / 'git.diff'))}")
+    steps.append(shlex.join(["disttrain", "rerun", str(run_dir.resolve())]))
+    return " && ".join(steps)
+
+
 def checkpoints(run_dir: Path) -> list[dict[str, Any]]:
     from disttrain.shared_dir import checkpoint_dir
 
@@ -213,6 +225,7 @@ def show(run_dir: Path) -> dict[str, Any]:
         "checkpoints": checkpoints(run_dir),
         "command": " ".join(_command(run_dir)),
         "reproduce": reproduce(run_dir),
+        "rerun": rerun_command(run_dir),
     }
 
 
@@ -292,8 +305,37 @@ def cmd_runs(rest: list[str]) -> int:
     return 0
 
 
+def _plot_flag(rest: list[str]) -> tuple[list[str], str | None]:
+    """`--plot OUT.png` (or `--plot=OUT.png`) taken out of the arguments."""
+    out, kept, it = None, [], iter(rest)
+    for tok in it:
+        if tok == "--plot":
+            out = next(it, None) or ""
+        elif tok.startswith("--plot="):
+            out = tok.partition("=")[2]
+        else:
+            kept.append(tok)
+    if out == "":
+        from disttrain.config.errors import ConfigError
+
+        raise ConfigError("--plot", None, "an image path (png, svg, pdf)", "e.g. --plot curves.png.")
+    return kept, out
+
+
+def _write_plot(runs: list[Path], out: str) -> None:
+    from disttrain.tools.plot import plot
+
+    drawn = plot(runs, Path(out))
+    import sys
+
+    sys.stderr.write(f"plotted {', '.join(drawn)} of {len(runs)} run(s) -> {Path(out).resolve()}\n")
+
+
 def cmd_show(rest: list[str]) -> int:
+    rest, plot_out = _plot_flag(rest)
     args = _args("show", rest, ("run_dir", "a run directory"))
+    if plot_out:
+        _write_plot([_run_dir(args.run_dir)], plot_out)
     data = show(_run_dir(args.run_dir))
     if args.json:
         from disttrain.tools.render import print_json
@@ -313,12 +355,25 @@ def cmd_show(rest: list[str]) -> int:
     )
     ck = [(Path(c["path"]).name, human_bytes(c["bytes"]), _when(c["modified"])) for c in data["checkpoints"]]
     out.print(table("checkpoints", ["file", ">size", "written"], ck or [("(none)", "", "")]))
-    out.print(f"command:   {data['command']}\nreproduce: {data['reproduce']}")
+    out.print(f"command:   {data['command']}\nrerun:     {data['rerun']}\nrecompose: {data['reproduce']}")
     return 0
 
 
 def cmd_compare(rest: list[str]) -> int:
+    rest, plot_out = _plot_flag(rest)
+    positional = [t for t in rest if not t.startswith("-")]
+    if plot_out and len(positional) != 2:  # several runs: the picture only
+        if not positional:
+            from disttrain.config.errors import ConfigError
+
+            raise ConfigError(
+                "RUN_DIR", None, "one or more run directories", "disttrain compare A B C --plot p.png."
+            )
+        _write_plot([_run_dir(p) for p in positional], plot_out)
+        return 0
     args = _args("compare", rest, ("run_a", "first run directory"), ("run_b", "second run directory"))
+    if plot_out:
+        _write_plot([_run_dir(args.run_a), _run_dir(args.run_b)], plot_out)
     data = compare(_run_dir(args.run_a), _run_dir(args.run_b))
     if args.json:
         from disttrain.tools.render import print_json

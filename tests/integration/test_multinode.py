@@ -205,7 +205,7 @@ def test_elastic_min_nodes_trains_with_the_nodes_that_came(
     args = [a for a in _node_args(29535, *extra) if a != "nodes=2"]
     (result,) = _run_nodes(tmp_path, [(ns0, veth0, [*args, "nodes=1:2"])])
     assert result.returncode == 0, _report([result])
-    assert "rank 0 of 1" in result.stdout, result.stdout
+    assert "rank 0 of 1" in result.stderr, result.stderr  # log lines go to stderr
     assert train_losses(tmp_path / "el")
     frozen = read_yaml(tmp_path / "el" / "config.yaml")
     assert frozen["nodes"] == 2 and frozen["launcher"]["min_nodes"] == 1

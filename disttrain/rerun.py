@@ -1,0 +1,103 @@
+"""`disttrain rerun RUN_DIR [key=value ...] [--run-dir NEW]`: the same run again, into a new run dir.
+
+It starts from RUN_DIR's frozen config.yaml (resolved once when the run began: no re-composition,
+no today's defaults), so on the same hardware, thread count and code the losses and weights are
+bitwise equal. Overrides change single keys as with `disttrain resume`. It warns when the code
+differs from the run's: another git SHA than git.json's, or uncommitted changes (git.diff holds the
+run's own uncommitted changes).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from disttrain.config.errors import ConfigError
+
+RERUN_USAGE = """\
+usage: disttrain rerun RUN_DIR [key=value ...] [--run-dir NEW]
+
+Run RUN_DIR's frozen config.yaml again into a new run dir (default: RUN_DIR-rerun-DATE_TIME):
+bitwise equal on the same hardware and thread count. Overrides change single keys
+(`trainer.max_steps=100`, `seed=1`); group options cannot change (the config is resolved).
+"""
+
+
+def code_warnings(run_dir: Path, cwd: Path) -> list[str]:
+    """Why this checkout may not reproduce RUN_DIR: another SHA, or a dirty tree (now or then)."""
+    import json
+
+    from disttrain.rundir import git_state
+
+    try:
+        then: dict[str, Any] = json.loads((run_dir / "git.json").read_text())
+    except (OSError, ValueError):
+        return [f"{run_dir}/git.json is missing: the code the run used is unknown"]
+    now = git_state(cwd)
+    out = []
+    if then.get("sha") and now.get("sha") != then["sha"]:
+        out.append(
+            f"the current git SHA {now.get('sha') or '(no git repo)'} differs from the run's {then['sha']}: "
+            f"`git checkout {then['sha']}` for the same code"
+        )
+    if now.get("dirty"):
+        out.append("the working tree has uncommitted changes: the rerun may differ")
+    if then.get("dirty"):
+        out.append(f"the run itself had uncommitted changes (saved in {run_dir / 'git.diff'})")
+    return out
+
+
+def parse(rest: list[str]) -> tuple[Path, list[str], Path]:
+    from disttrain.resume import _run_dir
+
+    new: str | None = None
+    args: list[str] = []
+    it = iter(rest)
+    for tok in it:
+        if tok == "--run-dir":
+            new = next(it, None)
+            if new is None:
+                raise ConfigError("--run-dir", None, "a folder for the new run", RERUN_USAGE.splitlines()[0])
+        elif tok.startswith("--run-dir="):
+            new = tok.partition("=")[2]
+        else:
+            args.append(tok)
+    if not args:
+        raise ConfigError("RUN_DIR", None, "a run directory holding config.yaml", RERUN_USAGE.splitlines()[0])
+    run_dir = _run_dir(args[0], RERUN_USAGE)
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    target = Path(new).resolve() if new else run_dir.with_name(f"{run_dir.name}-rerun-{stamp}")
+    if (target / "config.yaml").exists() or target == run_dir:
+        raise ConfigError(
+            "--run-dir", str(target), "a new folder (not a run dir already)", "pick another --run-dir."
+        )
+    return run_dir, args[1:], target
+
+
+def cmd_rerun(rest: list[str]) -> int:
+    if not rest or rest[0] in ("-h", "--help"):
+        sys.stdout.write(RERUN_USAGE)
+        return 0 if rest else 2
+    import yaml
+
+    from disttrain.cli import _freeze_and_launch
+    from disttrain.config.validate import check_runtime, check_static
+    from disttrain.resume import apply_overrides
+    from disttrain.rundir import read_config
+
+    run_dir, overrides, target = parse(rest)
+    cfg = apply_overrides(read_config(run_dir), overrides)
+    check_static(cfg)
+    check_runtime(cfg)
+    for warning in code_warnings(run_dir, Path.cwd()):
+        sys.stderr.write(f"disttrain rerun: warning: {warning}\n")
+    saved = (
+        yaml.safe_load((run_dir / "overrides.yaml").read_text())
+        if (run_dir / "overrides.yaml").exists()
+        else []
+    )
+    sys.stderr.write(f"disttrain rerun: {run_dir} -> {target}\n")
+    _freeze_and_launch(cfg, target, [*(saved or []), *overrides])
+    return 0
