@@ -96,12 +96,16 @@ def test_runs_show_compare_and_plan_on_finished_failed_interrupted_runs(tmp_path
     (tmp_path / "mylab").mkdir()
     (tmp_path / "mylab" / "__init__.py").write_text("")
     (tmp_path / "mylab" / "bad.py").write_text(
-        "import torch\n\nclass Bad(torch.nn.Linear):\n"
+        "import os\n\nimport torch\n\nclass Bad(torch.nn.Linear):\n"
         "    def __init__(self, in_features: int, num_classes: int):\n"
         "        super().__init__(in_features, num_classes)\n\n"
-        "    def forward(self, x):\n        raise RuntimeError('boom in forward')\n"
+        "    def forward(self, x):\n"
+        "        if 'RANK' in os.environ:  # in a rank, not in the parent's pre-launch dry step\n"
+        "            raise RuntimeError('boom in forward')\n"
+        "        return super().forward(x)\n"
     )
-    _, failed = run_cli(tmp_path, *QUICK, "model._target_=mylab.bad.Bad", expect_rc=1, timeout=120)
+    wired = ("model.in_features=${data.num_features}", "model.num_classes=${data.num_classes}")
+    _, failed = run_cli(tmp_path, *QUICK, "model._target_=mylab.bad.Bad", *wired, expect_rc=1, timeout=120)
     interrupted = _interrupt_a_run(tmp_path)
 
     runs = _json(run_command([CLI, "runs", "runs", "--json"], tmp_path, timeout=60))["runs"]
