@@ -113,9 +113,10 @@ class Engine:
             bar.update(s.step)
             try:
                 self._epochs(bar)
+                self.stop.drain()
             except Exception as exc:
                 raise self._failed(exc) from exc
-        if self.stop.signum:
+        if self.stop.agreed:
             return self._stopped(time.perf_counter() - started)
         if not resumed_done:
             if not t["val_every"] or s.step % t["val_every"] != 0:
@@ -151,22 +152,13 @@ class Engine:
                 if t["ckpt_every"] and s.step % t["ckpt_every"] == 0:
                     self.ckpt.save("periodic")
                 self.ckpt.poll()
-                # Agree on a stop only at log steps: a per-step collective would tax every step.
-                if (s.step % t["log_every"] == 0 and self._stop_agreed()) or s.step >= self.total_steps:
+                # Every step, at no cost to it: the flag reduce issued after the previous step.
+                if s.step >= self.total_steps or self.stop.agree(self.env.device):
                     return
             s.epoch += 1
             s.epoch_samples = 0
             if not t["val_every"]:
                 self.validate()
-
-    def _stop_agreed(self) -> bool:
-        """Whether any rank got SIGTERM/SIGINT; every rank learns it at the same step."""
-        flag = torch.tensor([self.stop.signum], dtype=torch.int32, device=self.env.device)
-        if dist.is_initialized() and self.env.world_size > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and not self.stop.signum:
-            self.stop.signum = int(flag.item())
-        return bool(flag.item())
 
     def _stopped(self, elapsed: float) -> dict[str, Any]:
         log.warning("stopping at step %d on %s", self.state.step, self.stop.name)

@@ -120,16 +120,23 @@ def config_diff(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ signals
 class StopFlag:
-    """SIGTERM/SIGINT set a flag the engine polls between steps (all ranks agree on the step).
+    """SIGTERM/SIGINT set a flag; `agree()` after every step turns it into one stop step for all ranks.
 
+    Agreement without taxing the step: after step N each rank waits for the MAX all-reduce of the
+    flags it issued (asynchronously) after step N-1, then issues the next one. The reduce has a whole
+    step to complete in the background, every rank reads the same value at the same step, and a
+    signal that arrives during step N stops every rank right after step N+1, at any log_every.
     A second signal restores the default handler and re-raises it: the user can always force quit.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self) -> None:
-        self.signum: int = 0
+        self.signum: int = 0  # this rank's own signal
+        self.agreed: int = 0  # the signal every rank stops on (0: none agreed)
         self._saved: dict[int, Any] = {}
+        self._flag: torch.Tensor | None = None
+        self._work: Any = None
 
     def __enter__(self) -> StopFlag:
         if threading.current_thread() is threading.main_thread():
@@ -148,8 +155,36 @@ class StopFlag:
             signal.raise_signal(signum)
             return
         self.signum = signum
-        log.warning("%s received: stopping after this step", signal.Signals(signum).name)
+        log.warning("%s received: stopping within the next two steps", signal.Signals(signum).name)
+
+    def agree(self, device: torch.device) -> bool:
+        """Every rank calls this after every step: True when all ranks stop now (the same step)."""
+        import torch.distributed as dist
+
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            self.agreed = self.signum
+            return bool(self.agreed)
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+            assert self._flag is not None
+            self.agreed = int(self._flag.item())
+            if self.agreed:
+                return True
+        if self._flag is None:
+            self._flag = torch.zeros(1, dtype=torch.int32, device=device)
+        self._flag.fill_(self.signum)
+        self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True)
+        return False
+
+    def drain(self) -> None:
+        """At the end of training (or on an error): finish the reduce in flight. Its answer no longer
+        matters: a run that reached its last step ends normally, with its final checkpoint."""
+        work, self._work = self._work, None
+        if work is not None:
+            work.wait()
 
     @property
     def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum else ""
+        sig = self.agreed or self.signum
+        return signal.Signals(sig).name if sig else ""

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from disttrain.config.launch_checks import node_bounds
-from disttrain.launch.errors import LaunchError, exit_code_message, last_error_line
+from disttrain.launch.errors import LaunchError, exit_code_message, last_error_line, stopped_message
 
 
 def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
@@ -46,6 +48,9 @@ def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
         monitor_interval=float(launcher["monitor_interval"]),
         start_method="spawn",
         local_addr=local_addr,
+        # SIGTERM/SIGINT: the ranks finish their step and save; SIGKILL only after this (torch's 30 s
+        # default is shorter than one save of a large model).
+        shutdown_timeout=math.ceil(float(launcher.get("stop_grace_s", 120.0))),
     )
 
 
@@ -56,6 +61,7 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
     from torch.distributed.launcher.api import elastic_launch
 
     args = ["-u", "-m", entry, str(run_dir)]
+    started = time.time()
     store = None
     if cfg["nodes"] > 1:
         from disttrain.launch.multinode import roll_call
@@ -82,11 +88,9 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
         )
         raise LaunchError(rank, _failure_message(failure), run_dir) from None
     except SignalException as exc:
-        name = signal.Signals(exc.sigval).name
         raise LaunchError(
             None,
-            f"stopped by {name}: the ranks saved a checkpoint (when configured); "
-            f"continue with `disttrain resume {run_dir}`",
+            stopped_message(signal.Signals(exc.sigval).name, run_dir, started),
             run_dir,
             exit_code=128 + int(exc.sigval),
         ) from None
