@@ -18,7 +18,7 @@ from disttrain.dist import DistEnv
 from disttrain.engine.amp import Precision
 from disttrain.engine.checkpointing import Checkpointer
 from disttrain.engine.guards import AnomalyError, DesyncError, Guards
-from disttrain.engine.resume import StopFlag, set_rng_state
+from disttrain.engine.resume import StopFlag, StopUnagreed, set_rng_state
 from disttrain.engine.tasks import Task
 from disttrain.observe.metrics import NullMetrics
 from disttrain.observe.profiler import make_profiler
@@ -100,7 +100,7 @@ class Engine:
         self.step_tokens = 0
         self.in_update = False  # inside optimizer/scheduler step: state not consistent across ranks
         self.pending_rng: dict[str, Any] | None = None  # restored after the resumed epoch's iterator
-        self.stop = StopFlag()
+        self.stop = StopFlag(lambda: self.state.step, timeout_s)
         self.ckpt = Checkpointer(self, checkpoint_cfg or {}, run_cfg or {})
 
     # ------------------------------------------------------------------------------------ fit
@@ -113,7 +113,6 @@ class Engine:
             bar.update(s.step)
             try:
                 self._epochs(bar)
-                self.stop.drain()
             except Exception as exc:
                 raise self._failed(exc) from exc
         if self.stop.agreed:
@@ -152,8 +151,8 @@ class Engine:
                 if t["ckpt_every"] and s.step % t["ckpt_every"] == 0:
                     self.ckpt.save("periodic")
                 self.ckpt.poll()
-                # Every step, at no cost to it: the flag reduce issued after the previous step.
-                if s.step >= self.total_steps or self.stop.agree(self.env.device):
+                # Every step, at no cost to it (an attribute read until a rank is signalled).
+                if s.step >= self.total_steps or self.stop.should_stop(s.step):
                     return
             s.epoch += 1
             s.epoch_samples = 0
@@ -172,6 +171,8 @@ class Engine:
     def _failed(self, exc: Exception) -> Exception:
         """Name a dead or hung peer plainly; save an emergency checkpoint when every rank failed."""
         text = str(exc)
+        if isinstance(exc, StopUnagreed):
+            return exc  # the launcher is gone: nothing to coordinate a save with
         if any(m in text for m in ("Timed out", "timed out", "Timeout")):
             return RuntimeError(
                 f"rank {self.env.rank}: a collective at step {self.state.step + 1} waited more than "

@@ -10,7 +10,7 @@ import logging
 import random
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -120,34 +120,57 @@ def config_diff(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ signals
 class StopFlag:
-    """SIGTERM/SIGINT set a flag; `agree()` after every step turns it into one stop step for all ranks.
+    """SIGTERM/SIGINT: every rank stops after the same step, within about one step, at any log_every.
 
-    Agreement without taxing the step: after step N each rank waits for the MAX all-reduce of the
-    flags it issued (asynchronously) after step N-1, then issues the next one. The reduce has a whole
-    step to complete in the background, every rank reads the same value at the same step, and a
-    signal that arrives during step N stops every rank right after step N+1, at any log_every.
-    A second signal restores the default handler and re-raises it: the user can always force quit.
+    Nothing runs per step but an attribute read: no collective. A signalled rank posts, in the
+    rendezvous store, the step it can stop after; a thread on every rank polls the store's stop key
+    (every POLL_S) and posts for its rank the step after the one it is in. Once every rank posted,
+    all stop after the largest posted step: no rank has passed it (a rank is at the step it posted,
+    or before it), so every rank saves the same step. A second signal restores the default handler
+    and re-raises it: the user can always force quit.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    POLL_S = 0.1
+    KEY = "disttrain/stop"
 
-    def __init__(self) -> None:
+    def __init__(self, progress: Callable[[], int] = lambda: 0, timeout_s: float = 300.0) -> None:
         self.signum: int = 0  # this rank's own signal
-        self.agreed: int = 0  # the signal every rank stops on (0: none agreed)
+        self.agreed: int = 0  # the signal every rank stops on, once they stop
+        self.stop_at: int | None = None
+        self._progress, self._timeout_s = progress, timeout_s  # progress(): the last finished step
         self._saved: dict[int, Any] = {}
-        self._flag: torch.Tensor | None = None
-        self._work: Any = None
+        self._requested = False  # a peer asked (seen by the watcher) or this rank was signalled
+        self._posted = False
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._store: Any = None
+        self._rank, self._world = 0, 1
+        self._lost: str = ""  # the store stopped answering (the launcher died)
 
     def __enter__(self) -> StopFlag:
+        import torch.distributed as dist
+
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
                 self._saved[sig] = signal.signal(sig, self._handle)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            self._store = dist.distributed_c10d._get_default_store()
+            self._rank, self._world = dist.get_rank(), dist.get_world_size()
+            self._done.clear()
+            self._watcher = threading.Thread(target=self._watch, name="disttrain-stop", daemon=True)
+            self._watcher.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._saved.items():
             signal.signal(sig, handler)
         self._saved.clear()
+        self._done.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5 * self.POLL_S)
+            self._watcher = None
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum:  # second signal: stop now
@@ -155,36 +178,69 @@ class StopFlag:
             signal.raise_signal(signum)
             return
         self.signum = signum
-        log.warning("%s received: stopping within the next two steps", signal.Signals(signum).name)
+        log.warning("%s received: stopping after this step", signal.Signals(signum).name)
 
-    def agree(self, device: torch.device) -> bool:
-        """Every rank calls this after every step: True when all ranks stop now (the same step)."""
-        import torch.distributed as dist
+    def _watch(self) -> None:
+        """Thread: learn that a peer was signalled; post the step this rank can stop after."""
+        while not self._done.wait(self.POLL_S):
+            try:
+                if not (self.signum or self._store.check([self.KEY])):
+                    continue
+                with self._lock:
+                    self._requested = True  # first: a step boundary from now on waits for the posts
+                    self._post(self._progress() + 1)  # the step this rank is in (or about to start)
+            except Exception as exc:  # the store is gone: the launcher died
+                self._lost, self._requested = f"{type(exc).__name__}: {exc}", True
+            return
 
-        if not (dist.is_initialized() and dist.get_world_size() > 1):
+    def _post(self, step: int) -> None:
+        if not self._posted:
+            if self.signum:
+                self._store.set(self.KEY, str(self.signum))
+            self._store.set(f"{self.KEY}/rank{self._rank}", str(step))
+            self._posted = True
+
+    def should_stop(self, step: int) -> bool:
+        """After every step (`step` just finished), on every rank: True when all ranks stop here."""
+        if not (self.signum or self._requested):
+            return False
+        if self._store is None:  # one process
             self.agreed = self.signum
-            return bool(self.agreed)
-        if self._work is not None:
-            self._work.wait()
-            self._work = None
-            assert self._flag is not None
-            self.agreed = int(self._flag.item())
-            if self.agreed:
-                return True
-        if self._flag is None:
-            self._flag = torch.zeros(1, dtype=torch.int32, device=device)
-        self._flag.fill_(self.signum)
-        self._work = dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, async_op=True)
-        return False
+            return True
+        if self.stop_at is None:
+            self.stop_at = self._agree(step)
+        if step < self.stop_at:
+            return False
+        self.agreed = self.signum or int(self._store.get(self.KEY))
+        return True
 
-    def drain(self) -> None:
-        """At the end of training (or on an error): finish the reduce in flight. Its answer no longer
-        matters: a run that reached its last step ends normally, with its final checkpoint."""
-        work, self._work = self._work, None
-        if work is not None:
-            work.wait()
+    def _agree(self, step: int) -> int:
+        from datetime import timedelta
+
+        try:
+            if self._lost:
+                raise RuntimeError(self._lost)
+            with self._lock:
+                self._requested = True
+                self._post(step)
+            keys = [f"{self.KEY}/rank{r}" for r in range(self._world)]
+            self._store.wait(keys, timedelta(seconds=self._timeout_s))
+            stop_at = max(int(self._store.get(k)) for k in keys)
+        except Exception as exc:
+            raise StopUnagreed(
+                f"stopping on a signal: the ranks could not agree on a step to save at through the "
+                f"launcher's store ({self._lost or exc}); no signal checkpoint. The launcher probably "
+                "died (SIGKILL?): `disttrain resume` continues from the latest checkpoint."
+            ) from None
+        if self._rank == 0:
+            log.warning("every rank stops after step %d (the signal came at step %d here)", stop_at, step)
+        return stop_at
 
     @property
     def name(self) -> str:
         sig = self.agreed or self.signum
         return signal.Signals(sig).name if sig else ""
+
+
+class StopUnagreed(RuntimeError):
+    """A signal stop the ranks could not coordinate (the launcher's store is gone)."""
