@@ -212,15 +212,17 @@ def resume_location(cfg: dict[str, Any], run_dir: Path) -> Path | None:
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Drop records logged after `step` (the resumed run logs those steps again)."""
+    """Drop records logged after `step` (the resumed run logs those steps again), and lines a crash
+    cut mid-write (they would break every later reader; tools.runs skips them the same way)."""
     if not path.is_file():
         return
+    from disttrain.tools.runs import read_metrics
 
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    kept = [r for r in read_metrics(path.parent) if isinstance(r, dict) and r.get("step", 0) <= step]
     if len(kept) != len(lines):
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
         os.replace(tmp, path)
 
 
