@@ -277,7 +277,13 @@ class Engine:
                 self.model, batch[0].to(self.env.device), batch[1].to(self.env.device), self.task
             )
         sums = self.strategy.all_reduce(sums, op="sum")
-        count = max(sums[2].item(), 1.0)
+        count = sums[2].item()
+        if count == 0:  # no sample on any rank: a loss of 0.0 would read as a perfect model
+            log.warning(
+                "step %d: the validation set is empty (0 samples on every rank): no val metrics recorded",
+                self.state.step,
+            )
+            return {}
         values = {"val/loss": sums[0].item() / count, f"val/{self.task.metric}": sums[1].item() / count}
         values.update(self.task.derived(values))
         self.state.last_val = values

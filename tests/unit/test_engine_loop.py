@@ -1,0 +1,23 @@
+"""disttrain.engine.loop through the real CLI with one rank (in-process: one process, no launcher)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from unit_support import disttrain
+
+ONE = ("nproc_per_node=1", "data=synthetic", "trainer.progress=false", "threads_per_rank=1")
+
+
+def test_an_empty_validation_set_records_no_val_metrics(scratch: Path) -> None:
+    """Review D12: with 0 validation samples, val/loss 0.0 would read as a perfect model."""
+    proc = disttrain(
+        "train", *ONE, "trainer.max_steps=3", "data.num_val_samples=0", "hydra.run.dir=run", cwd=scratch
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "the validation set is empty" in (scratch / "run" / "logs" / "rank0.log").read_text()
+    records = [json.loads(x) for x in (scratch / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records and not any(k.startswith("val/") for r in records for k in r)
+    summary = json.loads((scratch / "run" / "summary.json").read_text())
+    assert not any(k.startswith("val/") for k in summary), summary
