@@ -189,7 +189,9 @@ class Engine:
                 f"rank {self.env.rank}: a peer rank died at step {self.state.step + 1} "
                 f"({text.splitlines()[0][:200] if text else type(exc).__name__})"
             )
-        if self.ckpt.cfg.get("on_error", True):
+        if self.state.step in (0, self.ckpt.last_saved_step):  # untrained, or already saved as is
+            log.error("no optimizer step since the start or the last checkpoint: no emergency checkpoint")
+        elif self.ckpt.cfg.get("on_error", True):
             try:
                 if self.ckpt.emergency(exc, min(self.timeout_s, 5.0)):
                     log.error("saved an emergency checkpoint at step %d", self.state.step)

@@ -21,3 +21,13 @@ def test_an_empty_validation_set_records_no_val_metrics(scratch: Path) -> None:
     assert records and not any(k.startswith("val/") for r in records for k in r)
     summary = json.loads((scratch / "run" / "summary.json").read_text())
     assert not any(k.startswith("val/") for k in summary), summary
+
+
+def test_no_emergency_checkpoint_before_the_first_optimizer_step(scratch: Path) -> None:
+    """An exception in the first step leaves no step-0 'emergency checkpoint' of an untrained model."""
+    fault = ("model._target_=disttrain.testing.FaultMLP", "+model.raise_at=1", "trainer.max_steps=3")
+    proc = disttrain("train", *ONE, *fault, "hydra.run.dir=run", cwd=scratch)
+    assert proc.returncode == 1
+    assert "injected failure at training forward 1" in proc.stderr, proc.stderr[-2000:]
+    assert "no emergency checkpoint" in (scratch / "run" / "logs" / "rank0.log").read_text()
+    assert not list((scratch / "run").glob("checkpoints/step_*"))
