@@ -191,6 +191,7 @@ BAD_RUNTIME = [
     Bad("gpt-heads-vs-tp", ("model=gpt", "data=text", "strategy=tp", "model.n_heads=1", "model.dim=8"),
         "model.n_heads", "1", runtime=True),
     Bad("sweep-one-bad-job", ("-m", "optim.lr=1e-3,-1"), "optim.lr", "-1.0", runtime=True),
+    Bad("resume-without-checkpoint", ("resume=.",), "resume", ".", runtime=True),  # review D9
 ]
 # fmt: on
 
