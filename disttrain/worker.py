@@ -108,13 +108,13 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
             run_cfg=cfg,
             timeout_s=float(cfg["backend"]["timeout"]),
         )
-        path = engine.ckpt.choose(resume_from) if resume_from else None
+        path = engine.ckpt.resume(resume_from) if resume_from else None
         if path is not None and env.is_zero:
-            truncate_metrics(run_dir / "metrics.jsonl", checkpoint.read_meta(path)["step"])
+            truncate_metrics(run_dir / "metrics.jsonl", engine.state.step)
         engine.metrics = metrics = make_metrics(run_dir, env.is_zero)
-        if path is not None:
-            engine.ckpt.restore(path)
-        elif resume_from is not None:
+        if path is None and resume_from is not None:
+            if resume_from != run_dir / "checkpoints":  # an explicit resume=PATH: never start over
+                raise RuntimeError(f"resume={resume_from}: no loadable checkpoint there")
             log.warning("no loadable checkpoint under %s: starting from step 0", resume_from)
         summary = engine.fit()
         if path is not None:
