@@ -47,8 +47,9 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     env = DistEnv.from_env(cfg["backend"]["name"])
     setup_logging(run_dir / "logs", env.rank, to_console=env.is_zero)
     threads = set_threads(cfg, env)
+    launcher = launcher_pid()
     if "RANK" in os.environ:
-        die_with_parent()
+        die_with_parent(launcher)
     try:
         init_process_group(env, cfg["backend"]["timeout"])
         if env.is_zero:
@@ -62,13 +63,17 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
             )
         report_env(run_dir, env, threads)
         summary = train(cfg, env, run_dir)
-    except BaseException:
+    except BaseException as exc:
         log.exception("rank %d failed", env.rank)
+        if env.is_zero:
+            record_orphaned(run_dir, launcher, f"the ranks stopped without a checkpoint ({exc})")
         raise
     finally:
         destroy_process_group()
         teardown_logging()
     if summary.get("stopped_by"):  # SIGTERM/SIGINT: state saved, exit as the signal would
+        if env.is_zero:
+            record_orphaned(run_dir, launcher, f"the ranks stopped at step {summary['steps']} on the signal")
         raise SystemExit(128 + int(getattr(signal, summary["stopped_by"])))
     return summary
 
@@ -226,18 +231,46 @@ def truncate_metrics(path: Path, step: int) -> None:
         os.replace(tmp, path)
 
 
-def die_with_parent() -> None:
-    """Linux: SIGTERM this rank when its launcher dies (even by SIGKILL): no orphaned ranks."""
+def record_orphaned(run_dir: Path, launcher: int, what: str) -> None:
+    """The launcher died (SIGKILL: it could not record it): status.json must not stay `running`."""
+    from disttrain.rundir import STATUS
+
+    if os.getppid() == launcher:
+        return  # the launcher is alive and writes the status itself
+    try:
+        status = json.loads((run_dir / STATUS).read_text())
+    except (OSError, ValueError):
+        return
+    if status.get("status") != "running" or status.get("pid") != launcher:
+        return
+    status.update(
+        status="interrupted", error=f"the launcher (pid {launcher}) died; {what}", ended=time.time()
+    )
+    write_json(run_dir / STATUS, status)
+    log.warning("the launcher (pid %d) is gone: %s says interrupted", launcher, run_dir / STATUS)
+
+
+def launcher_pid() -> int:
+    """The process that started this rank (the launcher sets it: by the time a slow rank asks for
+    its parent, a dead launcher's place may already be taken by init)."""
+    return int(os.environ.get("DISTTRAIN_LAUNCHER_PID") or os.getppid())
+
+
+def die_with_parent(launcher: int) -> None:
+    """Linux: SIGTERM this rank when its launcher dies (even by SIGKILL): no orphaned ranks.
+
+    The kernel sends that signal once per thread that inherited the setting, so a rank may get
+    several at once; StopFlag counts them as one while the launcher is gone.
+    """
     if not sys.platform.startswith("linux"):
         return
     import ctypes
 
-    parent = os.getppid()
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent:  # the launcher died before prctl took effect
+    if os.getppid() != launcher:  # the launcher died before prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
 
 

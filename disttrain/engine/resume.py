@@ -7,9 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -132,6 +134,7 @@ class StopFlag:
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
     POLL_S = 0.1
+    REPEAT_S = 1.0  # the same signal again within this: one event (see _handle), not "force quit"
     KEY = "disttrain/stop"
 
     def __init__(self, progress: Callable[[], int] = lambda: 0, timeout_s: float = 300.0) -> None:
@@ -148,6 +151,8 @@ class StopFlag:
         self._store: Any = None
         self._rank, self._world = 0, 1
         self._lost: str = ""  # the store stopped answering (the launcher died)
+        self._launcher = int(os.environ.get("DISTTRAIN_LAUNCHER_PID", 0) or 0)
+        self._first_at = 0.0
 
     def __enter__(self) -> StopFlag:
         import torch.distributed as dist
@@ -173,11 +178,19 @@ class StopFlag:
             self._watcher = None
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum == signum and (
+            time.monotonic() - self._first_at < self.REPEAT_S
+            or (self._launcher and os.getppid() != self._launcher)
+        ):
+            # The launcher died: the kernel sends its parent-death SIGTERM once per thread that
+            # inherited the setting, so one event arrives as a burst of signals.
+            return
         if self.signum:  # second signal: stop now
+            log.warning("second %s: exiting without a checkpoint", signal.Signals(signum).name)
             self.__exit__()
             signal.raise_signal(signum)
             return
-        self.signum = signum
+        self.signum, self._first_at = signum, time.monotonic()
         log.warning("%s received: stopping after this step", signal.Signals(signum).name)
 
     def _watch(self) -> None:

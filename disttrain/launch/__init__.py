@@ -33,6 +33,7 @@ def rank_environment(cfg: dict[str, Any]) -> Any:
         {
             "OMP_NUM_THREADS": str(threads_per_rank(cfg)),
             "DISTTRAIN_LAUNCH_TIME": repr(time.time()),
+            "DISTTRAIN_LAUNCHER_PID": str(os.getpid()),  # a rank notices when its launcher is gone
             "PYTHONPATH": os.getcwd() + (os.pathsep + path if path else ""),  # the user's modules, every rank
         }
     )

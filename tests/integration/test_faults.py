@@ -158,6 +158,26 @@ def test_sigterm_far_from_a_log_step_saves_and_resumes_bitwise(tmp_path: Path) -
     assert all(torch.equal(wa[k], wb[k]) for k in wa), "resumed weights differ from the uninterrupted run"
 
 
+def test_sigkill_of_the_launcher_leaves_no_rank_and_a_true_status(tmp_path: Path) -> None:
+    """Review D19: the ranks cannot save without the launcher's store; they exit, and status.json
+    says interrupted (naming the dead launcher) instead of staying `running`."""
+    run_dir = tmp_path / "run"
+    proc = _start(tmp_path, *FAULT, "trainer.max_steps=2000", "+model.delay=0.02", f"hydra.run.dir={run_dir}")
+    _wait_for_step(proc, run_dir, 3)
+    assert _group_members(proc.pid), "the ranks are found by their tag (remembered before the kill)"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    deadline = time.monotonic() + 60
+    while _group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _group_members(proc.pid)
+    _kill_group(proc.pid)
+    assert not left, "ranks outlived their launcher"
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "interrupted", status
+    assert f"the launcher (pid {proc.pid}) died" in status["error"], status
+
+
 def test_exception_on_every_rank_saves_an_emergency_checkpoint(tmp_path: Path) -> None:
     proc, run_dir = run_cli(tmp_path, *FAULT, "trainer.max_steps=50", "+model.raise_at=6", expect_rc=1)
     assert run_dir is not None
