@@ -39,8 +39,8 @@ class Checkpointer:
     def save(self, reason: str) -> None:
         """Every rank calls it at the same step. Logs and records the training stall."""
         e, s = self.e, self.e.state
-        if s.step == self.last_saved_step:
-            return
+        if s.step == self.last_saved_step and reason != "signal":
+            return  # a signal stop re-saves: the launcher reports only a `signal` checkpoint as saved
         self.finish()  # at most one save in flight
         t0 = time.perf_counter()
         app = e.strategy.state_dict(e.model, e.optimizer)
