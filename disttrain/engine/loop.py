@@ -18,7 +18,7 @@ from disttrain.dist import DistEnv
 from disttrain.engine.amp import Precision
 from disttrain.engine.checkpointing import Checkpointer
 from disttrain.engine.guards import AnomalyError, DesyncError, Guards
-from disttrain.engine.resume import StopFlag, StopUnagreed, set_rng_state
+from disttrain.engine.resume import FAILED_KEY, StopFlag, StopUnagreed, set_rng_state
 from disttrain.engine.tasks import Task
 from disttrain.observe.metrics import NullMetrics
 from disttrain.observe.profiler import make_profiler
@@ -174,11 +174,18 @@ class Engine:
         if isinstance(exc, StopUnagreed):
             return exc  # the launcher is gone: nothing to coordinate a save with
         if any(m in text for m in ("Timed out", "timed out", "Timeout")):
+            hung = self._stragglers()
+            who = (
+                f"rank(s) {hung} stopped participating (no timeout of their own within "
+                f"{self.STRAGGLER_GRACE_S:g} s: hung, stopped or much slower)"
+                if hung
+                else "another rank stopped participating (hung, stuck or much slower)"
+            )
+            where = f"rank {hung[0]}'s log" if hung else "the other ranks' logs"
             return RuntimeError(
                 f"rank {self.env.rank}: a collective at step {self.state.step + 1} waited more than "
-                f"backend.timeout={self.timeout_s:g} s: another rank stopped participating (hung, "
-                "stuck or much slower). HINT: look at the other ranks' logs; raise backend.timeout "
-                "if a step can legitimately take that long."
+                f"backend.timeout={self.timeout_s:g} s: {who}. HINT: look at {where}; raise "
+                "backend.timeout if a step can legitimately take that long."
             )
         if isinstance(exc, (AnomalyError, DesyncError)):
             return exc  # no emergency save: NaN gradients or diverged replicas are not worth keeping
@@ -198,6 +205,29 @@ class Engine:
             except Exception:
                 log.exception("the emergency checkpoint failed")
         return exc
+
+    STRAGGLER_GRACE_S = 5.0
+
+    def _stragglers(self) -> list[int]:
+        """After a collective timed out here: the ranks that did not time out too. Every rank
+        that waits reports its timeout in the store; a rank that hangs in its own code, or is
+        stopped or dead, never does. Costs nothing until a timeout (bounded by the grace)."""
+        if not (dist.is_initialized() and self.env.world_size > 1):
+            return []
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            store.set(f"{FAILED_KEY}/rank{self.env.rank}", str(self.state.step + 1))
+            store.set(FAILED_KEY, str(self.env.rank))  # a hung rank's SIGTERM handler exits at once
+            keys = {r: f"{FAILED_KEY}/rank{r}" for r in range(self.env.world_size)}
+            deadline = time.monotonic() + self.STRAGGLER_GRACE_S
+            while time.monotonic() < deadline:
+                missing = [r for r, k in keys.items() if not store.check([k])]
+                if not missing:
+                    return []
+                time.sleep(0.2)
+            return missing
+        except Exception:  # the store itself is gone: no names, the plain message
+            return []
 
     # ------------------------------------------------------------------------------------ step
     def train_step(self, micro_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:

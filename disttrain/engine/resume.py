@@ -121,6 +121,9 @@ def config_diff(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ signals
+FAILED_KEY = "disttrain/failed"  # set by a rank whose collective timed out (engine.loop._stragglers)
+
+
 class StopFlag:
     """SIGTERM/SIGINT: every rank stops after the same step, within about one step, at any log_every.
 
@@ -185,6 +188,10 @@ class StopFlag:
             # The launcher died: the kernel sends its parent-death SIGTERM once per thread that
             # inherited the setting, so one event arrives as a burst of signals.
             return
+        if self._run_failed():  # hung while the others failed: torchrun's SIGTERM ends it now
+            log.error("%s received after another rank failed: exiting now", signal.Signals(signum).name)
+            logging.shutdown()
+            os._exit(128 + signum)
         if self.signum:  # second signal: stop now
             log.warning("second %s: exiting without a checkpoint", signal.Signals(signum).name)
             self.__exit__()
@@ -192,6 +199,12 @@ class StopFlag:
             return
         self.signum, self._first_at = signum, time.monotonic()
         log.warning("%s received: stopping after this step", signal.Signals(signum).name)
+
+    def _run_failed(self) -> bool:
+        try:
+            return self._store is not None and bool(self._store.check([FAILED_KEY]))
+        except Exception:
+            return False
 
     def _watch(self) -> None:
         """Thread: learn that a peer was signalled; post the step this rank can stop after."""
