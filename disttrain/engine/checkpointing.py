@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from disttrain import checkpoint
+from disttrain.dist import default_store
 from disttrain.engine.resume import config_diff, config_hash, rng_state, shaping_config
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ class Checkpointer:
             )
             return False
         if dist.is_initialized() and e.env.world_size > 1:
-            store = dist.distributed_c10d._get_default_store()
+            store = default_store()
             key = f"disttrain/emergency/{e.state.step}"
             store.set(f"{key}/{e.env.rank}", type(exc).__name__)
             try:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, default_collate
 
-from disttrain.dist import DistEnv
+from disttrain.dist import DistEnv, default_store
 from disttrain.engine.amp import Precision
 from disttrain.engine.checkpointing import Checkpointer
 from disttrain.engine.guards import AnomalyError, DesyncError, Guards
@@ -215,7 +215,7 @@ class Engine:
         if not (dist.is_initialized() and self.env.world_size > 1):
             return []
         try:
-            store = dist.distributed_c10d._get_default_store()
+            store = default_store()
             store.set(f"{FAILED_KEY}/rank{self.env.rank}", str(self.state.step + 1))
             store.set(FAILED_KEY, str(self.env.rank))  # a hung rank's SIGTERM handler exits at once
             keys = {r: f"{FAILED_KEY}/rank{r}" for r in range(self.env.world_size)}

@@ -160,11 +160,13 @@ class StopFlag:
     def __enter__(self) -> StopFlag:
         import torch.distributed as dist
 
+        from disttrain.dist import default_store
+
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
                 self._saved[sig] = signal.signal(sig, self._handle)
         if dist.is_initialized() and dist.get_world_size() > 1:
-            self._store = dist.distributed_c10d._get_default_store()
+            self._store = default_store()
             self._rank, self._world = dist.get_rank(), dist.get_world_size()
             self._done.clear()
             self._watcher = threading.Thread(target=self._watch, name="disttrain-stop", daemon=True)
