@@ -9,6 +9,7 @@
       .tmp-step_00000020/    a save in progress (or one a crash interrupted: ignored, later removed)
       latest                 the newest committed checkpoint's name, replaced with os.replace
       final.pt               the consolidated model for plain PyTorch (checkpoint.export_final)
+      superseded/step_N/     checkpoints past the step a run resumed from (an abandoned timeline)
 
 A save writes into `.tmp-<name>/`, fsyncs every file, then renames the folder into place and
 replaces `latest`: a kill at any instant leaves the previous checkpoint whole. A load checks the
@@ -27,7 +28,7 @@ import os
 import pickle
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ import torch
 log = logging.getLogger("disttrain")
 
 LATEST, MANIFEST, META = "latest", "manifest.json", "meta.json"
-PREFIX, TMP = "step_", ".tmp-"
+PREFIX, TMP, SUPERSEDED = "step_", ".tmp-", "superseded"
 
 
 def step_name(step: int) -> str:
@@ -317,6 +318,25 @@ def prune(ckpt_dir: Path, keep: int) -> list[Path]:
     return doomed
 
 
+def supersede(ckpt_dir: Path, step: int) -> list[Path]:
+    """Move committed checkpoints past `step` into `superseded/` (a resume from `step` abandoned
+    them); they stay on disk for the user but leave keep-N, `latest` and the fallback."""
+    moved = []
+    for p in committed(ckpt_dir):
+        if p.name > step_name(step):
+            target = ckpt_dir / SUPERSEDED / p.name
+            target.parent.mkdir(exist_ok=True)
+            if target.exists():  # superseded twice at the same step: keep the newer copy
+                shutil.rmtree(target)
+            os.rename(p, target)
+            moved.append(target)
+    if moved:
+        fsync_dir(ckpt_dir)
+        if read_latest(ckpt_dir) in {p.name for p in moved}:
+            (ckpt_dir / LATEST).unlink(missing_ok=True)
+    return moved
+
+
 def read_latest(ckpt_dir: Path) -> str | None:
     try:
         return (ckpt_dir / LATEST).read_text().strip() or None
@@ -361,14 +381,32 @@ def candidates(location: Path) -> list[Path]:
     return found
 
 
-def choose(location: Path, verify: str = "hash") -> Path | None:
-    """The newest whole checkpoint at `location`; warns naming each bad file it skips."""
+def choose(location: Path, verify: str = "hash", skip: Collection[Path] = ()) -> Path | None:
+    """The newest whole checkpoint at `location` not in `skip` (those failed to load); warns
+    naming each bad file it passes over."""
     for path in candidates(location):
+        if path in skip:
+            continue
         why = problem(path, verify)
         if why is None:
             return path
         log.warning("checkpoint %s is not loadable: %s; falling back to the previous one", path.name, why)
     return None
+
+
+def load_errors() -> tuple[type[BaseException], ...]:
+    """What a failed load raises: DCP's CheckpointException derives from BaseException, not Exception."""
+    from torch.distributed.checkpoint import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
+def why_not(exc: BaseException) -> str:
+    """One line for a load that failed. DCP wraps the cause's traceback: its last line names it."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    if len(lines) > 1:
+        return lines[-1][:300]
+    return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -404,16 +442,25 @@ def export_model(
     by several names (tied embeddings) is stored once and `safetensors.torch.load_model` ties it
     back; `metadata` (strings) goes into its header. Anything else is a torch.save file.
     """
-    path = choose(location, verify)
-    if path is None:
-        raise FileNotFoundError(f"no loadable checkpoint under {location}")
-    state = {"model": model.state_dict()}
     import warnings
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        load_sharded(path, state, rank=0, no_dist=True)
-    model.load_state_dict(state["model"])
+    failed: list[Path] = []
+    while True:
+        path = choose(location, verify, skip=failed)
+        if path is None:
+            raise FileNotFoundError(f"no loadable checkpoint under {location}")
+        state = {"model": model.state_dict()}
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+                load_sharded(path, state, rank=0, no_dist=True)
+            model.load_state_dict(state["model"])
+            break
+        except load_errors() as exc:  # a pickle, DCP or shape error the manifest cannot see
+            log.warning(
+                "checkpoint %s is not loadable: %s; falling back to the previous one", path.name, why_not(exc)
+            )
+            failed.append(path)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".safetensors":

@@ -92,6 +92,13 @@ def attempt_store(timeout_s: float) -> dist.Store:
     return dist.PrefixStore(f"disttrain/{run_id}/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
+def default_store() -> dist.Store:
+    """The store the default process group was built on (torchrun's agent store, under this
+    attempt's prefix). Stop agreement, emergency agreement and hang reports use it: small keys,
+    no collective. torch has no public accessor, hence the one private call, kept here."""
+    return dist.distributed_c10d._get_default_store()
+
+
 def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -49,8 +49,9 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     env = DistEnv.from_env(cfg["backend"]["name"])
     setup_logging(run_dir / "logs", env.rank, to_console=env.is_zero)
     threads = set_threads(cfg, env)
+    launcher = launcher_pid()
     if "RANK" in os.environ:
-        die_with_parent()
+        die_with_parent(launcher)
     try:
         init_process_group(env, cfg["backend"]["timeout"])
         if env.is_zero:
@@ -68,13 +69,17 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     except ConfigError as exc:
         log.error("rank %d: %s", env.rank, exc)  # one paragraph, no traceback
         raise
-    except BaseException:
+    except BaseException as exc:
         log.exception("rank %d failed", env.rank)
+        if env.is_zero:
+            record_orphaned(run_dir, launcher, f"the ranks stopped without a checkpoint ({exc})")
         raise
     finally:
         destroy_process_group()
         teardown_logging()
     if summary.get("stopped_by"):  # SIGTERM/SIGINT: state saved, exit as the signal would
+        if env.is_zero:
+            record_orphaned(run_dir, launcher, f"the ranks stopped at step {summary['steps']} on the signal")
         raise SystemExit(128 + int(getattr(signal, summary["stopped_by"])))
     return summary
 
@@ -114,15 +119,15 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
             run_cfg=cfg,
             timeout_s=float(cfg["backend"]["timeout"]),
         )
-        path = engine.ckpt.choose(resume_from) if resume_from else None
+        path = engine.ckpt.resume(resume_from) if resume_from else None
         meta = checkpoint.read_meta(path) if path is not None and env.is_zero else None
         if meta is not None:
-            truncate_metrics(run_dir / "metrics.jsonl", meta["step"])
+            truncate_metrics(run_dir / "metrics.jsonl", engine.state.step)
         trackers, from_step = tracker_resume(run_dir, meta) if env.is_zero else (None, 0)
         engine.metrics = metrics = make_metrics(run_dir, env.is_zero, cfg, trackers, from_step)
-        if path is not None:
-            engine.ckpt.restore(path)
-        elif resume_from is not None:
+        if path is None and resume_from is not None:
+            if resume_from != checkpoint_dir(cfg, run_dir):  # an explicit resume=PATH: never start over
+                raise RuntimeError(f"resume={resume_from}: no loadable checkpoint there")
             log.warning("no loadable checkpoint under %s: starting from step 0", resume_from)
         start_step = engine.state.step
         summary = engine.fit()
@@ -224,30 +229,60 @@ def resume_location(cfg: dict[str, Any], run_dir: Path) -> Path | None:
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Drop records logged after `step` (the resumed run logs those steps again)."""
+    """Drop records logged after `step` (the resumed run logs those steps again), and lines a crash
+    cut mid-write (they would break every later reader; tools.runs skips them the same way)."""
     if not path.is_file():
         return
+    from disttrain.tools.runs import read_metrics
 
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    kept = [r for r in read_metrics(path.parent) if isinstance(r, dict) and r.get("step", 0) <= step]
     if len(kept) != len(lines):
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
         os.replace(tmp, path)
 
 
-def die_with_parent() -> None:
-    """Linux: SIGTERM this rank when its launcher dies (even by SIGKILL): no orphaned ranks."""
+def record_orphaned(run_dir: Path, launcher: int, what: str) -> None:
+    """The launcher died (SIGKILL: it could not record it): status.json must not stay `running`."""
+    from disttrain.rundir import STATUS
+
+    if os.getppid() == launcher:
+        return  # the launcher is alive and writes the status itself
+    try:
+        status = json.loads((run_dir / STATUS).read_text())
+    except (OSError, ValueError):
+        return
+    if status.get("status") != "running" or status.get("pid") != launcher:
+        return
+    status.update(
+        status="interrupted", error=f"the launcher (pid {launcher}) died; {what}", ended=time.time()
+    )
+    write_json(run_dir / STATUS, status)
+    log.warning("the launcher (pid %d) is gone: %s says interrupted", launcher, run_dir / STATUS)
+
+
+def launcher_pid() -> int:
+    """The process that started this rank (the launcher sets it: by the time a slow rank asks for
+    its parent, a dead launcher's place may already be taken by init)."""
+    return int(os.environ.get("DISTTRAIN_LAUNCHER_PID") or os.getppid())
+
+
+def die_with_parent(launcher: int) -> None:
+    """Linux: SIGTERM this rank when its launcher dies (even by SIGKILL): no orphaned ranks.
+
+    The kernel sends that signal once per thread that inherited the setting, so a rank may get
+    several at once; StopFlag counts them as one while the launcher is gone.
+    """
     if not sys.platform.startswith("linux"):
         return
     import ctypes
 
-    parent = os.getppid()
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent:  # the launcher died before prctl took effect
+    if os.getppid() != launcher:  # the launcher died before prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -72,6 +72,14 @@ def check_static(cfg: dict[str, Any]) -> None:
             "a number of seconds > 0",
             "how often torchrun's agent checks the ranks; the default 0.1 suits most runs.",
         )
+    grace = launcher.get("stop_grace_s", 120.0)
+    if grace is None or grace < 1:
+        raise ConfigError(
+            "launcher.stop_grace_s",
+            grace,
+            "a number of seconds >= 1",
+            "time for one step plus one checkpoint save after SIGTERM; the default is 120.",
+        )
     low = launcher.get("min_nodes") or 0
     if not 0 <= low <= nodes:
         raise ConfigError(

@@ -426,6 +426,10 @@ class LauncherConfig:
     rdzv_last_call: float = _h(
         "elastic: once min_nodes have joined, seconds to wait for more (torchrun)", 30.0
     )
+    stop_grace_s: float = _h(
+        "SIGTERM/SIGINT: seconds the ranks get to finish the step and save before SIGKILL (torchrun)",
+        120.0,
+    )
 
 
 @dataclass

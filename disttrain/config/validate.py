@@ -314,6 +314,24 @@ def data_parallel_size(cfg: dict[str, Any]) -> int:
     return ws
 
 
+def _check_resume_path(cfg: dict[str, Any]) -> None:
+    """An explicit resume=PATH must hold a whole checkpoint: otherwise the run would start over."""
+    from pathlib import Path
+
+    from disttrain import checkpoint
+
+    resume = cfg.get("resume", "auto")
+    if resume in (None, "auto", "never") or checkpoint.choose(Path(str(resume)), "size") is not None:
+        return
+    raise ConfigError(
+        "resume",
+        resume,
+        "a committed checkpoint folder (step_N/ with manifest.json), or a run dir or checkpoints/ dir "
+        "holding one",
+        "point at RUN_DIR/checkpoints/step_N or at RUN_DIR; `ls RUN_DIR/checkpoints` lists them.",
+    )
+
+
 def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     """Checks that look at the machine and build data and model; returns data set sizes."""
     import torch
@@ -324,6 +342,7 @@ def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     from disttrain.tasks.dry_step import dry_step
 
     launch_checks.check_runtime(cfg)
+    _check_resume_path(cfg)
     backend = cfg["backend"]["name"]
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "nccl" and gpus == 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from disttrain import checkpoint
+from disttrain.dist import default_store
 from disttrain.engine.resume import config_diff, config_hash, rng_state, shaping_config
 from disttrain.shared_dir import checkpoint_dir
 
@@ -39,8 +41,8 @@ class Checkpointer:
     def save(self, reason: str) -> None:
         """Every rank calls it at the same step. Logs and records the training stall."""
         e, s = self.e, self.e.state
-        if s.step == self.last_saved_step:
-            return
+        if s.step == self.last_saved_step and reason != "signal":
+            return  # a signal stop re-saves: the launcher reports only a `signal` checkpoint as saved
         self.finish()  # at most one save in flight
         t0 = time.perf_counter()
         app = e.strategy.state_dict(e.model, e.optimizer)
@@ -129,7 +131,7 @@ class Checkpointer:
             )
             return False
         if dist.is_initialized() and e.env.world_size > 1:
-            store = dist.distributed_c10d._get_default_store()
+            store = default_store()
             key = f"disttrain/emergency/{e.state.step}"
             store.set(f"{key}/{e.env.rank}", type(exc).__name__)
             try:
@@ -143,16 +145,65 @@ class Checkpointer:
         return True
 
     # ------------------------------------------------------------------------------------ restore
-    def choose(self, location: Path) -> Path | None:
+    def choose(self, location: Path, skip: Collection[Path] = ()) -> Path | None:
         """Rank 0 picks the newest whole checkpoint (verifying it) and tells the other ranks."""
         e = self.e
         box: list[Any] = [None]
         if e.env.is_zero:
-            found = checkpoint.choose(location, self.cfg.get("verify", "hash"))
+            found = checkpoint.choose(location, self.cfg.get("verify", "hash"), skip)
             box = [str(found) if found else None]
         if dist.is_initialized() and e.env.world_size > 1:
             dist.broadcast_object_list(box, src=0)
         return Path(box[0]) if box[0] else None
+
+    def resume(self, location: Path) -> Path | None:
+        """Restore the newest checkpoint at `location` that every rank loads; None when none passes
+        the manifest check. A load error on any rank (a bad pickle, garbage DCP metadata, a shape
+        mismatch) is logged and every rank moves on to the previous checkpoint together."""
+        failed: list[Path] = []
+        while (path := self.choose(location, failed)) is not None:
+            error = ""
+            try:
+                self.restore(path)
+            except checkpoint.load_errors() as exc:
+                error = checkpoint.why_not(exc)
+                log.warning("rank %d cannot load checkpoint %s: %s", self.e.env.rank, path, error)
+            if not self._any_rank(bool(error)):
+                self._supersede(path)
+                return path
+            if self.e.env.is_zero:
+                log.warning(
+                    "checkpoint %s is not loadable on every rank; falling back to the previous one", path.name
+                )
+            failed.append(path)
+        if failed:
+            # A failed load may have written part of the state: never train on from that.
+            raise RuntimeError(
+                f"no checkpoint under {location} could be loaded (tried {', '.join(p.name for p in failed)}; "
+                "the ranks' logs name each error)"
+            )
+        return None
+
+    def _any_rank(self, flag: bool) -> bool:
+        e = self.e
+        t = torch.tensor([int(flag)], dtype=torch.int32, device=e.env.device)
+        if dist.is_initialized() and e.env.world_size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def _supersede(self, path: Path) -> None:
+        """After resuming at step s, this run's checkpoints past s belong to an abandoned timeline:
+        move them aside so that keep-N and the fallback never pick them over the new ones."""
+        if not self.e.env.is_zero:
+            return
+        step = checkpoint.read_meta(path)["step"]
+        for old in checkpoint.supersede(self.dir, step):
+            log.warning(
+                "resumed at step %d: %s (a later step of an abandoned timeline) moved to %s",
+                step,
+                old.name,
+                old.parent.name + "/" + old.name,
+            )
 
     def restore(self, path: Path) -> None:
         e, s = self.e, self.e.state

@@ -14,11 +14,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, default_collate
 
-from disttrain.dist import DistEnv
+from disttrain.dist import DistEnv, default_store
 from disttrain.engine.amp import Precision
 from disttrain.engine.checkpointing import Checkpointer
 from disttrain.engine.guards import AnomalyError, DesyncError, Guards
-from disttrain.engine.resume import StopFlag, set_rng_state
+from disttrain.engine.resume import FAILED_KEY, StopFlag, StopUnagreed, set_rng_state
 from disttrain.observe.metrics import NullMetrics
 from disttrain.observe.profiler import make_profiler
 from disttrain.observe.progress import make_progress
@@ -101,7 +101,7 @@ class Engine:
         self.step_tokens = 0
         self.in_update = False  # inside optimizer/scheduler step: state not consistent across ranks
         self.pending_rng: dict[str, Any] | None = None  # restored after the resumed epoch's iterator
-        self.stop = StopFlag()
+        self.stop = StopFlag(lambda: self.state.step, timeout_s)
         self.ckpt = Checkpointer(self, checkpoint_cfg or {}, run_cfg or {})
 
     # ------------------------------------------------------------------------------------ fit
@@ -116,7 +116,7 @@ class Engine:
                 self._epochs(bar)
             except Exception as exc:
                 raise self._failed(exc) from exc
-        if self.stop.signum:
+        if self.stop.agreed:
             return self._stopped(time.perf_counter() - started)
         if not resumed_done:
             if not t["val_every"] or s.step % t["val_every"] != 0:
@@ -157,22 +157,13 @@ class Engine:
                 if t["ckpt_every"] and s.step % t["ckpt_every"] == 0:
                     self.ckpt.save("periodic")
                 self.ckpt.poll()
-                # Agree on a stop only at log steps: a per-step collective would tax every step.
-                if (s.step % t["log_every"] == 0 and self._stop_agreed()) or s.step >= self.total_steps:
+                # Every step, at no cost to it (an attribute read until a rank is signalled).
+                if s.step >= self.total_steps or self.stop.should_stop(s.step):
                     return
             s.epoch += 1
             s.epoch_samples = 0
             if not t["val_every"]:
                 self.validate()
-
-    def _stop_agreed(self) -> bool:
-        """Whether any rank got SIGTERM/SIGINT; every rank learns it at the same step."""
-        flag = torch.tensor([self.stop.signum], dtype=torch.int32, device=self.env.device)
-        if dist.is_initialized() and self.env.world_size > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and not self.stop.signum:
-            self.stop.signum = int(flag.item())
-        return bool(flag.item())
 
     def _stopped(self, elapsed: float) -> dict[str, Any]:
         log.warning("stopping at step %d on %s", self.state.step, self.stop.name)
@@ -186,12 +177,21 @@ class Engine:
     def _failed(self, exc: Exception) -> Exception:
         """Name a dead or hung peer plainly; save an emergency checkpoint when every rank failed."""
         text = str(exc)
+        if isinstance(exc, StopUnagreed):
+            return exc  # the launcher is gone: nothing to coordinate a save with
         if any(m in text for m in ("Timed out", "timed out", "Timeout")):
+            hung = self._stragglers()
+            who = (
+                f"rank(s) {hung} stopped participating (no timeout of their own within "
+                f"{self.STRAGGLER_GRACE_S:g} s: hung, stopped or much slower)"
+                if hung
+                else "another rank stopped participating (hung, stuck or much slower)"
+            )
+            where = f"rank {hung[0]}'s log" if hung else "the other ranks' logs"
             return RuntimeError(
                 f"rank {self.env.rank}: a collective at step {self.state.step + 1} waited more than "
-                f"backend.timeout={self.timeout_s:g} s: another rank stopped participating (hung, "
-                "stuck or much slower). HINT: look at the other ranks' logs; raise backend.timeout "
-                "if a step can legitimately take that long."
+                f"backend.timeout={self.timeout_s:g} s: {who}. HINT: look at {where}; raise "
+                "backend.timeout if a step can legitimately take that long."
             )
         if isinstance(exc, (AnomalyError, DesyncError)):
             return exc  # no emergency save: NaN gradients or diverged replicas are not worth keeping
@@ -202,13 +202,38 @@ class Engine:
                 f"rank {self.env.rank}: a peer rank died at step {self.state.step + 1} "
                 f"({text.splitlines()[0][:200] if text else type(exc).__name__})"
             )
-        if self.ckpt.cfg.get("on_error", True):
+        if self.state.step in (0, self.ckpt.last_saved_step):  # untrained, or already saved as is
+            log.error("no optimizer step since the start or the last checkpoint: no emergency checkpoint")
+        elif self.ckpt.cfg.get("on_error", True):
             try:
                 if self.ckpt.emergency(exc, min(self.timeout_s, 5.0)):
                     log.error("saved an emergency checkpoint at step %d", self.state.step)
             except Exception:
                 log.exception("the emergency checkpoint failed")
         return exc
+
+    STRAGGLER_GRACE_S = 5.0
+
+    def _stragglers(self) -> list[int]:
+        """After a collective timed out here: the ranks that did not time out too. Every rank
+        that waits reports its timeout in the store; a rank that hangs in its own code, or is
+        stopped or dead, never does. Costs nothing until a timeout (bounded by the grace)."""
+        if not (dist.is_initialized() and self.env.world_size > 1):
+            return []
+        try:
+            store = default_store()
+            store.set(f"{FAILED_KEY}/rank{self.env.rank}", str(self.state.step + 1))
+            store.set(FAILED_KEY, str(self.env.rank))  # a hung rank's SIGTERM handler exits at once
+            keys = {r: f"{FAILED_KEY}/rank{r}" for r in range(self.env.world_size)}
+            deadline = time.monotonic() + self.STRAGGLER_GRACE_S
+            while time.monotonic() < deadline:
+                missing = [r for r, k in keys.items() if not store.check([k])]
+                if not missing:
+                    return []
+                time.sleep(0.2)
+            return missing
+        except Exception:  # the store itself is gone: no names, the plain message
+            return []
 
     # ------------------------------------------------------------------------------------ step
     def train_step(self, micro_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,7 +315,13 @@ class Engine:
             inputs, target = self.task.unpack(batches.to_device(batch, self.env.device))
             self.strategy.eval_step(self.model, inputs, target, self.task)
         sums = self.strategy.all_reduce(sums, op="sum")
-        count = max(sums[2].item(), 1.0)
+        count = sums[2].item()
+        if count == 0:  # no sample on any rank: a loss of 0.0 would read as a perfect model
+            log.warning(
+                "step %d: the validation set is empty (0 samples on every rank): no val metrics recorded",
+                self.state.step,
+            )
+            return {}
         values = {"val/loss": sums[0].item() / count}
         if self.task.metric:
             values[f"val/{self.task.metric}"] = sums[1].item() / count

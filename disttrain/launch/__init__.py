@@ -35,6 +35,7 @@ def rank_environment(cfg: dict[str, Any]) -> Any:
             # `python -m disttrain.worker` would put the cwd first on sys.path, ahead of torch and
             # yaml (a stray yaml.py in a shared folder would run); the worker appends it instead.
             "PYTHONSAFEPATH": "1",
+            "DISTTRAIN_LAUNCHER_PID": str(os.getpid()),  # a rank notices when its launcher is gone
         }
     )
 

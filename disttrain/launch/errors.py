@@ -36,3 +36,29 @@ def last_error_line(text: str) -> str:
     """The exception line of a formatted traceback (its last non-empty line)."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1] if lines else "an unknown error"
+
+
+def stopped_message(signame: str, run_dir: Path, since: float) -> str:
+    """What a stop on `signame` left behind: "saved" only for a signal checkpoint committed since then."""
+    from disttrain import checkpoint
+
+    ckpt_dir = run_dir / "checkpoints"
+    name = checkpoint.read_latest(ckpt_dir)
+    meta: dict[str, object] = {}
+    if name:
+        try:
+            meta = checkpoint.read_meta(ckpt_dir / name)
+        except (OSError, ValueError):
+            meta = {}
+    fresh = float(meta.get("time", 0) or 0) >= since  # type: ignore[arg-type]
+    if fresh and meta.get("reason") in ("signal", "final"):
+        what = "signal" if meta["reason"] == "signal" else "final"
+        return (
+            f"stopped by {signame}: the ranks saved the {what} checkpoint {name} (step {meta.get('step')}); "
+            f"continue with `disttrain resume {run_dir}`"
+        )
+    previous = f"the latest checkpoint is {name}" if name else "there is no checkpoint"
+    return (
+        f"stopped by {signame}: the ranks saved NO checkpoint on the signal ({previous}). HINT: "
+        "checkpoint.on_signal=true saves one; raise launcher.stop_grace_s if a step plus a save takes longer."
+    )

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from disttrain.config.launch_checks import node_bounds
-from disttrain.launch.errors import LaunchError, exit_code_message, last_error_line
+from disttrain.launch.errors import LaunchError, exit_code_message, last_error_line, stopped_message
 
 
 def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
@@ -51,6 +53,9 @@ def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
         monitor_interval=float(launcher["monitor_interval"]),
         start_method="spawn",
         local_addr=local_addr,
+        # SIGTERM/SIGINT: the ranks finish their step and save; SIGKILL only after this (torch's 30 s
+        # default is shorter than one save of a large model).
+        shutdown_timeout=math.ceil(float(launcher.get("stop_grace_s", 120.0))),
     )
 
 
@@ -61,6 +66,7 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
     from torch.distributed.launcher.api import elastic_launch
 
     args = ["-u", "-m", entry, str(run_dir)]
+    started = time.time()
     store = None
     if cfg["nodes"] > 1:
         from disttrain.launch.multinode import roll_call
@@ -79,24 +85,47 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
             run_dir,
         ) from None
     except ChildFailedError as exc:
-        # The first failure, but a rank that only saw its peer die is never the cause (timestamps
-        # have one-second resolution, so a tie is common).
-        rank, failure = min(
-            exc.failures.items(),
-            key=lambda kv: (_is_secondary(_failure_message(kv[1])), kv[1].timestamp, kv[0]),
-        )
-        raise LaunchError(rank, _failure_message(failure), run_dir) from None
+        rank, message = first_failure(exc.failures)
+        raise LaunchError(rank, message, run_dir) from None
     except SignalException as exc:
-        name = signal.Signals(exc.sigval).name
         raise LaunchError(
             None,
-            f"stopped by {name}: the ranks saved a checkpoint (when configured); "
-            f"continue with `disttrain resume {run_dir}`",
+            stopped_message(signal.Signals(exc.sigval).name, run_dir, started),
             run_dir,
             exit_code=128 + int(exc.sigval),
         ) from None
     finally:
         del store  # node 0: stop serving the rendezvous only after every agent is done
+
+
+def first_failure(failures: dict[int, Any]) -> tuple[int, str]:
+    """The rank that caused the failure and its error. A rank's own exception comes first; then a
+    death by a signal nobody sent on purpose (SIGSEGV, an OOM killer's or a user's SIGKILL); then
+    SIGTERM deaths (the agent stops the survivors with it); last the ranks that only saw a peer
+    die. Ties go by time (one-second resolution), then rank."""
+
+    def order(item: tuple[int, Any]) -> tuple[int, float, int]:
+        rank, failure = item
+        message = _failure_message(failure)
+        if _is_secondary(message):
+            cls = 3
+        elif failure.exitcode == -signal.SIGTERM or failure.exitcode == 128 + signal.SIGTERM:
+            cls = 2
+        elif not _has_error_file(failure):
+            cls = 1
+        else:
+            cls = 0
+        return cls, failure.timestamp, rank
+
+    rank, failure = min(failures.items(), key=order)
+    return rank, _failure_message(failure)
+
+
+def _has_error_file(failure: Any) -> bool:
+    try:
+        return bool(failure.error_file) and Path(failure.error_file).is_file()
+    except (OSError, TypeError):
+        return False
 
 
 def _is_secondary(message: str) -> bool:

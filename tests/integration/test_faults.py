@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import CLI, FAST, _group_members, _kill_group, clean_env, final_weights, run_cli
+from .conftest import (
+    CLI,
+    FAST,
+    _group_members,
+    _kill_group,
+    clean_env,
+    final_weights,
+    run_cli,
+    run_command,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -112,30 +121,70 @@ def test_killed_rank_without_restarts_is_named_with_its_signal(tmp_path: Path) -
     assert str(run_dir / "logs" / "rank1.log") in err
 
 
-def test_hung_rank_fails_the_others_within_the_timeout(tmp_path: Path) -> None:
+def test_hung_rank_is_named_within_the_timeout(tmp_path: Path) -> None:
+    """Review D16: the rank that hangs is named (it never reports a timeout of its own), and it
+    exits on torchrun's SIGTERM instead of holding the CLI for the 30 s shutdown grace."""
     run = (*FAULT, "trainer.max_steps=50", "+model.hang_at=4", "backend.timeout=5")
     started = time.monotonic()
     proc, _ = run_cli(tmp_path, *run, expect_rc=1, timeout=150)
-    assert "backend.timeout=5 s: another rank stopped participating" in proc.stderr, proc.stderr[-2000:]
-    assert "rank 0" in proc.stderr
+    assert "backend.timeout=5 s: rank(s) [1] stopped participating" in proc.stderr, proc.stderr[-2000:]
+    assert "training failed: rank 0 raised" in proc.stderr and "look at rank 1's log" in proc.stderr
     assert time.monotonic() - started < 120
 
 
-def test_sigterm_saves_and_leaves_no_process(tmp_path: Path) -> None:
+def test_sigterm_far_from_a_log_step_saves_and_resumes_bitwise(tmp_path: Path) -> None:
+    """log_every=1000 at ~0.3 s per step: the ranks still agree within a step or two, save a signal
+    checkpoint, exit 143, and a resume from it ends bitwise equal to an uninterrupted run."""
+    slow = ("sched=constant", "trainer.log_every=1000", "trainer.ckpt_every=3")
     run_dir = tmp_path / "run"
-    proc = _start(tmp_path, *FAULT, "trainer.max_steps=2000", "+model.delay=0.02", f"hydra.run.dir={run_dir}")
-    _wait_for_step(proc, run_dir, 5)
+    proc = _start(
+        tmp_path, *FAULT, *slow, "trainer.max_steps=1000", "+model.delay=0.3", f"hydra.run.dir={run_dir}"
+    )
+    ckpts = run_dir / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not (ckpts / "step_00000003").is_dir():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _kill_group(proc.pid)
+            pytest.fail(f"the run never saved step 3\n{proc.communicate()[1][-2000:]}")
+        time.sleep(0.05)
     os.kill(proc.pid, signal.SIGTERM)
     _, err = _wait(proc, 90)
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
-    assert "stopped by SIGTERM" in err and "disttrain resume" in err
-    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
-    meta = json.loads((run_dir / "checkpoints" / latest / "meta.json").read_text())
-    assert meta["reason"] == "signal" and meta["step"] >= 5
-    deadline = time.monotonic() + 10
+    latest = (ckpts / "latest").read_text().strip()
+    meta = json.loads((ckpts / latest / "meta.json").read_text())
+    assert meta["reason"] == "signal" and 3 < meta["step"] < 10, meta
+    assert f"saved the signal checkpoint {latest}" in err and "disttrain resume" in err, err[-2000:]
+    assert not _group_members(proc.pid), "ranks outlived the CLI"
+
+    end = meta["step"] + 2
+    resumed = run_command(
+        [CLI, "resume", str(run_dir), f"trainer.max_steps={end}", "model.delay=0"], tmp_path, 120
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    _, reference = run_cli(tmp_path, *FAULT, *slow, f"trainer.max_steps={end}", "hydra.run.dir=reference")
+    assert reference is not None
+    wa, wb = final_weights(reference), final_weights(run_dir)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "resumed weights differ from the uninterrupted run"
+
+
+def test_sigkill_of_the_launcher_leaves_no_rank_and_a_true_status(tmp_path: Path) -> None:
+    """Review D19: the ranks cannot save without the launcher's store; they exit, and status.json
+    says interrupted (naming the dead launcher) instead of staying `running`."""
+    run_dir = tmp_path / "run"
+    proc = _start(tmp_path, *FAULT, "trainer.max_steps=2000", "+model.delay=0.02", f"hydra.run.dir={run_dir}")
+    _wait_for_step(proc, run_dir, 3)
+    assert _group_members(proc.pid), "the ranks are found by their tag (remembered before the kill)"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    deadline = time.monotonic() + 60
     while _group_members(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _group_members(proc.pid), "ranks outlived the CLI"
+    left = _group_members(proc.pid)
+    _kill_group(proc.pid)
+    assert not left, "ranks outlived their launcher"
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "interrupted", status
+    assert f"the launcher (pid {proc.pid}) died" in status["error"], status
 
 
 def test_exception_on_every_rank_saves_an_emergency_checkpoint(tmp_path: Path) -> None:

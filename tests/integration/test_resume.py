@@ -3,7 +3,9 @@ with `disttrain resume` and `disttrain export` (2 gloo ranks, synthetic data, 40
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -99,6 +101,47 @@ def test_export_loads_into_the_plain_model(root: Path, straight: Path) -> None:
     plain.load_state_dict(load_file(str(root / "model.safetensors")))
     ref = final_weights(straight)
     assert all(torch.equal(plain.state_dict()[k], ref[k]) for k in ref)
+
+
+class _Evil:
+    """Unpickling it would create `marker`: a pickle weights_only refuses."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (open, (self.marker, "w"))
+
+
+def test_a_checkpoint_only_one_rank_cannot_load_is_skipped_by_every_rank(root: Path, straight: Path) -> None:
+    """Review D14/B10 + D13: step 40's rng file for rank 1 is a code-running pickle under a re-hashed
+    manifest. Rank 1's load fails, every rank falls back to step 34 together, step 40 moves to
+    superseded/, and the run ends bitwise equal to the uninterrupted one."""
+    branch = root / "branch"
+    shutil.copytree(straight, branch)
+    bad = branch / "checkpoints" / "step_00000040"
+    marker = root / "pwned"
+    torch.save({"x": _Evil(marker)}, bad / "rng_rank1.pt")
+    manifest = json.loads((bad / "manifest.json").read_text())
+    data = (bad / "rng_rank1.pt").read_bytes()
+    manifest["files"]["rng_rank1.pt"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    (branch / "checkpoints" / "final.pt").unlink()
+
+    proc = run_command([CLI, "resume", str(branch)], root, 120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "cannot load checkpoint" in (branch / "logs" / "rank1.log").read_text()
+    log = _log(branch)
+    assert "step_00000040 is not loadable on every rank; falling back" in log
+    assert "resuming from" in log and "step_00000034" in log
+    assert (branch / "checkpoints" / "superseded" / "step_00000040").is_dir()
+    assert sorted(p.name for p in (branch / "checkpoints").glob("step_*")) == [
+        "step_00000017",
+        "step_00000034",
+        "step_00000040",
+    ]
+    assert _same_weights(straight, branch)
+    assert not marker.exists()
 
 
 def _fsdp_registered() -> bool:

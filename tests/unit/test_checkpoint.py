@@ -410,3 +410,54 @@ def test_export_out_must_be_a_file_path_that_can_be_written(tmp_path: Path, wher
     with pytest.raises(ConfigError) as info:
         cmd_export([str(tmp_path / "run"), "--out", str(out)])
     assert (info.value.key, info.value.value) == ("--out", str(out))
+
+
+def _rehash(path: Path) -> None:
+    """Rewrite the manifest for the files as they are now: what someone editing a checkpoint does."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"] = {
+        f.name: checkpoint._file_digest(f, True) for f in path.iterdir() if f.name != "manifest.json"
+    }
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("broken", ["rng_pickle", "metadata_garbage"])
+def test_export_falls_back_past_a_checkpoint_that_passes_the_manifest_but_does_not_load(
+    tmp_path: Path, broken: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review B10/B11: a re-hashed manifest hides a bad pickle; the load error names it, step 1 is used."""
+    model, opt = _trained()
+    _save(tmp_path, 1, model, opt)
+    _save(tmp_path, 2, *_trained(seed=5))
+    bad = tmp_path / "step_00000002"
+    marker = tmp_path / "pwned"
+    if broken == "rng_pickle":
+        torch.save({"x": _Evil(marker)}, bad / "rng_rank0.pt")
+    else:
+        (bad / ".metadata").write_bytes(bytes(range(100)))
+    _rehash(bad)
+    assert checkpoint.problem(bad) is None, "the manifest check alone cannot see it"
+    target = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    with caplog.at_level(logging.WARNING, logger="disttrain"):
+        used = checkpoint.export_model(tmp_path, tmp_path / "model.pt", target)
+    assert used == tmp_path / "step_00000001"
+    assert "step_00000002 is not loadable" in caplog.text and "falling back" in caplog.text
+    exported = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert all(torch.equal(exported[k], v) for k, v in model.state_dict().items())
+    assert not marker.exists()
+
+
+def test_resume_from_an_older_step_supersedes_the_abandoned_timeline(tmp_path: Path) -> None:
+    """Review B25: after resuming at step 10, keep-N and the fallback see only the new timeline."""
+    model, opt = _trained()
+    for step in (10, 20, 30):
+        _save(tmp_path, step, model, opt, keep=5)
+    moved = checkpoint.supersede(tmp_path, 10)  # what the engine does after restoring step 10
+    assert [p.name for p in moved] == ["step_00000020", "step_00000030"]
+    for step in (12, 14, 16):
+        _save(tmp_path, step, model, opt, keep=2)
+    assert [p.name for p in checkpoint.committed(tmp_path)] == ["step_00000014", "step_00000016"]
+    assert sorted(p.name for p in (tmp_path / "superseded").iterdir()) == ["step_00000020", "step_00000030"]
+    shard = next((tmp_path / "step_00000016").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    assert checkpoint.choose(tmp_path) == tmp_path / "step_00000014"

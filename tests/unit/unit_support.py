@@ -208,6 +208,7 @@ BAD_RUNTIME = [
     Bad("sched-target-typo", ("sched._target_=torch.optim.lr_scheduler.StepLR", "sched.step_sze=10"),
         "sched.step_sze", "10", runtime=True),
     Bad("empty-training-set", ("data=synthetic", "data.num_samples=0"), "data", "synthetic", runtime=True),
+    Bad("resume-without-checkpoint", ("resume=.",), "resume", ".", runtime=True),  # review D9
 ]
 # fmt: on
 
