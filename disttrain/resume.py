@@ -55,7 +55,7 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
     from disttrain.config import resolve
     from disttrain.config.compose import typed_add_error
-    from disttrain.config.errors import translate
+    from disttrain.config.errors import translated
 
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -68,7 +68,7 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         if group_word or key in FIXED:
             _switch_group(typed, key, value, o.input_line or f"{key}={value}")
             continue
-        try:
+        with translated(overrides):
             if o.is_delete():
                 parent, _, leaf = key.rpartition(".")
                 node = OmegaConf.select(typed, parent) if parent else typed
@@ -93,13 +93,6 @@ def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 if OmegaConf.select(typed, key, default=_ABSENT) is _ABSENT:
                     _unknown(typed, key, value)
                 OmegaConf.update(typed, key, value, merge=True)
-        except ConfigError:
-            raise
-        except Exception as exc:
-            err = translate(exc, overrides)
-            if err is None:
-                raise
-            raise err from None
     return resolve(typed, overrides)
 
 

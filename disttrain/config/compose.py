@@ -12,7 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from disttrain.config.errors import ConfigError, _fields, translate, unknown_key_hint
+from disttrain.config.errors import ConfigError, _fields, translate, translated, unknown_key_hint
 from disttrain.config.launch_checks import elastic_nodes
 from disttrain.config.schema import register
 
@@ -66,15 +66,8 @@ def compose(
     from disttrain.config.clean import settle
 
     cfg = _compose(overrides, user_config_dir, config_name, with_hydra)
-    try:
+    with translated(overrides):
         settle(cfg, overrides, lambda ovs: _compose(ovs, user_config_dir, config_name, False))
-    except ConfigError:
-        raise
-    except Exception as exc:
-        err = translate(exc, overrides)
-        if err is None:
-            raise
-        raise err from None
     return cfg
 
 
@@ -93,15 +86,11 @@ def _compose(
         primary, extra = Path(user_config_dir).resolve(), [f"hydra.searchpath=[file://{primary}]"]
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(primary), version_base="1.3", job_name="disttrain"):
+        with (
+            translated(overrides),
+            initialize_config_dir(config_dir=str(primary), version_base="1.3", job_name="disttrain"),
+        ):
             cfg = hydra_compose(config_name, overrides=overrides + extra, return_hydra_config=with_hydra)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        err = translate(exc, overrides)
-        if err is None:
-            raise
-        raise err from None
     finally:
         GlobalHydra.instance().clear()
     _check_adds(cfg, overrides, user_config_dir)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -66,6 +67,20 @@ def _override_value(key: str, overrides: list[str]) -> str:
         if name == key:
             return value
     return "?"
+
+
+@contextmanager
+def translated(overrides: list[str]) -> Iterator[None]:
+    """Hydra/OmegaConf errors of the user's config inside become one-paragraph ConfigErrors."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as exc:
+        err = translate(exc, overrides)
+        if err is None:
+            raise
+        raise err from None
 
 
 def translate(exc: BaseException, overrides: list[str]) -> ConfigError | None:
