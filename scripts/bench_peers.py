@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_overhead import _descendants  # scripts/ is sys.path[0] when a script runs
+
 WORLD, SEED, LR, WEIGHT_DECAY, CLIP = 2, 0, 1e-3, 0.01, 1.0
 PEERS = ("bare", "fabric", "accelerate", "disttrain")
 PACKAGES = {"fabric": "lightning", "accelerate": "accelerate"}
@@ -141,22 +143,6 @@ class PeakRss:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def _descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        try:
-            kids = [
-                int(k)
-                for t in Path(f"/proc/{todo.pop()}/task").iterdir()
-                for k in (t / "children").read_text().split()
-            ]
-        except OSError:
-            continue
-        found += kids
-        todo += kids
-    return found
 
 
 def _command(kind: str, opts: dict[str, Any], work: Path, tag: str) -> tuple[list[str], Path]:

@@ -40,8 +40,12 @@ class Task:
     def __init__(
         self, criterion: Callable[..., torch.Tensor] | None = None, inputs: str = "x", target: str = "y"
     ):
-        self.criterion = criterion
+        self.criterion = criterion if criterion is not None else self.default_criterion()
         self.inputs, self.target = inputs, target
+
+    def default_criterion(self) -> Callable[..., torch.Tensor] | None:
+        """The criterion when none is configured (the built-in tasks' nn.*Loss; the base: none)."""
+        return None
 
     def setup(self, device: torch.device) -> Task:
         """Move the criterion's buffers (e.g. class weights) to the run's device."""
@@ -116,10 +120,8 @@ class Classification(Task):
 
     metric = "acc"
 
-    def __init__(
-        self, criterion: Callable[..., torch.Tensor] | None = None, inputs: str = "x", target: str = "y"
-    ):
-        super().__init__(criterion if criterion is not None else nn.CrossEntropyLoss(), inputs, target)
+    def default_criterion(self) -> Callable[..., torch.Tensor] | None:
+        return nn.CrossEntropyLoss()
 
     def metric_sum(self, output: Any, target: Any) -> torch.Tensor | None:
         return (output.argmax(dim=-1) == target).sum().to(torch.float64)
@@ -130,10 +132,8 @@ class Regression(Task):
 
     metric = "mse"
 
-    def __init__(
-        self, criterion: Callable[..., torch.Tensor] | None = None, inputs: str = "x", target: str = "y"
-    ):
-        super().__init__(criterion if criterion is not None else nn.MSELoss(), inputs, target)
+    def default_criterion(self) -> Callable[..., torch.Tensor] | None:
+        return nn.MSELoss()
 
     def metric_sum(self, output: Any, target: Any) -> torch.Tensor | None:
         per_sample = F.mse_loss(output, target, reduction="none").reshape(len(target), -1).mean(dim=1)
@@ -147,10 +147,8 @@ class LanguageModel(Task):
     metric = "acc"
     perplexity = True
 
-    def __init__(
-        self, criterion: Callable[..., torch.Tensor] | None = None, inputs: str = "x", target: str = "y"
-    ):
-        super().__init__(criterion if criterion is not None else nn.CrossEntropyLoss(), inputs, target)
+    def default_criterion(self) -> Callable[..., torch.Tensor] | None:
+        return nn.CrossEntropyLoss()
 
     def loss(self, output: Any, target: Any) -> torch.Tensor:
         return super().loss(output.flatten(0, -2).float(), target.flatten())
