@@ -254,7 +254,6 @@ def cmd_export(rest: list[str]) -> int:
 
 def check_out(out: Path, key: str) -> None:
     """The export target must be a file path we may write: not a folder, under a writable folder."""
-    import os
 
     if out.is_dir():
         raise ConfigError(
@@ -266,13 +265,28 @@ def check_out(out: Path, key: str) -> None:
     parent = out.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent  # the folders export would create
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+    if not parent.is_dir() or not _can_create_in(parent):
         raise ConfigError(
             key,
             str(out),
             "a file path in a folder you can write",
             f"{parent} is {'not a folder' if not parent.is_dir() else 'not writable'}; choose another --out.",
         )
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a file can be created there: a real probe (root passes os.access on /proc, which
+    still refuses new files), removed at once."""
+    import os
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".disttrain-probe-")
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
 
 
 def export(run_dir: Path, location: Path, out: Path) -> int:

@@ -398,15 +398,18 @@ def test_export_of_a_tied_gpt_to_safetensors_loads_back_with_its_config(tmp_path
     assert torch.equal(trained(x), plain.eval()(x))
 
 
-@pytest.mark.parametrize("where", ["a-folder", "under-a-file"])
+@pytest.mark.parametrize("where", ["a-folder", "under-a-file", "in-proc"])
 def test_export_out_must_be_a_file_path_that_can_be_written(tmp_path: Path, where: str) -> None:
+    """Review D24: `export --out /proc/x.pt` blamed RUN_DIR (root passes os.access on /proc)."""
     from disttrain.config import ConfigError
     from disttrain.resume import cmd_export
 
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text("model: {}\n")
     (tmp_path / "a-file").write_text("")
-    out = tmp_path if where == "a-folder" else tmp_path / "a-file" / "m.pt"
+    out = {"a-folder": tmp_path, "under-a-file": tmp_path / "a-file" / "m.pt", "in-proc": Path("/proc/x.pt")}[
+        where
+    ]
     with pytest.raises(ConfigError) as info:
         cmd_export([str(tmp_path / "run"), "--out", str(out)])
     assert (info.value.key, info.value.value) == ("--out", str(out))
