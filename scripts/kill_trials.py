@@ -45,7 +45,9 @@ def overrides(steps: int, delay: float, log_every: int = 1) -> list[str]:
         "threads_per_rank=1",
         "launcher.max_restarts=1",
         "model._target_=disttrain.testing.FaultMLP",
-        f"+model.delay={delay}",
+        "model.in_features=${data.num_features}",  # a swapped node starts clean: wire it to the data
+        "model.num_classes=${data.num_classes}",
+        f"model.delay={delay}",
     ]
 
 

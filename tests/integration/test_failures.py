@@ -31,7 +31,13 @@ class Net(nn.Module):
 def test_failing_rank_is_reported_without_parent_traceback(tmp_path: Path, launcher: str) -> None:
     write_module(tmp_path, "mylab.bad", FAILING)
     proc, run_dir = run_cli(
-        tmp_path, f"launcher={launcher}", *QUICK, "model._target_=mylab.bad.Net", expect_rc=1
+        tmp_path,
+        f"launcher={launcher}",
+        *QUICK,
+        "model._target_=mylab.bad.Net",
+        "model.in_features=${data.num_features}",  # a swapped node starts clean: wire it to the data
+        "model.num_classes=${data.num_classes}",
+        expect_rc=1,
     )
     assert run_dir is not None, "the run dir is frozen before launch, so the failure has logs to point to"
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]

@@ -185,5 +185,6 @@ def test_model_without_tp_plan_fails_before_launch(tmp_path: Path) -> None:
         "    def forward(self, x):\n"
         "        return self.fc(x.flatten(1))\n",
     )
-    err = _config_error(tmp_path, "strategy=tp", "model._target_=mylab.nets.Net", command="train")
+    wired = ("model.in_features=${data.num_features}", "model.num_classes=${data.num_classes}")
+    err = _config_error(tmp_path, "strategy=tp", "model._target_=mylab.nets.Net", *wired, command="train")
     assert "model=mylab.nets.Net" in err and "tp_plan()" in err and "ddp" in err
