@@ -28,6 +28,28 @@ class _LogFile(logging.FileHandler):
         return open_append(Path(self.baseFilename), self.encoding or "utf-8")
 
 
+class _Brief:
+    """Console handlers show a failure in one line; its traceback goes to the rank's log file (the
+    failure summary names that file), so stderr stays one paragraph per failure."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info:
+            said = record.getMessage()
+            record = logging.makeLogRecord(
+                {**record.__dict__, "msg": f"{said} (traceback in this rank's log file)", "args": None}
+            )
+            record.exc_info, record.exc_text = None, None
+        super().emit(record)  # type: ignore[misc]
+
+
+class _BriefStream(_Brief, logging.StreamHandler):
+    pass
+
+
+class _BriefRich(_Brief, RichHandler):
+    pass
+
+
 def get_logger() -> logging.Logger:
     return logging.getLogger(LOGGER)
 
@@ -45,9 +67,9 @@ def setup_logging(log_dir: Path | None, rank: int, to_console: bool) -> logging.
         log.addHandler(fh)
     if to_console:
         if console.is_terminal:
-            ch: logging.Handler = RichHandler(console=console, show_path=False, markup=False)
+            ch: logging.Handler = _BriefRich(console=console, show_path=False, markup=False)
         else:
-            ch = logging.StreamHandler(sys.stderr)
+            ch = _BriefStream(sys.stderr)
             ch.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
         ch.addFilter(lambda record: not getattr(record, FILE_ONLY, False))
         log.addHandler(ch)
