@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -144,16 +143,6 @@ def test_a_checkpoint_only_one_rank_cannot_load_is_skipped_by_every_rank(root: P
     assert not marker.exists()
 
 
-def _fsdp_registered() -> bool:
-    from disttrain.strategies import STRATEGIES
-
-    if "fsdp" not in STRATEGIES:
-        return False
-    proc = subprocess.run(["disttrain", "config", "strategy=fsdp"], capture_output=True, timeout=60)
-    return proc.returncode == 0
-
-
-@pytest.mark.skipif(not _fsdp_registered(), reason="strategy=fsdp is not registered yet")
 def test_fsdp_resume_bitwise_and_to_one_rank(root: Path) -> None:
     fsdp = ("strategy=fsdp", *RUN)
     _, a = run_cli(root, *fsdp, "hydra.run.dir=fsdp_straight")
