@@ -45,7 +45,9 @@ class FaultMLP(MLP):
         self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training:
+        # Faults fire in training ranks only, not in the parent's pre-launch dry step (no group yet).
+        active = self.training and torch.distributed.is_initialized()
+        if active:
             self.calls += 1
             if self.delay:
                 time.sleep(self.delay)
@@ -53,15 +55,15 @@ class FaultMLP(MLP):
                 time.sleep(3600)
             if self.calls == self.raise_at:
                 raise FloatingPointError(f"injected failure at training forward {self.calls}")
-        if self.training and self.oom_above and len(x) > self.oom_above:
+        if active and self.oom_above and len(x) > self.oom_above:
             raise torch.OutOfMemoryError(f"injected: batch {len(x)} > {self.oom_above}")
-        if self.training and self.calls == self.perturb_at and _rank() == self.perturb_rank:
+        if active and self.calls == self.perturb_at and _rank() == self.perturb_rank:
             with torch.no_grad():
                 next(self.parameters()).add_(1e-3)
         out = super().forward(x)
-        if self.training and self.nan_at and self.calls >= self.nan_at and _rank() == self.nan_rank:
+        if active and self.nan_at and self.calls >= self.nan_at and _rank() == self.nan_rank:
             out = out * float("nan")
-        if self.training and self.calls == self.inf_grad_at:
+        if active and self.calls == self.inf_grad_at:
             out = _InfGrad.apply(out)
         return out
 

@@ -161,13 +161,22 @@ def build(
                 f"arguments that {_target_at(spec, where, key)} accepts",
                 f"it raised ValueError: {said}",
             ) from None
-        argument = re.search(r"unexpected keyword argument '(\w+)'|required \w+ ?argument: '(\w+)'", said)
+        argument = re.search(
+            r"unexpected keyword argument '(\w+)'|required (?:\w+ )?arguments?: '(\w+)'", said
+        )
         if isinstance(cause, TypeError) and argument is not None:
             name = argument.group(1) or argument.group(2)
             raise ConfigError(
                 f"{where}.{name}",
                 "(missing)" if argument.group(2) else _value_at(spec, where, key, name),
                 f"the arguments {_target_at(spec, where, key)} accepts",
+                f"it raised TypeError: {said}",
+            ) from None
+        if isinstance(cause, TypeError):  # any other call mistake the target reports (e.g. **kwargs on)
+            raise ConfigError(
+                where,
+                _target_at(spec, where, key),
+                f"arguments that {_target_at(spec, where, key)} accepts",
                 f"it raised TypeError: {said}",
             ) from None
         raise

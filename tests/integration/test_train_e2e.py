@@ -33,7 +33,8 @@ def spawn_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Comp
     """The baseline's config under launcher=spawn, plus a `${now:}` key that must be frozen once."""
     cwd = tmp_path_factory.mktemp("spawn")
     init_git_repo(cwd)
-    proc, run_dir = run_cli(cwd, "launcher=spawn", *BASELINE, "+stamp=${now:%H-%M-%S-%f}")
+    # `name` is a key the run reads (its run dir); a made-up top-level +key is refused (review D20)
+    proc, run_dir = run_cli(cwd, "launcher=spawn", *BASELINE, "name=${now:%H-%M-%S-%f}")
     assert run_dir is not None
     return proc, run_dir
 
@@ -159,6 +160,6 @@ def test_launchers_agree(
 
 def test_now_resolved_once(spawn_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     _, run_dir = spawn_run
-    stamp = read_yaml(run_dir / "config.yaml")["stamp"]
+    stamp = read_yaml(run_dir / "config.yaml")["name"]
     assert isinstance(stamp, str) and STAMP.match(stamp), f"stamp {stamp!r} is not one concrete time"
     assert (run_dir / "config.yaml").read_text().count(stamp) == 1

@@ -25,7 +25,8 @@ def test_an_empty_validation_set_records_no_val_metrics(scratch: Path) -> None:
 
 def test_no_emergency_checkpoint_before_the_first_optimizer_step(scratch: Path) -> None:
     """An exception in the first step leaves no step-0 'emergency checkpoint' of an untrained model."""
-    fault = ("model._target_=disttrain.testing.FaultMLP", "+model.raise_at=1", "trainer.max_steps=3")
+    wired = ("model.in_features=${data.num_features}", "model.num_classes=${data.num_classes}")
+    fault = ("model._target_=disttrain.testing.FaultMLP", *wired, "+model.raise_at=1", "trainer.max_steps=3")
     proc = disttrain("train", *ONE, *fault, "hydra.run.dir=run", cwd=scratch)
     assert proc.returncode == 1
     assert "injected failure at training forward 1" in proc.stderr, proc.stderr[-2000:]

@@ -451,11 +451,16 @@ def test_build_turns_user_mistakes_into_config_errors(spec: object, key: str) ->
     assert info.value.key == key and info.value.hint
 
 
-def test_build_keeps_real_bugs_as_they_are() -> None:
-    """Only a ValueError is the user's value being rejected; other errors keep their traceback."""
-    with pytest.raises(Exception) as info:
+def test_build_keeps_real_bugs_as_they_are(user_dir: Path) -> None:
+    """A ValueError or TypeError is the user's value or call being rejected (issue 11: one paragraph);
+    any other error inside the target is a bug there and keeps its traceback."""
+    with pytest.raises(ConfigError) as info:
         build({"_target_": "torch.nn.Linear", "in_features": "three", "out_features": 2}, "model")
-    assert not isinstance(info.value, ConfigError)
+    assert info.value.key == "model" and "TypeError" in info.value.hint
+    write_module(user_dir, "unitlab.buggy", "def make(n: int = 1):\n    return n / 0\n")
+    with pytest.raises(Exception) as raised:
+        build({"_target_": "unitlab.buggy.make"}, "model")
+    assert not isinstance(raised.value, ConfigError)
 
 
 def test_locate_finds_classes_and_functions() -> None:
@@ -632,3 +637,15 @@ def test_foundation_strategies_build_without_a_process_group(strategy: str) -> N
 def test_auto_backend_is_gloo_without_gpus() -> None:
     assert choose_backend("auto") == "gloo"
     assert choose_backend("gloo") == "gloo"
+
+
+def test_type_errors_from_inside_a_kwargs_target_are_one_paragraph(user_dir: Path) -> None:
+    """A target that forwards **kwargs to a class (disttrain.testing.FaultMLP -> MLP) reports missing
+    arguments in the plural, or other call mistakes: each one paragraph naming the node, no traceback."""
+    with pytest.raises(ConfigError) as info:
+        build({"_target_": "disttrain.testing.FaultMLP"}, "model")
+    assert info.value.key == "model.in_features" and "missing 2 required" in info.value.hint
+    write_module(user_dir, "unitlab.fwd", "def make(**kw):\n    return int(*kw.values())\n")
+    with pytest.raises(ConfigError) as info:
+        build({"_target_": "unitlab.fwd.make", "a": 1, "b": 2}, "model")
+    assert info.value.key == "model" and "TypeError" in info.value.hint

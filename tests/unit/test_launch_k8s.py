@@ -218,7 +218,9 @@ def test_operator_variables_become_node_settings(environ: dict[str, str]) -> Non
     assert node_overrides(["optim.lr=0.1", "master_port=1234"], environ) == [
         "optim.lr=0.1",
         "master_port=1234",
+        "nodes=2",  # the job's shape comes from the operator, as torchrun takes it
         "node_rank=1",
+        "nproc_per_node=2",
         f"master_addr={environ['PET_MASTER_ADDR']}",
     ]
 
