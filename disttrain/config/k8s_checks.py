@@ -51,7 +51,7 @@ def check_static(cfg: dict[str, Any]) -> None:
             "name",
             cfg["name"],
             f"with launcher=k8s: up to {NAME_MAX} letters, digits, '-', '_' or '.', starting with a letter "
-            "and ending with a letter or digit (the job is NAME-YYYYMMDD-HHMMSS-XXXX, a DNS label)",
+            "and ending with a letter or digit (the job is NAME-YYYYMMDD-HHMMSS-abcd, a DNS label)",
             "e.g. name=gpt-small.",
         )
     for key, pattern in (("namespace", DNS_LABEL), ("runtime", DNS_SUBDOMAIN)):
