@@ -7,7 +7,8 @@ are the plug-in points for the user's own ``_target_``; the built-in options sti
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING as MISSING_FIELD
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -553,14 +554,28 @@ def _keyword_field(name: str, type_name: str, default: Any, text: str) -> Any:
     """Add a field whose name is a Python keyword (`checkpoint.async`) to a dataclass.
 
     A normal dataclass cannot declare `async: bool`; the schema field is added after the class body
-    and the dataclass gets no generated __init__/__repr__/__eq__ (they would spell `self.async`).
+    and the dataclass gets a keyword-only __init__ of its own (a generated one would spell `self.async`).
     OmegaConf reads only `fields()` and the defaults, so the key still fails on typos and wrong types.
     """
 
     def decorate(cls: Any) -> Any:
         cls.__annotations__[name] = type_name
         setattr(cls, name, _h(text, default))
-        return dataclass(init=False, repr=False, eq=False)(cls)
+        cls = dataclass(init=False, repr=False, eq=False)(cls)
+
+        def __init__(self: Any, **values: Any) -> None:
+            for f in fields(cls):
+                if f.name in values:
+                    setattr(self, f.name, values.pop(f.name))
+                elif f.default_factory is not MISSING_FIELD:
+                    setattr(self, f.name, f.default_factory())
+                else:
+                    setattr(self, f.name, f.default)
+            if values:
+                raise TypeError(f"{cls.__name__}: unexpected fields {sorted(values)}")
+
+        cls.__init__ = __init__
+        return cls
 
     return decorate
 

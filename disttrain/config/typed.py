@@ -1,0 +1,43 @@
+"""Typed config at runtime: a resolved plain dict slice -> the schema's dataclass instance.
+
+The parent resolves once and freezes plain YAML (`config.yaml`); a rank reads it back and hands
+each consumer the typed object of its slice (`typed(TrainerConfig, cfg["trainer"])`), so code
+reads attributes (`trainer.batch_size`) and the dataclass is the only home of every default.
+OmegaConf does the work: the structured merge type-checks and fills defaults, `to_object` builds
+the dataclass. Unknown keys fail the merge (struct mode) unless the schema node is open.
+"""
+
+from __future__ import annotations
+
+from dataclasses import is_dataclass
+from typing import Any, TypeVar
+
+from omegaconf import OmegaConf
+
+T = TypeVar("T")
+
+
+def typed(cls: type[T], node: Any) -> T:
+    """`node` (a dict, DictConfig or already an instance of `cls`) as an instance of `cls`."""
+    if isinstance(node, cls):
+        return node
+    base = OmegaConf.structured(cls)
+    merged = OmegaConf.merge(base, node if node is not None else {})
+    obj = OmegaConf.to_object(merged)
+    if not isinstance(obj, cls):  # a schema node with init=False (a keyword field) comes back as is
+        raise TypeError(f"{cls.__name__}: OmegaConf returned {type(obj).__name__}")
+    return obj
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """A typed node back to a plain dict (for YAML, hashing and logs)."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        out = OmegaConf.to_container(OmegaConf.structured(obj), resolve=True)
+        assert isinstance(out, dict)
+        return out  # type: ignore[return-value]
+    if isinstance(obj, dict):
+        return dict(obj)
+    raise TypeError(f"not a config node: {type(obj).__name__}")
+
+
+__all__ = ["as_dict", "typed"]
