@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, default_collate
 
+from disttrain.checkpoint.manager import Checkpointer
 from disttrain.dist import DistEnv, default_store
 from disttrain.engine.amp import Precision
-from disttrain.engine.checkpointing import Checkpointer
 from disttrain.engine.guards import AnomalyError, DesyncError, Guards
 from disttrain.engine.resume import FAILED_KEY, StopFlag, StopUnagreed, set_rng_state
 from disttrain.observe.metrics import NullMetrics
