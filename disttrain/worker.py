@@ -21,19 +21,26 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from disttrain import checkpoint
+from disttrain.checkpoint.manager import Checkpointer, ModelState, run_info
 from disttrain.config.errors import ConfigError
+from disttrain.config.schema import CheckpointConfig, DebugConfig, ProfilerConfig, TrainerConfig
+from disttrain.config.typed import typed
 from disttrain.data import build_datasets
 from disttrain.dist import DistEnv, destroy_process_group, hostname, init_process_group
-from disttrain.engine.loop import Engine, total_steps
+from disttrain.engine.guards import Guards
+from disttrain.engine.loop import Engine, Parts, global_batch, total_steps
 from disttrain.engine.optim import build_optimizer, build_scheduler
 from disttrain.engine.resume import ResumableSampler
+from disttrain.engine.state import TrainState
 from disttrain.models import build_model
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
-from disttrain.observe.metrics import NullMetrics, make_metrics, tracker_resume
+from disttrain.observe.metrics import NullMetrics, make_metrics
+from disttrain.observe.profiler import make_profiler
 from disttrain.observe.summary import print_summary
 from disttrain.rundir import read_config, write_json
 from disttrain.shared_dir import check_shared, checkpoint_dir
 from disttrain.strategies import build_strategy
+from disttrain.strategies.base import Strategy
 from disttrain.tasks import build_task
 from disttrain.tools.envreport import collect_env
 
@@ -85,46 +92,29 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
 
 
 def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
+    trainer = typed(TrainerConfig, cfg["trainer"])
     seed_everything(cfg["seed"])  # identical model init on every rank
     train_set, val_set = build_datasets(cfg["data"])
     model = build_model(cfg["model"])
     seed_everything(cfg["seed"] + env.rank)  # per-rank randomness from here on (dropout, ...)
     strategy = build_strategy(cfg["strategy"], env)
     strategy.precision = strategy.make_precision(cfg.get("amp") or {})
-    prepare_model(model, cfg["trainer"])
+    prepare_model(model, trainer)
     model = strategy.setup_module(model)
-    if cfg["trainer"].get("compile"):
+    if trainer.compile:
         log.info("trainer.compile: torch.compile of %s (inductor)", type(strategy.unwrap(model)).__name__)
         model.compile()  # in place: parameter names (and so checkpoints) stay the same
     dp_rank_size = strategy.data_parallel_rank_size()  # pipeline/tp ranks share data: not env.rank/world
     optimizer = strategy.setup_optimizer(build_optimizer(cfg["optim"], model, dp_rank_size[1]))
     train_loader, val_loader = make_loaders(cfg, env, train_set, val_set, dp_rank_size)
-    scheduler = build_scheduler(cfg["sched"], optimizer, total_steps(cfg["trainer"], len(train_loader)))
+    scheduler = build_scheduler(cfg["sched"], optimizer, total_steps(trainer, len(train_loader)))
+    task = build_task(cfg["task"]).setup(env.device)
+    parts = Parts(model, optimizer, scheduler, task, train_loader, val_loader)
     resume_from = resume_location(cfg, run_dir)
-    metrics = None
+    metrics = make_metrics(run_dir, env.is_zero, cfg)
     try:
-        engine = Engine(
-            cfg["trainer"],
-            env,
-            strategy,
-            model,
-            optimizer,
-            scheduler,
-            build_task(cfg["task"]).setup(env.device),
-            train_loader,
-            val_loader,
-            NullMetrics(),
-            run_dir,
-            checkpoint_cfg=cfg.get("checkpoint") or {},
-            run_cfg=cfg,
-            timeout_s=float(cfg["backend"]["timeout"]),
-        )
-        path = engine.ckpt.resume(resume_from) if resume_from else None
-        meta = checkpoint.read_meta(path) if path is not None and env.is_zero else None
-        if meta is not None:
-            truncate_metrics(run_dir / "metrics.jsonl", engine.state.step)
-        trackers, from_step = tracker_resume(run_dir, meta) if env.is_zero else (None, 0)
-        engine.metrics = metrics = make_metrics(run_dir, env.is_zero, cfg, trackers, from_step)
+        engine = build_engine(cfg, env, run_dir, strategy, parts, metrics)
+        path = engine.resume(resume_from)
         if path is None and resume_from is not None:
             if resume_from != checkpoint_dir(cfg, run_dir):  # an explicit resume=PATH: never start over
                 raise RuntimeError(f"resume={resume_from}: no loadable checkpoint there")
@@ -134,8 +124,7 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
         if path is not None:
             summary["resumed_from"] = str(path)
     finally:
-        if metrics is not None:
-            metrics.close()
+        metrics.close()
     launched = float(os.environ.get("DISTTRAIN_LAUNCH_TIME", "0") or 0)
     if launched and summary.get("first_step_at"):
         summary["time_to_first_step_s"] = round(summary["first_step_at"] - launched, 3)
@@ -149,9 +138,51 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
     return summary
 
 
-def prepare_model(model: Any, trainer: dict[str, Any]) -> None:
+def build_engine(
+    cfg: dict[str, Any], env: DistEnv, run_dir: Path, strategy: Strategy, parts: Parts, metrics: NullMetrics
+) -> Engine:
+    """The engine and what it is handed: the train state, the checkpoint manager given its state
+    objects explicitly, the step guards and the profiler."""
+    trainer = typed(TrainerConfig, cfg["trainer"])
+    state = TrainState()
+    states: dict[str, Any] = {
+        "model": ModelState(strategy, parts.model, parts.optimizer),
+        "scheduler": parts.scheduler,
+        "train": state,
+    }
+    if strategy.precision.scaling:
+        states["scaler"] = strategy.precision.scaler
+    dp_size = strategy.data_parallel_rank_size()[1]
+    ckpt = Checkpointer(
+        typed(CheckpointConfig, cfg.get("checkpoint")),
+        checkpoint_dir(cfg, run_dir),  # checkpoint.dir, else <run dir>/checkpoints
+        env,
+        states,
+        run_info=run_info(cfg, strategy.name, env.world_size, dp_size, global_batch(trainer, dp_size)),
+        barrier=strategy.barrier,
+        extra_meta=lambda: {"trackers": metrics.tracker_state()},  # rank 0: tracker runs to continue
+    )
+    debug = typed(DebugConfig, cfg.get("debug"))
+    guards = Guards(trainer.detect_anomaly, debug, env, strategy.precision, strategy, parts.model, ckpt.dir)
+    window = typed(ProfilerConfig, cfg.get("profiler"))
+    profiler = make_profiler(bool(cfg.get("profile")), window, run_dir, env.rank)
+    return Engine(
+        trainer,
+        env,
+        strategy,
+        parts,
+        state=state,
+        ckpt=ckpt,
+        metrics=metrics,
+        guards=guards,
+        profiler=profiler,
+        timeout_s=float(cfg["backend"]["timeout"]),
+    )
+
+
+def prepare_model(model: Any, trainer: TrainerConfig) -> None:
     """trainer.activation_checkpointing: the built-in models recompute each block in backward."""
-    if not trainer.get("activation_checkpointing"):
+    if not trainer.activation_checkpointing:
         return
     setter = getattr(model, "set_activation_checkpointing", None)
     if setter is None:
@@ -226,21 +257,6 @@ def resume_location(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     if resume in (None, "auto", "never"):
         return None
     return Path(str(resume))
-
-
-def truncate_metrics(path: Path, step: int) -> None:
-    """Drop records logged after `step` (the resumed run logs those steps again), and lines a crash
-    cut mid-write (they would break every later reader; tools.runs skips them the same way)."""
-    if not path.is_file():
-        return
-    from disttrain.tools.runs import read_metrics
-
-    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    kept = [r for r in read_metrics(path.parent) if isinstance(r, dict) and r.get("step", 0) <= step]
-    if len(kept) != len(lines):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-        os.replace(tmp, path)
 
 
 def record_orphaned(run_dir: Path, launcher: int, what: str) -> None:

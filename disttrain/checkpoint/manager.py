@@ -1,94 +1,155 @@
-"""The engine's side of checkpoints: what goes into one, when, and how a run continues from one."""
+"""What goes into a checkpoint, when, and how a run continues from one.
+
+Torchtitan's shape: the manager is handed its state objects explicitly (anything `Stateful`:
+state_dict / load_state_dict) and knows no trainer. In the sharded (DCP) checkpoint the keys of
+`states["model"]` sit at the top level (torchtitan flattens its model the same way; `export`
+reads `model.*` there) and every other state sits under its name; `states["train"]` (a
+TrainState) goes into meta.json beside `run_info`, where `runs`, `resume` and the launchers read
+it without opening the shards.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.stateful import Stateful
 
 from disttrain import checkpoint
-from disttrain.dist import default_store
+from disttrain.config.schema import CheckpointConfig
+from disttrain.dist import DistEnv, default_store
 from disttrain.engine.resume import config_diff, config_hash, rng_state, shaping_config
-from disttrain.shared_dir import checkpoint_dir
-
-if TYPE_CHECKING:
-    from disttrain.engine.loop import Engine
 
 log = logging.getLogger("disttrain")
 
+MODEL, TRAIN = "model", "train"
+
+
+class ModelState:
+    """Model and optimizer as one Stateful, through the strategy (which shards, renames, flattens)."""
+
+    def __init__(self, strategy: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.strategy, self.model, self.optimizer = strategy, model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = self.strategy.state_dict(self.model, self.optimizer)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.strategy.load_state_dict(self.model, self.optimizer, state)
+
+
+def run_info(
+    cfg: dict[str, Any], strategy: str, world_size: int, dp_size: int, global_batch: int
+) -> dict[str, Any]:
+    """What meta.json records about the run beside the train state: resume compares it with its own."""
+    return {
+        "dp_world_size": dp_size,
+        "world_size": world_size,
+        "global_batch": global_batch,
+        "strategy": strategy,
+        "config_hash": config_hash(cfg),
+        "config": shaping_config(cfg),
+    }
+
+
+@dataclass
+class Restored:
+    path: Path
+    meta: dict[str, Any]
+    rng: dict[str, Any] | None  # this rank's RNG states: set once the resumed epoch's iterator exists
+
 
 class Checkpointer:
-    """Sharded save/restore of an Engine's full state; async saves finish in the background."""
+    """Sharded save/restore of the given state objects; async saves finish in the background."""
 
-    def __init__(self, engine: Engine, cfg: dict[str, Any], run_cfg: dict[str, Any]) -> None:
-        self.e, self.cfg, self.run_cfg = engine, cfg, run_cfg
-        self.dir = checkpoint_dir(run_cfg, engine.run_dir)  # checkpoint.dir, else <run dir>/checkpoints
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        directory: Path,
+        env: DistEnv,
+        states: dict[str, Stateful],
+        *,
+        run_info: dict[str, Any] | None = None,
+        barrier: Callable[[], None] = lambda: None,
+        extra_meta: Callable[[], dict[str, Any]] = dict,
+    ) -> None:
+        self.cfg, self.dir, self.env = cfg, directory, env
+        self.train = states[TRAIN]
+        self.states = {k: v for k, v in states.items() if k != TRAIN}  # the sharded part
+        self.run_info = run_info or {}
+        self.barrier, self.extra_meta = barrier, extra_meta
+        self.async_save: bool = bool(getattr(cfg, "async"))
         self.pending: checkpoint.PendingSave | None = None
         self.last_saved_step = -1
         self.stalls: list[float] = []
         self.group: Any = None
-        if cfg.get("async") and dist.is_initialized() and engine.env.world_size > 1:
+        if self.async_save and dist.is_initialized() and env.world_size > 1:
             # A background save runs collectives; its own gloo group keeps them apart from training's.
             self.group = dist.new_group(backend="gloo")
+
+    @property
+    def step(self) -> int:
+        return int(self.train.state_dict()["step"])
+
+    def _app_state(self, names: Collection[str]) -> dict[str, Any]:
+        app: dict[str, Any] = {}
+        for name in names:
+            sd = self.states[name].state_dict()
+            if name == MODEL:
+                app.update(sd)
+            else:
+                app[name] = sd
+        return app
 
     # ------------------------------------------------------------------------------------ save
     def save(self, reason: str) -> None:
         """Every rank calls it at the same step. Logs and records the training stall."""
-        e, s = self.e, self.e.state
-        if s.step == self.last_saved_step and reason != "signal":
+        step = self.step
+        if step == self.last_saved_step and reason != "signal":
             return  # a signal stop re-saves: the launcher reports only a `signal` checkpoint as saved
         self.finish()  # at most one save in flight
         t0 = time.perf_counter()
-        app = e.strategy.state_dict(e.model, e.optimizer)
-        app["scheduler"] = e.scheduler.state_dict()
-        if e.scaler is not None:
-            app["scaler"] = e.scaler.state_dict()
+        app = self._app_state(self.states)
         meta = {
-            "step": s.step,
-            "epoch": s.epoch,
-            "epoch_samples": s.epoch_samples,
-            "samples": s.samples,
-            "dp_world_size": e.dp_size,
-            "world_size": e.env.world_size,
-            "global_batch": e.global_batch,
+            **self.train.state_dict(),
+            **self.run_info,
             "reason": reason,
             "time": time.time(),
-            "strategy": e.strategy.name,
             "torch": torch.__version__,
-            "config_hash": config_hash(self.run_cfg),
-            "config": shaping_config(self.run_cfg),
-            "last_val": s.last_val,
-            "has_scaler": e.scaler is not None,
-            "trackers": getattr(e.metrics, "tracker_state", dict)(),  # rank 0: tracker run ids to continue
+            "states": sorted(self.states),
+            "has_scaler": "scaler" in self.states,
+            **self.extra_meta(),  # rank 0: tracker run ids to continue
         }
-        async_save = bool(self.cfg.get("async")) and reason in ("periodic",)
+        async_save = self.async_save and reason in ("periodic",)
         self.pending = checkpoint.save(
             self.dir,
-            s.step,
+            step,
             app,
             rng_state(),
             meta,
-            rank=e.env.rank,
-            keep=int(self.cfg.get("keep", 3)),
-            verify=self.cfg.get("verify", "hash"),
+            rank=self.env.rank,
+            keep=self.cfg.keep,
+            verify=self.cfg.verify,
             async_save=async_save,
             process_group=self.group,
-            barrier=e.strategy.barrier,
+            barrier=self.barrier,
         )
         stall = time.perf_counter() - t0
         self.stalls.append(stall)
-        self.last_saved_step = s.step
+        self.last_saved_step = step
         log.info(
             "step %d: %s checkpoint %s (%s, training stalled %.3f s)",
-            s.step,
+            step,
             reason,
-            checkpoint.step_name(s.step),
+            checkpoint.step_name(step),
             "async" if async_save else "committed",
             stall,
         )
@@ -108,38 +169,30 @@ class Checkpointer:
         if self.pending is not None and self.pending.ready():
             self.finish()
 
-    def export_final(self) -> None:
-        """checkpoints/final.pt: the consolidated model a plain `torch.load` + load_state_dict takes."""
-        e = self.e
-        model_state = e.strategy.model_state_dict(e.model)  # a collective for sharded strategies
-        if e.env.is_zero:
-            state = {"model": model_state, "step": e.state.step, "epoch": e.state.epoch}
+    def export_final(self, model_state: dict[str, torch.Tensor]) -> None:
+        """checkpoints/final.pt: the consolidated model a plain `torch.load` + load_state_dict takes.
+        `model_state` is the strategy's full state dict (gathered on rank 0: every rank calls this)."""
+        if self.env.is_zero:
+            train = self.train.state_dict()
+            state = {"model": model_state, "step": train["step"], "epoch": train["epoch"]}
             checkpoint.save_atomic(state, self.dir / "final.pt")
-        e.strategy.barrier()
+        self.barrier()
 
     # ------------------------------------------------------------------------------------ emergency
     def emergency(self, exc: BaseException, timeout_s: float) -> bool:
-        """After an exception: save when every rank failed at the same step outside the update.
-
-        Agreement goes through the rendezvous store with a short timeout, not a collective: a rank
-        that did not fail is inside some other collective and would never match ours.
-        """
-        e = self.e
-        if e.in_update:
-            log.error(
-                "exception inside the optimizer update at step %d: no emergency checkpoint", e.state.step
-            )
-            return False
-        if dist.is_initialized() and e.env.world_size > 1:
+        """After an exception outside the optimizer update: save when every rank failed at the
+        same step. Agreement goes through the rendezvous store with a short timeout, not a
+        collective: a rank that did not fail is inside some other collective and would never match."""
+        env, step = self.env, self.step
+        if dist.is_initialized() and env.world_size > 1:
             store = default_store()
-            key = f"disttrain/emergency/{e.state.step}"
-            store.set(f"{key}/{e.env.rank}", type(exc).__name__)
+            key = f"disttrain/emergency/{step}"
+            store.set(f"{key}/{env.rank}", type(exc).__name__)
             try:
-                store.wait([f"{key}/{r}" for r in range(e.env.world_size)], timedelta(seconds=timeout_s))
+                store.wait([f"{key}/{r}" for r in range(env.world_size)], timedelta(seconds=timeout_s))
             except Exception:
-                log.error("not every rank failed at step %d: no emergency checkpoint", e.state.step)
+                log.error("not every rank failed at step %d: no emergency checkpoint", step)
                 return False
-        e.optimizer.zero_grad(set_to_none=True)
         self.save("error")
         self.finish()
         return True
@@ -147,31 +200,30 @@ class Checkpointer:
     # ------------------------------------------------------------------------------------ restore
     def choose(self, location: Path, skip: Collection[Path] = ()) -> Path | None:
         """Rank 0 picks the newest whole checkpoint (verifying it) and tells the other ranks."""
-        e = self.e
         box: list[Any] = [None]
-        if e.env.is_zero:
-            found = checkpoint.choose(location, self.cfg.get("verify", "hash"), skip)
+        if self.env.is_zero:
+            found = checkpoint.choose(location, self.cfg.verify, skip)
             box = [str(found) if found else None]
-        if dist.is_initialized() and e.env.world_size > 1:
+        if dist.is_initialized() and self.env.world_size > 1:
             dist.broadcast_object_list(box, src=0)
         return Path(box[0]) if box[0] else None
 
-    def resume(self, location: Path) -> Path | None:
+    def resume(self, location: Path) -> Restored | None:
         """Restore the newest checkpoint at `location` that every rank loads; None when none passes
         the manifest check. A load error on any rank (a bad pickle, garbage DCP metadata, a shape
         mismatch) is logged and every rank moves on to the previous checkpoint together."""
         failed: list[Path] = []
         while (path := self.choose(location, failed)) is not None:
-            error = ""
+            error, restored = "", None
             try:
-                self.restore(path)
+                restored = self.restore(path)
             except checkpoint.load_errors() as exc:
                 error = checkpoint.why_not(exc)
-                log.warning("rank %d cannot load checkpoint %s: %s", self.e.env.rank, path, error)
-            if not self._any_rank(bool(error)):
+                log.warning("rank %d cannot load checkpoint %s: %s", self.env.rank, path, error)
+            if not self._any_rank(bool(error)) and restored is not None:
                 self._supersede(path)
-                return path
-            if self.e.env.is_zero:
+                return restored
+            if self.env.is_zero:
                 log.warning(
                     "checkpoint %s is not loadable on every rank; falling back to the previous one", path.name
                 )
@@ -185,16 +237,15 @@ class Checkpointer:
         return None
 
     def _any_rank(self, flag: bool) -> bool:
-        e = self.e
-        t = torch.tensor([int(flag)], dtype=torch.int32, device=e.env.device)
-        if dist.is_initialized() and e.env.world_size > 1:
+        t = torch.tensor([int(flag)], dtype=torch.int32, device=self.env.device)
+        if dist.is_initialized() and self.env.world_size > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
     def _supersede(self, path: Path) -> None:
         """After resuming at step s, this run's checkpoints past s belong to an abandoned timeline:
         move them aside so that keep-N and the fallback never pick them over the new ones."""
-        if not self.e.env.is_zero:
+        if not self.env.is_zero:
             return
         step = checkpoint.read_meta(path)["step"]
         for old in checkpoint.supersede(self.dir, step):
@@ -205,32 +256,29 @@ class Checkpointer:
                 old.parent.name + "/" + old.name,
             )
 
-    def restore(self, path: Path) -> None:
-        e, s = self.e, self.e.state
+    def restore(self, path: Path) -> Restored:
+        """Load every state from the checkpoint at `path`; a state it does not hold keeps its value."""
         meta = checkpoint.read_meta(path)
-        app = e.strategy.state_dict(e.model, e.optimizer)
-        app["scheduler"] = e.scheduler.state_dict()
-        if e.scaler is not None and meta.get("has_scaler"):
-            app["scaler"] = e.scaler.state_dict()
-        rng = checkpoint.load_sharded(path, app, e.env.rank)
-        e.strategy.load_state_dict(e.model, e.optimizer, app)
-        e.scheduler.load_state_dict(app["scheduler"])
-        if e.scaler is not None and "scaler" in app:
-            e.scaler.load_state_dict(app["scaler"])
-        s.step, s.epoch, s.samples = meta["step"], meta["epoch"], meta["samples"]
-        s.epoch_samples = meta["epoch_samples"]
-        s.last_val = dict(meta.get("last_val") or {})
-        self.last_saved_step = s.step
+        saved = meta.get("states")
+        if saved is None:  # older checkpoints: model, scheduler and (when flagged) scaler
+            saved = [MODEL, "scheduler", *(["scaler"] if meta.get("has_scaler") else [])]
+        names = [n for n in self.states if n in saved]
+        app = self._app_state(names)
+        rng = checkpoint.load_sharded(path, app, self.env.rank)
+        for name in names:
+            self.states[name].load_state_dict(app if name == MODEL else app[name])
+        self.train.load_state_dict(meta)
+        self.last_saved_step = self.step
         if rng is None:
             log.warning(
-                "rank %d: the checkpoint has no RNG state for this rank; keeping the seeded one", e.env.rank
+                "rank %d: the checkpoint has no RNG state for this rank; keeping the seeded one",
+                self.env.rank,
             )
-        e.pending_rng = rng
         self._report(path, meta)
+        return Restored(path, meta, rng)
 
     def _report(self, path: Path, meta: dict[str, Any]) -> None:
-        e = self.e
-        if not e.env.is_zero:
+        if not self.env.is_zero:
             return
         log.info(
             "resuming from %s: step %d, epoch %d, %d samples into the epoch (saved: %s)",
@@ -240,30 +288,32 @@ class Checkpointer:
             meta["epoch_samples"],
             meta["reason"],
         )
-        if meta.get("config_hash") != config_hash(self.run_cfg):
-            diff = config_diff(meta.get("config", {}), shaping_config(self.run_cfg))
+        now = self.run_info
+        if "config_hash" in now and meta.get("config_hash") != now["config_hash"]:
+            diff = config_diff(meta.get("config", {}), now["config"])
             log.warning(
                 "resuming with a different config than the checkpoint's (%s -> %s): %s",
                 meta.get("config_hash"),
-                config_hash(self.run_cfg),
+                now["config_hash"],
                 "; ".join(diff) or "(keys not recorded)",
             )
-        old = int(meta.get("dp_world_size", e.dp_size))
-        if old != e.dp_size:
+        dp = int(now.get("dp_world_size", self.env.world_size))
+        old = int(meta.get("dp_world_size", dp))
+        if old != dp:
             pos = meta["epoch_samples"]
-            skipped = pos % e.dp_size
+            skipped = pos % dp
             log.warning(
                 "data-parallel world size %d -> %d: model and optimizer were resharded on load. Data "
                 "order: epoch %d keeps its seeded permutation and continues at global sample %d; rank r "
                 "now reads every %d-th sample from %d+r (was every %d-th); global batch %d -> %d%s",
                 old,
-                e.dp_size,
+                dp,
                 meta["epoch"],
                 pos,
-                e.dp_size,
+                dp,
                 pos - skipped,
                 old,
                 meta["global_batch"],
-                e.global_batch,
+                now.get("global_batch", 0),
                 f"; {skipped} samples re-read to align the ranks" if skipped else "",
             )

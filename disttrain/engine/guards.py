@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from disttrain import checkpoint
-
-if TYPE_CHECKING:
-    from disttrain.engine.loop import Engine
+from disttrain.config.schema import DebugConfig
+from disttrain.dist import DistEnv
+from disttrain.engine.amp import Precision
 
 log = logging.getLogger("disttrain")
 
@@ -31,30 +33,46 @@ class DesyncError(RuntimeError):
 
 
 class Guards:
-    def __init__(self, engine: Engine, trainer: dict[str, Any], debug: dict[str, Any] | None = None) -> None:
-        self.e = engine
-        self.mode = str(trainer.get("detect_anomaly", "off"))
-        self.anomaly_skips = 0
-        debug = debug or {}
-        self.sync_every = int(debug.get("check_sync_every", 0) or 0)
-        self.grad_stats = bool(debug.get("log_grad_stats", False))
+    """Per-step checks, given what they look at: the ranks (env), the precision, the strategy and
+    the model (for replica checksums and gradient norms), and where the last good checkpoint is."""
 
-    def after_backward(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
-        """True: skip this step's update. Raises AnomalyError in `stop` mode."""
+    def __init__(
+        self,
+        detect_anomaly: str,
+        debug: DebugConfig,
+        env: DistEnv,
+        precision: Precision,
+        strategy: Any,
+        model: nn.Module,
+        ckpt_dir: Path | None = None,
+    ) -> None:
+        self.mode = detect_anomaly
+        self.env, self.precision, self.strategy, self.model, self.ckpt_dir = (
+            env,
+            precision,
+            strategy,
+            model,
+            ckpt_dir,
+        )
+        self.anomaly_skips = 0
+        self.sync_every = debug.check_sync_every
+        self.grad_stats = debug.log_grad_stats
+
+    def after_backward(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        """True: skip the update of step `step`. Raises AnomalyError in `stop` mode."""
         if self.mode == "off":
             return False
-        e = self.e
-        flags = torch.zeros(e.env.world_size + 1, device=e.env.device)
-        flags[e.env.rank] = float(not torch.isfinite(loss).item())
+        env = self.env
+        flags = torch.zeros(env.world_size + 1, device=env.device)
+        flags[env.rank] = float(not torch.isfinite(loss).item())
         # under fp16 an overflowing gradient is the scaler's business (it skips the step itself)
-        if not e.precision.scaling and not math.isfinite(float(grad_norm)):
+        if not self.precision.scaling and not math.isfinite(float(grad_norm)):
             flags[-1] = 1.0
-        if dist.is_initialized() and e.env.world_size > 1:
+        if dist.is_initialized() and env.world_size > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         if not flags.any():
             return False
-        ranks = [r for r in range(e.env.world_size) if flags[r] > 0]
-        step = e.state.step + 1
+        ranks = [r for r in range(env.world_size) if flags[r] > 0]
         what = (
             f"non-finite loss on rank(s) {ranks}"
             if ranks
@@ -64,9 +82,9 @@ class Guards:
             self.anomaly_skips += 1
             log.warning("step %d: %s; step skipped (%d so far)", step, what, self.anomaly_skips)
             return True
-        last = checkpoint.committed(e.ckpt.dir)
+        last = checkpoint.committed(self.ckpt_dir) if self.ckpt_dir is not None else []
         raise AnomalyError(
-            f"trainer.detect_anomaly=stop: {what} at step {step} (this is rank {e.env.rank}); the "
+            f"trainer.detect_anomaly=stop: {what} at step {step} (this is rank {env.rank}); the "
             f"weights were not updated. Last good checkpoint: {last[-1] if last else 'none'}. HINT: "
             "lower optim.lr, set trainer.clip_grad_norm, try amp=bf16 instead of fp16, or "
             "trainer.detect_anomaly=skip to drop such steps."
@@ -79,18 +97,18 @@ class Guards:
 
     def check_sync(self, step: int) -> None:
         """All-gather one float64 checksum per parameter; fail naming the first that differs."""
-        e = self.e
-        if not (dist.is_initialized() and e.env.world_size > 1):
+        env = self.env
+        if not (dist.is_initialized() and env.world_size > 1):
             return
-        named = list(e.strategy.unwrap(e.model).named_parameters())
-        mine = torch.stack([p.detach().double().sum() for _, p in named]).to(e.env.device)
-        every = [torch.empty_like(mine) for _ in range(e.env.world_size)]
+        named = list(self.strategy.unwrap(self.model).named_parameters())
+        mine = torch.stack([p.detach().double().sum() for _, p in named]).to(env.device)
+        every = [torch.empty_like(mine) for _ in range(env.world_size)]
         dist.all_gather(every, mine)
         table = torch.stack(every)  # (world, params)
         differs = (table != table[0]).any(dim=0).nonzero().flatten()
         if len(differs):
             i = int(differs[0])
-            ranks = [r for r in range(e.env.world_size) if table[r, i] != table[0, i]]
+            ranks = [r for r in range(env.world_size) if table[r, i] != table[0, i]]
             raise DesyncError(
                 f"debug.check_sync_every: parameters diverged across ranks at step {step}: first "
                 f"diverged parameter {named[i][0]!r} (checksum {table[0, i].item():.17g} on rank 0, "
@@ -106,7 +124,7 @@ class Guards:
         from torch.distributed.tensor import DTensor
 
         out = {}
-        for name, p in self.e.strategy.unwrap(self.e.model).named_parameters():
+        for name, p in self.strategy.unwrap(self.model).named_parameters():
             if p.grad is None:
                 continue
             norm = torch.linalg.vector_norm(p.grad.detach())
@@ -116,7 +134,7 @@ class Guards:
 
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        p = self.e.precision
+        p = self.precision
         if p.scaling:
             out["amp/scale"] = p.scale_value()
             out["amp/skipped_steps"] = float(p.skipped_steps)

@@ -15,12 +15,15 @@ from torch import nn
 from torch.utils.data import DataLoader, default_collate
 
 from disttrain.checkpoint.manager import Checkpointer
+from disttrain.config.schema import TrainerConfig
+from disttrain.config.typed import typed
 from disttrain.dist import DistEnv, default_store
 from disttrain.engine.amp import Precision
 from disttrain.engine.guards import AnomalyError, DesyncError, Guards
 from disttrain.engine.resume import FAILED_KEY, StopFlag, StopUnagreed, set_rng_state
+from disttrain.engine.state import TrainState
 from disttrain.observe.metrics import NullMetrics
-from disttrain.observe.profiler import make_profiler
+from disttrain.observe.profiler import NullProfiler
 from disttrain.observe.progress import make_progress
 from disttrain.observe.throughput import Throughput
 from disttrain.strategies.base import Strategy
@@ -31,14 +34,15 @@ log = logging.getLogger("disttrain")
 
 
 @dataclass
-class LoopState:
-    step: int = 0
-    epoch: int = 0
-    samples: int = 0
-    last_val: dict[str, float] = field(default_factory=dict)
-    first_step_at: float | None = None
-    epoch_samples: int = 0  # global samples of the current epoch's permutation already consumed
-    lr: float = 0.0  # the lr the last optimizer step used (the scheduler has moved on since)
+class Parts:
+    """What the engine trains, built by the worker in nanoGPT order."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    task: Task
+    train_loader: DataLoader
+    val_loader: DataLoader | None = None
 
 
 @dataclass
@@ -53,63 +57,73 @@ class Window:
 
 
 class Engine:
+    """The loop. Everything it uses is handed in: the typed trainer config, the ranks, the strategy,
+    the parts it trains, where training is (`state`, which `ckpt` saves and restores), the metrics,
+    the step guards and the profiler."""
+
     def __init__(
         self,
-        trainer: dict[str, Any],
+        trainer: TrainerConfig,
         env: DistEnv,
         strategy: Strategy,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
-        task: Task,
-        train_loader: DataLoader,
-        val_loader: DataLoader | None,
+        parts: Parts,
+        *,
+        state: TrainState,
+        ckpt: Checkpointer,
         metrics: NullMetrics,
-        run_dir: Path,
-        checkpoint_cfg: dict[str, Any] | None = None,
-        run_cfg: dict[str, Any] | None = None,
+        guards: Guards,
+        profiler: Any = None,
         timeout_s: float = 300.0,
     ) -> None:
         self.t, self.env, self.strategy = trainer, env, strategy
-        self.model, self.optimizer, self.scheduler, self.task = model, optimizer, scheduler, task
-        self.train_loader, self.val_loader, self.metrics, self.run_dir = (
-            train_loader,
-            val_loader,
-            metrics,
-            run_dir,
+        self.model, self.optimizer, self.scheduler, self.task = (
+            parts.model,
+            parts.optimizer,
+            parts.scheduler,
+            parts.task,
         )
-        self.accum = int(trainer["grad_accum"])
-        self.steps_per_epoch = len(train_loader) // self.accum
+        self.train_loader, self.val_loader = parts.train_loader, parts.val_loader
+        self.state, self.ckpt, self.metrics, self.guards = state, ckpt, metrics, guards
+        self.profiler = profiler if profiler is not None else NullProfiler()
+        self.accum = trainer.grad_accum
+        self.steps_per_epoch = len(self.train_loader) // self.accum
         if self.steps_per_epoch < 1:
             raise ValueError(
-                f"{len(train_loader)} batches per epoch on this rank cannot fill one step of grad_accum={self.accum}"
+                f"{len(self.train_loader)} batches per epoch on this rank cannot fill one step of "
+                f"grad_accum={self.accum}"
             )
-        self.total_steps = total_steps(trainer, len(train_loader))
+        self.total_steps = total_steps(trainer, len(self.train_loader))
         self.dp_size = strategy.data_parallel_rank_size()[1]
-        self.global_batch = int(trainer["batch_size"]) * self.accum * self.dp_size
-        self.state = LoopState()
+        self.global_batch = global_batch(trainer, self.dp_size)
         self.timeout_s = timeout_s
         self.precision: Precision = strategy.precision
-        self.scaler: Any = self.precision.scaler if self.precision.scaling else None  # in checkpoints
-        self.guards = Guards(self, trainer, (run_cfg or {}).get("debug"))
-        self.profiler = make_profiler(
-            bool((run_cfg or {}).get("profile")), (run_cfg or {}).get("profiler") or {}, run_dir, env.rank
-        )
         self.split = 1  # trainer.oom=auto_microbatch: each loader batch is cut into this many parts
-        self.throughput = Throughput(strategy.unwrap(model), env)
+        self.throughput = Throughput(strategy.unwrap(self.model), env)
         self.data_wait_s = 0.0  # time spent waiting for batches (reset per log window)
         self.step_tokens = 0
         self.in_update = False  # inside optimizer/scheduler step: state not consistent across ranks
         self.pending_rng: dict[str, Any] | None = None  # restored after the resumed epoch's iterator
         self.stop = StopFlag(lambda: self.state.step, timeout_s)
-        self.ckpt = Checkpointer(self, checkpoint_cfg or {}, run_cfg or {})
+
+    # ------------------------------------------------------------------------------------ resume
+    def resume(self, location: Path | None) -> Path | None:
+        """Continue from the newest checkpoint at `location` that every rank loads (None, or none
+        there: a fresh start). Restores every state, keeps this rank's RNG states for the resumed
+        epoch's iterator, and starts the metrics at the checkpoint's step (metrics.jsonl cut back
+        to it, tracker runs continued). Returns the checkpoint restored."""
+        restored = self.ckpt.resume(location) if location is not None else None
+        if restored is not None:
+            self.pending_rng = restored.rng
+        self.metrics.start(restored.meta if restored is not None else None)
+        return restored.path if restored is not None else None
 
     # ------------------------------------------------------------------------------------ fit
     def fit(self) -> dict[str, Any]:
         s, t = self.state, self.t
         started = time.perf_counter()
         resumed_done = s.step >= self.total_steps and s.step > 0
-        progress = make_progress(self.env.is_zero, t["progress"], self.total_steps, "train")
+        self.metrics.start(None)  # opened by resume() already, unless the caller skipped it
+        progress = make_progress(self.env.is_zero, t.progress, self.total_steps, "train")
         with self.stop, self.profiler, progress as bar:
             bar.update(s.step)
             try:
@@ -119,11 +133,11 @@ class Engine:
         if self.stop.agreed:
             return self._stopped(time.perf_counter() - started)
         if not resumed_done:
-            if not t["val_every"] or s.step % t["val_every"] != 0:
+            if not t.val_every or s.step % t.val_every != 0:
                 self.validate()  # val_every=0: the last epoch ended here (the loop returns before its end)
             self.ckpt.save("final")
-            if self.ckpt.cfg.get("export_final", True):
-                self.ckpt.export_final()
+            if self.ckpt.cfg.export_final:
+                self.ckpt.export_final(self.strategy.model_state_dict(self.model))  # a collective
         self.ckpt.finish()
         return self._summary(time.perf_counter() - started)
 
@@ -143,7 +157,7 @@ class Engine:
                 window.loss_sum += loss
                 window.steps += 1
                 window.tokens += self.step_tokens
-                if s.step % t["log_every"] == 0 or s.step == self.total_steps:
+                if s.step % t.log_every == 0 or s.step == self.total_steps:
                     values = self._log_train(window, grad_norm)
                     window = self._new_window()
                     bar.update(
@@ -152,9 +166,9 @@ class Engine:
                         lr=values["lr"],
                         samples_per_s=values["samples_per_s"],
                     )
-                if t["val_every"] and s.step % t["val_every"] == 0:
+                if t.val_every and s.step % t.val_every == 0:
                     self.validate()
-                if t["ckpt_every"] and s.step % t["ckpt_every"] == 0:
+                if t.ckpt_every and s.step % t.ckpt_every == 0:
                     self.ckpt.save("periodic")
                 self.ckpt.poll()
                 # Every step, at no cost to it (an attribute read until a rank is signalled).
@@ -162,12 +176,12 @@ class Engine:
                     return
             s.epoch += 1
             s.epoch_samples = 0
-            if not t["val_every"]:
+            if not t.val_every:
                 self.validate()
 
     def _stopped(self, elapsed: float) -> dict[str, Any]:
         log.warning("stopping at step %d on %s", self.state.step, self.stop.name)
-        if self.ckpt.cfg.get("on_signal", True):
+        if self.ckpt.cfg.on_signal:
             self.ckpt.save("signal")
         self.ckpt.finish()
         summary = self._summary(elapsed)
@@ -204,13 +218,23 @@ class Engine:
             )
         if self.state.step in (0, self.ckpt.last_saved_step):  # untrained, or already saved as is
             log.error("no optimizer step since the start or the last checkpoint: no emergency checkpoint")
-        elif self.ckpt.cfg.get("on_error", True):
-            try:
-                if self.ckpt.emergency(exc, min(self.timeout_s, 5.0)):
-                    log.error("saved an emergency checkpoint at step %d", self.state.step)
-            except Exception:
-                log.exception("the emergency checkpoint failed")
+        elif self.ckpt.cfg.on_error:
+            self._emergency(exc)
         return exc
+
+    def _emergency(self, exc: Exception) -> None:
+        """Save after an exception, unless it came inside the update (state not consistent)."""
+        if self.in_update:
+            log.error(
+                "exception inside the optimizer update at step %d: no emergency checkpoint", self.state.step
+            )
+            return
+        try:
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.ckpt.emergency(exc, min(self.timeout_s, 5.0)):
+                log.error("saved an emergency checkpoint at step %d", self.state.step)
+        except Exception:
+            log.exception("the emergency checkpoint failed")
 
     STRAGGLER_GRACE_S = 5.0
 
@@ -248,10 +272,10 @@ class Engine:
             with self.strategy.no_backward_sync(self.model, enabled=i < n - 1):
                 total += self.strategy.forward_backward(self.model, inputs, target, self.task, scale=1.0 / n)
         self.precision.unscale(self.optimizer)  # clipping and the norm see the true gradients
-        grad_norm = self.strategy.clip_grad_norm(self.model, self.t["clip_grad_norm"])
-        if (self.state.step + 1) % self.t["log_every"] == 0 and (norms := self.guards.grad_norms()):
+        grad_norm = self.strategy.clip_grad_norm(self.model, self.t.clip_grad_norm)
+        if (self.state.step + 1) % self.t.log_every == 0 and (norms := self.guards.grad_norms()):
             self.metrics.log(self.state.step + 1, norms, epoch=self.state.epoch)
-        skip = self.guards.after_backward(total, grad_norm)
+        skip = self.guards.after_backward(self.state.step + 1, total, grad_norm)
         self.in_update = True
         if skip:
             self.precision.scaler.update()
@@ -273,7 +297,7 @@ class Engine:
             try:
                 return self.train_step(split_batches(micro_batches, self.split))
             except torch.OutOfMemoryError as exc:
-                if self.t.get("oom", "off") != "auto_microbatch":
+                if self.t.oom != "auto_microbatch":
                     raise
                 self.optimizer.zero_grad(set_to_none=True)
                 samples = batches.leading_size(micro_batches[0])
@@ -371,7 +395,7 @@ class Engine:
             "samples_per_s": window.steps * self.global_batch / max(elapsed, 1e-9),
             "step_time_s": elapsed / window.steps,
             "data_wait_frac": min(1.0, self.data_wait_s / max(elapsed, 1e-9)),
-            "micro_batch": float(-(-int(self.t["batch_size"]) // self.split)),
+            "micro_batch": float(-(-self.t.batch_size // self.split)),
         }
         self.data_wait_s = 0.0
         values.update(self.task.derived(values))
@@ -411,8 +435,13 @@ def split_batches(micro_batches: list[Any], parts: int) -> list[Any]:
     return [piece for batch in micro_batches for piece in batches.split(batch, parts)]
 
 
-def total_steps(trainer: dict[str, Any], batches_per_epoch: int) -> int:
+def total_steps(trainer: TrainerConfig | dict[str, Any], batches_per_epoch: int) -> int:
     """Optimizer steps the run will take: max_steps, or max_epochs x full accumulation groups."""
-    per_epoch = batches_per_epoch // int(trainer["grad_accum"])
-    by_epochs = int(trainer["max_epochs"]) * per_epoch
-    return int(trainer["max_steps"]) if trainer["max_steps"] > 0 else by_epochs
+    trainer = typed(TrainerConfig, trainer)  # the pre-launch checks pass the plain slice
+    per_epoch = batches_per_epoch // trainer.grad_accum
+    return trainer.max_steps if trainer.max_steps > 0 else trainer.max_epochs * per_epoch
+
+
+def global_batch(trainer: TrainerConfig, dp_size: int) -> int:
+    """Samples per optimizer step across the data-parallel replicas."""
+    return trainer.batch_size * trainer.grad_accum * dp_size

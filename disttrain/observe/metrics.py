@@ -4,6 +4,7 @@ CSV, MLflow, W&B, your own); a no-op object on the other ranks."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,14 @@ from disttrain.observe.log import get_logger
 from disttrain.observe.sinks import TRACKERS, SinkContext, build_sinks, flatten, sink_key
 
 log = get_logger()
+METRICS = "metrics.jsonl"
 
 
 class NullMetrics:
     """What ranks other than 0 get: the engine calls it without asking which rank it is."""
+
+    def start(self, meta: dict[str, Any] | None = None) -> None:
+        """Open the outputs once; `meta`: the checkpoint a run resumed from (None: none)."""
 
     def log(self, step: int, values: dict[str, float], **extra: Any) -> None:
         pass
@@ -29,18 +34,39 @@ class NullMetrics:
 
 
 class Metrics(NullMetrics):
+    """metrics.jsonl and the sinks. Nothing is opened until `start` (the engine calls it once it
+    knows whether it resumed): a resumed run first drops the records past the checkpoint's step and
+    continues the checkpoint's tracker runs."""
+
     def __init__(
         self,
         run_dir: Path,
         cfg: dict[str, Any] | None = None,
         resume: dict[str, Any] | None = None,
         resume_step: int = 0,
+        *,
+        start: bool = True,
     ) -> None:
+        self.run_dir = run_dir
+        self.cfg = cfg if cfg is not None else {"observe": {"sinks": ["tensorboard"]}}
+        self.sinks: list[Any] = []
+        self._jsonl: Any = None
+        if start:
+            self._open(resume, resume_step)
+
+    def start(self, meta: dict[str, Any] | None = None) -> None:
+        if self._jsonl is not None:
+            return
+        trackers, from_step = tracker_resume(self.run_dir, meta)
+        if meta is not None:
+            truncate_metrics(self.run_dir / METRICS, from_step)
+        self._open(trackers, from_step)
+
+    def _open(self, resume: dict[str, Any] | None, resume_step: int) -> None:
         from disttrain.safefile import open_append
 
-        self._jsonl = open_append(run_dir / "metrics.jsonl")  # a planted symlink fails, not followed
-        self.run_dir = run_dir
-        cfg = cfg if cfg is not None else {"observe": {"sinks": ["tensorboard"]}}
+        run_dir, cfg = self.run_dir, self.cfg
+        self._jsonl = open_append(run_dir / METRICS)  # a planted symlink fails, not followed
         self.sinks = build_sinks(cfg)
         params = flatten({k: v for k, v in cfg.items() if k != "observe"})
         for i, sink in enumerate(self.sinks):
@@ -54,6 +80,8 @@ class Metrics(NullMetrics):
         write_json(run_dir / TRACKERS, self.tracker_state())
 
     def log(self, step: int, values: dict[str, float], **extra: Any) -> None:
+        if self._jsonl is None:
+            self.start()
         record = {"step": step, "time": round(time.time(), 3), **extra, **values}
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
@@ -68,6 +96,8 @@ class Metrics(NullMetrics):
         return {sink_key(i, s): s.state() for i, s in enumerate(self.sinks)}
 
     def close(self) -> None:
+        if self._jsonl is None:
+            return
         self._jsonl.close()
         for sink in self.sinks:
             try:
@@ -76,14 +106,9 @@ class Metrics(NullMetrics):
                 log.warning("metric sink %s failed to close: %s", type(sink).__name__, exc)
 
 
-def make_metrics(
-    run_dir: Path,
-    is_zero: bool,
-    cfg: dict[str, Any] | None = None,
-    resume: dict[str, Any] | None = None,
-    resume_step: int = 0,
-) -> NullMetrics:
-    return Metrics(run_dir, cfg, resume, resume_step) if is_zero else NullMetrics()
+def make_metrics(run_dir: Path, is_zero: bool, cfg: dict[str, Any] | None = None) -> NullMetrics:
+    """Rank 0's metrics, not yet opened (see Metrics.start); a no-op elsewhere."""
+    return Metrics(run_dir, cfg, start=False) if is_zero else NullMetrics()
 
 
 def tracker_resume(run_dir: Path, meta: dict[str, Any] | None) -> tuple[dict[str, Any] | None, int]:
@@ -98,3 +123,31 @@ def tracker_resume(run_dir: Path, meta: dict[str, Any] | None) -> tuple[dict[str
         except ValueError:
             return None, 0
     return None, 0
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of RUN_DIR/metrics.jsonl, skipping a line a crash cut mid-write."""
+    out = []
+    try:
+        lines = (run_dir / METRICS).read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a crash mid-write
+    return out
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop records logged after `step` (the resumed run logs those steps again), and lines a crash
+    cut mid-write (they would break every later reader; read_metrics skips them the same way)."""
+    if not path.is_file():
+        return
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    kept = [r for r in read_metrics(path.parent) if isinstance(r, dict) and r.get("step", 0) <= step]
+    if len(kept) != len(lines):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+        os.replace(tmp, path)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from disttrain.config.schema import ProfilerConfig
 
 log = logging.getLogger("disttrain")
 
@@ -21,7 +24,7 @@ class NullProfiler:
         return None
 
 
-def make_profiler(enabled: bool, window: dict[str, Any], run_dir: Path, rank: int) -> Any:
+def make_profiler(enabled: bool, window: ProfilerConfig, run_dir: Path, rank: int) -> Any:
     if not enabled:
         return NullProfiler()
     import torch
@@ -31,7 +34,7 @@ def make_profiler(enabled: bool, window: dict[str, Any], run_dir: Path, rank: in
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
     out = run_dir / "profile"
-    wait, warmup, active = (int(window.get(k, d)) for k, d in (("wait", 1), ("warmup", 1), ("active", 3)))
+    wait, warmup, active = window.wait, window.warmup, window.active
     if rank == 0:
         log.info("profiling steps %d..%d into %s", wait + warmup + 1, wait + warmup + active, out)
     return profile(

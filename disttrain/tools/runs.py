@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from disttrain.observe.metrics import read_metrics
+
 ABSENT = "<absent>"
 
 
@@ -35,20 +37,6 @@ def _json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut by a crash mid-write
-    return out
 
 
 def status_of(run_dir: Path) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from disttrain.worker import truncate_metrics
+from disttrain.observe.metrics import truncate_metrics
 
 
 def test_truncate_metrics_drops_later_steps_and_a_torn_last_line(tmp_path: Path) -> None:
