@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from disttrain import checkpoint
 from disttrain.checkpoint.manager import Checkpointer, ModelState, run_info
@@ -26,11 +24,12 @@ from disttrain.config.errors import ConfigError
 from disttrain.config.schema import CheckpointConfig, DebugConfig, ProfilerConfig, TrainerConfig
 from disttrain.config.typed import typed
 from disttrain.data import build_datasets
+from disttrain.data.samplers import ResumableSampler, ShardSampler
 from disttrain.dist import DistEnv, destroy_process_group, hostname, init_process_group
 from disttrain.engine.guards import Guards
 from disttrain.engine.loop import Engine, Parts, global_batch, total_steps
 from disttrain.engine.optim import build_optimizer, build_scheduler
-from disttrain.engine.resume import ResumableSampler
+from disttrain.engine.rng import seed_everything
 from disttrain.engine.state import TrainState
 from disttrain.models import build_model
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
@@ -194,25 +193,6 @@ def prepare_model(model: Any, trainer: TrainerConfig) -> None:
     setter(True)
 
 
-class ShardSampler(Sampler[int]):
-    """Every `world`-th index from `rank`: each sample exactly once across ranks, no padding.
-
-    Shards differ by at most one sample, so ranks may differ by one batch; `longest` (the largest
-    shard) lets validation run the same number of forwards everywhere, which strategies whose
-    forward is a collective (fsdp all-gathers, tp, pipeline) need.
-    """
-
-    def __init__(self, length: int, rank: int, world: int) -> None:
-        self.indices = range(rank, length, world)
-        self.longest = -(-length // world)
-
-    def __iter__(self) -> Any:
-        return iter(self.indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-
 def make_loaders(
     cfg: dict[str, Any],
     env: DistEnv,
@@ -300,12 +280,6 @@ def die_with_parent(launcher: int) -> None:
         return
     if os.getppid() != launcher:  # the launcher died before prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def set_threads(cfg: dict[str, Any], env: DistEnv) -> int:

@@ -23,7 +23,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from disttrain import checkpoint
-from disttrain.engine.resume import rng_state
+from disttrain.engine.rng import rng_state
 
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 

@@ -23,9 +23,10 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
 from disttrain import checkpoint
+from disttrain.config.fingerprint import config_diff, config_hash, shaping_config
 from disttrain.config.schema import CheckpointConfig
 from disttrain.dist import DistEnv, default_store
-from disttrain.engine.resume import config_diff, config_hash, rng_state, shaping_config
+from disttrain.engine.rng import rng_state
 
 log = logging.getLogger("disttrain")
 

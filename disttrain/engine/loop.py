@@ -20,7 +20,8 @@ from disttrain.config.typed import typed
 from disttrain.dist import DistEnv, default_store
 from disttrain.engine.amp import Precision
 from disttrain.engine.guards import AnomalyError, DesyncError, Guards
-from disttrain.engine.resume import FAILED_KEY, StopFlag, StopUnagreed, set_rng_state
+from disttrain.engine.rng import set_rng_state
+from disttrain.engine.signals import FAILED_KEY, StopFlag, StopUnagreed
 from disttrain.engine.state import TrainState
 from disttrain.observe.metrics import NullMetrics
 from disttrain.observe.profiler import NullProfiler

@@ -9,7 +9,6 @@ node that never arrives is named after `launcher.rdzv_timeout` — before any ra
 
 from __future__ import annotations
 
-import hashlib
 import json
 import socket
 import time
@@ -17,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from disttrain.config import fingerprint
 from disttrain.config.launch_checks import node_bounds
 from disttrain.launch.errors import LaunchError
 
@@ -37,32 +37,20 @@ def endpoint(cfg: dict[str, Any]) -> tuple[str, int]:
     return str(cfg["master_addr"]), int(cfg["master_port"] or DEFAULT_PORT)
 
 
-def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(cfg: Any) -> dict[str, Any]:
     """{"trainer.max_epochs": 2, ...}: the config as dotted keys, without per-node keys."""
-    if not isinstance(cfg, dict):
-        return {prefix: cfg}
-    out: dict[str, Any] = {}
-    for key, value in cfg.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if name not in PER_NODE_KEYS:
-            out.update(flatten(value, name))
-    return out
+    return fingerprint.flatten(cfg, PER_NODE_KEYS)
 
 
 def config_hash(cfg: dict[str, Any]) -> str:
     """sha256 of the resolved config without per-node keys: equal on every node of one run."""
-    return _hash_flat(_plain(flatten(cfg)))
+    return fingerprint.digest(_plain(flatten(cfg)))
 
 
 def config_diff(mine: dict[str, Any], theirs: dict[str, Any], other: int = 0, limit: int = 12) -> list[str]:
     """'trainer.max_epochs: 2 here, 3 on node 1'-style lines for every key that differs."""
-    missing = object()
-    keys = sorted(set(mine) | set(theirs))
-    diffs = [k for k in keys if mine.get(k, missing) != theirs.get(k, missing)]
-    shown = [
-        f"{k}: {mine.get(k, '<absent>')!r} here, {theirs.get(k, '<absent>')!r} on node {other}"
-        for k in diffs[:limit]
-    ]
+    diffs = fingerprint.differences(mine, theirs)
+    shown = [f"{k}: {a!r} here, {b!r} on node {other}" for k, a, b in diffs[:limit]]
     if len(diffs) > limit:
         shown.append(f"... and {len(diffs) - limit} more")
     return shown
@@ -138,7 +126,7 @@ def _wait_for_nodes(
                 lines = "\n    ".join(diff)
                 raise RendezvousFailure(
                     f"config mismatch: node {me} (hash {config_hash(cfg)[:12]}) and node {k} "
-                    f"(hash {_hash_flat(theirs)[:12]}) joined {host}:{port} with different configs:\n"
+                    f"(hash {fingerprint.digest(theirs)[:12]}) joined {host}:{port} with different configs:\n"
                     f"    {lines}\n  HINT: every node must run the same command and config files; "
                     "only node_rank differs.",
                     run_dir,
@@ -164,10 +152,6 @@ def _plain(flat: dict[str, Any]) -> dict[str, Any]:
     """As the other nodes will read it back from the store (JSON)."""
     result: dict[str, Any] = json.loads(json.dumps(flat, default=str))
     return result
-
-
-def _hash_flat(flat: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def run_dir_name(cfg: dict[str, Any]) -> str:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from disttrain.config import fingerprint
 from disttrain.config.errors import ConfigError
 
 log = logging.getLogger("disttrain")
@@ -52,13 +53,13 @@ class SinkContext:
     params: dict[str, str] = field(default_factory=dict)
 
 
-def flatten(node: Any, prefix: str = "") -> dict[str, str]:
-    if isinstance(node, dict):
-        out: dict[str, str] = {}
-        for k, v in node.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: json.dumps(node) if isinstance(node, (list, type(None), bool)) else str(node)}
+def flatten(node: Any) -> dict[str, str]:
+    """The config as trackers take hyperparameters: dotted keys, string values (lists as JSON)."""
+    return {
+        k: json.dumps(v) if isinstance(v, (list, type(None), bool)) else str(v)
+        for k, v in fingerprint.flatten(node).items()
+        if v != {}
+    }
 
 
 # ------------------------------------------------------------------------------------ built-ins

@@ -19,9 +19,8 @@ from typing import Any
 
 import yaml
 
+from disttrain.config.fingerprint import differences, flatten
 from disttrain.observe.metrics import read_metrics
-
-ABSENT = "<absent>"
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -106,23 +105,8 @@ def _config(run_dir: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ diffs
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict) and node:
-        out: dict[str, Any] = {}
-        for k, v in node.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix.rstrip("."): node}
-
-
 def config_diff(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
-    fa, fb = flatten(a), flatten(b)
-    keys = sorted(set(fa) | set(fb))
-    return [
-        {"key": k, "a": fa.get(k, ABSENT), "b": fb.get(k, ABSENT)}
-        for k in keys
-        if fa.get(k, ABSENT) != fb.get(k, ABSENT)
-    ]
+    return [{"key": k, "a": va, "b": vb} for k, va, vb in differences(flatten(a), flatten(b))]
 
 
 def default_config(run_dir: Path) -> dict[str, Any]:

@@ -24,14 +24,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from disttrain import checkpoint
 from disttrain.checkpoint import store
-from disttrain.engine.resume import (
-    ResumableSampler,
-    config_diff,
-    config_hash,
-    rng_state,
-    set_rng_state,
-    shaping_config,
-)
+from disttrain.config.fingerprint import config_diff, config_hash, shaping_config
+from disttrain.data.samplers import ResumableSampler
+from disttrain.engine.rng import rng_state, set_rng_state
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -128,7 +123,7 @@ from torch import nn
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from disttrain import checkpoint
-from disttrain.engine.resume import rng_state
+from disttrain.engine.rng import rng_state
 ckpt = sys.argv[1]
 model = nn.Linear(256, 256); opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in (1, 2):

@@ -1,124 +1,16 @@
-"""What exact resume needs beyond model and optimizer: RNG states, the position inside the epoch,
-the config's fingerprint, and a stop flag that SIGTERM/SIGINT raise between steps.
-"""
+"""A stop flag that SIGTERM/SIGINT raise between steps: every rank stops after the same step."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-import torch
-from torch.utils.data import DistributedSampler
-
 log = logging.getLogger("disttrain")
-
-
-# ------------------------------------------------------------------------------------------ RNG
-def rng_state() -> dict[str, Any]:
-    """python, numpy, torch (and CUDA) RNG states as plain tensors/tuples (weights_only-loadable)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": (kind, torch.from_numpy(np.asarray(keys, dtype=np.int64)), pos, has_gauss, gauss),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-# ------------------------------------------------------------------------------------------ data
-class ResumableSampler(DistributedSampler):
-    """DistributedSampler that can start an epoch at per-rank index `start`.
-
-    The skipped part of the epoch's permutation is cut off by index (no batch is loaded), so a
-    resumed run sees exactly the samples the interrupted one had not yet seen.
-    """
-
-    start: int = 0
-
-    def set_start(self, start: int) -> None:
-        self.start = max(0, start)
-
-    def __iter__(self) -> Iterator[int]:
-        indices = list(super().__iter__())
-        return iter(indices[self.start :])
-
-    def __len__(self) -> int:
-        return max(0, super().__len__() - self.start)
-
-
-# ------------------------------------------------------------------------------------------ config
-# Keys that do not change what the run computes: logging, checkpointing, launching, naming.
-NOT_SHAPING = (
-    "name",
-    "resume",
-    "checkpoint",
-    "launcher",
-    "plan",
-    "threads_per_rank",
-    "master_addr",
-    "master_port",
-    "node_rank",
-    "backend.timeout",
-    "trainer.progress",
-    "trainer.log_every",
-    "trainer.val_every",
-    "trainer.ckpt_every",
-    "data.num_workers",
-    "data.pin_memory",
-    "observe",  # where metrics go (sinks) does not change training
-)
-
-
-def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(cfg, dict):
-        out: dict[str, Any] = {}
-        for k, v in cfg.items():
-            out.update(flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: cfg}
-
-
-def shaping_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The flattened config minus keys that do not shape training."""
-    flat = flatten(cfg)
-    return {k: v for k, v in flat.items() if not any(k == n or k.startswith(n + ".") for n in NOT_SHAPING)}
-
-
-def config_hash(cfg: dict[str, Any]) -> str:
-    text = json.dumps(shaping_config(cfg), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def config_diff(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """'key: old -> new' for every shaping key that differs between two flattened configs."""
-    keys = sorted(set(saved) | set(now))
-    missing = "<absent>"
-    return [
-        f"{k}: {saved.get(k, missing)!r} -> {now.get(k, missing)!r}"
-        for k in keys
-        if saved.get(k, missing) != now.get(k, missing)
-    ]
 
 
 # ------------------------------------------------------------------------------------------ signals

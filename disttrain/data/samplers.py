@@ -1,0 +1,47 @@
+"""How ranks split the data: the training permutation (resumable mid-epoch) and validation shards."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DistributedSampler, Sampler
+
+
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler that can start an epoch at per-rank index `start`.
+
+    The skipped part of the epoch's permutation is cut off by index (no batch is loaded), so a
+    resumed run sees exactly the samples the interrupted one had not yet seen.
+    """
+
+    start: int = 0
+
+    def set_start(self, start: int) -> None:
+        self.start = max(0, start)
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())
+        return iter(indices[self.start :])
+
+    def __len__(self) -> int:
+        return max(0, super().__len__() - self.start)
+
+
+class ShardSampler(Sampler[int]):
+    """Every `world`-th index from `rank`: each sample exactly once across ranks, no padding.
+
+    Shards differ by at most one sample, so ranks may differ by one batch; `longest` (the largest
+    shard) lets validation run the same number of forwards everywhere, which strategies whose
+    forward is a collective (fsdp all-gathers, tp, pipeline) need.
+    """
+
+    def __init__(self, length: int, rank: int, world: int) -> None:
+        self.indices = range(rank, length, world)
+        self.longest = -(-length // world)
+
+    def __iter__(self) -> Any:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
