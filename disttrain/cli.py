@@ -323,7 +323,9 @@ def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str])
 def _print_summary(run_dir: Path) -> dict[str, Any] | None:
     import json
 
-    path = run_dir / "summary.json"
+    from disttrain.rundir import RunDir
+
+    path = RunDir(run_dir).summary
     if not path.is_file():
         return None
     s = json.loads(path.read_text())

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,83 @@ from disttrain.safefile import open_append, write_atomic
 
 CONFIG = "config.yaml"
 HISTORY = "commands.txt"
+STATUS = "status.json"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The layout of a run dir, in one place: `RunDir(path).summary`, `.checkpoints`, `.rank_log(3)`.
+
+    The parent writes config.yaml (resolved once), overrides.yaml, command.txt, commands.txt,
+    git.json (git.diff) and status.json; rank 0 writes env.json, metrics.jsonl, trackers.json and
+    summary.json; every rank its logs/rankN.log and its checkpoint shards.
+    """
+
+    path: Path
+
+    @classmethod
+    def of(cls, path: Path | str | RunDir) -> RunDir:
+        return path if isinstance(path, RunDir) else cls(Path(path))
+
+    def is_run(self) -> bool:
+        """A run dir holds the frozen config (Hydra's own .hydra/ copy is not one)."""
+        return self.config.is_file() and self.path.name != ".hydra"
+
+    @property
+    def config(self) -> Path:
+        return self.path / CONFIG
+
+    @property
+    def overrides(self) -> Path:
+        return self.path / "overrides.yaml"
+
+    @property
+    def command(self) -> Path:
+        return self.path / "command.txt"
+
+    @property
+    def history(self) -> Path:
+        return self.path / HISTORY
+
+    @property
+    def git(self) -> Path:
+        return self.path / "git.json"
+
+    @property
+    def git_diff(self) -> Path:
+        return self.path / "git.diff"
+
+    @property
+    def status(self) -> Path:
+        return self.path / STATUS
+
+    @property
+    def summary(self) -> Path:
+        return self.path / "summary.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def trackers(self) -> Path:
+        return self.path / "trackers.json"
+
+    @property
+    def env(self) -> Path:
+        return self.path / "env.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank{rank}.log"
+
+    @property
+    def checkpoints(self) -> Path:
+        """The default place of checkpoints (`checkpoint.dir` may put them elsewhere: shared_dir)."""
+        return self.path / "checkpoints"
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -39,16 +117,17 @@ def freeze(run_dir: Path, cfg: dict[str, Any], overrides: list[str], argv: list[
     command.txt keeps the command that created the run; commands.txt lists every command that
     froze into it (`disttrain resume RUN ...` included), one per line."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    _write_text(run_dir / CONFIG, yaml.safe_dump(cfg, sort_keys=False))
-    _write_text(run_dir / "overrides.yaml", yaml.safe_dump(list(overrides)))
-    if not (run_dir / "command.txt").exists():  # the command that made the run stays as it was
-        _write_text(run_dir / "command.txt", shlex.join(argv) + "\n")
-    with open_append(run_dir / HISTORY) as f:  # every command that froze into it, resumes included
+    rd = RunDir(run_dir)
+    _write_text(rd.config, yaml.safe_dump(cfg, sort_keys=False))
+    _write_text(rd.overrides, yaml.safe_dump(list(overrides)))
+    if not rd.command.exists():  # the command that made the run stays as it was
+        _write_text(rd.command, shlex.join(argv) + "\n")
+    with open_append(rd.history) as f:  # every command that froze into it, resumes included
         f.write(shlex.join(argv) + "\n")
     git = git_state(Path.cwd())
-    write_json(run_dir / "git.json", git)
+    write_json(rd.git, git)
     if git.get("dirty"):  # the uncommitted changes the run used, for `git apply` after a checkout
-        _write_text(run_dir / "git.diff", git_diff(Path.cwd()))
+        _write_text(rd.git_diff, git_diff(Path.cwd()))
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -96,9 +175,6 @@ def git_diff(directory: Path) -> str:
 
 def command_line() -> list[str]:
     return [*program(), *sys.argv[1:]]
-
-
-STATUS = "status.json"
 
 
 @contextmanager

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from disttrain.config.errors import ConfigError
+from disttrain.rundir import RunDir
 
 KEY = "checkpoint.dir"
 
@@ -21,7 +22,7 @@ KEY = "checkpoint.dir"
 def checkpoint_dir(cfg: dict[str, Any], run_dir: Path) -> Path:
     """`checkpoint.dir` (relative: to the working directory), else `<run dir>/checkpoints`."""
     chosen = (cfg.get("checkpoint") or {}).get("dir")
-    return Path(str(chosen)).absolute() if chosen else run_dir / "checkpoints"
+    return Path(str(chosen)).absolute() if chosen else RunDir(run_dir).checkpoints
 
 
 def check_shared(cfg: dict[str, Any], run_dir: Path, env: Any) -> None:

@@ -36,7 +36,7 @@ from disttrain.observe.log import get_logger, setup_logging, teardown_logging
 from disttrain.observe.metrics import NullMetrics, make_metrics
 from disttrain.observe.profiler import make_profiler
 from disttrain.observe.summary import print_summary
-from disttrain.rundir import read_config, write_json
+from disttrain.rundir import RunDir, read_config, write_json
 from disttrain.shared_dir import check_shared, checkpoint_dir
 from disttrain.strategies import build_strategy
 from disttrain.strategies.base import Strategy
@@ -53,7 +53,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # the user's own modules, as in the parent; never ahead of torch
     env = DistEnv.from_env(cfg["backend"]["name"])
-    setup_logging(run_dir / "logs", env.rank, to_console=env.is_zero)
+    setup_logging(RunDir(run_dir).logs, env.rank, to_console=env.is_zero)
     threads = set_threads(cfg, env)
     launcher = launcher_pid()
     if "RANK" in os.environ:
@@ -130,7 +130,7 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
     summary.update(strategy.summary_stats(model, optimizer))  # a collective: every rank
     trained = path is None or summary["steps"] > start_step  # a finished run resumed trains nothing
     if env.is_zero and not summary.get("stopped_by") and trained:
-        write_json(run_dir / "summary.json", summary)
+        write_json(RunDir(run_dir).summary, summary)
         print_summary(summary)
     elif env.is_zero and not trained:
         log.warning("no step ran (the run had already finished): summary.json left as it was")
@@ -296,10 +296,10 @@ def report_env(run_dir: Path, env: DistEnv, threads: int) -> None:
         dist.all_gather_object(hosts, hostname())
     if env.is_zero:
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        if restart and (run_dir / "env.json").is_file():  # a restart: the machine was reported; be quick
-            report = json.loads((run_dir / "env.json").read_text())
+        if restart and RunDir(run_dir).env.is_file():  # a restart: the machine was reported; be quick
+            report = json.loads(RunDir(run_dir).env.read_text())
             report.setdefault("restarts", []).append({"attempt": restart, "time": time.time()})
-            write_json(run_dir / "env.json", report)
+            write_json(RunDir(run_dir).env, report)
             return
         report = collect_env()
         report.update(
@@ -311,7 +311,7 @@ def report_env(run_dir: Path, env: DistEnv, threads: int) -> None:
             device=str(env.device),
             started=time.time(),
         )
-        write_json(run_dir / "env.json", report)
+        write_json(RunDir(run_dir).env, report)
 
 
 if __name__ == "__main__":

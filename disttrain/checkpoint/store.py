@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from disttrain.rundir import RunDir
+
 log = logging.getLogger("disttrain")
 
 LATEST, MANIFEST, META = "latest", "manifest.json", "meta.json"
@@ -373,7 +375,8 @@ def candidates(location: Path) -> list[Path]:
     """Checkpoints to try, best first: `location` itself, or a run/checkpoints dir's latest, then older."""
     if (location / MANIFEST).exists() or (location / ".metadata").exists():
         return [location, *reversed([p for p in committed(location.parent) if p.name < location.name])]
-    ckpt_dir = location / "checkpoints" if (location / "checkpoints").is_dir() else location
+    own = RunDir(location).checkpoints
+    ckpt_dir = own if own.is_dir() else location
     found = list(reversed(committed(ckpt_dir)))
     latest = read_latest(ckpt_dir)
     if latest and (ckpt_dir / latest).is_dir():

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from disttrain.rundir import RunDir
+
 
 class LaunchError(RuntimeError):
     def __init__(self, rank: int | None, error: str, run_dir: Path, exit_code: int = 1) -> None:
         self.rank, self.error, self.run_dir, self.exit_code = rank, error, run_dir, exit_code
         where = f"rank {rank}" if rank is not None else "a rank"
         verb = "" if error.startswith(("was ", "exited", "stopped")) else "raised "
-        log = run_dir / "logs" / f"rank{rank if rank is not None else 0}.log"
+        log = RunDir(run_dir).rank_log(rank if rank is not None else 0)
         super().__init__(f"training failed: {where} {verb}{error}\n  log: {log}\n  run dir: {run_dir}")
 
 
@@ -42,7 +44,7 @@ def stopped_message(signame: str, run_dir: Path, since: float) -> str:
     """What a stop on `signame` left behind: "saved" only for a signal checkpoint committed since then."""
     from disttrain import checkpoint
 
-    ckpt_dir = run_dir / "checkpoints"
+    ckpt_dir = RunDir(run_dir).checkpoints
     name = checkpoint.read_latest(ckpt_dir)
     meta: dict[str, object] = {}
     if name:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from disttrain.launch.multinode import config_diff, config_hash, flatten
+from disttrain.rundir import RunDir
 
 
 def fill_local_env() -> None:
@@ -149,7 +150,7 @@ def train_as_launched_rank(args: Any) -> int:
     run_dir, frozen = Path(box[0]), box[1]
     local = max(1, env.local_world_size)
     # A node that does not see rank 0's run dir (no shared file system) keeps its own copy.
-    own_copy = env.local_rank == 0 and not env.is_zero and not (run_dir / "config.yaml").is_file()
+    own_copy = env.local_rank == 0 and not env.is_zero and not RunDir(run_dir).config.is_file()
     if own_copy:
         freeze(run_dir, {**frozen, "node_rank": env.rank // local}, args.overrides, command)
     owners: list[Any] = [None] * env.world_size

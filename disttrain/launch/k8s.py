@@ -24,6 +24,7 @@ import yaml
 
 from disttrain.config.errors import ConfigError
 from disttrain.config.k8s_checks import k8s_name
+from disttrain.rundir import RunDir
 
 MANIFEST = "k8s/job.yaml"
 CONFIG_MOUNT = "/etc/disttrain"  # the ConfigMap's mount point in every pod
@@ -202,7 +203,7 @@ def render(cfg: dict[str, Any], run_dir: Path, job: str) -> str:
         head.append(
             "# Run dir: an emptyDir per pod (lost with the pod); set launcher.pvc=CLAIM for a shared, kept one"
         )
-    docs = manifests(cfg, (run_dir / "config.yaml").read_text(), job)
+    docs = manifests(cfg, RunDir(run_dir).config.read_text(), job)
     body = yaml.dump_all(docs, Dumper=_BlockDumper, sort_keys=False)
     return "\n".join(head) + "\n---\n" + body
 

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from disttrain.observe.log import get_logger
-from disttrain.observe.sinks import TRACKERS, SinkContext, build_sinks, flatten, sink_key
+from disttrain.observe.sinks import SinkContext, build_sinks, flatten, sink_key
+from disttrain.rundir import RunDir
 
 log = get_logger()
-METRICS = "metrics.jsonl"
 
 
 class NullMetrics:
@@ -59,14 +59,14 @@ class Metrics(NullMetrics):
             return
         trackers, from_step = tracker_resume(self.run_dir, meta)
         if meta is not None:
-            truncate_metrics(self.run_dir / METRICS, from_step)
+            truncate_metrics(RunDir(self.run_dir).metrics, from_step)
         self._open(trackers, from_step)
 
     def _open(self, resume: dict[str, Any] | None, resume_step: int) -> None:
         from disttrain.safefile import open_append
 
         run_dir, cfg = self.run_dir, self.cfg
-        self._jsonl = open_append(run_dir / METRICS)  # a planted symlink fails, not followed
+        self._jsonl = open_append(RunDir(run_dir).metrics)  # a planted symlink fails, not followed
         self.sinks = build_sinks(cfg)
         params = flatten({k: v for k, v in cfg.items() if k != "observe"})
         for i, sink in enumerate(self.sinks):
@@ -77,7 +77,7 @@ class Metrics(NullMetrics):
                 sink.log_hparams(params)
         from disttrain.rundir import write_json
 
-        write_json(run_dir / TRACKERS, self.tracker_state())
+        write_json(RunDir(run_dir).trackers, self.tracker_state())
 
     def log(self, step: int, values: dict[str, float], **extra: Any) -> None:
         if self._jsonl is None:
@@ -116,7 +116,7 @@ def tracker_resume(run_dir: Path, meta: dict[str, Any] | None) -> tuple[dict[str
     the first checkpoint) the run dir's own trackers.json from step 0, else none (a fresh run)."""
     if meta is not None:
         return meta.get("trackers") or None, int(meta["step"])
-    own = run_dir / TRACKERS
+    own = RunDir(run_dir).trackers
     if own.is_file():
         try:
             return json.loads(own.read_text()) or None, 0
@@ -129,7 +129,7 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """The records of RUN_DIR/metrics.jsonl, skipping a line a crash cut mid-write."""
     out = []
     try:
-        lines = (run_dir / METRICS).read_text().splitlines()
+        lines = RunDir(run_dir).metrics.read_text().splitlines()
     except OSError:
         return []
     for line in lines:

@@ -40,7 +40,6 @@ ALIASES = {
     "mlflow": "disttrain.observe.sinks.MLflow",
     "wandb": "disttrain.observe.sinks.WandB",
 }
-TRACKERS = "trackers.json"  # the run dir's own record of its tracker runs (restarts before a checkpoint)
 
 
 @dataclass

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from disttrain.dist import DistEnv, destroy_process_group, init_process_group
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
-from disttrain.rundir import read_config, write_json
+from disttrain.rundir import RunDir, read_config, write_json
 from disttrain.tools.collectives import DTYPES, bus_factor, make_case
 
 SPEC = "commbench.json"
@@ -190,7 +190,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     cfg = read_config(run_dir)
     spec = json.loads((run_dir / SPEC).read_text())
     env = DistEnv.from_env(cfg["backend"]["name"])
-    setup_logging(run_dir / "logs", env.rank, to_console=False)
+    setup_logging(RunDir(run_dir).logs, env.rank, to_console=False)
     from disttrain.launch import threads_per_rank
 
     torch.set_num_threads(threads_per_rank(cfg))

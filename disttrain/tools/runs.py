@@ -21,14 +21,15 @@ import yaml
 
 from disttrain.config.fingerprint import differences, flatten
 from disttrain.observe.metrics import read_metrics
+from disttrain.rundir import CONFIG, RunDir
 
 
 # ------------------------------------------------------------------------------------ reading
 def find_runs(root: Path) -> list[Path]:
     """Every run dir under `root` (it holds the frozen config.yaml; Hydra's .hydra/ copy is not one)."""
-    if (root / "config.yaml").is_file() and root.name != ".hydra":
+    if RunDir(root).is_run():
         return [root]
-    return sorted(p.parent for p in root.rglob("config.yaml") if p.parent.name != ".hydra")
+    return sorted(p.parent for p in root.rglob(CONFIG) if RunDir(p.parent).is_run())
 
 
 def _json(path: Path) -> Any:
@@ -39,9 +40,9 @@ def _json(path: Path) -> Any:
 
 
 def status_of(run_dir: Path) -> dict[str, Any]:
-    st = _json(run_dir / "status.json")
+    st = _json(RunDir(run_dir).status)
     if not isinstance(st, dict):
-        done = (run_dir / "summary.json").is_file()
+        done = RunDir(run_dir).summary.is_file()
         return {"status": "finished" if done else "unknown", "note": "no status.json (older run)"}
     if st.get("status") == "running" and st.get("host") == socket.gethostname() and not _alive(st.get("pid")):
         return {**st, "status": "interrupted", "note": f"launcher process {st.get('pid')} is gone"}
@@ -78,8 +79,8 @@ def run_info(run_dir: Path) -> dict[str, Any]:
     records = read_metrics(run_dir)
     st = status_of(run_dir)
     train = [r for r in records if "train/loss" in r]
-    env = _json(run_dir / "env.json") or {}
-    started = st.get("started") or env.get("started") or (run_dir / "config.yaml").stat().st_mtime
+    env = _json(RunDir(run_dir).env) or {}
+    started = st.get("started") or env.get("started") or RunDir(run_dir).config.stat().st_mtime
     return {
         "run_dir": str(run_dir),
         "name": cfg.get("name"),
@@ -98,7 +99,7 @@ def run_info(run_dir: Path) -> dict[str, Any]:
 
 def _config(run_dir: Path) -> dict[str, Any]:
     try:
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        cfg = yaml.safe_load(RunDir(run_dir).config.read_text())
     except (OSError, yaml.YAMLError):
         return {}
     return cfg if isinstance(cfg, dict) else {}
@@ -127,7 +128,7 @@ def default_config(run_dir: Path) -> dict[str, Any]:
 
 def _command(run_dir: Path) -> list[str]:
     try:
-        return shlex.split((run_dir / "command.txt").read_text().strip())
+        return shlex.split(RunDir(run_dir).command.read_text().strip())
     except (OSError, ValueError):
         return []
 
@@ -135,7 +136,7 @@ def _command(run_dir: Path) -> list[str]:
 def reproduce(run_dir: Path) -> str:
     """`disttrain train` with the run's overrides (one job even when it came from a -m sweep)."""
     try:
-        overrides = yaml.safe_load((run_dir / "overrides.yaml").read_text()) or []
+        overrides = yaml.safe_load(RunDir(run_dir).overrides.read_text()) or []
     except (OSError, yaml.YAMLError):
         overrides = []
     argv = _command(run_dir)
@@ -161,7 +162,7 @@ def checkpoints(run_dir: Path) -> list[dict[str, Any]]:
     from disttrain.shared_dir import checkpoint_dir
 
     try:
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        cfg = yaml.safe_load(RunDir(run_dir).config.read_text())
     except (OSError, yaml.YAMLError):
         cfg = None
     folder = checkpoint_dir(cfg if isinstance(cfg, dict) else {}, run_dir)  # checkpoint.dir, if set
@@ -176,7 +177,7 @@ def checkpoints(run_dir: Path) -> list[dict[str, Any]]:
 
 def final_metrics(run_dir: Path) -> dict[str, Any]:
     """summary.json's numbers; for a run without one, the last logged value of every metric."""
-    summary = _json(run_dir / "summary.json")
+    summary = _json(RunDir(run_dir).summary)
     if isinstance(summary, dict):
         return {k: v for k, v in summary.items() if isinstance(v, int | float) and k != "first_step_at"}
     last: dict[str, Any] = {}
@@ -229,7 +230,7 @@ def _run_dir(text: str) -> Path:
     from disttrain.config.errors import ConfigError
 
     path = Path(text).resolve()
-    if not (path / "config.yaml").is_file():
+    if not RunDir(path).config.is_file():
         raise ConfigError(
             "RUN_DIR", text, "a run directory (it holds config.yaml)", "list runs with `disttrain runs`."
         )
