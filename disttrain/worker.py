@@ -15,23 +15,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from disttrain import checkpoint
-from disttrain.checkpoint.manager import Checkpointer, ModelState, run_info
+from disttrain.checkpoint.manager import Checkpointer, ModelState, resume_location, run_info
 from disttrain.config.errors import ConfigError
 from disttrain.config.schema import CheckpointConfig, DebugConfig, ProfilerConfig, TrainerConfig
 from disttrain.config.typed import typed
 from disttrain.data import build_datasets
-from disttrain.data.samplers import ResumableSampler, ShardSampler
-from disttrain.dist import DistEnv, destroy_process_group, hostname, init_process_group
+from disttrain.data.loaders import make_loaders
+from disttrain.dist import DistEnv, destroy_process_group, init_process_group
 from disttrain.engine.guards import Guards
 from disttrain.engine.loop import Engine, Parts, global_batch, total_steps
 from disttrain.engine.optim import build_optimizer, build_scheduler
 from disttrain.engine.rng import seed_everything
 from disttrain.engine.state import TrainState
 from disttrain.models import build_model
+from disttrain.observe.envreport import report_env
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
 from disttrain.observe.metrics import NullMetrics, make_metrics
 from disttrain.observe.profiler import make_profiler
@@ -41,7 +39,6 @@ from disttrain.shared_dir import check_shared, checkpoint_dir
 from disttrain.strategies import build_strategy
 from disttrain.strategies.base import Strategy
 from disttrain.tasks import build_task
-from disttrain.tools.envreport import collect_env
 
 log = get_logger()
 
@@ -193,52 +190,6 @@ def prepare_model(model: Any, trainer: TrainerConfig) -> None:
     setter(True)
 
 
-def make_loaders(
-    cfg: dict[str, Any],
-    env: DistEnv,
-    train_set: Dataset,
-    val_set: Dataset | None,
-    dp_rank_size: tuple[int, int] | None = None,
-) -> tuple[DataLoader, DataLoader | None]:
-    """The same global permutation for any world size: rank r takes every world-th sample of it.
-
-    `dp_rank_size` is the strategy's (rank, size) among data-parallel replicas (default: the world).
-    """
-    dp_rank, dp_size = dp_rank_size or (env.rank, env.world_size)
-    data, batch = cfg["data"], cfg["trainer"]["batch_size"]
-    common: dict[str, Any] = {"num_workers": data["num_workers"], "pin_memory": data["pin_memory"]}
-    if data["num_workers"] > 0:
-        common["persistent_workers"] = bool(data.get("persistent_workers", True))
-        if data.get("prefetch_factor") is not None:
-            common["prefetch_factor"] = int(data["prefetch_factor"])
-    sampler: DistributedSampler = ResumableSampler(
-        train_set,
-        num_replicas=dp_size,
-        rank=dp_rank,
-        shuffle=data["shuffle"],
-        seed=cfg["seed"],
-        drop_last=True,
-    )
-    train = DataLoader(train_set, batch_size=batch, sampler=sampler, drop_last=data["drop_last"], **common)
-    val = None
-    if val_set is not None:
-        shard = ShardSampler(len(val_set), dp_rank, dp_size)  # type: ignore[arg-type]
-        val = DataLoader(val_set, batch_size=batch, sampler=shard, **common)
-    return train, val
-
-
-def resume_location(cfg: dict[str, Any], run_dir: Path) -> Path | None:
-    """Where to continue from: a restart or resume=auto takes the run dir's own checkpoints first."""
-    own = checkpoint_dir(cfg, run_dir)
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
-    resume = cfg.get("resume", "auto")
-    if checkpoint.committed(own) and (resume == "auto" or restarted):
-        return own
-    if resume in (None, "auto", "never"):
-        return None
-    return Path(str(resume))
-
-
 def record_orphaned(run_dir: Path, launcher: int, what: str) -> None:
     """The launcher died (SIGKILL: it could not record it): status.json must not stay `running`."""
     from disttrain.rundir import STATUS
@@ -287,31 +238,6 @@ def set_threads(cfg: dict[str, Any], env: DistEnv) -> int:
     threads = cfg.get("threads_per_rank") or max(1, len(os.sched_getaffinity(0)) // env.local_world_size)
     torch.set_num_threads(threads)
     return threads
-
-
-def report_env(run_dir: Path, env: DistEnv, threads: int) -> None:
-    hosts: list[Any] = [hostname()]
-    if dist.is_initialized() and env.world_size > 1:
-        hosts = [None] * env.world_size
-        dist.all_gather_object(hosts, hostname())
-    if env.is_zero:
-        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-        if restart and RunDir(run_dir).env.is_file():  # a restart: the machine was reported; be quick
-            report = json.loads(RunDir(run_dir).env.read_text())
-            report.setdefault("restarts", []).append({"attempt": restart, "time": time.time()})
-            write_json(RunDir(run_dir).env, report)
-            return
-        report = collect_env()
-        report.update(
-            backend=env.backend,
-            world_size=env.world_size,
-            local_world_size=env.local_world_size,
-            threads_per_rank=threads,
-            hosts=hosts,
-            device=str(env.device),
-            started=time.time(),
-        )
-        write_json(RunDir(run_dir).env, report)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ it without opening the shards.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from disttrain.config.fingerprint import config_diff, config_hash, shaping_confi
 from disttrain.config.schema import CheckpointConfig
 from disttrain.dist import DistEnv, default_store
 from disttrain.engine.rng import rng_state
+from disttrain.shared_dir import checkpoint_dir
 
 log = logging.getLogger("disttrain")
 
@@ -59,6 +61,18 @@ def run_info(
         "config_hash": config_hash(cfg),
         "config": shaping_config(cfg),
     }
+
+
+def resume_location(cfg: dict[str, Any], run_dir: Path) -> Path | None:
+    """Where to continue from: a restart or resume=auto takes the run dir's own checkpoints first."""
+    own = checkpoint_dir(cfg, run_dir)
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    resume = cfg.get("resume", "auto")
+    if checkpoint.committed(own) and (resume == "auto" or restarted):
+        return own
+    if resume in (None, "auto", "never"):
+        return None
+    return Path(str(resume))
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from disttrain.tools.traps import check_traps, ifname_matches
+from disttrain.observe.traps import check_traps, ifname_matches
 
 NAMES = ["lo", "eth0", "eth1", "ib0"]
 BASE = {"cpu_count": 8, "cpu_affinity": 8, "interfaces": [{"name": n} for n in NAMES], "shm_bytes": 8 << 30}
