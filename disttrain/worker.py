@@ -88,24 +88,8 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
 
 
 def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
-    trainer = typed(TrainerConfig, cfg["trainer"])
-    seed_everything(cfg["seed"])  # identical model init on every rank
-    train_set, val_set = build_datasets(cfg["data"])
-    model = build_model(cfg["model"])
-    seed_everything(cfg["seed"] + env.rank)  # per-rank randomness from here on (dropout, ...)
-    strategy = build_strategy(cfg["strategy"], env)
-    strategy.precision = strategy.make_precision(cfg.get("amp") or {})
-    prepare_model(model, trainer)
-    model = strategy.setup_module(model)
-    if trainer.compile:
-        log.info("trainer.compile: torch.compile of %s (inductor)", type(strategy.unwrap(model)).__name__)
-        model.compile()  # in place: parameter names (and so checkpoints) stay the same
-    dp_rank_size = strategy.data_parallel_rank_size()  # pipeline/tp ranks share data: not env.rank/world
-    optimizer = strategy.setup_optimizer(build_optimizer(cfg["optim"], model, dp_rank_size[1]))
-    train_loader, val_loader = make_loaders(cfg, env, train_set, val_set, dp_rank_size)
-    scheduler = build_scheduler(cfg["sched"], optimizer, total_steps(trainer, len(train_loader)))
-    task = build_task(cfg["task"]).setup(env.device)
-    parts = Parts(model, optimizer, scheduler, task, train_loader, val_loader)
+    strategy, parts = build_parts(cfg, env)
+    model, optimizer = parts.model, parts.optimizer
     resume_from = resume_location(cfg, run_dir)
     metrics = make_metrics(run_dir, env.is_zero, cfg)
     try:
@@ -132,6 +116,28 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
     elif env.is_zero and not trained:
         log.warning("no step ran (the run had already finished): summary.json left as it was")
     return summary
+
+
+def build_parts(cfg: dict[str, Any], env: DistEnv) -> tuple[Strategy, Parts]:
+    """nanoGPT order: seed, data, model, strategy, optimizer, loaders, schedule, task."""
+    trainer = typed(TrainerConfig, cfg["trainer"])
+    seed_everything(cfg["seed"])  # identical model init on every rank
+    train_set, val_set = build_datasets(cfg["data"])
+    model = build_model(cfg["model"])
+    seed_everything(cfg["seed"] + env.rank)  # per-rank randomness from here on (dropout, ...)
+    strategy = build_strategy(cfg["strategy"], env)
+    strategy.precision = strategy.make_precision(cfg.get("amp") or {})
+    prepare_model(model, trainer)
+    model = strategy.setup_module(model)
+    if trainer.compile:
+        log.info("trainer.compile: torch.compile of %s (inductor)", type(strategy.unwrap(model)).__name__)
+        model.compile()  # in place: parameter names (and so checkpoints) stay the same
+    dp_rank_size = strategy.data_parallel_rank_size()  # pipeline/tp ranks share data: not env.rank/world
+    optimizer = strategy.setup_optimizer(build_optimizer(cfg["optim"], model, dp_rank_size[1]))
+    train_loader, val_loader = make_loaders(cfg, env, train_set, val_set, dp_rank_size)
+    scheduler = build_scheduler(cfg["sched"], optimizer, total_steps(trainer, len(train_loader)))
+    task = build_task(cfg["task"]).setup(env.device)
+    return strategy, Parts(model, optimizer, scheduler, task, train_loader, val_loader)
 
 
 def build_engine(

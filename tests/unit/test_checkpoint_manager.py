@@ -1,0 +1,141 @@
+"""disttrain.checkpoint.manager with explicit state objects and no engine: what goes where, a
+restore that brings every state back, fallback past a checkpoint that does not load, and states a
+checkpoint does not hold."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from disttrain.checkpoint import committed, read_meta
+from disttrain.checkpoint.manager import Checkpointer, ModelState, run_info
+from disttrain.config.schema import CheckpointConfig
+from disttrain.dist import DistEnv
+from disttrain.engine.state import TrainState
+from disttrain.strategies.base import Strategy
+
+pytestmark = pytest.mark.timeout(60)
+
+ENV = DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu"))
+CFG = {"model": {"hidden": 4}, "optim": {"lr": 0.1}, "trainer": {"log_every": 1}}
+
+
+class Counter:
+    """A user's own Stateful: saved under its name in the sharded checkpoint."""
+
+    def __init__(self) -> None:
+        self.n = torch.zeros(3)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.n = state["n"].clone()
+
+
+def parts() -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    return model, opt, sched
+
+
+def manager(directory: Path, **extra: Any) -> tuple[Checkpointer, nn.Module, Any, TrainState, Counter]:
+    model, opt, sched = parts()
+    state, counter = TrainState(), Counter()
+    states = {"model": ModelState(Strategy({}, ENV), model, opt), "scheduler": sched, "train": state}
+    states["counter"] = counter  # type: ignore[assignment]
+    cfg = CheckpointConfig(keep=5, verify="hash")
+    info = run_info(CFG, "single", 1, 1, 32)
+    return Checkpointer(cfg, directory, ENV, states, run_info=info, **extra), model, opt, state, counter
+
+
+def train(model: nn.Module, opt: torch.optim.Optimizer, sched: Any, state: TrainState, steps: int) -> None:
+    for _ in range(steps):
+        model(torch.randn(5, 4)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        state.step += 1
+        state.samples += 32
+        state.epoch_samples += 32
+
+
+def test_save_writes_the_train_state_and_run_info_into_meta_and_the_rest_into_dcp(tmp_path: Path) -> None:
+    ckpt, _, _, state, counter = manager(tmp_path, extra_meta=lambda: {"trackers": {"x": 1}})
+    state.step, state.samples, state.last_val = 7, 224, {"val/loss": 0.5}
+    counter.n += 2
+    ckpt.save("periodic")
+    [path] = committed(tmp_path)
+    meta = read_meta(path)
+    assert {k: meta[k] for k in ("step", "samples", "epoch", "epoch_samples", "last_val")} == {
+        "step": 7, "samples": 224, "epoch": 0, "epoch_samples": 0, "last_val": {"val/loss": 0.5},
+    }  # fmt: skip
+    assert meta["states"] == ["counter", "model", "scheduler"] and meta["reason"] == "periodic"
+    assert meta["global_batch"] == 32 and meta["strategy"] == "single" and meta["trackers"] == {"x": 1}
+    assert meta["config_hash"] == run_info(CFG, "single", 1, 1, 32)["config_hash"]
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = set(FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+    assert "model.0.weight" in keys  # the model's keys at the top level (what `export` reads)
+    assert "counter.n" in keys and any(k.startswith("optim.") for k in keys)
+    assert any(k.startswith("scheduler.") for k in keys)
+    ckpt.save("periodic")  # the same step again: nothing new
+    assert len(committed(tmp_path)) == 1
+
+
+def test_resume_restores_every_state_object(tmp_path: Path) -> None:
+    ckpt, model, opt, state, counter = manager(tmp_path)
+    sched = ckpt.states["scheduler"]
+    train(model, opt, sched, state, 3)
+    counter.n += 1
+    ckpt.save("periodic")
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_opt = json.dumps(opt.state_dict()["param_groups"])
+
+    fresh, model2, opt2, state2, counter2 = manager(tmp_path)
+    restored = fresh.resume(tmp_path)
+    assert restored is not None and restored.path.name == "step_00000003"
+    assert restored.rng is not None and restored.meta["step"] == 3
+    assert (state2.step, state2.samples, state2.epoch_samples) == (3, 96, 96)
+    assert all(torch.equal(saved[k], v) for k, v in model2.state_dict().items())
+    assert json.dumps(opt2.state_dict()["param_groups"]) == saved_opt
+    assert fresh.states["scheduler"].state_dict()["last_epoch"] == 3  # type: ignore[attr-defined]
+    assert torch.equal(counter2.n, torch.ones(3))
+    assert fresh.last_saved_step == 3
+
+
+def test_a_checkpoint_that_does_not_load_falls_back_to_the_previous_one(tmp_path: Path) -> None:
+    ckpt, model, opt, state, _ = manager(tmp_path)
+    for _ in range(2):
+        train(model, opt, ckpt.states["scheduler"], state, 1)
+        ckpt.save("periodic")
+    newest = committed(tmp_path)[-1]
+    (newest / "rng_rank0.pt").write_bytes(b"not a pickle")  # the manifest check catches it
+    fresh, *_ = manager(tmp_path)
+    restored = fresh.resume(tmp_path)
+    assert restored is not None and restored.path.name == "step_00000001"
+
+
+def test_a_state_the_checkpoint_does_not_hold_keeps_its_value(tmp_path: Path) -> None:
+    """A checkpoint saved with fewer states (an older one, a run without a scaler) restores into a
+    manager that has more: the others keep their values."""
+    ckpt, model, opt, state, _ = manager(tmp_path)
+    train(model, opt, ckpt.states["scheduler"], state, 1)
+    ckpt.states.pop("counter")
+    ckpt.save("periodic")
+    fresh, _, _, state2, counter2 = manager(tmp_path)
+    counter2.n += 5
+    assert fresh.resume(tmp_path) is not None
+    assert state2.step == 1 and torch.equal(counter2.n, torch.full((3,), 5.0))
+
+
+def test_no_checkpoint_there_is_none(tmp_path: Path) -> None:
+    ckpt, *_ = manager(tmp_path)
+    assert ckpt.resume(tmp_path) is None

@@ -1,0 +1,155 @@
+"""disttrain.engine.loop in this process, world size 1 (gloo over a HashStore): accumulation,
+clipping, validation averaging, the stop flag, and a checkpoint saved and resumed bitwise.
+
+The engine is built exactly as a rank builds it (worker.build_parts + worker.build_engine) from a
+composed, checked config; only the launcher and the subprocess are left out.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from unit_support import checked
+
+from disttrain.checkpoint import committed, read_meta
+from disttrain.dist import DistEnv
+from disttrain.engine.loop import Engine
+from disttrain.observe.metrics import make_metrics, read_metrics
+from disttrain.worker import build_engine, build_parts
+
+pytestmark = pytest.mark.timeout(120)
+
+BASE = (
+    "data=synthetic",
+    "data.num_samples=256",
+    "data.num_val_samples=100",
+    "model=mlp",
+    "model.hidden=[16]",
+    "strategy=single",
+    "nproc_per_node=1",
+    "trainer.progress=false",
+    "trainer.batch_size=16",
+    "trainer.log_every=1",
+    "observe.sinks=[]",
+    "threads_per_rank=1",
+    "optim=sgd",
+    "optim.momentum=0.0",
+    "optim.weight_decay=0.0",
+    "sched=constant",
+    "checkpoint.keep=5",
+)
+
+
+@pytest.fixture(autouse=True)
+def one_rank() -> Iterator[None]:
+    """A real process group of one rank (gloo over an in-memory store): collectives are no-ops
+    that still go through torch.distributed, as on a single-GPU run."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def engine(run_dir: Path, *overrides: str) -> Engine:
+    cfg = checked([*BASE, *overrides])
+    env = DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    strategy, parts = build_parts(cfg, env)
+    return build_engine(cfg, env, run_dir, strategy, parts, make_metrics(run_dir, True, cfg))
+
+
+def params(e: Engine) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in e.model.parameters()]
+
+
+def fit(e: Engine) -> dict[str, Any]:
+    try:
+        return e.fit()
+    finally:
+        e.metrics.close()
+
+
+def test_grad_accumulation_equals_one_big_batch(tmp_path: Path) -> None:
+    """2 micro-batches of 16 take the step one batch of 32 takes (the same samples, mean loss)."""
+    whole = engine(
+        tmp_path / "a", "trainer.batch_size=32", "trainer.max_steps=4", "trainer.clip_grad_norm=null"
+    )
+    accum = engine(
+        tmp_path / "b", "trainer.grad_accum=2", "trainer.max_steps=4", "trainer.clip_grad_norm=null"
+    )
+    assert whole.global_batch == accum.global_batch == 32
+    fit(whole), fit(accum)
+    for a, b in zip(params(whole), params(accum), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert whole.state.samples == accum.state.samples == 4 * 32
+
+
+def test_clipping_bounds_the_update_and_reports_the_norm_before_clipping(tmp_path: Path) -> None:
+    e = engine(tmp_path, "trainer.clip_grad_norm=0.001", "optim.lr=1.0", "trainer.max_steps=1")
+    before = params(e)
+    batches = [next(iter(e.train_loader))]
+    _, norm = e.train_step(batches)
+    moved = torch.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(params(e), before, strict=True)))
+    assert float(norm) > 0.01  # the unclipped norm, as logged
+    assert float(moved) == pytest.approx(0.001, rel=1e-4)  # plain SGD, lr 1: the step is the clipped gradient
+
+
+def test_validation_averages_over_samples_not_batches(tmp_path: Path) -> None:
+    """100 samples in batches of 16: the last batch (4 samples) weighs 4, not 16."""
+    e = engine(tmp_path, "trainer.max_steps=1")
+    values = e.validate()
+    assert e.val_loader is not None
+    xs, ys = zip(*(e.val_loader.dataset[i] for i in range(len(e.val_loader.dataset))), strict=True)  # type: ignore[arg-type]
+    with torch.no_grad():
+        out = e.model(torch.stack(xs))
+    expected = torch.nn.functional.cross_entropy(out, torch.as_tensor(ys)).item()
+    assert values["val/loss"] == pytest.approx(expected, rel=1e-6)
+    assert e.state.last_val == values
+
+
+def test_a_signal_stops_after_the_step_and_saves(tmp_path: Path) -> None:
+    e = engine(tmp_path, "trainer.max_steps=10")
+    step = e.train_step
+
+    def signalled_at_3(micro_batches: list[Any]) -> Any:
+        out = step(micro_batches)
+        if e.state.step + 1 == 3:
+            signal.raise_signal(signal.SIGTERM)  # the handler StopFlag installed for fit()
+        return out
+
+    e.train_step = signalled_at_3  # type: ignore[method-assign]
+    summary = fit(e)
+    assert summary["stopped_by"] == "SIGTERM" and summary["steps"] == 3
+    [saved] = committed(e.ckpt.dir)
+    assert read_meta(saved)["reason"] == "signal" and read_meta(saved)["step"] == 3
+    assert signal.getsignal(signal.SIGTERM) is not e.stop._handle  # handlers restored after fit
+
+
+def test_checkpoint_resume_in_one_process_is_bitwise(tmp_path: Path) -> None:
+    """Stop at step 5 (mid-epoch, dropout drawing from the RNG), resume in a new engine: the same
+    weights, optimizer state and losses as a run that never stopped."""
+    run = ("trainer.max_steps=9", "trainer.ckpt_every=5", "model.dropout=0.2", "optim.momentum=0.9")
+    straight = engine(tmp_path / "straight", *run)
+    fit(straight)
+
+    first = engine(tmp_path / "resumed", *run, "trainer.max_steps=5")
+    fit(first)
+    again = engine(tmp_path / "resumed", *run)
+    path = again.resume(again.ckpt.dir)
+    assert path is not None and path.name == "step_00000005" and again.state.step == 5
+    assert again.state.epoch_samples == 5 * 16
+    fit(again)
+    for a, b in zip(params(straight), params(again), strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(straight.optimizer.state.values(), again.optimizer.state.values(), strict=True):
+        assert torch.equal(a["momentum_buffer"], b["momentum_buffer"])
+    losses = {r["step"]: r["train/loss"] for r in read_metrics(tmp_path / "straight") if "train/loss" in r}
+    resumed = {r["step"]: r["train/loss"] for r in read_metrics(tmp_path / "resumed") if "train/loss" in r}
+    assert resumed == losses  # metrics.jsonl: steps 1-5 from the first run, 6-9 after the resume
