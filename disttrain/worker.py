@@ -126,7 +126,7 @@ def build_parts(cfg: dict[str, Any], env: DistEnv) -> tuple[Strategy, Parts]:
     model = build_model(cfg["model"])
     seed_everything(cfg["seed"] + env.rank)  # per-rank randomness from here on (dropout, ...)
     strategy = build_strategy(cfg["strategy"], env)
-    strategy.precision = strategy.make_precision(cfg.get("amp") or {})
+    strategy.precision = strategy.make_precision(cfg["amp"])
     prepare_model(model, trainer)
     model = strategy.setup_module(model)
     if trainer.compile:
@@ -156,7 +156,7 @@ def build_engine(
         states["scaler"] = strategy.precision.scaler
     dp_size = strategy.data_parallel_rank_size()[1]
     ckpt = Checkpointer(
-        typed(CheckpointConfig, cfg.get("checkpoint")),
+        typed(CheckpointConfig, cfg["checkpoint"]),
         checkpoint_dir(cfg, run_dir),  # checkpoint.dir, else <run dir>/checkpoints
         env,
         states,
@@ -164,10 +164,10 @@ def build_engine(
         barrier=strategy.barrier,
         extra_meta=lambda: {"trackers": metrics.tracker_state()},  # rank 0: tracker runs to continue
     )
-    debug = typed(DebugConfig, cfg.get("debug"))
+    debug = typed(DebugConfig, cfg["debug"])
     guards = Guards(trainer.detect_anomaly, debug, env, strategy.precision, strategy, parts.model, ckpt.dir)
-    window = typed(ProfilerConfig, cfg.get("profiler"))
-    profiler = make_profiler(bool(cfg.get("profile")), window, run_dir, env.rank)
+    window = typed(ProfilerConfig, cfg["profiler"])
+    profiler = make_profiler(bool(cfg["profile"]), window, run_dir, env.rank)
     return Engine(
         trainer,
         env,

@@ -67,7 +67,7 @@ def resume_location(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     """Where to continue from: a restart or resume=auto takes the run dir's own checkpoints first."""
     own = checkpoint_dir(cfg, run_dir)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
-    resume = cfg.get("resume", "auto")
+    resume = cfg["resume"]
     if checkpoint.committed(own) and (resume == "auto" or restarted):
         return own
     if resume in (None, "auto", "never"):

@@ -13,19 +13,24 @@ from typing import Any
 
 import torch
 
+from disttrain.config.schema import AmpConfig
+from disttrain.config.typed import typed
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class Precision:
-    def __init__(self, cfg: dict[str, Any] | None, device: torch.device, sharded: bool = False) -> None:
-        cfg = cfg or {}
-        self.name = str(cfg.get("name", "off"))
-        self.dtype = DTYPES[cfg.get("dtype", "float32")]
+    def __init__(
+        self, cfg: AmpConfig | dict[str, Any] | None, device: torch.device, sharded: bool = False
+    ) -> None:
+        amp = typed(AmpConfig, cfg) if cfg else AmpConfig()  # the schema holds the defaults
+        self.name = amp.name
+        self.dtype = DTYPES[amp.dtype]
         self.device_type = device.type
         self.enabled = self.name != "off"
         kwargs: dict[str, Any] = {
-            "init_scale": float(cfg.get("init_scale", 65536.0)),
-            "growth_interval": int(cfg.get("growth_interval", 2000)),
+            "init_scale": float(amp.init_scale),
+            "growth_interval": int(amp.growth_interval),
             "enabled": self.name == "fp16",
         }
         if sharded:
