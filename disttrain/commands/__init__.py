@@ -1,0 +1,1 @@
+"""The subcommands' entry points (`disttrain resume`, `rerun`, `export`, ...): cli.py only dispatches."""
