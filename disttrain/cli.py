@@ -182,13 +182,12 @@ _CHECKED_FROM: list[Any] = [None, "config"]  # --config-dir, --config-name of th
 
 
 def _run_hydra_app(rest: list[str], config_name: str, command: list[str] | None = None) -> int:
-    from disttrain.commands.hydra_app import hide_schemas_in_help, run_main
+    from disttrain.commands.hydra_app import register_help_resolver, run_main
     from disttrain.config import config_dir
     from disttrain.config.schema import register
 
     register()
-    if {"--help", "-h"} & set(rest):
-        hide_schemas_in_help()
+    register_help_resolver()  # config.yaml's hydra.help.template lists the groups through it
     from disttrain.rundir import program
 
     _COMMAND[:] = [*program(), "train", *(rest if command is None else command)]

@@ -41,30 +41,42 @@ def run_main(task: Callable[[Any], Any], config_path: str, config_name: str, arg
         sys.argv = saved
 
 
-def hide_schemas_in_help() -> None:
-    """`--help` lists each group's options; the `base_*` schemas the YAML options extend (Hydra's
-    extend-a-schema pattern) are not choices, so they are left out of that list.
+GROUPS_RESOLVER = "disttrain_groups"
 
-    Private: the option lists come from `Hydra.format_config_groups`, which `--help` calls
-    directly; `hydra.help.template` can only place its text (`$APP_CONFIG_GROUPS`), not filter it,
-    and there is no public listing of a group's options to write the list ourselves. So that
-    method is wrapped (once, idempotent) to drop `base_*` entries.
+
+def register_help_resolver() -> None:
+    """`${disttrain_groups:}`, used by the `hydra.help.template` of disttrain's config.yaml: each
+    app config group with its options, as Hydra's `$APP_CONFIG_GROUPS` lists them, but without the
+    `base_*` schemas the YAML options extend (Hydra's extend-a-schema pattern; they are no choices).
+
+    Public API only: a help template (Hydra's documented way to customise `--help`), an OmegaConf
+    resolver, and the `ConfigLoader` interface Hydra hands its plugins (`GlobalHydra`).
     """
-    from hydra._internal.hydra import Hydra
+    from omegaconf import OmegaConf
 
-    original = Hydra.format_config_groups
-    if getattr(original, "_disttrain", False):
-        return
+    if not OmegaConf.has_resolver(GROUPS_RESOLVER):
+        OmegaConf.register_new_resolver(GROUPS_RESOLVER, app_config_groups)
 
-    def format_config_groups(self: Hydra, predicate: Callable[[str], bool], compact: bool = True) -> str:
-        lines = []
-        for line in original(self, predicate, compact).splitlines():
-            head, sep, items = line.partition(": ")
-            if sep and compact:
-                line = head + sep + ", ".join(o for o in items.split(", ") if not o.startswith("base_"))
-            if not line.strip().startswith("base_"):
-                lines.append(line)
-        return "".join(f"{line}\n" for line in lines)
 
-    format_config_groups._disttrain = True  # type: ignore[attr-defined]
-    Hydra.format_config_groups = format_config_groups  # type: ignore[method-assign]
+def app_config_groups() -> str:
+    """ "group: option, option" lines for every non-hydra group of the running Hydra app."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
+
+    loader = GlobalHydra.instance().config_loader()
+
+    def groups(parent: str) -> list[str]:
+        found = []
+        for name in loader.list_groups(parent):
+            group = f"{parent}/{name}" if parent else name
+            if loader.get_group_options(group, ObjectType.CONFIG):
+                found.append(group)
+            if loader.get_group_options(group, ObjectType.GROUP):
+                found += groups(group)
+        return found
+
+    lines = []
+    for group in sorted(g for g in groups("") if g != "hydra" and not g.startswith("hydra/")):
+        options = sorted(o for o in loader.get_group_options(group) if not o.startswith("base_"))
+        lines.append(f"{group}: {', '.join(options)}\n")
+    return "".join(lines)
