@@ -283,9 +283,7 @@ def _lazy(target: str) -> Callable[[list[str]], int]:
     return command
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {
-    name: cmd_train if name == "train" else _lazy(target) for name, target in TARGETS.items()
-}
+COMMANDS: dict[str, Callable[[list[str]], int]] = {name: _lazy(target) for name, target in TARGETS.items()}
 
 
 def add_cwd_to_path() -> None:
