@@ -98,9 +98,9 @@ def rehearsal_warning(cfg: dict[str, Any]) -> str | None:
     loopback master_addr means the other nodes never arrive, so the launch says which case it is.
     """
     addr = str(cfg.get("master_addr"))
-    from disttrain.launch.registry import launcher_spec
+    from disttrain.launch.registry import launcher_for
 
-    if int(cfg["nodes"]) == 1 or launcher_spec(cfg).load().scheduler:
+    if int(cfg["nodes"]) == 1 or launcher_for(cfg).scheduler:  # a scheduler places the nodes
         return None
     if addr not in LOOPBACK and not addr.startswith("127."):
         return None
