@@ -10,6 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from disttrain.commands import COMMANDS as TARGETS
+from disttrain.commands import USER_CODE_COMMANDS
+
+# `train`'s helpers, shared with `disttrain config` (cmd_train moves to disttrain/commands/ next).
+from disttrain.commands.config import compose_checked as _compose_checked
+from disttrain.commands.config import key_help as _key_help
+from disttrain.commands.hydra_app import parse_args as _hydra_args
+
 USAGE = """\
 usage: disttrain <command> [flags] [key=value ...]
 
@@ -42,45 +50,6 @@ examples:
 
 `disttrain train --help` lists every config group and its options.
 """
-
-
-def _hydra_args(rest: list[str]) -> Any:
-    from hydra._internal.utils import get_args_parser
-
-    return get_args_parser().parse_args(rest)
-
-
-def _compose_checked(overrides: list[str], args: Any, runtime: bool) -> dict[str, Any]:
-    from disttrain.config import compose, resolve
-    from disttrain.config.validate import check_runtime, check_static
-
-    cfg = resolve(compose(overrides, args.config_dir, args.config_name or "config"), overrides)
-    check_static(cfg)
-    if runtime:
-        check_runtime(cfg)
-    return cfg
-
-
-def cmd_config(rest: list[str]) -> int:
-    """Print the resolved config (the same composition and static checks as `train`)."""
-    import yaml
-
-    args = _hydra_args(rest)
-    if args.help:
-        sys.stdout.write("usage: disttrain config [--config-dir DIR] [key=value ...]\n\n")
-        return _key_help(args)
-    cfg = _compose_checked(args.overrides, args, runtime=False)
-    sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
-    return 0
-
-
-def _key_help(args: Any) -> int:
-    """Each key's type, default (given the overrides' group choices) and the schema's help text."""
-    from disttrain.config import compose
-    from disttrain.config.keyhelp import format_keys
-
-    sys.stdout.write(format_keys(compose(args.overrides, args.config_dir, args.config_name or "config")))
-    return 0
 
 
 def _shell_completion(request: str) -> int:
@@ -157,14 +126,12 @@ def _own_run_dir(cfg: dict[str, Any], args: Any, overrides: list[str], command: 
     Both are checked to be writable first: one paragraph instead of a traceback after the freeze."""
     from disttrain import rundir
     from disttrain.config import compose
+    from disttrain.launch.registry import launcher_for
 
     full = compose(overrides, args.config_dir, args.config_name or "config", with_hydra=True)
     run_dir = Path(str(full.hydra.run.dir)).absolute()
     rundir.check_path(run_dir)
-    if cfg["launcher"]["name"] == "slurm":
-        from disttrain.launch.slurm import check_script_inputs
-
-        check_script_inputs(run_dir, [Path(sys.argv[0]).name, "train", *command])
+    launcher_for(cfg).check_command(run_dir, [Path(sys.argv[0]).name, "train", *command])
     if any(o.lstrip("+").startswith("hydra.run.dir=") for o in overrides):
         return rundir.reuse(run_dir, cfg, shared=cfg["nodes"] > 1)  # the nodes share one dir
     return rundir.claim(run_dir)
@@ -191,10 +158,11 @@ def _multinode_run_dir(cfg: dict[str, Any], overrides: list[str]) -> list[str]:
     """Several nodes (by hand): a run dir name every node derives alike, unless hydra.run.dir is set."""
     from disttrain.config.launch_checks import rehearsal_warning
     from disttrain.launch.multinode import run_dir_name
+    from disttrain.launch.registry import launcher_for
     from disttrain.launch.slurm import check_allocation
 
     check_allocation(cfg)  # inside srun: SLURM_NNODES / SLURM_NTASKS against nodes
-    if cfg["nodes"] == 1 or cfg["launcher"]["name"] in ("slurm", "k8s"):
+    if cfg["nodes"] == 1 or launcher_for(cfg).scheduler:  # the scheduler names the nodes' run dirs
         return []
     warning = rehearsal_warning(cfg)
     if warning:
@@ -214,47 +182,17 @@ _CHECKED_FROM: list[Any] = [None, "config"]  # --config-dir, --config-name of th
 
 
 def _run_hydra_app(rest: list[str], config_name: str, command: list[str] | None = None) -> int:
-    import hydra
-
+    from disttrain.commands.hydra_app import register_help_resolver, run_main
     from disttrain.config import config_dir
     from disttrain.config.schema import register
 
     register()
-    if {"--help", "-h"} & set(rest):
-        _hide_schemas_in_help()
+    register_help_resolver()  # config.yaml's hydra.help.template lists the groups through it
     from disttrain.rundir import program
 
-    argv0 = sys.argv[0]
     _COMMAND[:] = [*program(), "train", *(rest if command is None else command)]
-    sys.argv = [argv0, *rest]
-    try:
-        hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")(_hydra_task)()
-    finally:
-        sys.argv = [argv0, "train", *rest]
+    run_main(_hydra_task, str(config_dir()), config_name, rest)
     return 0
-
-
-def _hide_schemas_in_help() -> None:
-    """`--help` lists each group's options; the `base_*` schemas the YAML options extend (Hydra's
-    extend-a-schema pattern) are not choices, so they are left out of that list."""
-    from hydra._internal.hydra import Hydra
-
-    original = Hydra.format_config_groups
-    if getattr(original, "_disttrain", False):
-        return
-
-    def format_config_groups(self: Hydra, predicate: Callable[[str], bool], compact: bool = True) -> str:
-        lines = []
-        for line in original(self, predicate, compact).splitlines():
-            head, sep, items = line.partition(": ")
-            if sep and compact:
-                line = head + sep + ", ".join(o for o in items.split(", ") if not o.startswith("base_"))
-            if not line.strip().startswith("base_"):
-                lines.append(line)
-        return "".join(f"{line}\n" for line in lines)
-
-    format_config_groups._disttrain = True  # type: ignore[attr-defined]
-    Hydra.format_config_groups = format_config_groups  # type: ignore[method-assign]
 
 
 def _hydra_task(cfg: Any) -> dict[str, Any] | None:
@@ -295,22 +233,12 @@ def _objective(summary: dict[str, Any]) -> float:
 
 
 def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
-    from disttrain.launch import LaunchError, launch
+    from disttrain.launch import LaunchError, launch, submit
     from disttrain.rundir import command_line, freeze, run_status
 
     freeze(run_dir, cfg, overrides, _COMMAND or command_line())
-    if cfg["launcher"]["name"] == "slurm":
-        from disttrain.launch.slurm import submit
-
-        submit(cfg, run_dir, _COMMAND or command_line())  # the job's nodes train; status.json is theirs
-        return None
-    if cfg["launcher"]["name"] == "k8s":
-        from disttrain.launch import k8s
-
-        if not k8s.in_pod():
-            k8s.submit(cfg, run_dir)  # the job's pods train, each into its own <run_root>/<job>
-            return None
-        k8s.check_pod(cfg)
+    if submit(cfg, run_dir, _COMMAND or command_line()):
+        return None  # a scheduler's nodes train (sbatch, a Kubeflow job); status.json is theirs
     try:
         with run_status(run_dir):  # status.json: running -> finished / failed / interrupted
             launch(cfg, run_dir)
@@ -344,21 +272,8 @@ def _train_as_launched_rank(args: Any) -> int:
     return train_as_launched_rank(args)
 
 
-def _tool(target: str) -> Callable[[list[str]], int]:
-    """A command implemented in disttrain.tools, imported only when it runs (fast --help)."""
-
-    def command(rest: list[str]) -> int:
-        import importlib
-
-        module, _, name = target.partition(":")
-        result: int = getattr(importlib.import_module(f"disttrain.tools.{module}"), name)(rest)
-        return result
-
-    return command
-
-
-def _command(target: str) -> Callable[[list[str]], int]:
-    """A command implemented in another module, imported only when it runs (fast --help)."""
+def _lazy(target: str) -> Callable[[list[str]], int]:
+    """The command at "module:function", imported only when it runs (fast --help)."""
 
     def command(rest: list[str]) -> int:
         import importlib
@@ -370,25 +285,7 @@ def _command(target: str) -> Callable[[list[str]], int]:
     return command
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "train": cmd_train,
-    "config": cmd_config,
-    "resume": _command("disttrain.resume:cmd_resume"),
-    "rerun": _command("disttrain.rerun:cmd_rerun"),
-    "export": _command("disttrain.resume:cmd_export"),
-    "env": _tool("envreport:cmd_env"),
-    "bench": _tool("benchcmd:cmd_bench"),
-    "plan": _tool("planner:cmd_plan"),
-    "runs": _tool("runs:cmd_runs"),
-    "show": _tool("runs:cmd_show"),
-    "compare": _tool("runs:cmd_compare"),
-    "completion": _command("disttrain.completion:cmd_completion"),
-}
-
-
-# Commands that build the user's `_target_`s (`_target_: mylab.nets.Net` from the working directory).
-# The read-only ones (config, runs, show, compare, env, plan) never import from the cwd.
-USER_CODE_COMMANDS = ("train", "resume", "export", "bench")
+COMMANDS: dict[str, Callable[[list[str]], int]] = {name: _lazy(target) for name, target in TARGETS.items()}
 
 
 def add_cwd_to_path() -> None:

@@ -189,7 +189,12 @@ def _open(cfg: DictConfig) -> Any:
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
-    """The override lists `-m` would run, one per job, as Hydra's basic sweeper splits them."""
+    """The override lists `-m` would run, one per job, as Hydra's basic sweeper splits them.
+
+    Private (`hydra._internal...BasicSweeper.split_arguments`): no public API expands a sweep, and
+    the jobs must be the very strings the sweeper hands each job (`hc.overrides.task`: cli.py finds
+    a job's checked config by them); a copy of its rules (key order, last value wins) could drift.
+    """
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ChoiceSweep, RangeSweep

@@ -11,6 +11,7 @@ argument TypeError the target raises become ConfigErrors as well: in the parent,
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import inspect
 import logging
@@ -27,12 +28,17 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 
 
 def locate(target: Any, key: str) -> Any:
-    from hydra._internal.utils import _locate
+    """The object `target` names (imported as Hydra's instantiate would), to read its signature.
+
+    Builds nothing: `build` instantiates through `hydra.utils.instantiate`, which also applies
+    Hydra's target restrictions (its blocklist)."""
+    from hydra.utils import get_object
 
     if not isinstance(target, str) or not target:
         raise ConfigError(key, target, "a dotted path to a class or function", f"e.g. {key}=mylab.nets.Net.")
     try:
-        return _locate(target)
+        with _quiet("hydra.utils"):  # get_object logs an ERROR line before raising: ours is the message
+            return get_object(target)
     except Exception as exc:
         raise ConfigError(
             key,
@@ -41,6 +47,18 @@ def locate(target: Any, key: str) -> Any:
             f"check the spelling; your own package must be importable from the current directory "
             f"(it is put on sys.path in the parent and every rank). Import said: {str(exc).splitlines()[0]}",
         ) from None
+
+
+@contextlib.contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    """`logger`'s records dropped for the duration (a filter, so its handlers stay as configured)."""
+    log_ = logging.getLogger(logger)
+    drop = logging.Filter(name="\0")  # matches no record name: every record is filtered out
+    log_.addFilter(drop)
+    try:
+        yield
+    finally:
+        log_.removeFilter(drop)
 
 
 def _signature(fn: Any) -> inspect.Signature | None:
@@ -153,7 +171,9 @@ def build(
         if err is not None:
             raise err from None
         where = _where(exc, key)
-        said = str(cause).splitlines()[0] if cause is not None and str(cause) else "(no message)"
+        if cause is None:  # Hydra refused the node itself (its target blocklist): nothing was called
+            raise _refused(exc, spec, where, key) from None
+        said = str(cause).splitlines()[0] if str(cause) else "(no message)"
         if isinstance(cause, ValueError):  # the target rejected a value: the user's mistake, not a bug
             raise ConfigError(
                 where,
@@ -180,6 +200,23 @@ def build(
                 f"it raised TypeError: {said}",
             ) from None
         raise
+
+
+def _refused(exc: BaseException, spec: dict[str, Any], where: str, key: str) -> ConfigError:
+    """Hydra's own refusal of a node as one paragraph: its message without the full_key line."""
+    said = " ".join(
+        line.strip() for line in str(exc).splitlines() if line.strip() and not line.startswith("full_key:")
+    )
+    target = _target_at(spec, where, key)
+    if "blocklisted" in said:
+        return ConfigError(
+            f"{where}._target_",
+            target,
+            "a class or function Hydra builds from config (its blocklist refuses file and process "
+            "operations such as os.remove, shutil.rmtree, os.kill)",
+            f"point {where}._target_ at your own class or function. Hydra said: {said}",
+        )
+    return ConfigError(where, target, "a node Hydra can instantiate", f"Hydra said: {said}")
 
 
 def _where(exc: BaseException, key: str) -> str:

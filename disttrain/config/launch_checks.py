@@ -1,16 +1,12 @@
-"""Checks of the multi-node and launcher settings (rendezvous, elastic range, SLURM), before launch."""
+"""Checks of the multi-node settings every launcher shares (rendezvous, elastic range, port), before
+launch; each launcher's own checks are its `check_static` / `check_runtime` (disttrain.launch)."""
 
 from __future__ import annotations
 
 import re
-import shutil
 from typing import Any
 
-from disttrain.config import k8s_checks
 from disttrain.config.errors import ConfigError
-
-# sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
-SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 
 
 def elastic_nodes(cfg: dict[str, Any]) -> None:
@@ -43,44 +39,40 @@ def elastic_nodes(cfg: dict[str, Any]) -> None:
         cfg.setdefault("launcher", {})["min_nodes"] = low
 
 
-def node_bounds(cfg: dict[str, Any]) -> tuple[int, int]:
-    """(fewest, most) nodes the run trains with: launcher.min_nodes (0: all of them) and nodes."""
-    nodes = int(cfg["nodes"])
-    return int(cfg["launcher"].get("min_nodes") or nodes), nodes
-
-
 def check_static(cfg: dict[str, Any]) -> None:
-    launcher, nodes = cfg["launcher"], int(cfg["nodes"])
-    timeout = launcher.get("rdzv_timeout")
-    if timeout is None or timeout < 1:
+    """The rendezvous settings every launcher shares, then the chosen launcher's own checks."""
+    from disttrain.launch.registry import launcher_config, launcher_for
+
+    launcher, nodes = launcher_config(cfg), int(cfg["nodes"])
+    if launcher.rdzv_timeout < 1:
         raise ConfigError(
-            "launcher.rdzv_timeout", timeout, "a number of seconds >= 1", "the default 900 suits slow queues."
+            "launcher.rdzv_timeout",
+            launcher.rdzv_timeout,
+            "a number of seconds >= 1",
+            "the default 900 suits slow queues.",
         )
-    last_call = launcher.get("rdzv_last_call", 30)
-    if last_call is None or last_call < 1:
+    if launcher.rdzv_last_call < 1:
         raise ConfigError(
             "launcher.rdzv_last_call",
-            last_call,
+            launcher.rdzv_last_call,
             "a number of seconds >= 1",
             "after min_nodes have joined, torchrun waits this long for the rest (default 30).",
         )
-    interval = launcher.get("monitor_interval")
-    if interval is None or not interval > 0:
+    if not launcher.monitor_interval > 0:
         raise ConfigError(
             "launcher.monitor_interval",
-            interval,
+            launcher.monitor_interval,
             "a number of seconds > 0",
             "how often torchrun's agent checks the ranks; the default 0.1 suits most runs.",
         )
-    grace = launcher.get("stop_grace_s", 120.0)
-    if grace is None or grace < 1:
+    if launcher.stop_grace_s < 1:
         raise ConfigError(
             "launcher.stop_grace_s",
-            grace,
+            launcher.stop_grace_s,
             "a number of seconds >= 1",
             "time for one step plus one checkpoint save after SIGTERM; the default is 120.",
         )
-    low = launcher.get("min_nodes") or 0
+    low = launcher.min_nodes
     if not 0 <= low <= nodes:
         raise ConfigError(
             "launcher.min_nodes",
@@ -93,42 +85,7 @@ def check_static(cfg: dict[str, Any]) -> None:
         raise ConfigError(
             "master_port", port, "0..65535 (0: 29500 with several nodes)", "e.g. master_port=29500."
         )
-    if launcher["name"] == "slurm":
-        _check_slurm(launcher)
-    if launcher["name"] == "k8s":
-        k8s_checks.check_static(cfg)
-
-
-def _check_slurm(launcher: dict[str, Any]) -> None:
-    time_limit = launcher.get("time")
-    if time_limit is not None and not SLURM_TIME.match(str(time_limit)):
-        raise ConfigError(
-            "launcher.time",
-            time_limit,
-            "MM, HH:MM:SS or D-HH:MM:SS (sbatch --time)",
-            "e.g. launcher.time=04:00:00.",
-        )
-    for key in ("gpus_per_node", "cpus_per_task", "signal_before_s"):
-        value = launcher.get(key)
-        if value is None or value < 0:
-            raise ConfigError(f"launcher.{key}", value, "an integer >= 0", "0 leaves it to the cluster.")
-    for key in ("partition", "account", "qos"):
-        value = launcher.get(key)
-        if value is not None and not re.fullmatch(r"[\w.,-]+", str(value)):
-            raise ConfigError(
-                f"launcher.{key}",
-                value,
-                "a SLURM name: letters, digits, _ . , -",
-                "`sinfo` lists partitions.",
-            )
-    for line in launcher.get("extra") or []:
-        if "\n" in str(line) or not str(line).startswith("#SBATCH "):
-            raise ConfigError(
-                "launcher.extra",
-                line,
-                "single lines starting with '#SBATCH '",
-                "e.g. launcher.extra='[\"#SBATCH --constraint=a100\"]'.",
-            )
+    launcher_for(cfg).check_static(cfg)
 
 
 LOOPBACK = ("localhost", "::1")
@@ -141,7 +98,9 @@ def rehearsal_warning(cfg: dict[str, Any]) -> str | None:
     loopback master_addr means the other nodes never arrive, so the launch says which case it is.
     """
     addr = str(cfg.get("master_addr"))
-    if int(cfg["nodes"]) == 1 or cfg["launcher"]["name"] == "slurm":
+    from disttrain.launch.registry import launcher_for
+
+    if int(cfg["nodes"]) == 1 or launcher_for(cfg).scheduler:  # a scheduler places the nodes
         return None
     if addr not in LOOPBACK and not addr.startswith("127."):
         return None
@@ -153,17 +112,10 @@ def rehearsal_warning(cfg: dict[str, Any]) -> str | None:
 
 
 def check_runtime(cfg: dict[str, Any]) -> None:
+    from disttrain.launch.registry import launcher_for
+
     _check_port_free(cfg)
-    launcher = cfg["launcher"]
-    if launcher["name"] == "slurm" and not launcher.get("dry_run") and shutil.which("sbatch") is None:
-        raise ConfigError(
-            "launcher",
-            "slurm",
-            "a machine with `sbatch` on PATH (a cluster login node)",
-            "submit from the cluster, or launcher.dry_run=true to print the script here.",
-        )
-    if launcher["name"] == "k8s":
-        k8s_checks.check_runtime(cfg)
+    launcher_for(cfg).check_runtime(cfg)
 
 
 def _check_port_free(cfg: dict[str, Any]) -> None:
@@ -175,8 +127,9 @@ def _check_port_free(cfg: dict[str, Any]) -> None:
     import socket
 
     from disttrain.launch.multinode import DEFAULT_PORT
+    from disttrain.launch.registry import launcher_for
 
-    if cfg["launcher"]["name"] in ("slurm", "k8s") or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+    if launcher_for(cfg).scheduler or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         return
     nodes, port = int(cfg["nodes"]), int(cfg.get("master_port") or 0)
     if (nodes == 1 and not port) or (nodes > 1 and cfg["node_rank"] != 0):

@@ -419,7 +419,9 @@ class CosineSchedConfig(SchedConfig):
 # -------------------------------------------------------------------------------------- launcher
 @dataclass
 class LauncherConfig:
-    name: str = _h("torchrun (torch.distributed.run / elastic) or spawn (torch.multiprocessing)", MISSING)
+    name: str = _h(
+        "the launcher's registered name (disttrain.launch.registry): torchrun, spawn, slurm, k8s", MISSING
+    )
     max_restarts: int = _h("torchrun: restarts of the whole group after a rank fails", 0)
     monitor_interval: float = _h("torchrun: seconds between worker health checks", 0.1)
     rdzv_timeout: float = _h("seconds to wait for all nodes to join the rendezvous", 900.0)
@@ -633,6 +635,8 @@ class Config:
 
 def register() -> None:
     """Store every schema in Hydra's ConfigStore (idempotent)."""
+    from disttrain.launch.registry import launcher_specs
+
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     groups: dict[str, dict[str, type]] = {
@@ -668,12 +672,7 @@ def register() -> None:
             "base_cosine": CosineSchedConfig,
             "base_onecycle": OneCycleSchedConfig,
         },
-        "launcher": {
-            "base_torchrun": TorchrunLauncherConfig,
-            "base_spawn": SpawnLauncherConfig,
-            "base_slurm": SlurmLauncherConfig,
-            "base_k8s": K8sLauncherConfig,
-        },
+        "launcher": {f"base_{spec.name}": spec.config for spec in launcher_specs()},
         "checkpoint": {"base_checkpoint": CheckpointConfig},
     }
     for group, nodes in groups.items():

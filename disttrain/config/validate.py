@@ -13,11 +13,11 @@ from typing import Any
 from disttrain.config import dp_checks, launch_checks, parallel_checks
 from disttrain.config.errors import ConfigError, _show, one_of
 from disttrain.config.schema import NO_DECAY
+from disttrain.launch.registry import launcher_names, launcher_specs
 from disttrain.observe.sinks import check_sinks
 from disttrain.strategies import STRATEGIES
 
 BACKENDS = ("auto", "gloo", "nccl")
-LAUNCHERS = ("torchrun", "spawn", "slurm", "k8s")
 SCHEDULES = ("constant", "cosine")
 TARGETS = ("classes", "values")
 SCALE_LR = ("none", "linear")
@@ -92,15 +92,7 @@ def check_static(cfg: dict[str, Any]) -> None:
         )
     dp_checks.check_static(cfg)  # dp, ddp, zero, localsgd, fsdp/hsdp
     parallel_checks.check_static(cfg)  # pipeline, tp, fsdp+tp
-    _choice(
-        cfg,
-        "launcher.name",
-        LAUNCHERS,
-        "torchrun is the default; spawn uses torch.multiprocessing; slurm submits an sbatch job; "
-        "k8s a Kubeflow TrainJob.",
-    )
-    if cfg["launcher"]["name"] == "spawn" and nodes > 1:
-        raise ConfigError("launcher", "spawn", "nodes=1", "use launcher=torchrun for several nodes.")
+    _choice(cfg, "launcher.name", launcher_names(), "; ".join(s.help for s in launcher_specs()) + ".")
     _at_least(cfg, "launcher.max_restarts", 0, "0 fails the run on the first rank failure.")
     launch_checks.check_static(cfg)  # rendezvous, elastic range, SLURM
     _check_amp(cfg)
@@ -203,13 +195,6 @@ def _check_checkpoint(cfg: dict[str, Any]) -> None:
             "resume=auto continues from the run dir's latest checkpoint; `disttrain resume RUN_DIR` too.",
         )
     restarts = _get(cfg, "launcher.max_restarts") or 0
-    if restarts > 0 and cfg["launcher"]["name"] == "spawn":
-        raise ConfigError(
-            "launcher.max_restarts",
-            restarts,
-            "0 with launcher=spawn",
-            "restarts come from torchrun's elastic agent: use launcher=torchrun.",
-        )
     if restarts > 0 and not cfg["trainer"]["ckpt_every"]:
         import logging
 

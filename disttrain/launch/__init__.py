@@ -1,4 +1,5 @@
-"""Launch: the one place that chooses how ranks start — in this process, torchrun, or spawn.
+"""Launch: the one place that chooses how ranks start — in this process, or by the configured launcher
+(a `Launcher` from the registry: torchrun, spawn, slurm, k8s, or one you register).
 
 Every path calls the same `disttrain.worker.run(run_dir)`; tools that need ranks of their own
 (`disttrain bench comm`) pass another `entry` module with the same `run(run_dir)` + `__main__` shape.
@@ -14,7 +15,7 @@ from typing import Any
 from disttrain.launch.environ import patched_environ
 from disttrain.launch.errors import LaunchError
 
-__all__ = ["LaunchError", "launch", "launched_externally"]
+__all__ = ["LaunchError", "launch", "launched_externally", "submit"]
 
 
 def launched_externally() -> bool:
@@ -43,22 +44,26 @@ def rank_environment(cfg: dict[str, Any]) -> Any:
 WORKER = "disttrain.worker"
 
 
+def submit(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> bool:
+    """Hand the frozen run to the launcher's scheduler (sbatch, kubectl). True: it did, and the
+    scheduler's nodes train (status.json is theirs); False: call `launch` here."""
+    from disttrain.launch.registry import launcher_for
+
+    return launcher_for(cfg).submit(cfg, run_dir, command)
+
+
 def launch(cfg: dict[str, Any], run_dir: Path, entry: str = WORKER) -> None:
     """Start the ranks for `cfg` and wait for them; raise LaunchError naming the first failure.
 
     `entry` is the per-rank module: it has `run(run_dir)` and runs it from `python -m entry RUN_DIR`.
     """
+    from disttrain.launch.registry import launcher_config, launcher_for
+
     world = cfg["nodes"] * cfg["nproc_per_node"]
     with rank_environment(cfg):
-        if world == 1 and cfg["launcher"].get("max_restarts", 0) == 0:
+        if world == 1 and launcher_config(cfg).max_restarts == 0:
             import importlib
 
             importlib.import_module(entry).run(run_dir)  # fairseq's call_main: one rank, no child
-        elif cfg["launcher"]["name"] == "spawn":
-            from disttrain.launch.spawn import launch_spawn
-
-            launch_spawn(cfg, run_dir, entry)
         else:
-            from disttrain.launch.torchrun import launch_torchrun
-
-            launch_torchrun(cfg, run_dir, entry)
+            launcher_for(cfg).launch(cfg, run_dir, entry)

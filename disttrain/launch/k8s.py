@@ -22,8 +22,12 @@ from typing import Any
 
 import yaml
 
+from disttrain.config import k8s_checks
 from disttrain.config.errors import ConfigError
 from disttrain.config.k8s_checks import k8s_name
+from disttrain.config.schema import K8sLauncherConfig
+from disttrain.launch.base import Launcher
+from disttrain.launch.registry import launcher_config
 from disttrain.rundir import RunDir
 
 MANIFEST = "k8s/job.yaml"
@@ -36,6 +40,30 @@ API = {
     "trainjob": ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
     "pytorchjob": ("kubeflow.org/v1", "PyTorchJob"),
 }
+
+
+class K8sLauncher(Launcher):
+    """kubectl applies a Kubeflow job; in each of its pods `disttrain train` starts the node's ranks."""
+
+    scheduler = True
+
+    def check_static(self, cfg: dict[str, Any]) -> None:
+        k8s_checks.check_static(cfg)
+
+    def check_runtime(self, cfg: dict[str, Any]) -> None:
+        k8s_checks.check_runtime(cfg)
+
+    def submit(self, cfg: dict[str, Any], run_dir: Path, command: list[str]) -> bool:
+        if in_pod():  # a pod of the job: train here, as one node
+            check_pod(cfg)
+            return False
+        submit(cfg, run_dir)  # the job's pods train, each into its own <run_root>/<job>
+        return True
+
+    def launch(self, cfg: dict[str, Any], run_dir: Path, entry: str) -> None:
+        from disttrain.launch.torchrun import launch_torchrun
+
+        launch_torchrun(cfg, run_dir, entry)
 
 
 def job_name(cfg: dict[str, Any], run_dir: Path, now: float | None = None) -> str:
@@ -53,7 +81,7 @@ def job_name(cfg: dict[str, Any], run_dir: Path, now: float | None = None) -> st
 
 def pod_command(cfg: dict[str, Any], job: str) -> list[str]:
     """What every pod runs: train the mounted frozen config into the run dir `<run_root>/<job>`."""
-    run_dir = f"{cfg['launcher']['run_root'].rstrip('/')}/{job}"
+    run_dir = f"{launcher_config(cfg).run_root.rstrip('/')}/{job}"
     return [
         "disttrain",
         "train",
@@ -68,10 +96,10 @@ def pod_command(cfg: dict[str, Any], job: str) -> list[str]:
 
 def manifests(cfg: dict[str, Any], frozen: str, job: str) -> list[dict[str, Any]]:
     """[ConfigMap with the frozen config, TrainJob or PyTorchJob]."""
-    lc = cfg["launcher"]
+    lc: K8sLauncherConfig = launcher_config(cfg)
     meta = {
         "name": job,
-        "namespace": lc["namespace"],
+        "namespace": lc.namespace,
         "labels": {"app.kubernetes.io/managed-by": "disttrain"},
     }
     config_map = {
@@ -80,19 +108,19 @@ def manifests(cfg: dict[str, Any], frozen: str, job: str) -> list[dict[str, Any]
         "metadata": {**meta, "name": f"{job}-config"},
         "data": {f"{CONFIG_NAME}.yaml": frozen},
     }
-    build = trainjob if lc["api"] == "trainjob" else pytorchjob
+    build = trainjob if lc.api == "trainjob" else pytorchjob
     return [config_map, build(cfg, job, meta)]
 
 
 def trainjob(cfg: dict[str, Any], job: str, meta: dict[str, Any]) -> dict[str, Any]:
     """Trainer v2: the runtime's `node` job; volumes and the service account as a runtime patch."""
-    lc = cfg["launcher"]
+    lc: K8sLauncherConfig = launcher_config(cfg)
     pod: dict[str, Any] = {
         "volumes": volumes(cfg, job),
         "containers": [{"name": "node", "volumeMounts": mounts(cfg)}],
     }
-    if lc["service_account"]:
-        pod["serviceAccountName"] = lc["service_account"]
+    if lc.service_account:
+        pod["serviceAccountName"] = lc.service_account
     patch = {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"spec": pod}}}}]}
     return {
         "apiVersion": API["trainjob"][0],
@@ -102,10 +130,10 @@ def trainjob(cfg: dict[str, Any], job: str, meta: dict[str, Any]) -> dict[str, A
             "runtimeRef": {
                 "apiGroup": "trainer.kubeflow.org",
                 "kind": "ClusterTrainingRuntime",
-                "name": lc["runtime"],
+                "name": lc.runtime,
             },
             "trainer": {
-                "image": lc["image"],
+                "image": lc.image,
                 "command": pod_command(cfg, job),
                 "numNodes": int(cfg["nodes"]),
                 "numProcPerNode": int(cfg["nproc_per_node"]),
@@ -121,10 +149,10 @@ def trainjob(cfg: dict[str, Any], job: str, meta: dict[str, Any]) -> dict[str, A
 
 def pytorchjob(cfg: dict[str, Any], job: str, meta: dict[str, Any]) -> dict[str, Any]:
     """The v1 training-operator's PyTorchJob: one Master pod (node 0) and nodes-1 Worker pods."""
-    lc = cfg["launcher"]
+    lc: K8sLauncherConfig = launcher_config(cfg)
     container = {
         "name": "pytorch",  # the operator finds the master port on this container
-        "image": lc["image"],
+        "image": lc.image,
         "command": pod_command(cfg, job),
         "env": env(cfg),
         "resources": resources(cfg),
@@ -132,8 +160,8 @@ def pytorchjob(cfg: dict[str, Any], job: str, meta: dict[str, Any]) -> dict[str,
         "ports": [{"name": "pytorchjob-port", "containerPort": TRAINER_PORT}],
     }
     pod: dict[str, Any] = {"volumes": volumes(cfg, job), "containers": [container]}
-    if lc["service_account"]:
-        pod["serviceAccountName"] = lc["service_account"]
+    if lc.service_account:
+        pod["serviceAccountName"] = lc.service_account
 
     def replica(n: int) -> dict[str, Any]:
         # Never: a restarted pod would join a rendezvous the others have left; rerun the job instead.
@@ -151,55 +179,53 @@ def pytorchjob(cfg: dict[str, Any], job: str, meta: dict[str, Any]) -> dict[str,
 
 
 def resources(cfg: dict[str, Any]) -> dict[str, Any]:
-    lc = cfg["launcher"]
-    sized = {k: str(lc[k]) for k in ("cpu", "memory") if lc[k] is not None}
+    lc: K8sLauncherConfig = launcher_config(cfg)
+    sized = {k: str(v) for k, v in (("cpu", lc.cpu), ("memory", lc.memory)) if v is not None}
     limits = dict(sized)
-    if lc["gpus_per_node"]:
-        limits["nvidia.com/gpu"] = str(lc["gpus_per_node"])
+    if lc.gpus_per_node:
+        limits["nvidia.com/gpu"] = str(lc.gpus_per_node)
     return {k: v for k, v in (("limits", limits), ("requests", sized)) if v}
 
 
 def env(cfg: dict[str, Any]) -> list[dict[str, str]]:
-    values = {"PYTHONUNBUFFERED": "1", **{str(k): str(v) for k, v in cfg["launcher"]["env"].items()}}
+    values = {"PYTHONUNBUFFERED": "1", **{str(k): str(v) for k, v in launcher_config(cfg).env.items()}}
     return [{"name": k, "value": v} for k, v in values.items()]
 
 
 def volumes(cfg: dict[str, Any], job: str) -> list[dict[str, Any]]:
-    lc = cfg["launcher"]
-    run: dict[str, Any] = (
-        {"persistentVolumeClaim": {"claimName": lc["pvc"]}} if lc["pvc"] else {"emptyDir": {}}
-    )
+    lc: K8sLauncherConfig = launcher_config(cfg)
+    run: dict[str, Any] = {"persistentVolumeClaim": {"claimName": lc.pvc}} if lc.pvc else {"emptyDir": {}}
     out = [{"name": "disttrain-config", "configMap": {"name": f"{job}-config"}}, {"name": "run-dir", **run}]
     out += [
         {"name": f"volume-{i}", "persistentVolumeClaim": {"claimName": v.split(":", 1)[0]}}
-        for i, v in enumerate(lc["volumes"])
+        for i, v in enumerate(lc.volumes)
     ]
     return out
 
 
 def mounts(cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    lc = cfg["launcher"]
+    lc: K8sLauncherConfig = launcher_config(cfg)
     out: list[dict[str, Any]] = [
         {"name": "disttrain-config", "mountPath": CONFIG_MOUNT, "readOnly": True},
-        {"name": "run-dir", "mountPath": lc["run_root"]},
+        {"name": "run-dir", "mountPath": lc.run_root},
     ]
-    out += [{"name": f"volume-{i}", "mountPath": v.split(":", 1)[1]} for i, v in enumerate(lc["volumes"])]
+    out += [{"name": f"volume-{i}", "mountPath": v.split(":", 1)[1]} for i, v in enumerate(lc.volumes)]
     return out
 
 
 def render(cfg: dict[str, Any], run_dir: Path, job: str) -> str:
     """The manifest file: a comment head (how to apply, follow, delete), then the YAML documents."""
-    lc = cfg["launcher"]
-    kind = API[lc["api"]][1]
-    path, ns = run_dir / MANIFEST, lc["namespace"]
+    lc: K8sLauncherConfig = launcher_config(cfg)
+    kind = API[lc.api][1]
+    path, ns = run_dir / MANIFEST, lc.namespace
     head = [
         f"# Written by disttrain for run {run_dir}",
         f"# Apply by hand: kubectl apply -f {shlex.quote(str(path))}",
         f"# Follow: kubectl -n {ns} get {kind.lower()} {job}; kubectl -n {ns} logs -f {job}-"
-        + ("node-0-0-<suffix>" if lc["api"] == "trainjob" else "master-0"),
+        + ("node-0-0-<suffix>" if lc.api == "trainjob" else "master-0"),
         f"# Delete: kubectl -n {ns} delete {kind.lower()},configmap {job} {job}-config",
     ]
-    if not lc["pvc"]:
+    if not lc.pvc:
         head.append(
             "# Run dir: an emptyDir per pod (lost with the pod); set launcher.pvc=CLAIM for a shared, kept one"
         )
@@ -221,18 +247,18 @@ _BlockDumper.add_representer(str, _str)
 
 def submit(cfg: dict[str, Any], run_dir: Path) -> str:
     """Write the manifest into the run dir; `kubectl apply` it unless dry_run. Returns the job name."""
-    lc = cfg["launcher"]
+    lc: K8sLauncherConfig = launcher_config(cfg)
     job = job_name(cfg, run_dir)
     text = render(cfg, run_dir, job)
     path = run_dir / MANIFEST
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     (run_dir / "k8s" / "job_name").write_text(job + "\n")
-    if lc["dry_run"]:
+    if lc.dry_run:
         sys.stdout.write(text)
         sys.stdout.write(f"# dry run: not applied. Manifest: {path}\n# apply it: kubectl apply -f {path}\n")
         return job
-    argv = [lc["kubectl"], "apply", "-f", str(path)]
+    argv = [lc.kubectl, "apply", "-f", str(path)]
     try:
         subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -243,7 +269,7 @@ def submit(cfg: dict[str, Any], run_dir: Path) -> str:
             "a kubectl that reaches the cluster",
             f"`{shlex.join(argv)}` failed: {detail}; the manifest is {path}.",
         ) from None
-    kind, ns = API[lc["api"]][1], lc["namespace"]
+    kind, ns = API[lc.api][1], lc.namespace
     sys.stdout.write(
         f"submitted: {kind} {job} in namespace {ns}\n  run dir: {run_dir} (manifest {path})\n"
         f"  state:   kubectl -n {ns} get {kind.lower()} {job}\n"

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from disttrain.config import fingerprint
-from disttrain.config.launch_checks import node_bounds
 from disttrain.launch.errors import LaunchError
+from disttrain.launch.registry import launcher_config
 
 DEFAULT_PORT = 29500
 # Keys that may differ between nodes: they say *which* node this is, not what the run is.
@@ -31,6 +31,12 @@ class RendezvousFailure(LaunchError):
     def __init__(self, message: str, run_dir: Path) -> None:
         RuntimeError.__init__(self, message)
         self.rank, self.error, self.run_dir, self.exit_code = None, message, run_dir, 1
+
+
+def node_bounds(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(fewest, most) nodes the run trains with: launcher.min_nodes (0: all of them) and nodes."""
+    nodes = int(cfg["nodes"])
+    return launcher_config(cfg).min_nodes or nodes, nodes
 
 
 def endpoint(cfg: dict[str, Any]) -> tuple[str, int]:
@@ -74,7 +80,7 @@ def roll_call(cfg: dict[str, Any], run_dir: Path) -> Any:
     from torch.distributed import TCPStore
 
     host, port = endpoint(cfg)
-    timeout = float(cfg["launcher"]["rdzv_timeout"])
+    timeout = launcher_config(cfg).rdzv_timeout
     me, nodes = int(cfg["node_rank"]), int(cfg["nodes"])
     need, _ = node_bounds(cfg)
     try:
@@ -114,7 +120,7 @@ def _wait_for_nodes(
     """Poll the roll call until `need` nodes are present; every newcomer's config is compared."""
     host, port = endpoint(cfg)
     me, nodes = int(cfg["node_rank"]), int(cfg["nodes"])
-    timeout = float(cfg["launcher"]["rdzv_timeout"])
+    timeout = launcher_config(cfg).rdzv_timeout
     deadline = time.monotonic() + timeout
     checked: set[int] = {me}
     while True:

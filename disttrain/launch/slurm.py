@@ -10,16 +10,84 @@ ranks checkpoint; node 0 then requeues the job, which resumes from that checkpoi
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from disttrain.config.errors import ConfigError
-from disttrain.config.launch_checks import node_bounds
+from disttrain.config.schema import SlurmLauncherConfig
+from disttrain.launch.base import Launcher
+from disttrain.launch.multinode import node_bounds
+from disttrain.launch.registry import launcher_config
 
 SCRIPT = "slurm/job.sbatch"
+# sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+
+
+class SlurmLauncher(Launcher):
+    """sbatch a job script; on each node of the job, `slurm_node` runs torchrun's agent."""
+
+    scheduler = True
+
+    def check_static(self, cfg: dict[str, Any]) -> None:
+        check_static(launcher_config(cfg))
+
+    def check_runtime(self, cfg: dict[str, Any]) -> None:
+        if not launcher_config(cfg).dry_run and shutil.which("sbatch") is None:
+            raise ConfigError(
+                "launcher",
+                "slurm",
+                "a machine with `sbatch` on PATH (a cluster login node)",
+                "submit from the cluster, or launcher.dry_run=true to print the script here.",
+            )
+
+    def check_command(self, run_dir: Path, command: list[str]) -> None:
+        check_script_inputs(run_dir, command)
+
+    def submit(self, cfg: dict[str, Any], run_dir: Path, command: list[str]) -> bool:
+        submit(cfg, run_dir, command)  # the job's nodes train; status.json is theirs
+        return True
+
+    def launch(self, cfg: dict[str, Any], run_dir: Path, entry: str) -> None:
+        from disttrain.launch.torchrun import launch_torchrun
+
+        launch_torchrun(cfg, run_dir, entry)  # one node of the job (slurm_node): torchrun's agent
+
+
+def check_static(lc: SlurmLauncherConfig) -> None:
+    if lc.time is not None and not SLURM_TIME.match(lc.time):
+        raise ConfigError(
+            "launcher.time",
+            lc.time,
+            "MM, HH:MM:SS or D-HH:MM:SS (sbatch --time)",
+            "e.g. launcher.time=04:00:00.",
+        )
+    for key in ("gpus_per_node", "cpus_per_task", "signal_before_s"):
+        value = getattr(lc, key)
+        if value < 0:
+            raise ConfigError(f"launcher.{key}", value, "an integer >= 0", "0 leaves it to the cluster.")
+    for key in ("partition", "account", "qos"):
+        value = getattr(lc, key)
+        if value is not None and not re.fullmatch(r"[\w.,-]+", value):
+            raise ConfigError(
+                f"launcher.{key}",
+                value,
+                "a SLURM name: letters, digits, _ . , -",
+                "`sinfo` lists partitions.",
+            )
+    for line in lc.extra:
+        if "\n" in line or not line.startswith("#SBATCH "):
+            raise ConfigError(
+                "launcher.extra",
+                line,
+                "single lines starting with '#SBATCH '",
+                "e.g. launcher.extra='[\"#SBATCH --constraint=a100\"]'.",
+            )
 
 
 def _printable(text: str) -> str:
@@ -55,7 +123,7 @@ def check_script_inputs(run_dir: Path, command: list[str]) -> None:
 def sbatch_script(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str:
     """The job script: the #SBATCH head first (sbatch stops reading directives at the first command),
     then srun of one node launcher per node. Paths are quoted; comments have control chars escaped."""
-    lc = cfg["launcher"]
+    lc: SlurmLauncherConfig = launcher_config(cfg)
     log = run_dir / "slurm" / "job-%j.out"
     head = [
         f"--job-name={_sbatch_value('disttrain-' + str(cfg['name']))}",
@@ -66,20 +134,20 @@ def sbatch_script(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str
         "--requeue",
     ]
     optional = {
-        "partition": lc.get("partition"),
-        "time": lc.get("time"),
-        "account": lc.get("account"),
-        "qos": lc.get("qos"),
-        "gpus-per-node": lc.get("gpus_per_node") or None,
-        "cpus-per-task": lc.get("cpus_per_task") or None,
+        "partition": lc.partition,
+        "time": lc.time,
+        "account": lc.account,
+        "qos": lc.qos,
+        "gpus-per-node": lc.gpus_per_node or None,
+        "cpus-per-task": lc.cpus_per_task or None,
     }
     head += [f"--{k}={_sbatch_value(v)}" for k, v in optional.items() if v is not None]
-    if lc.get("signal_before_s"):
-        head.append(f"--signal=USR1@{lc['signal_before_s']}")  # to the srun tasks: checkpoint + requeue
+    if lc.signal_before_s:
+        head.append(f"--signal=USR1@{lc.signal_before_s}")  # to the srun tasks: checkpoint + requeue
     lines = [
         "#!/bin/bash",
         *[f"#SBATCH {h}" for h in head],
-        *[_printable(str(x)) for x in lc.get("extra") or []],  # checked: single '#SBATCH ' lines
+        *[_printable(str(x)) for x in lc.extra],  # checked: single '#SBATCH ' lines
         f"# Written by disttrain for run {_printable(str(run_dir))}",
         f"# Submitted with: {_printable(shlex.join(command))}",
         f"# Resubmit by hand: sbatch {_printable(shlex.quote(str(run_dir / SCRIPT)))}",
@@ -106,7 +174,7 @@ def submit(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str | None
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(script)
     path.chmod(0o755)
-    if cfg["launcher"].get("dry_run"):
+    if launcher_config(cfg).dry_run:
         sys.stdout.write(script)
         quoted = shlex.quote(str(path))
         sys.stdout.write(f"# dry run: not submitted. Script: {quoted}\n# submit it: sbatch {quoted}\n")

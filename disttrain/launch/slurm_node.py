@@ -26,14 +26,14 @@ _SIGNALLED: list[int] = []
 
 
 def node_config(run_dir: Path) -> dict[str, Any]:
-    """The frozen config with this node's rank and the allocation's master, run by torchrun."""
+    """The frozen config with this node's rank and the allocation's master (SlurmLauncher.launch
+    runs torchrun's agent on it)."""
     cfg = read_config(run_dir)
     check_allocation(cfg)
     cfg["node_rank"] = int(os.environ.get("SLURM_NODEID", "0"))
     if int(cfg["nodes"]) > 1:
         cfg["master_addr"] = first_host()
         cfg["master_port"] = cfg["master_port"] or 29500
-    cfg["launcher"] = {**cfg["launcher"], "name": "torchrun"}
     return cfg
 
 

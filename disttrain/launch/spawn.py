@@ -6,8 +6,30 @@ import os
 from pathlib import Path
 from typing import Any
 
+from disttrain.config.errors import ConfigError
+from disttrain.launch.base import Launcher
 from disttrain.launch.environ import patched_environ
 from disttrain.launch.errors import LaunchError, exit_code_message, last_error_line
+from disttrain.launch.registry import launcher_config
+
+
+class SpawnLauncher(Launcher):
+    """torch.multiprocessing.spawn: the ranks of one node, children of this process."""
+
+    def check_static(self, cfg: dict[str, Any]) -> None:
+        if int(cfg["nodes"]) > 1:
+            raise ConfigError("launcher", "spawn", "nodes=1", "use launcher=torchrun for several nodes.")
+        restarts = launcher_config(cfg).max_restarts
+        if restarts > 0:
+            raise ConfigError(
+                "launcher.max_restarts",
+                restarts,
+                "0 with launcher=spawn",
+                "restarts come from torchrun's elastic agent: use launcher=torchrun.",
+            )
+
+    def launch(self, cfg: dict[str, Any], run_dir: Path, entry: str) -> None:
+        launch_spawn(cfg, run_dir, entry)
 
 
 def _rank_main(local_rank: int, run_dir: str, nproc: int, entry: str = "disttrain.worker") -> None:

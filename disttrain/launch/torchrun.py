@@ -11,17 +11,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from disttrain.config.launch_checks import node_bounds
+from disttrain.launch.base import Launcher
 from disttrain.launch.errors import LaunchError, exit_code_message, last_error_line, stopped_message
+from disttrain.launch.registry import launcher_config
 
 
 def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
     from torch.distributed.launcher.api import LaunchConfig
 
-    from disttrain.launch.multinode import endpoint, local_address
+    from disttrain.launch.multinode import endpoint, local_address, node_bounds
 
     single = cfg["nodes"] == 1
-    launcher = cfg["launcher"]
+    launcher = launcher_config(cfg)
     backend = "c10d"
     if single:
         rdzv = "127.0.0.1:0" if not cfg["master_port"] else f"{cfg['master_addr']}:{cfg['master_port']}"
@@ -45,18 +46,25 @@ def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
         rdzv_backend=backend,
         # Multi-node: node 0's roll call already hosts the store, every agent is its client.
         rdzv_configs={
-            "timeout": int(launcher["rdzv_timeout"]),
-            "last_call_timeout": int(launcher.get("rdzv_last_call", 30)),  # >= 1: checked before launch
+            "timeout": int(launcher.rdzv_timeout),
+            "last_call_timeout": int(launcher.rdzv_last_call),  # >= 1: checked before launch
             "is_host": single and cfg["node_rank"] == 0,
         },
-        max_restarts=int(launcher["max_restarts"]),
-        monitor_interval=float(launcher["monitor_interval"]),
+        max_restarts=launcher.max_restarts,
+        monitor_interval=launcher.monitor_interval,
         start_method="spawn",
         local_addr=local_addr,
         # SIGTERM/SIGINT: the ranks finish their step and save; SIGKILL only after this (torch's 30 s
         # default is shorter than one save of a large model).
-        shutdown_timeout=math.ceil(float(launcher.get("stop_grace_s", 120.0))),
+        shutdown_timeout=math.ceil(launcher.stop_grace_s),
     )
+
+
+class TorchrunLauncher(Launcher):
+    """torch's elastic agent starts this node's ranks (one agent per node; c10d rendezvous)."""
+
+    def launch(self, cfg: dict[str, Any], run_dir: Path, entry: str) -> None:
+        launch_torchrun(cfg, run_dir, entry)
 
 
 def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.worker") -> None:

@@ -371,8 +371,8 @@ def test_export_of_a_tied_gpt_to_safetensors_loads_back_with_its_config(tmp_path
     from safetensors import safe_open
     from safetensors.torch import load_model
 
+    from disttrain.commands.export import export
     from disttrain.models.gpt import GPT
-    from disttrain.resume import export
 
     run_dir, cfg, trained = _gpt_run(tmp_path)
     out = tmp_path / "out" / "m.safetensors"
@@ -397,8 +397,8 @@ def test_export_of_a_tied_gpt_to_safetensors_loads_back_with_its_config(tmp_path
 @pytest.mark.parametrize("where", ["a-folder", "under-a-file", "in-proc"])
 def test_export_out_must_be_a_file_path_that_can_be_written(tmp_path: Path, where: str) -> None:
     """Review D24: `export --out /proc/x.pt` blamed RUN_DIR (root passes os.access on /proc)."""
+    from disttrain.commands.export import cmd_export
     from disttrain.config import ConfigError
-    from disttrain.resume import cmd_export
 
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text("model: {}\n")

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from unit_support import checked, disttrain
 
+from disttrain.commands.resume import apply_overrides
 from disttrain.config.errors import ConfigError
-from disttrain.resume import apply_overrides
 
 
 @pytest.fixture(scope="module")

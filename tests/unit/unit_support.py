@@ -196,6 +196,8 @@ BAD_RUNTIME = [
         runtime=True),
     Bad("model-target", ("model._target_=no.such.Module",), "model._target_", "no.such.Module", runtime=True),
     Bad("data-target", ("data.train._target_=no.such.fn",), "data.train._target_", "no.such.fn", runtime=True),
+    Bad("blocklisted-target", ("model._target_=shutil.rmtree", "+model.path=/nonexistent/disttrain"),
+        "model._target_", "shutil.rmtree", runtime=True),
     Bad("model-rejects-value", ("model.activation=swish",), "model", "disttrain.models.mlp.MLP", runtime=True),
     Bad("gpt-tied-pipeline", ("model=gpt", "data=text", "strategy=pipeline"), "model", "disttrain.models.gpt.GPT",
         runtime=True),

@@ -50,7 +50,7 @@ def code_warnings(run_dir: Path, cwd: Path) -> list[str]:
 
 
 def parse(rest: list[str]) -> tuple[Path, list[str], Path]:
-    from disttrain.resume import _run_dir
+    from disttrain.commands.resume import run_dir_arg
 
     new: str | None = None
     args: list[str] = []
@@ -66,7 +66,7 @@ def parse(rest: list[str]) -> tuple[Path, list[str], Path]:
             args.append(tok)
     if not args:
         raise ConfigError("RUN_DIR", None, "a run directory holding config.yaml", RERUN_USAGE.splitlines()[0])
-    run_dir = _run_dir(args[0], RERUN_USAGE)
+    run_dir = run_dir_arg(args[0], RERUN_USAGE)
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
     target = Path(new).resolve() if new else run_dir.with_name(f"{run_dir.name}-rerun-{stamp}")
     if (target / "config.yaml").exists() or target == run_dir:
@@ -82,9 +82,9 @@ def cmd_rerun(rest: list[str]) -> int:
         return 0 if rest else 2
     import yaml
 
-    from disttrain.cli import _freeze_and_launch
+    from disttrain.commands.resume import apply_overrides
+    from disttrain.commands.train import freeze_and_launch
     from disttrain.config.validate import check_runtime, check_static
-    from disttrain.resume import apply_overrides
     from disttrain.rundir import read_config
 
     run_dir, overrides, target = parse(rest)
@@ -99,5 +99,5 @@ def cmd_rerun(rest: list[str]) -> int:
         else []
     )
     sys.stderr.write(f"disttrain rerun: {run_dir} -> {target}\n")
-    _freeze_and_launch(cfg, target, [*(saved or []), *overrides])
+    freeze_and_launch(cfg, target, [*(saved or []), *overrides])
     return 0

@@ -1,8 +1,7 @@
-"""`disttrain resume RUN_DIR [key=value ...]` and `disttrain export RUN_DIR --out FILE`.
+"""`disttrain resume RUN_DIR [key=value ...]`: continue a run in its own run dir.
 
 resume reuses the run dir's frozen config.yaml (overrides change single keys: a new world size,
 more steps) and continues from its latest whole checkpoint, in the same run dir.
-export loads the newest whole checkpoint into the plain, unwrapped model and writes one state dict.
 """
 
 from __future__ import annotations
@@ -24,16 +23,9 @@ config.yaml changes only after every check passed; command.txt keeps the first c
 commands.txt lists every command that ran in the run dir.
 """
 
-EXPORT_USAGE = """\
-usage: disttrain export RUN_DIR|CHECKPOINT_DIR [--out model.pt|model.safetensors]
 
-Write the newest whole checkpoint's model as one consolidated state dict that plain PyTorch loads
-into the unwrapped model: torch.load(path, weights_only=True), or safetensors.torch.load_model(model,
-path) (tied weights are stored once; the header's "disttrain.model" holds the model config as JSON).
-"""
-
-
-def _run_dir(arg: str, usage: str) -> Path:
+def run_dir_arg(arg: str, usage: str) -> Path:
+    """RUN_DIR from the command line: a folder holding config.yaml, else a ConfigError."""
     run_dir = Path(arg).resolve()
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError("RUN_DIR", arg, "a run directory holding config.yaml", usage.splitlines()[0])
@@ -199,11 +191,12 @@ def cmd_resume(rest: list[str]) -> int:
         return 0 if rest else 2
     import yaml
 
-    from disttrain.cli import _freeze_and_launch
+    from disttrain.commands.train import freeze_and_launch
     from disttrain.config.validate import check_runtime, check_static
+    from disttrain.launch.registry import launcher_for
     from disttrain.rundir import command_line, read_config, refuse_if_running
 
-    run_dir = _run_dir(rest[0], RESUME_USAGE)
+    run_dir = run_dir_arg(rest[0], RESUME_USAGE)
     refuse_if_running(run_dir, "RUN_DIR")  # two launchers in one run dir write the same checkpoints
     overrides = rest[1:]
     cfg = apply_overrides(read_config(run_dir), overrides)
@@ -211,112 +204,11 @@ def cmd_resume(rest: list[str]) -> int:
         cfg["resume"] = "auto"
     check_static(cfg)
     check_runtime(cfg)
-    if cfg["launcher"]["name"] == "slurm":
-        from disttrain.launch.slurm import check_script_inputs
-
-        check_script_inputs(run_dir, command_line())
+    launcher_for(cfg).check_command(run_dir, command_line())
     saved = (
         yaml.safe_load((run_dir / "overrides.yaml").read_text())
         if (run_dir / "overrides.yaml").exists()
         else []
     )
-    _freeze_and_launch(cfg, run_dir, [*(saved or []), *overrides])  # only now: the checks passed
-    return 0
-
-
-def cmd_export(rest: list[str]) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="disttrain export", usage=EXPORT_USAGE)
-    parser.add_argument("location")
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(rest)
-    location = Path(args.location).resolve()
-    if not location.is_dir():
-        raise ConfigError(
-            "RUN_DIR", args.location, "an existing run dir or checkpoint folder", EXPORT_USAGE.splitlines()[0]
-        )
-    run_dir = location
-    while not (run_dir / "config.yaml").is_file() and run_dir != run_dir.parent:
-        run_dir = run_dir.parent  # a checkpoint folder: its run dir holds the config
-    if not (run_dir / "config.yaml").is_file():  # name what the user gave, not the root it reached
-        raise ConfigError(
-            "RUN_DIR",
-            args.location,
-            "a run dir (it holds config.yaml) or a checkpoint folder inside one",
-            EXPORT_USAGE.splitlines()[0],
-        )
-    run_dir = _run_dir(str(run_dir), EXPORT_USAGE)
-    out = Path(args.out) if args.out else run_dir / "export" / "model.pt"
-    check_out(out, "--out" if args.out else "RUN_DIR")
-    return export(run_dir, location, out)
-
-
-def check_out(out: Path, key: str) -> None:
-    """The export target must be a file path we may write: not a folder, under a writable folder."""
-
-    if out.is_dir():
-        raise ConfigError(
-            key,
-            str(out),
-            "a file path ending in .pt or .safetensors",
-            f"name a file, e.g. --out {out / 'model.pt'}.",
-        )
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent  # the folders export would create
-    if not parent.is_dir() or not _can_create_in(parent):
-        raise ConfigError(
-            key,
-            str(out),
-            "a file path in a folder you can write",
-            f"{parent} is {'not a folder' if not parent.is_dir() else 'not writable'}; choose another --out.",
-        )
-
-
-def _can_create_in(folder: Path) -> bool:
-    """Whether a file can be created there: a real probe (root passes os.access on /proc, which
-    still refuses new files), removed at once."""
-    import os
-    import tempfile
-
-    try:
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".disttrain-probe-")
-    except OSError:
-        return False
-    os.close(fd)
-    os.unlink(probe)
-    return True
-
-
-def export(run_dir: Path, location: Path, out: Path) -> int:
-    import json
-
-    import torch
-
-    from disttrain import checkpoint
-    from disttrain.models import build_model
-    from disttrain.observe.log import setup_logging
-    from disttrain.rundir import read_config
-
-    cfg = read_config(run_dir)
-    if location == run_dir:  # the run's checkpoint.dir, which may lie outside the run dir
-        from disttrain.shared_dir import checkpoint_dir
-
-        location = checkpoint_dir(cfg, run_dir)
-    setup_logging(None, 0, to_console=True)
-    with torch.device("cpu"):
-        model = build_model(cfg["model"])
-    # What built the weights: `_target_` and its arguments, so the file says which class loads it.
-    metadata = {"disttrain.model": json.dumps(cfg["model"], sort_keys=True), "format": "pt"}
-    try:
-        source = checkpoint.export_model(
-            location, out, model, cfg.get("checkpoint", {}).get("verify", "hash"), metadata
-        )
-    except FileNotFoundError as exc:
-        raise ConfigError(
-            "RUN_DIR", str(location), "a run dir with a committed checkpoint", str(exc)
-        ) from None
-    n = sum(v.numel() for v in model.state_dict().values())
-    sys.stdout.write(f"exported {source.name} ({n} values) -> {out}\n")
+    freeze_and_launch(cfg, run_dir, [*(saved or []), *overrides])  # only now: the checks passed
     return 0

@@ -1,0 +1,44 @@
+"""`disttrain config [key=value ...]`: the resolved config after `train`'s composition and checks;
+and the helpers `train` shares with it (compose + check, every key's help)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from disttrain.commands.hydra_app import parse_args
+
+
+def compose_checked(overrides: list[str], args: Any, runtime: bool) -> dict[str, Any]:
+    """Compose with `train`'s flags (--config-dir/--config-name), resolve, run the static checks
+    (and the runtime ones: the machine, a dry build); ConfigError on any mistake."""
+    from disttrain.config import compose, resolve
+    from disttrain.config.validate import check_runtime, check_static
+
+    cfg = resolve(compose(overrides, args.config_dir, args.config_name or "config"), overrides)
+    check_static(cfg)
+    if runtime:
+        check_runtime(cfg)
+    return cfg
+
+
+def key_help(args: Any) -> int:
+    """Each key's type, default (given the overrides' group choices) and the schema's help text."""
+    from disttrain.config import compose
+    from disttrain.config.keyhelp import format_keys
+
+    sys.stdout.write(format_keys(compose(args.overrides, args.config_dir, args.config_name or "config")))
+    return 0
+
+
+def cmd_config(rest: list[str]) -> int:
+    """Print the resolved config (the same composition and static checks as `train`)."""
+    import yaml
+
+    args = parse_args(rest)
+    if args.help:
+        sys.stdout.write("usage: disttrain config [--config-dir DIR] [key=value ...]\n\n")
+        return key_help(args)
+    cfg = compose_checked(args.overrides, args, runtime=False)
+    sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
+    return 0

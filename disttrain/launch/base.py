@@ -1,0 +1,39 @@
+"""The one interface every launcher has: its own checks, an optional hand-off to a scheduler, `launch`.
+
+A launcher is chosen by `launcher.name` through the registry (`disttrain.launch.registry`); nothing
+else compares launcher names. Torch-free at import: checks run in `disttrain config` too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+
+class Launcher(Protocol):
+    """How the ranks of one run start. Subclass it: the defaults suit a launcher that starts its
+    ranks on this machine (torchrun, spawn); a scheduler's launcher (slurm, k8s) overrides `submit`."""
+
+    # True: a scheduler starts the nodes (sbatch, a Kubeflow job): it owns their node ranks, the
+    # run dir each node derives and the rendezvous port, so none of them is chosen or probed here.
+    scheduler: ClassVar[bool] = False
+
+    def check_static(self, cfg: dict[str, Any]) -> None:
+        """Checks of the resolved config that need no machine; raise ConfigError."""
+
+    def check_runtime(self, cfg: dict[str, Any]) -> None:
+        """Checks of this machine before anything is written (a program on PATH); raise ConfigError."""
+
+    def check_command(self, run_dir: Path, command: list[str]) -> None:
+        """The run dir and command line it would write somewhere (a job script), checked before the
+        run dir is claimed; raise ConfigError."""
+
+    def submit(self, cfg: dict[str, Any], run_dir: Path, command: list[str]) -> bool:
+        """Hand the frozen run to a scheduler. True: it did, the scheduler's nodes train and
+        status.json is theirs; False: `launch` starts the ranks here."""
+        return False
+
+    def launch(self, cfg: dict[str, Any], run_dir: Path, entry: str) -> None:
+        """Start this node's ranks running `entry` (`python -m entry RUN_DIR`) and wait for them;
+        raise LaunchError naming the first failure."""
+        raise NotImplementedError
