@@ -171,7 +171,9 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
     batch = int(p.get("micro_batch") or cfg["trainer"]["batch_size"])
     ckpt = bool(p.get("activation_checkpointing", False))
     act, method, layers = activation_bytes(cfg, model, batch, prec["activation"], ckpt)
-    world, per_node, nodes = cfg["nodes"] * cfg["nproc_per_node"], cfg["nproc_per_node"], cfg["nodes"]
+    from disttrain.config.common import world_size
+
+    world, per_node, nodes = world_size(cfg), cfg["nproc_per_node"], cfg["nodes"]
     usable = float(p.get("gpu_mem_gb", 80.0)) * GIB * float(p.get("usable_fraction", 0.9))
     dims = transformer_dims(cfg["model"])
     rows = layouts(world, per_node, nodes, layers, dims["heads"] if dims else None)
