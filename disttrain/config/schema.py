@@ -3,6 +3,8 @@
 YAML files under ``disttrain/configs/`` only fill values (``defaults: [base_ddp]``), so an unknown key or a
 wrong type fails at compose time.  ``model`` and ``data`` are typed ``Any`` at the top level: they
 are the plug-in points for the user's own ``_target_``; the built-in options still carry a schema.
+The strategies' dataclasses live with their specs (``disttrain/strategies/specs/``): ``register()``
+stores one ``base_<name>`` node per registered spec.
 """
 
 from __future__ import annotations
@@ -14,12 +16,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig
 
-
-def _h(text: str, default: Any = MISSING, factory: Any = None) -> Any:
-    """A dataclass field with a one-line help text (shown by `disttrain config --help`)."""
-    if factory is not None:
-        return field(default_factory=factory, metadata={"help": text})
-    return field(default=default, metadata={"help": text})
+from disttrain.config.common import help_field as _h
+from disttrain.strategies.specs import StrategyConfig, config_classes
 
 
 # ----------------------------------------------------------------------------------------- backend
@@ -27,89 +25,6 @@ def _h(text: str, default: Any = MISSING, factory: Any = None) -> Any:
 class BackendConfig:
     name: str = _h("process-group backend: auto (nccl with CUDA GPUs, else gloo), gloo or nccl", "auto")
     timeout: float = _h("seconds a collective may wait before the rank fails instead of hanging", 300.0)
-
-
-# ---------------------------------------------------------------------------------------- strategy
-@dataclass
-class StrategyConfig:
-    name: str = _h("how the model is parallelised", MISSING)
-
-
-@dataclass
-class SingleStrategyConfig(StrategyConfig):
-    name: str = "single"
-
-
-@dataclass
-class DDPStrategyConfig(StrategyConfig):
-    name: str = "ddp"
-    bucket_cap_mb: float = _h("DDP gradient bucket size in MiB", 25.0)
-    find_unused_parameters: bool = _h("tolerate parameters that get no gradient (slower)", False)
-    static_graph: bool = _h("promise the graph is the same every step (enables optimisations)", False)
-    gradient_as_bucket_view: bool = _h("let gradients alias the all-reduce buckets (saves memory)", False)
-    comm_hook: str | None = _h("gradient compression hook: null, fp16 or bf16", None)
-
-
-@dataclass
-class DPStrategyConfig(StrategyConfig):
-    name: str = "dp"
-
-
-@dataclass
-class FSDPStrategyConfig(StrategyConfig):
-    name: str = "fsdp"
-    wrap_classes: list[str] = _h(
-        "module class names that each get their own FSDP unit, e.g. [Linear]", factory=list
-    )
-    min_num_params: int = _h(
-        "also wrap submodules holding >= this many not-yet-wrapped params; 0: off", 100_000
-    )
-    reshard_after_forward: bool = _h(
-        "free gathered params after forward (less memory, one more all-gather)", True
-    )
-    cpu_offload: bool = _h("keep sharded params, grads and optimizer state in CPU memory", False)
-    replicate: int = _h("HSDP: replicas R; mesh (R, world/R), sharded within a replica; 1: plain FSDP", 1)
-    param_dtype: str = _h("dtype of gathered params for compute: float32, bfloat16, float16", II("amp.dtype"))
-    reduce_dtype: str = _h("dtype of the gradient reduce-scatter: float32, bfloat16, float16", "float32")
-
-
-@dataclass
-class ZeroStrategyConfig(DDPStrategyConfig):
-    name: str = "zero"
-    parameters_as_bucket_view: bool = _h("ZeRO: pack params into contiguous buckets per rank", False)
-
-
-@dataclass
-class LocalSGDStrategyConfig(DDPStrategyConfig):
-    name: str = "localsgd"
-    sync_every: int = _h("average parameters across ranks every N optimizer steps (1: every step)", 4)
-    warmup_steps: int = _h("plain DDP steps (gradients all-reduced) before local SGD starts", 0)
-
-
-@dataclass
-class PipelineStrategyConfig(StrategyConfig):
-    name: str = "pipeline"
-    schedule: str = _h("gpipe, 1f1b or interleaved_1f1b (needs stages_per_rank >= 2)", "1f1b")
-    n_microbatches: int = _h("micro-batches each batch is cut into (must divide trainer.batch_size)", 4)
-    stages_per_rank: int = _h("stages (virtual stages) per rank; >= 2 only with interleaved_1f1b", 1)
-    split_points: list[str] | None = _h(
-        "layer names that start a new stage, e.g. [layers.4]; null: an even split of the layers", None
-    )
-
-
-@dataclass
-class TPStrategyConfig(StrategyConfig):
-    name: str = "tp"
-
-
-@dataclass
-class FSDPTPStrategyConfig(StrategyConfig):
-    name: str = "fsdp+tp"
-    tp_degree: int = _h("ranks per tensor-parallel group (the fast, inner mesh dimension)", 2)
-    dp_degree: int = _h("FSDP replicas (outer mesh dimension); -1: world size / tp_degree", -1)
-    reshard_after_forward: bool = _h(
-        "free gathered params after forward (less memory, one more all-gather)", True
-    )
 
 
 # --------------------------------------------------------------------------------------- model/data
@@ -641,17 +556,7 @@ def register() -> None:
     cs.store(name="base_config", node=Config)
     groups: dict[str, dict[str, type]] = {
         "backend": {"base_backend": BackendConfig},
-        "strategy": {
-            "base_single": SingleStrategyConfig,
-            "base_ddp": DDPStrategyConfig,
-            "base_dp": DPStrategyConfig,
-            "base_fsdp": FSDPStrategyConfig,
-            "base_zero": ZeroStrategyConfig,
-            "base_localsgd": LocalSGDStrategyConfig,
-            "base_pipeline": PipelineStrategyConfig,
-            "base_tp": TPStrategyConfig,
-            "base_fsdp+tp": FSDPTPStrategyConfig,
-        },
+        "strategy": config_classes(),  # one `base_<name>` per registered strategy spec
         "model": {"base_mlp": MLPConfig, "base_cnn": CNNConfig, "base_gpt": GPTConfig},
         "data": {
             "base_digits": DigitsDataConfig,

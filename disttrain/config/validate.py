@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from disttrain.config import dp_checks, launch_checks, parallel_checks
+from disttrain.config import launch_checks
 from disttrain.config.errors import ConfigError, _show, one_of
 from disttrain.config.schema import NO_DECAY
 from disttrain.launch.registry import launcher_names, launcher_specs
 from disttrain.observe.sinks import check_sinks
-from disttrain.strategies import STRATEGIES
+from disttrain.strategies import specs
 
 BACKENDS = ("auto", "gloo", "nccl")
 SCHEDULES = ("constant", "cosine")
@@ -24,13 +24,7 @@ SCALE_LR = ("none", "linear")
 AMP = {"off": "float32", "bf16": "bfloat16", "fp16": "float16"}
 ANOMALY = ("off", "stop", "skip")
 OOM = ("off", "auto_microbatch")
-FP16_STRATEGIES = ("single", "ddp", "fsdp", "hsdp")
-REPLICATED = ("single", "ddp", "zero", "dp")  # every rank holds the whole, identical model
 VERIFY = ("size", "hash")
-
-
-def world_size(cfg: dict[str, Any]) -> int:
-    return int(cfg["nodes"]) * int(cfg["nproc_per_node"])
 
 
 def _at_least(cfg: dict[str, Any], key: str, low: float, hint: str) -> None:
@@ -81,17 +75,9 @@ def check_static(cfg: dict[str, Any]) -> None:
     _choice(cfg, "backend.name", BACKENDS, "auto picks nccl when CUDA GPUs are present, else gloo.")
     check_sinks(cfg)
     _at_least(cfg, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
-    _choice(cfg, "strategy.name", tuple(STRATEGIES), "choose the strategy group option: strategy=ddp.")
-    ws = world_size(cfg)
-    if cfg["strategy"]["name"] == "single" and ws != 1:
-        raise ConfigError(
-            "strategy",
-            "single",
-            f"world size 1 (nodes x nproc_per_node is {nodes} x {cfg['nproc_per_node']})",
-            "use nproc_per_node=1 with strategy=single, or strategy=ddp for several ranks.",
-        )
-    dp_checks.check_static(cfg)  # dp, ddp, zero, localsgd, fsdp/hsdp
-    parallel_checks.check_static(cfg)  # pipeline, tp, fsdp+tp
+    spec, strategy = specs.of(cfg)  # an unknown strategy.name, or keys of another strategy
+    if spec.check_static is not None:
+        spec.check_static(cfg, strategy)
     _choice(cfg, "launcher.name", launcher_names(), "; ".join(s.help for s in launcher_specs()) + ".")
     _at_least(cfg, "launcher.max_restarts", 0, "0 fails the run on the first rank failure.")
     launch_checks.check_static(cfg)  # rendezvous, elastic range, SLURM
@@ -126,19 +112,21 @@ def _check_amp(cfg: dict[str, Any]) -> None:
         raise ConfigError(
             "amp.dtype", dtype, f"{AMP[name]} with amp={name}", f"choose the amp group: amp={name}."
         )
-    if name != "off" and cfg["strategy"]["name"] in ("pipeline", "dp"):
+    spec = specs.get(cfg["strategy"]["name"])
+    if name != "off" and not spec.amp:
         raise ConfigError(
             "amp",
             name,
-            f"off with strategy={cfg['strategy']['name']}",
-            "mixed precision runs under single, ddp, zero, localsgd, fsdp, hsdp, tp and fsdp+tp.",
+            f"off with strategy={spec.name}",
+            f"mixed precision runs under {', '.join(s.name for s in specs.all() if s.amp)}.",
         )
-    if name == "fp16" and cfg["strategy"]["name"] not in FP16_STRATEGIES:
+    if name != "off" and name not in spec.amp:
+        allowed = [s.name for s in specs.all() if name in s.amp]
         raise ConfigError(
             "amp",
             name,
-            f"bf16 or off with strategy={cfg['strategy']['name']} (fp16 loss scaling: {', '.join(FP16_STRATEGIES)})",
-            "use amp=bf16, which needs no loss scaling.",
+            f"{' or '.join(sorted(spec.amp))} or off with strategy={spec.name} ({name}: {', '.join(allowed)})",
+            "use amp=bf16, which needs no loss scaling." if "bf16" in spec.amp else "use amp=off.",
         )
     if name == "fp16":
         _at_least(cfg, "amp.init_scale", 1, "65536 is the usual start; the scale adapts.")
@@ -147,12 +135,13 @@ def _check_amp(cfg: dict[str, Any]) -> None:
 
 def _check_debug(cfg: dict[str, Any]) -> None:
     _at_least(cfg, "debug.check_sync_every", 0, "0 disables the check; 100 is cheap.")
-    every, strategy = _get(cfg, "debug.check_sync_every"), cfg["strategy"]["name"]
-    if every and strategy not in REPLICATED:
+    every, spec = _get(cfg, "debug.check_sync_every"), specs.get(cfg["strategy"]["name"])
+    if every and not spec.replicated:
+        replicated = ", ".join(s.name for s in specs.all() if s.replicated)
         raise ConfigError(
             "debug.check_sync_every",
             every,
-            f"0 with strategy={strategy} (checksums compare whole replicas: {', '.join(REPLICATED)})",
+            f"0 with strategy={spec.name} (checksums compare whole replicas: {replicated})",
             "sharded or split models hold different parameters on each rank by design.",
         )
     for key in ("wait", "warmup", "active"):
@@ -223,12 +212,13 @@ def _check_trainer(cfg: dict[str, Any]) -> None:
         "stop fails the run at the first NaN/inf; skip drops the step.",
     )
     _choice(cfg, "trainer.oom", OOM, "auto_microbatch splits each micro-batch in two after an OOM.")
-    if t.get("compile") and cfg["strategy"]["name"] == "pipeline":
+    spec = specs.get(cfg["strategy"]["name"])
+    if t.get("compile") and not spec.compile:
         raise ConfigError(
             "trainer.compile",
             True,
-            "false with strategy=pipeline",
-            "compile works with the other strategies.",
+            f"false with strategy={spec.name}",
+            f"compile works with {', '.join(s.name for s in specs.all() if s.compile)}.",
         )
     _check_debug(cfg)
     clip = t["clip_grad_norm"]
@@ -289,16 +279,6 @@ def _empty_training_set(data: dict[str, Any]) -> None:
     )
 
 
-def data_parallel_size(cfg: dict[str, Any]) -> int:
-    """Replicas that read different data: ranks that split one model (pipeline, tp) share a batch."""
-    name, ws = cfg["strategy"]["name"], world_size(cfg)
-    if name in ("pipeline", "tp"):
-        return 1
-    if name == "fsdp+tp":
-        return max(ws // int(cfg["strategy"]["tp_degree"]), 1)
-    return ws
-
-
 def _check_resume_path(cfg: dict[str, Any]) -> None:
     """An explicit resume=PATH must hold a whole checkpoint: otherwise the run would start over."""
     from pathlib import Path
@@ -347,7 +327,7 @@ def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     train, val = build_datasets(cfg["data"])
     if len(train) == 0:
         _empty_training_set(cfg["data"])
-    replicas = data_parallel_size(cfg)
+    replicas = specs.dp_degree(cfg)  # ranks that split one model (pipeline, tp) share a batch
     per_step = replicas * cfg["trainer"]["batch_size"] * cfg["trainer"]["grad_accum"]
     if len(train) < per_step:
         raise ConfigError(
@@ -361,8 +341,9 @@ def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     with torch.device("meta"):
         model = build_model(cfg["model"])
         check_optim_runtime(cfg, model, len(train) // per_step)
-    dp_checks.check_runtime(cfg, gpus, model)
-    parallel_checks.check_model(cfg, model)
+    spec, strategy = specs.of(cfg)
+    if spec.check_model is not None:
+        spec.check_model(cfg, strategy, model, gpus)
     dry_step(cfg, lambda: build_task(cfg["task"]), model, lambda: build_model(cfg["model"]), train, val)
     sizes = {"train": len(train)}
     if val is not None:
@@ -376,6 +357,6 @@ def check_optim_runtime(cfg: dict[str, Any], model: Any, batches_per_epoch: int)
     from disttrain.engine.loop import total_steps
     from disttrain.engine.optim import build_optimizer, build_scheduler
 
-    optimizer = build_optimizer(cfg["optim"], model, data_parallel_size(cfg))
+    optimizer = build_optimizer(cfg["optim"], model, specs.dp_degree(cfg))
     steps = total_steps(cfg["trainer"], max(batches_per_epoch, 1) * cfg["trainer"]["grad_accum"])
     build_scheduler(cfg["sched"], optimizer, max(steps, 1))

@@ -14,16 +14,22 @@ from torch import nn
 
 from disttrain.dist import DistEnv
 from disttrain.engine.amp import Precision
+from disttrain.strategies.specs import StrategyConfig
 from disttrain.tasks import Task
 
 
 class Strategy:
-    """Data-parallel defaults: the whole model on every rank, gradients averaged by the wrapper."""
+    """Data-parallel defaults: the whole model on every rank, gradients averaged by the wrapper.
 
-    name = "base"
+    `cfg` is the typed config of the strategy's spec (a subclass narrows its type); the spec is the
+    one home of its name and defaults.
+    """
 
-    def __init__(self, cfg: dict[str, Any], env: DistEnv) -> None:
+    cfg: StrategyConfig
+
+    def __init__(self, cfg: StrategyConfig, env: DistEnv) -> None:
         self.cfg = cfg
+        self.name = cfg.name
         self.env = env
         self.precision = Precision(None, env.device)  # the worker sets the run's amp choice
 
@@ -45,6 +51,7 @@ class Strategy:
         """(rank, size) among the data-parallel replicas: who reads which shard of each batch.
 
         Ranks that split one model (pipeline stages, tensor-parallel shards) read the same data.
+        The size equals the spec's `dp_degree` (tests/unit/test_strategies.py holds them to it).
         """
         return self.env.rank, self.env.world_size
 
@@ -142,10 +149,6 @@ class Strategy:
                 if torch.is_tensor(v)
             ),
         }
-
-    def local_state_bytes(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
-        """Bytes this rank holds in parameters, gradients and optimizer state."""
-        return sum(self.state_bytes(model, optimizer).values())
 
     def summary_stats(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Strategy numbers for summary.json; a collective (every rank calls it, rank 0 writes)."""

@@ -9,12 +9,13 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from disttrain.strategies.base import Strategy
+from disttrain.strategies.specs.data_parallel import DDPStrategyConfig
 
 COMM_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 
 
 class DDPStrategy(Strategy):
-    name = "ddp"
+    cfg: DDPStrategyConfig
 
     def setup_module(self, model: nn.Module) -> nn.Module:
         model = model.to(self.env.device)
@@ -22,12 +23,12 @@ class DDPStrategy(Strategy):
         ddp = DistributedDataParallel(
             model,
             device_ids=[self.env.device.index] if on_gpu else None,
-            bucket_cap_mb=self.cfg.get("bucket_cap_mb", 25),
-            find_unused_parameters=self.cfg.get("find_unused_parameters", False),
-            static_graph=self.cfg.get("static_graph", False),
-            gradient_as_bucket_view=self.cfg.get("gradient_as_bucket_view", False),
+            bucket_cap_mb=self.cfg.bucket_cap_mb,
+            find_unused_parameters=self.cfg.find_unused_parameters,
+            static_graph=self.cfg.static_graph,
+            gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
         )
-        hook = self.cfg.get("comm_hook")
+        hook = self.cfg.comm_hook
         if hook:
             ddp.register_comm_hook(state=None, hook=COMM_HOOKS[hook])
         return ddp

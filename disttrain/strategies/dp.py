@@ -17,8 +17,6 @@ log = logging.getLogger("disttrain")
 
 
 class DPStrategy(Strategy):
-    name = "dp"
-
     def setup_module(self, model: nn.Module) -> nn.Module:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if self.env.device.type != "cuda" or gpus == 0:

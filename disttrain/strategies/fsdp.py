@@ -23,12 +23,12 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from disttrain.engine.amp import Precision
+from disttrain.engine.amp import DTYPES, Precision
 from disttrain.strategies.base import Strategy
+from disttrain.strategies.specs.sharded import FSDPStrategyConfig
 
 log = logging.getLogger("disttrain")
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
@@ -62,23 +62,34 @@ def modules_to_wrap(model: nn.Module, classes: set[str], min_num_params: int) ->
     return chosen
 
 
+@contextmanager
+def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
+    """FSDP2's reduce-scatter on (sync) or off inside the context; always back on after it."""
+    assert isinstance(model, FSDPModule)
+    model.set_requires_gradient_sync(sync)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
 class FSDPStrategy(Strategy):
-    name = "fsdp"
+    """fsdp, hsdp (replicate > 1) and zero2 (reshard_after_forward=False): one class, three specs."""
+
+    cfg: FSDPStrategyConfig
 
     def setup_module(self, model: nn.Module) -> nn.Module:
         model = model.to(self.env.device)
         mesh = self.device_mesh()
         kwargs: dict[str, Any] = {
             "mesh": mesh,
-            "reshard_after_forward": bool(self.cfg.get("reshard_after_forward", True)),
+            "reshard_after_forward": self.cfg.reshard_after_forward,
             "mp_policy": self.mp_policy(),
         }
-        if self.cfg.get("cpu_offload", False):
+        if self.cfg.cpu_offload:
             # pin_memory needs an accelerator; on a CPU-only machine the shards simply stay in RAM.
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.env.device.type == "cuda")
-        units = modules_to_wrap(
-            model, set(self.cfg.get("wrap_classes") or ()), int(self.cfg.get("min_num_params") or 0)
-        )
+        units = modules_to_wrap(model, set(self.cfg.wrap_classes), self.cfg.min_num_params)
         names = ", ".join(sorted({type(m).__name__ for m in units})) or "none"
         for module in units:
             fully_shard(module, **kwargs)
@@ -92,7 +103,7 @@ class FSDPStrategy(Strategy):
 
     def device_mesh(self) -> DeviceMesh:
         """1D (world,) for FSDP; 2D (replicate, world/replicate) for HSDP."""
-        world, replicate = self.env.world_size, int(self.cfg.get("replicate", 1))
+        world, replicate = self.env.world_size, self.cfg.replicate
         device = self.env.device.type
         if replicate > 1:
             return init_device_mesh(
@@ -102,24 +113,14 @@ class FSDPStrategy(Strategy):
 
     def mp_policy(self) -> MixedPrecisionPolicy:
         """param/reduce dtypes: `strategy.param_dtype` defaults to `${amp.dtype}`; fp32 means no casts."""
-        param = DTYPES[self.cfg.get("param_dtype") or "float32"]
-        reduce = DTYPES[self.cfg.get("reduce_dtype") or "float32"]
+        param, reduce = DTYPES[self.cfg.param_dtype], DTYPES[self.cfg.reduce_dtype]
         if param == reduce == torch.float32:
             return MixedPrecisionPolicy()
         return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
 
-    @contextmanager
-    def _grad_sync(self, model: nn.Module, sync: bool) -> Iterator[None]:
-        assert isinstance(model, FSDPModule)
-        model.set_requires_gradient_sync(sync)
-        try:
-            yield
-        finally:
-            model.set_requires_gradient_sync(True)
-
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> Any:
         """Non-final micro-steps keep unsharded gradients locally; the last one reduce-scatters."""
-        return self._grad_sync(model, sync=not enabled)
+        return gradient_sync(model, sync=not enabled)
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float | None) -> torch.Tensor:
         # clip_grad_norm_/get_total_norm reduce DTensor shard norms across the mesh: the global norm.

@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from disttrain.dist import DistEnv
 from disttrain.strategies.ddp import DDPStrategy
+from disttrain.strategies.specs.data_parallel import LocalSGDStrategyConfig
 
 
 class CountingAverager(PeriodicModelAverager):
@@ -49,12 +50,12 @@ class CountingAverager(PeriodicModelAverager):
 
 
 class LocalSGDStrategy(DDPStrategy):
-    name = "localsgd"
+    cfg: LocalSGDStrategyConfig
 
-    def __init__(self, cfg: dict[str, Any], env: DistEnv) -> None:
+    def __init__(self, cfg: LocalSGDStrategyConfig, env: DistEnv) -> None:
         super().__init__(cfg, env)
-        self.sync_every = int(cfg.get("sync_every", 1))
-        self.warmup_steps = int(cfg.get("warmup_steps", 0))
+        self.sync_every = cfg.sync_every
+        self.warmup_steps = cfg.warmup_steps
         self.allreduced = {"grads": 0, "params": 0}
         self.steps = 0
         self.averager: CountingAverager | None = None

@@ -30,11 +30,11 @@ from torch import nn
 from disttrain.dist import DistEnv
 from disttrain.models.parallel import pipeline_layers, stage_bounds
 from disttrain.strategies.base import Strategy
+from disttrain.strategies.specs.model_parallel import PipelineStrategyConfig
 from disttrain.tasks import Task
 
 log = logging.getLogger("disttrain")
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64)
 _HEADER = 10  # dtype, ndim, up to 8 dims
 _STAGE_KEY = re.compile(r"stages\.(\d+)\.(\d+)\.")
@@ -52,13 +52,13 @@ class PipelineModule(nn.Module):
 
 
 class PipelineStrategy(Strategy):
-    name = "pipeline"
+    cfg: PipelineStrategyConfig
 
-    def __init__(self, cfg: dict[str, Any], env: DistEnv) -> None:
+    def __init__(self, cfg: PipelineStrategyConfig, env: DistEnv) -> None:
         super().__init__(cfg, env)
-        self.schedule_name: str = cfg.get("schedule", "1f1b")
-        self.n_micro = int(cfg.get("n_microbatches", 4))
-        self.per_rank = int(cfg.get("stages_per_rank", 1))
+        self.schedule_name = cfg.schedule
+        self.n_micro = cfg.n_microbatches
+        self.per_rank = cfg.stages_per_rank
         self.num_stages = env.world_size * self.per_rank
         # stage s lives on rank s % world (the looped layout interleaved schedules expect)
         self.local_ids = [s for s in range(self.num_stages) if s % env.world_size == env.rank]
@@ -89,7 +89,7 @@ class PipelineStrategy(Strategy):
         if layers is None:
             raise ValueError(f"{type(model).__name__} has no pipeline_layers() and is not an nn.Sequential")
         names = [n for n, _ in layers]
-        bounds = stage_bounds(names, self.num_stages, self.cfg.get("split_points"))
+        bounds = stage_bounds(names, self.num_stages, self.cfg.split_points)
         for s in self.local_ids:
             chunk = layers[bounds[s] : bounds[s + 1]]
             self.names[s] = [n for n, _ in chunk]

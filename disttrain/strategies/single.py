@@ -6,4 +6,4 @@ from disttrain.strategies.base import Strategy
 
 
 class SingleStrategy(Strategy):
-    name = "single"
+    """The base class's defaults: the model on this rank's device, no wrapper."""

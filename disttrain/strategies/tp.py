@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor
 from disttrain.dist import DistEnv
 from disttrain.models.parallel import class_path, tp_plan_fn
 from disttrain.strategies.base import Strategy
+from disttrain.strategies.specs.model_parallel import FSDPTPStrategyConfig, TPStrategyConfig, fsdp_tp_degrees
 
 log = logging.getLogger("disttrain")
 
@@ -33,16 +34,16 @@ logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERR
 class TPStrategy(Strategy):
     """Tensor parallel over all ranks: one data-parallel replica, the batch is not split."""
 
-    name = "tp"
+    cfg: TPStrategyConfig
 
-    def __init__(self, cfg: dict[str, Any], env: DistEnv) -> None:
+    def __init__(self, cfg: TPStrategyConfig, env: DistEnv) -> None:
         super().__init__(cfg, env)
-        self.tp = self._tp_degree()
-        self.dp = env.world_size // self.tp
+        self.dp, self.tp = self._degrees()
         self.mesh: DeviceMesh | None = None
 
-    def _tp_degree(self) -> int:
-        return self.env.world_size
+    def _degrees(self) -> tuple[int, int]:
+        """(dp, tp) of the mesh: tp over every rank."""
+        return 1, self.env.world_size
 
     def data_parallel_rank_size(self) -> tuple[int, int]:
         return self.env.rank // self.tp, self.dp  # mesh (dp, tp) is row-major: tp ranks are neighbours
@@ -94,34 +95,24 @@ class TPStrategy(Strategy):
 class FSDPTPStrategy(TPStrategy):
     """2D: tensor parallel inside each group of `tp_degree` ranks, FSDP across the groups."""
 
-    name = "fsdp+tp"
+    cfg: FSDPTPStrategyConfig
 
-    def _tp_degree(self) -> int:
-        return int(self.cfg.get("tp_degree", 2))
+    def _degrees(self) -> tuple[int, int]:
+        return fsdp_tp_degrees(self.cfg, self.env.world_size)  # the spec's dp_degree, one formula
 
     def setup_module(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
 
         model = super().setup_module(model)
         assert self.mesh is not None
-        reshard = bool(self.cfg.get("reshard_after_forward", True))
-        fully_shard(model, mesh=self.mesh["dp"], reshard_after_forward=reshard)
+        fully_shard(model, mesh=self.mesh["dp"], reshard_after_forward=self.cfg.reshard_after_forward)
         return model
 
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> Any:
         """FSDP2 skips the reduce-scatter on non-final accumulation micro-steps."""
-        return _GradSync(model, enabled)
+        from disttrain.strategies.fsdp import gradient_sync
 
-
-class _GradSync:
-    def __init__(self, model: nn.Module, skip: bool) -> None:
-        self.model, self.skip = model, skip
-
-    def __enter__(self) -> None:
-        self.model.set_requires_gradient_sync(not self.skip)  # type: ignore[operator]
-
-    def __exit__(self, *exc: object) -> None:
-        self.model.set_requires_gradient_sync(True)  # type: ignore[operator]
+        return gradient_sync(model, sync=not enabled)
 
 
 def global_grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:

@@ -15,10 +15,11 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from disttrain.strategies.ddp import DDPStrategy
+from disttrain.strategies.specs.data_parallel import ZeroStrategyConfig
 
 
 class ZeroStrategy(DDPStrategy):
-    name = "zero"
+    cfg: ZeroStrategyConfig
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         # Rebuild the configured optimizer as ZeRO's local one, with the same groups and hyperparameters.
@@ -31,7 +32,7 @@ class ZeroStrategy(DDPStrategy):
         return ZeroRedundancyOptimizer(
             groups,
             optimizer_class=type(optimizer),
-            parameters_as_bucket_view=bool(self.cfg.get("parameters_as_bucket_view", False)),
+            parameters_as_bucket_view=self.cfg.parameters_as_bucket_view,
             **kwargs,
         )
 

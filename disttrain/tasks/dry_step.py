@@ -156,12 +156,15 @@ def _same_structure(train_sample: Any, val_sample: Any) -> None:
 
 
 def _check_pipeline(cfg: dict[str, Any], task: Task, inputs: Any, target: Any) -> None:
-    if cfg["strategy"]["name"] != "pipeline":
+    from disttrain.strategies import specs
+
+    spec = specs.get(cfg["strategy"]["name"])
+    if not spec.one_tensor_batches:
         return
     if not task.plain_forward or not isinstance(inputs, torch.Tensor) or not isinstance(target, torch.Tensor):
         raise ConfigError(
             "strategy",
-            "pipeline",
+            spec.name,
             "a task whose model call is model(inputs) with one input tensor and one target tensor",
             f"{task_name(task)} gives the model {describe(inputs)} and the loss {describe(target)}; pipeline "
             "stages pass one tensor from stage to stage and compute the loss on the last one, so keyword "

@@ -26,8 +26,6 @@ FIELDS = {
     "seq": ("seq_len", "block_size", "max_seq_len", "context_length"),
     "vocab": ("vocab_size", "n_vocab"),
 }
-# Preference when several layouts fit: least communication and least code first.
-PREFERENCE = ("ddp", "zero1", "zero2", "hsdp", "fsdp", "tp x fsdp", "tp", "tp x pp", "pp")
 
 
 def _field(model: dict[str, Any], role: str) -> int | None:
@@ -139,54 +137,16 @@ def _meta_forward_elements(cfg: dict[str, Any], model: Any, batch: int) -> int |
 
 
 def layouts(world: int, per_node: int, nodes: int, layers: int, heads: int | None) -> list[dict[str, Any]]:
-    """Candidate layouts: degrees dp x tp x pp = world, and the ZeRO stage of the dp dimension."""
+    """Candidate layouts, from the registered strategies' specs: only what a `strategy=` runs.
 
-    def row(
-        name: str, tp: int = 1, pp: int = 1, zero: int = 0, shard: int = 1, note: str = ""
-    ) -> dict[str, Any]:
-        return {
-            "layout": name,
-            "dp": world // (tp * pp),
-            "tp": tp,
-            "pp": pp,
-            "zero": zero,
-            "shard": shard,
-            "note": note,
-        }
+    Each row has degrees dp x tp x pp = world, the ZeRO stage of the dp dimension, and `run`, the
+    overrides that train it; rows are ordered by the spec's preference (least communication first).
+    """
+    from disttrain.strategies import specs
 
-    out = [
-        row("ddp", note="full replica per rank"),
-        row("zero1", zero=1, shard=world, note="optimizer state sharded; same traffic as ddp"),
-        row("zero2", zero=2, shard=world, note="gradients + optimizer state sharded; same traffic as ddp"),
-        row("fsdp", zero=3, shard=world, note="zero3: everything sharded; 1.5x ddp's traffic"),
-        row(
-            "hsdp",
-            zero=3,
-            shard=per_node,
-            note="sharded within a node, replicated across nodes" if nodes > 1 else "= fsdp on one node",
-        ),
-    ]
-    tp_ok = per_node > 1 and (heads is None or heads % per_node == 0)
-    if tp_ok:
-        out.append(row("tp", tp=per_node, note=f"tp over the {per_node} local ranks, dp across nodes"))
-    pp = max(d for d in range(1, min(world, layers) + 1) if world % d == 0)
-    if pp > 1:
-        out.append(row("pp", pp=pp, note=f"{pp} balanced stages; stage 0 keeps ~all activations (1F1B)"))
-    if tp_ok and nodes > 1:
-        out.append(
-            row("tp x fsdp", tp=per_node, zero=3, shard=nodes, note="tp in the node, fsdp across nodes")
-        )
-        if nodes <= layers:
-            out.append(
-                row("tp x pp", tp=per_node, pp=nodes, note="tp in the node, one pipeline stage per node")
-            )
-    elif tp_ok and per_node >= 4:
-        half = per_node // 2
-        if heads is None or heads % half == 0:
-            out.append(
-                row("tp x fsdp", tp=half, zero=3, shard=world // half, note=f"tp{half} x fsdp{world // half}")
-            )
-    return out
+    shape = specs.PlanShape(world=world, per_node=per_node, nodes=nodes, layers=layers, heads=heads)
+    rows = [row for spec in specs.all() if spec.plan is not None for row in spec.plan(shape)]
+    return sorted(rows, key=lambda r: r["preference"])
 
 
 def per_rank(layout: dict[str, Any], params: int, prec: dict[str, Any], act: float) -> dict[str, float]:
@@ -211,7 +171,9 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
     batch = int(p.get("micro_batch") or cfg["trainer"]["batch_size"])
     ckpt = bool(p.get("activation_checkpointing", False))
     act, method, layers = activation_bytes(cfg, model, batch, prec["activation"], ckpt)
-    world, per_node, nodes = cfg["nodes"] * cfg["nproc_per_node"], cfg["nproc_per_node"], cfg["nodes"]
+    from disttrain.config.common import world_size
+
+    world, per_node, nodes = world_size(cfg), cfg["nproc_per_node"], cfg["nodes"]
     usable = float(p.get("gpu_mem_gb", 80.0)) * GIB * float(p.get("usable_fraction", 0.9))
     dims = transformer_dims(cfg["model"])
     rows = layouts(world, per_node, nodes, layers, dims["heads"] if dims else None)
@@ -238,25 +200,27 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def recommend(rows: list[dict[str, Any]], usable: float) -> dict[str, Any]:
-    by_name = {r["layout"]: r for r in rows}
+    """The first layout in preference order that fits, and why, told from its degrees (not its name)."""
     from disttrain.tools.render import human_bytes as gb
 
-    ddp = by_name["ddp"]["bytes"]
-    for name in PREFERENCE:
-        r = by_name.get(name)
-        if r is None or not r["fits"]:
+    world = max((r["dp"] * r["tp"] * r["pp"] for r in rows), default=1)
+    replica = next((r for r in rows if r["zero"] == 0 and r["tp"] == r["pp"] == 1), None)
+    full = replica["bytes"]["total"] if replica else None
+    for r in sorted(rows, key=lambda r: r["preference"]):
+        if not r["fits"]:
             continue
-        if name == "ddp":
-            why = f"the whole training state and activations ({gb(ddp['total'])}) fit on one device: ddp has the least communication"
-        elif name in ("zero1", "zero2"):
-            why = f"ddp needs {gb(ddp['total'])} per rank > {gb(usable)} usable; {name} fits ({gb(r['bytes']['total'])}) with ddp's traffic"
-        elif name == "hsdp":
-            why = f"sharding within each node fits ({gb(r['bytes']['total'])}) and keeps inter-node traffic to ddp's gradient all-reduce"
-        elif name == "fsdp":
-            why = f"only full sharding fits ({gb(r['bytes']['total'])} <= {gb(usable)}); it costs 1.5x ddp's traffic"
+        name, total = r["layout"], r["bytes"]["total"]
+        if r["zero"] == 0 and r["tp"] == r["pp"] == 1:
+            why = f"the whole training state and activations ({gb(total)}) fit on one device: {name} has the least communication"
+        elif r["zero"] in (1, 2) and full is not None:
+            why = f"a full replica needs {gb(full)} per rank > {gb(usable)} usable; {name} fits ({gb(total)}) with ddp's traffic"
+        elif r["zero"] == 3 and r["tp"] == r["pp"] == 1 and r["shard"] < world:
+            why = f"sharding within each node fits ({gb(total)}) and keeps inter-node traffic to ddp's gradient all-reduce"
+        elif r["zero"] == 3 and r["tp"] == r["pp"] == 1:
+            why = f"only full sharding fits ({gb(total)} <= {gb(usable)}); it costs 1.5x ddp's traffic"
         else:
-            why = f"activations ({gb(by_name['fsdp']['bytes']['activations'])}) need splitting; {name} fits ({gb(r['bytes']['total'])})"
-        return {"layout": name, "reason": why}
+            why = f"activations ({gb(r['bytes']['activations'] * r['tp'])}) need splitting; {name} fits ({gb(total)})"
+        return {"layout": name, "run": r["run"], "reason": f"{why}. Run it with {r['run']}"}
     best = min(rows, key=lambda r: r["bytes"]["total"])
     return {
         "layout": None,

@@ -58,6 +58,7 @@ RUNS: dict[str, tuple[str, ...]] = {
     ),
     "zero": (*ADAM, "strategy=zero", *TWO, "strategy.parameters_as_bucket_view=true"),
     "fsdp": (*ADAM, "strategy=fsdp", *TWO, "strategy.wrap_classes=[Linear]"),
+    "zero2": (*ADAM, "strategy=zero2", *TWO, "strategy.wrap_classes=[Linear]"),  # FSDP2, no reshard
     # replicate=2 on 2 ranks: mesh (2, 1); wrapping by size: the two 64x64 Linears (4160 params)
     "hsdp": (
         *ADAM,
@@ -90,6 +91,7 @@ PARITY = {  # run: (baseline, tolerance on losses and norms, tolerance on the fi
     "ddp": ("single", TOL, TOL),
     "zero": ("single", TOL, TOL),
     "fsdp": ("single", TOL, TOL),
+    "zero2": ("single", TOL, TOL),
     "hsdp": ("single", TOL, TOL),
     "dp": ("single", TOL, TOL),
     "localsgd_1": ("single_sgd", TOL, TOL),

@@ -97,7 +97,9 @@ def test_localsgd_averages_at_the_end_only_when_replicas_may_differ(
         localsgd, "average_parameters", lambda params, process_group: calls.append(len(list(params)))
     )
     env = DistEnv(rank=0, local_rank=0, world_size=2, local_world_size=2, backend="gloo", device=CPU)
-    strategy = localsgd.LocalSGDStrategy({"sync_every": 4, "warmup_steps": 2}, env)
+    from disttrain.strategies.specs.data_parallel import LocalSGDStrategyConfig
+
+    strategy = localsgd.LocalSGDStrategy(LocalSGDStrategyConfig(sync_every=4, warmup_steps=2), env)
     strategy.averager = SimpleNamespace(averaged_last=averaged_last)  # type: ignore[assignment]
     strategy.grads_synced = grads_synced
     model = torch.nn.Linear(3, 2)

@@ -205,7 +205,9 @@ def test_help_and_version(scratch: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     for group in ("backend", "strategy", "model", "data", "optim", "sched", "launcher", "experiment"):
         assert f"{group}:" in proc.stdout, f"`train --help` lists the {group} group"
-    assert "strategy: ddp, dp, fsdp, fsdp+tp, hsdp, localsgd, pipeline, single, tp, zero\n" in proc.stdout
+    assert (
+        "strategy: ddp, dp, fsdp, fsdp+tp, hsdp, localsgd, pipeline, single, tp, zero, zero2\n" in proc.stdout
+    )
     assert "base_" not in proc.stdout.split("== Config ==")[0], "schemas are not options"
     assert list(scratch.iterdir()) == []
 

@@ -24,7 +24,7 @@ from disttrain.data import build_datasets
 from disttrain.dist import DistEnv, choose_backend
 from disttrain.engine.optim import build_optimizer, build_scheduler, effective_lr, lr_lambda
 from disttrain.models import build_model
-from disttrain.strategies import STRATEGIES, build_strategy
+from disttrain.strategies import build_strategy, specs
 
 DIGITS = 1797  # images in the bundled data set
 
@@ -615,15 +615,15 @@ def test_user_param_group_factory_is_called_with_the_model(user_dir: Path) -> No
 
 
 # ------------------------------------------------------------------------------ strategy, backend
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
+@pytest.mark.parametrize("name", sorted(specs.names()))
 def test_every_strategy_name_maps_to_an_importable_class(name: str) -> None:
-    module, _, cls = STRATEGIES[name].partition(":")
+    module, _, cls = specs.get(name).impl.partition(":")
     assert isinstance(getattr(importlib.import_module(module), cls), type)
 
 
 @pytest.mark.parametrize("strategy", options("strategy"))
 def test_every_strategy_option_names_a_known_strategy(strategy: str) -> None:
-    assert resolve(compose([f"strategy={strategy}"]))["strategy"]["name"] in STRATEGIES
+    assert resolve(compose([f"strategy={strategy}"]))["strategy"]["name"] in specs.names()
 
 
 @pytest.mark.parametrize("strategy", ["single", "ddp"])

@@ -33,7 +33,7 @@ def test_mlp_fp32_adamw_per_rank_bytes_by_hand() -> None:
         rows["ddp"]["bytes"]["params"] + rows["ddp"]["bytes"]["grads"] + rows["ddp"]["bytes"]["optimizer"]
         == 16 * psi
     )
-    assert rows["zero1"]["bytes"]["optimizer"] == 8 * psi / n and rows["zero1"]["bytes"]["grads"] == 4 * psi
+    assert rows["zero"]["bytes"]["optimizer"] == 8 * psi / n and rows["zero"]["bytes"]["grads"] == 4 * psi
     assert rows["zero2"]["bytes"]["grads"] == 4 * psi / n and rows["zero2"]["bytes"]["params"] == 4 * psi
     assert rows["fsdp"]["bytes"]["params"] == 4 * psi / n
     # activations: a forward on meta sums leaf outputs: input 64 + flatten 64 + 4 x 128 + 10, x batch 32, x 4 B
@@ -95,15 +95,25 @@ def test_gpt_like_plan_sharding_and_recommendation(
     assert result["model"]["params"] == psi
     assert rows["fsdp"]["bytes"]["params"] == pytest.approx(4 * psi / 8)
     assert rows["hsdp"]["bytes"]["params"] == pytest.approx(4 * psi / 4)  # sharded over the 4 local ranks
-    assert rows["tp"]["bytes"]["activations"] == pytest.approx(result["activations"]["bytes"] / 4)
-    assert {"tp x fsdp", "tp x pp", "pp"} <= set(rows)
+    assert rows["tp"]["bytes"]["activations"] == pytest.approx(
+        result["activations"]["bytes"] / 8
+    )  # all ranks
+    assert rows["fsdp+tp"]["bytes"]["activations"] == pytest.approx(result["activations"]["bytes"] / 4)
+    assert {"fsdp+tp", "pipeline"} <= set(rows) and rows["pipeline"]["pp"] == 8
+    # every layout is one a `strategy=` runs: its name is a strategy option, its `run` the overrides
+    from disttrain.config import config_dir
+
+    options = {p.stem for p in (config_dir() / "strategy").glob("*.yaml")}
+    assert set(rows) <= options and all(r["run"].startswith(f"strategy={r['layout']}") for r in rows.values())
     # activations, fp32: 8 layers x 256 x 512 x (34 + 5 x 8 x 256 / 512) x 2 = 113,246,208 B
     assert result["activations"]["bytes"] == 8 * 256 * 512 * 54 * 2
     # usable 0.27 GiB = 289.9 MB. ddp: 16 B x psi = 268.5 MB + 113.2 MB: no.
-    # zero1: (4 + 4 + 8 / 8) B x psi = 151.0 MB + 113.2 MB = 264.2 MB: yes, and first in preference.
-    assert not rows["ddp"]["fits"] and rows["zero1"]["fits"]
+    # zero (ZeRO-1): (4 + 4 + 8 / 8) B x psi = 151.0 MB + 113.2 MB = 264.2 MB: yes, and first in preference.
+    assert not rows["ddp"]["fits"] and rows["zero"]["fits"]
     rec = result["recommendation"]
-    assert rec["layout"] == "zero1" and "ddp needs" in rec["reason"]
+    assert (
+        rec["layout"] == "zero" and "a full replica needs" in rec["reason"] and rec["run"] == "strategy=zero"
+    )
     json.dumps(result)  # JSON-ready
 
 

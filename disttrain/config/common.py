@@ -1,0 +1,29 @@
+"""Leaf helpers of the config schemas, the checks and the strategy specs (no disttrain imports).
+
+Kept apart so that `config/schema.py`, `config/validate.py` and `strategies/specs/` can all use them
+without importing one another: the help-carrying dataclass field and the world size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Any
+
+from omegaconf import MISSING
+
+
+def help_field(text: str, default: Any = MISSING, factory: Any = None) -> Any:
+    """A dataclass field with a one-line help text (shown by `disttrain config --help`)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": text})
+    return field(default=default, metadata={"help": text})
+
+
+def world_size(cfg: dict[str, Any]) -> int:
+    """Ranks of the run: nodes x nproc_per_node (after `resolve`, `nodes` is the maximum)."""
+    return int(cfg["nodes"]) * int(cfg["nproc_per_node"])
+
+
+def world_shape(cfg: dict[str, Any]) -> str:
+    """The world size with where it comes from, for error messages."""
+    return f"nodes x nproc_per_node = {cfg['nodes']} x {cfg['nproc_per_node']} = {world_size(cfg)}"

@@ -1,0 +1,46 @@
+"""Torch-free strategy specs and their registry (see `core`); one module per family.
+
+`from disttrain.strategies import specs` then `specs.get("ddp")`, `specs.all()`, `specs.register(...)`.
+"""
+
+from disttrain.strategies.specs.core import (
+    ENTRY_POINTS,
+    PIPELINE_LAYERS,
+    TP_PLAN,
+    PlanShape,
+    StrategyConfig,
+    StrategySpec,
+    all,
+    at_least,
+    config_classes,
+    discover,
+    dp_degree,
+    get,
+    layout,
+    names,
+    of,
+    rediscover,
+    register,
+    unregister,
+)
+
+__all__ = [
+    "ENTRY_POINTS",
+    "PIPELINE_LAYERS",
+    "TP_PLAN",
+    "PlanShape",
+    "StrategyConfig",
+    "StrategySpec",
+    "all",
+    "at_least",
+    "config_classes",
+    "discover",
+    "dp_degree",
+    "get",
+    "layout",
+    "names",
+    "of",
+    "rediscover",
+    "register",
+    "unregister",
+]

@@ -1,0 +1,245 @@
+"""`StrategySpec` and the registry: everything disttrain knows about a strategy before torch loads.
+
+One spec per strategy names its typed config (the only home of its defaults), its pre-launch checks,
+its data-parallel degree, the mixed precision it supports, its rows in `disttrain plan` and the
+class that runs it (imported lazily). The schema (`base_<name>` nodes), the checks, `build_strategy`
+and the planner iterate this registry; nothing else compares strategy names.
+
+Built-in specs live in this package, one module per family; a package of yours adds one with an
+entry point in the `disttrain.strategies` group (a module that calls `register`, or a spec object),
+or by calling `register` before the config is composed (tests, notebooks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import MISSING
+
+from disttrain.config.common import help_field, world_size
+from disttrain.config.errors import ConfigError, one_of
+
+ENTRY_POINTS = "disttrain.strategies"
+AMP_MODES = frozenset({"bf16", "fp16"})
+# Model abilities a strategy may need (see disttrain.models.parallel).
+TP_PLAN, PIPELINE_LAYERS = "tp_plan", "pipeline_layers"
+
+
+@dataclass
+class StrategyConfig:
+    """Base of every strategy's config dataclass; `name` defaults to the spec's name."""
+
+    name: str = help_field("how the model is parallelised", MISSING)
+
+
+@dataclass(frozen=True)
+class PlanShape:
+    """What a plan layout depends on: the world and the model's depth and heads."""
+
+    world: int
+    per_node: int
+    nodes: int
+    layers: int
+    heads: int | None
+
+
+def layout(
+    name: str,
+    shape: PlanShape,
+    *,
+    preference: int,
+    run: str,
+    note: str,
+    tp: int = 1,
+    pp: int = 1,
+    zero: int = 0,
+    shard: int = 1,
+) -> dict[str, Any]:
+    """One row of `disttrain plan`: degrees dp x tp x pp = world, the ZeRO stage of the dp dimension
+    and how many ranks share it (`shard`); `run` is the overrides that train this layout, and a lower
+    `preference` is chosen first among the layouts that fit (less communication, less code)."""
+    return {
+        "layout": name,
+        "run": run,
+        "dp": shape.world // (tp * pp),
+        "tp": tp,
+        "pp": pp,
+        "zero": zero,
+        "shard": shard,
+        "preference": preference,
+        "note": note,
+    }
+
+
+def _whole_world(s: Any, world: int) -> int:
+    return world
+
+
+StaticCheck = Callable[[dict[str, Any], Any], None]
+ModelCheck = Callable[[dict[str, Any], Any, Any, int], None]
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """What disttrain knows about one strategy, without importing torch.
+
+    check_static(cfg, s): pre-launch rules on the resolved config `cfg` and the typed slice `s`.
+    check_model(cfg, s, meta_model, gpus): rules that need the model (built on the meta device).
+    dp_degree(s, world): data-parallel replicas (ranks that read different data) at `world` ranks;
+    the strategy's `data_parallel_rank_size()` returns the same size.
+    """
+
+    name: str
+    config_cls: type[StrategyConfig]
+    impl: str  # "package.module:Class", imported only when a rank builds the strategy
+    about: str  # one line: what it does (docs, listings)
+    amp: frozenset[str] = AMP_MODES  # mixed precision modes besides off
+    replicated: bool = False  # every rank holds the whole, identical model (debug.check_sync_every)
+    compile: bool = True  # trainer.compile works with it
+    needs: frozenset[str] = frozenset()  # model abilities: TP_PLAN, PIPELINE_LAYERS
+    one_tensor_batches: bool = False  # stages pass one tensor: model(inputs), one target (pipeline)
+    check_static: StaticCheck | None = None
+    check_model: ModelCheck | None = None
+    dp_degree: Callable[[Any, int], int] = _whole_world
+    plan: Callable[[PlanShape], list[dict[str, Any]]] | None = None
+
+    def __post_init__(self) -> None:
+        default = {f.name: f.default for f in dataclasses.fields(self.config_cls)}.get("name")
+        if default != self.name:
+            raise ValueError(f"spec {self.name!r}: {self.config_cls.__name__}.name defaults to {default!r}")
+        if ":" not in self.impl:
+            raise ValueError(f"spec {self.name!r}: impl {self.impl!r} is not 'module:Class'")
+        if not self.amp <= AMP_MODES:
+            raise ValueError(f"spec {self.name!r}: amp {sorted(self.amp)} not within {sorted(AMP_MODES)}")
+
+    def load(self) -> type:
+        """The strategy class (imports torch)."""
+        module, _, cls = self.impl.partition(":")
+        loaded: type = getattr(importlib.import_module(module), cls)
+        return loaded
+
+    def typed(self, node: Any) -> Any:
+        """The `strategy` slice of a resolved config as this spec's config dataclass."""
+        from disttrain.config.typed import typed
+
+        return typed(self.config_cls, node)
+
+
+_SPECS: dict[str, StrategySpec] = {}
+_BUILTIN = (
+    "disttrain.strategies.specs.data_parallel",
+    "disttrain.strategies.specs.sharded",
+    "disttrain.strategies.specs.model_parallel",
+)
+_LOADED = {"builtin": False, "plugins": False}
+
+
+def register(spec: StrategySpec, replace: bool = False) -> StrategySpec:
+    """Add `spec` to the registry (idempotent for the same object); returns it."""
+    known = _SPECS.get(spec.name)
+    if known is not None and known is not spec and not replace:
+        raise ValueError(f"a strategy named {spec.name!r} is already registered ({known.impl})")
+    _SPECS[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a spec (tests that register a strategy of their own)."""
+    _SPECS.pop(name, None)
+
+
+def _load_builtin() -> None:
+    if not _LOADED["builtin"]:
+        _LOADED["builtin"] = True
+        for module in _BUILTIN:
+            importlib.import_module(module)
+
+
+def discover() -> None:
+    """Import every installed plugin of the `disttrain.strategies` entry-point group (once)."""
+    _load_builtin()
+    if _LOADED["plugins"]:
+        return
+    _LOADED["plugins"] = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINTS):
+        try:
+            found = ep.load()
+        except Exception as exc:
+            raise ConfigError(
+                f"entry point {ENTRY_POINTS}:{ep.name}",
+                ep.value,
+                "an importable module or StrategySpec",
+                f"importing it failed ({type(exc).__name__}: {exc}); fix or uninstall the package "
+                f"that declares it ({getattr(ep.dist, 'name', '?')}).",
+            ) from None
+        for spec in found if isinstance(found, list | tuple) else [found]:
+            if isinstance(spec, StrategySpec):
+                register(spec)
+
+
+def rediscover() -> None:
+    """Scan the entry points again (after installing a plugin in this process: tests)."""
+    _LOADED["plugins"] = False
+    discover()
+
+
+def all() -> list[StrategySpec]:
+    """Every registered spec, built-ins first, in registration order."""
+    discover()
+    return list(_SPECS.values())
+
+
+def names() -> list[str]:
+    return [s.name for s in all()]
+
+
+def get(name: str) -> StrategySpec:
+    """The spec called `name`, or a ConfigError listing the known names."""
+    _load_builtin()
+    if name not in _SPECS:
+        discover()
+    if name not in _SPECS:
+        raise ConfigError(
+            "strategy.name", name, one_of(names()), "choose the strategy group option: strategy=ddp."
+        )
+    return _SPECS[name]
+
+
+def of(cfg: dict[str, Any]) -> tuple[StrategySpec, Any]:
+    """(spec, typed strategy config) of a resolved run config; ConfigError if they do not match."""
+    name: Any = (cfg.get("strategy") or {}).get("name")
+    spec = get(name)
+    try:
+        return spec, spec.typed(cfg["strategy"])
+    except Exception as exc:
+        raise ConfigError(
+            "strategy.name",
+            name,
+            f"the keys of {spec.config_cls.__name__} ({', '.join(f.name for f in dataclasses.fields(spec.config_cls))})",
+            f"choose a strategy with its group option (strategy={name}), not by setting strategy.name "
+            f"on another option's keys ({type(exc).__name__}).",
+        ) from None
+
+
+def dp_degree(cfg: dict[str, Any]) -> int:
+    """Data-parallel replicas of a resolved run config: the spec's answer at this world size."""
+    spec, s = of(cfg)
+    return int(spec.dp_degree(s, world_size(cfg)))
+
+
+def at_least(key: str, value: Any, low: int, hint: str) -> int:
+    """`strategy.<key>` must be an integer >= low."""
+    if value is None or value < low:
+        raise ConfigError(f"strategy.{key}", value, f"an integer >= {low}", hint)
+    return int(value)
+
+
+def config_classes() -> dict[str, type]:
+    """ConfigStore node name -> dataclass: `base_<name>` for every spec."""
+    return {f"base_{spec.name}": spec.config_cls for spec in all()}

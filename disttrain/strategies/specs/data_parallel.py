@@ -1,0 +1,206 @@
+"""Specs of the replicated data-parallel family: single, ddp, dp (nn.DataParallel), zero, localsgd.
+
+Every rank (or the one process) holds the whole model; batches are split across the replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from disttrain.config.common import help_field as h
+from disttrain.config.common import world_shape, world_size
+from disttrain.config.errors import ConfigError, one_of
+from disttrain.strategies.specs.core import (
+    PlanShape,
+    StrategyConfig,
+    StrategySpec,
+    at_least,
+    layout,
+    register,
+)
+
+log = logging.getLogger("disttrain")
+
+COMM_HOOKS = (None, "fp16", "bf16")
+
+
+@dataclass
+class SingleStrategyConfig(StrategyConfig):
+    name: str = "single"
+
+
+@dataclass
+class DPStrategyConfig(StrategyConfig):
+    name: str = "dp"
+
+
+@dataclass
+class DDPStrategyConfig(StrategyConfig):
+    name: str = "ddp"
+    bucket_cap_mb: float = h("DDP gradient bucket size in MiB", 25.0)
+    find_unused_parameters: bool = h("tolerate parameters that get no gradient (slower)", False)
+    static_graph: bool = h("promise the graph is the same every step (enables optimisations)", False)
+    gradient_as_bucket_view: bool = h("let gradients alias the all-reduce buckets (saves memory)", False)
+    comm_hook: str | None = h("gradient compression hook: null, fp16 or bf16", None)
+
+
+@dataclass
+class ZeroStrategyConfig(DDPStrategyConfig):
+    name: str = "zero"
+    parameters_as_bucket_view: bool = h("ZeRO: pack params into contiguous buckets per rank", False)
+
+
+@dataclass
+class LocalSGDStrategyConfig(DDPStrategyConfig):
+    name: str = "localsgd"
+    sync_every: int = h("average parameters across ranks every N optimizer steps (1: every step)", 4)
+    warmup_steps: int = h("plain DDP steps (gradients all-reduced) before local SGD starts", 0)
+
+
+# ------------------------------------------------------------------------------------------ checks
+def check_single(cfg: dict[str, Any], s: SingleStrategyConfig) -> None:
+    if world_size(cfg) != 1:
+        raise ConfigError(
+            "strategy",
+            s.name,
+            f"world size 1 (nodes x nproc_per_node is {cfg['nodes']} x {cfg['nproc_per_node']})",
+            f"use nproc_per_node=1 with strategy={s.name}, or strategy=ddp for several ranks.",
+        )
+
+
+def check_dp(cfg: dict[str, Any], s: DPStrategyConfig) -> None:
+    if world_size(cfg) != 1:
+        raise ConfigError(
+            "nproc_per_node",
+            cfg["nproc_per_node"],
+            f"1 with strategy={s.name} (world size is {world_shape(cfg)})",
+            "nn.DataParallel drives every local GPU from ONE process: set nproc_per_node=1 nodes=1; "
+            "for one process per GPU use strategy=ddp.",
+        )
+
+
+def warn_single_rank(cfg: dict[str, Any], name: str) -> None:
+    if world_size(cfg) < 2:
+        log.warning(
+            "strategy=%s on world size 1 (%s): nothing is sharded or averaged", name, world_shape(cfg)
+        )
+
+
+def check_ddp(cfg: dict[str, Any], s: DDPStrategyConfig) -> None:
+    if s.comm_hook not in COMM_HOOKS:
+        raise ConfigError(
+            "strategy.comm_hook", s.comm_hook, one_of(("null", "fp16", "bf16")), "fp16/bf16 halve the bytes."
+        )
+    if s.comm_hook == "bf16" and cfg["backend"]["name"] == "gloo":
+        raise ConfigError(
+            "strategy.comm_hook",
+            "bf16",
+            "null or fp16 with backend=gloo",
+            "PyTorch's bf16_compress_hook needs NCCL (CUDA); on gloo use strategy.comm_hook=fp16.",
+        )
+    if s.bucket_cap_mb is None or s.bucket_cap_mb <= 0:
+        raise ConfigError("strategy.bucket_cap_mb", s.bucket_cap_mb, "a number > 0", "25 MiB suits most.")
+
+
+def check_ddp_model(cfg: dict[str, Any], s: DDPStrategyConfig, model: Any, gpus: int) -> None:
+    """With the machine: PyTorch's bf16 compression hook needs NCCL, so CUDA GPUs."""
+    if s.comm_hook == "bf16" and gpus == 0:
+        raise ConfigError(
+            "strategy.comm_hook",
+            "bf16",
+            "null or fp16 on this machine (no CUDA GPUs, so the backend is gloo)",
+            "PyTorch's bf16_compress_hook needs NCCL (CUDA); use strategy.comm_hook=fp16.",
+        )
+
+
+def check_zero(cfg: dict[str, Any], s: ZeroStrategyConfig) -> None:
+    warn_single_rank(cfg, s.name)
+    check_ddp(cfg, s)
+
+
+def check_localsgd(cfg: dict[str, Any], s: LocalSGDStrategyConfig) -> None:
+    warn_single_rank(cfg, s.name)
+    check_ddp(cfg, s)
+    at_least("sync_every", s.sync_every, 1, "1 averages every step (equals ddp); 4-16 saves bandwidth.")
+    at_least(
+        "warmup_steps", s.warmup_steps, 0, "0 starts local SGD at once; some DDP steps first often help."
+    )
+    if s.comm_hook is not None:
+        raise ConfigError(
+            "strategy.comm_hook",
+            s.comm_hook,
+            f"null with strategy={s.name}",
+            "local SGD registers its own DDP comm hook (post_localSGD_hook); DDP takes only one.",
+        )
+
+
+# ------------------------------------------------------------------------------------------ plan
+def plan_ddp(shape: PlanShape) -> list[dict[str, Any]]:
+    return [layout("ddp", shape, preference=10, run="strategy=ddp", note="full replica per rank")]
+
+
+def plan_zero(shape: PlanShape) -> list[dict[str, Any]]:
+    note = "ZeRO-1: optimizer state sharded; same traffic as ddp"
+    return [layout("zero", shape, preference=20, run="strategy=zero", zero=1, shard=shape.world, note=note)]
+
+
+# ------------------------------------------------------------------------------------------ specs
+SINGLE = register(
+    StrategySpec(
+        name="single",
+        config_cls=SingleStrategyConfig,
+        impl="disttrain.strategies.single:SingleStrategy",
+        about="one process, one device: the reference every other strategy is checked against",
+        replicated=True,
+        check_static=check_single,
+    )
+)
+DDP = register(
+    StrategySpec(
+        name="ddp",
+        config_cls=DDPStrategyConfig,
+        impl="disttrain.strategies.ddp:DDPStrategy",
+        about="DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets",
+        replicated=True,
+        check_static=check_ddp,
+        check_model=check_ddp_model,
+        plan=plan_ddp,
+    )
+)
+DP = register(
+    StrategySpec(
+        name="dp",
+        config_cls=DPStrategyConfig,
+        impl="disttrain.strategies.dp:DPStrategy",
+        about="nn.DataParallel: one process drives every local GPU",
+        amp=frozenset(),
+        replicated=True,
+        check_static=check_dp,
+    )
+)
+ZERO = register(
+    StrategySpec(
+        name="zero",
+        config_cls=ZeroStrategyConfig,
+        impl="disttrain.strategies.zero:ZeroStrategy",
+        about="ZeRO-1: DDP gradients, optimizer state partitioned across ranks",
+        amp=frozenset({"bf16"}),
+        replicated=True,
+        check_static=check_zero,
+        check_model=check_ddp_model,
+        plan=plan_zero,
+    )
+)
+LOCALSGD = register(
+    StrategySpec(
+        name="localsgd",
+        config_cls=LocalSGDStrategyConfig,
+        impl="disttrain.strategies.localsgd:LocalSGDStrategy",
+        about="post-local SGD: DDP for warmup_steps, then parameters averaged every sync_every steps",
+        amp=frozenset({"bf16"}),
+        check_static=check_localsgd,
+        check_model=check_ddp_model,
+    )
+)

@@ -1,0 +1,341 @@
+"""Specs of the strategies that split one model across ranks: pipeline, tp, fsdp+tp.
+
+Ranks that split a model read the same data, so their data-parallel degree is below the world size;
+their checks need the model's pipeline layers or tensor-parallel plan (disttrain.models.parallel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from disttrain.config.common import help_field as h
+from disttrain.config.common import world_shape, world_size
+from disttrain.config.errors import ConfigError, check_divides, one_of
+from disttrain.strategies.specs import core
+from disttrain.strategies.specs.core import (
+    PIPELINE_LAYERS,
+    TP_PLAN,
+    PlanShape,
+    StrategyConfig,
+    StrategySpec,
+    layout,
+    register,
+)
+
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+
+
+@dataclass
+class PipelineStrategyConfig(StrategyConfig):
+    name: str = "pipeline"
+    schedule: str = h("gpipe, 1f1b or interleaved_1f1b (needs stages_per_rank >= 2)", "1f1b")
+    n_microbatches: int = h("micro-batches each batch is cut into (must divide trainer.batch_size)", 4)
+    stages_per_rank: int = h("stages (virtual stages) per rank; >= 2 only with interleaved_1f1b", 1)
+    split_points: list[str] | None = h(
+        "layer names that start a new stage, e.g. [layers.4]; null: an even split of the layers", None
+    )
+
+
+@dataclass
+class TPStrategyConfig(StrategyConfig):
+    name: str = "tp"
+
+
+@dataclass
+class FSDPTPStrategyConfig(TPStrategyConfig):
+    name: str = "fsdp+tp"
+    tp_degree: int = h("ranks per tensor-parallel group (the fast, inner mesh dimension)", 2)
+    dp_degree: int = h("FSDP replicas (outer mesh dimension); -1: world size / tp_degree", -1)
+    reshard_after_forward: bool = h(
+        "free gathered params after forward (less memory, one more all-gather)", True
+    )
+
+
+def fsdp_tp_degrees(s: FSDPTPStrategyConfig, world: int) -> tuple[int, int]:
+    """(dp, tp) of the fsdp+tp mesh: dp_degree as set, or world / tp_degree for -1."""
+    dp = s.dp_degree if s.dp_degree != -1 else world // s.tp_degree
+    return max(dp, 1), s.tp_degree
+
+
+def _one_replica(s: Any, world: int) -> int:
+    return 1
+
+
+def _fsdp_tp_dp(s: FSDPTPStrategyConfig, world: int) -> int:
+    return fsdp_tp_degrees(s, world)[0]
+
+
+# ------------------------------------------------------------------------------------------ static
+def needs_two_ranks(cfg: dict[str, Any], s: StrategyConfig) -> None:
+    if world_size(cfg) < 2:
+        raise ConfigError(
+            "nproc_per_node",
+            cfg["nproc_per_node"],
+            f">= 2 ranks with strategy={s.name} (world size is {world_shape(cfg)})",
+            f"{s.name} splits one model across ranks: set nproc_per_node=2 (CPU ranks work), "
+            "or use strategy=single on one rank.",
+        )
+
+
+def check_pipeline(cfg: dict[str, Any], s: PipelineStrategyConfig) -> None:
+    needs_two_ranks(cfg, s)
+    ws = world_size(cfg)
+    schedule, m, v, batch = s.schedule, s.n_microbatches, s.stages_per_rank, cfg["trainer"]["batch_size"]
+    if schedule not in PIPELINE_SCHEDULES:
+        raise ConfigError(
+            "strategy.schedule", schedule, one_of(PIPELINE_SCHEDULES), "1f1b holds the fewest activations."
+        )
+    if m < 1:
+        raise ConfigError("strategy.n_microbatches", m, "a number >= 1", "4 to 8 micro-batches per stage.")
+    if batch % m:
+        divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+        raise ConfigError(
+            "strategy.n_microbatches",
+            m,
+            f"a divisor of trainer.batch_size={batch}: {', '.join(map(str, divisors))}",
+            f"each micro-batch must be equal: {batch} samples / {m} micro-batches is not whole; "
+            "change one of them.",
+        )
+    if schedule == "interleaved_1f1b" and v < 2:
+        raise ConfigError(
+            "strategy.stages_per_rank",
+            v,
+            ">= 2 with schedule=interleaved_1f1b",
+            "interleaving needs several (virtual) stages per rank: strategy.stages_per_rank=2.",
+        )
+    if schedule != "interleaved_1f1b" and v != 1:
+        raise ConfigError(
+            "strategy.stages_per_rank",
+            v,
+            f"1 with schedule={schedule}",
+            "several stages per rank need strategy.schedule=interleaved_1f1b.",
+        )
+    if schedule == "1f1b" and m < ws:
+        raise ConfigError(
+            "strategy.n_microbatches",
+            m,
+            f">= the number of stages ({ws}) with schedule=1f1b",
+            f"set strategy.n_microbatches={ws} or more (a divisor of batch_size {batch}).",
+        )
+    rounds = max(1, m // ws)
+    if schedule == "interleaved_1f1b" and m % rounds:
+        raise ConfigError(
+            "strategy.n_microbatches",
+            m,
+            f"a multiple of max(1, n_microbatches // ranks) = {rounds} with schedule=interleaved_1f1b",
+            f"use a multiple of the pipeline size {ws}, e.g. strategy.n_microbatches={ws * rounds}.",
+        )
+    points = s.split_points
+    if points and len(points) + 1 != ws * v:
+        raise ConfigError(
+            "strategy.split_points",
+            list(points),
+            f"{ws * v - 1} layer name(s) ({ws * v} stages = {ws} ranks x stages_per_rank {v})",
+            "each split point starts a new stage; or set split_points=null for an even split.",
+        )
+    if not cfg["data"].get("drop_last", True):
+        raise ConfigError(
+            "data.drop_last",
+            "false",
+            f"true with strategy={s.name}",
+            "pipeline stages are built for one batch shape; a short last batch cannot be cut into "
+            f"{m} equal micro-batches.",
+        )
+
+
+def check_fsdp_tp(cfg: dict[str, Any], s: FSDPTPStrategyConfig) -> None:
+    needs_two_ranks(cfg, s)
+    ws, shape = world_size(cfg), world_shape(cfg)
+    tp, dp = s.tp_degree, s.dp_degree
+    check_divides(
+        "strategy.tp_degree",
+        tp,
+        ws,
+        shape,
+        f"the mesh is (dp_degree, tp_degree) with dp_degree x tp_degree = {ws}.",
+    )
+    if dp != -1 and dp * tp != ws:
+        raise ConfigError(
+            "strategy.dp_degree",
+            dp,
+            f"-1 or {ws // tp} (dp_degree x tp_degree must equal the world size: {dp} x {tp} = {dp * tp}, "
+            f"world size {shape})",
+            f"set strategy.dp_degree=-1, or nproc_per_node={dp * tp} for a {dp} x {tp} mesh.",
+        )
+
+
+# ------------------------------------------------------------------------------------------ model
+def _can_use(lacking: set[str]) -> str:
+    return ", ".join(spec.name for spec in core.all() if not spec.needs & lacking)
+
+
+def check_tp_model(cfg: dict[str, Any], name: str, model: Any, tp: int) -> None:
+    """The model has a tensor-parallel plan naming its modules, and heads that split over `tp` ranks."""
+    from disttrain.models.parallel import class_path, pipeline_layers, tp_plan_fn
+
+    factory = tp_plan_fn(model)
+    if factory is None:
+        lacking = {TP_PLAN} | (set() if pipeline_layers(model) is not None else {PIPELINE_LAYERS})
+        raise ConfigError(
+            "model",
+            class_path(model),
+            f"a model with a tensor-parallel plan for strategy={name}",
+            f"{class_path(model)} has no tp_plan() method and no entry in "
+            "disttrain.models.parallel.TP_PLANS; give it one (module name -> ColwiseParallel/"
+            f"RowwiseParallel), or use a strategy that needs no plan: {_can_use(lacking)}.",
+        )
+    modules = {n for n, _ in model.named_modules()}
+    unknown = sorted(set(factory()) - modules)
+    if unknown:
+        raise ConfigError(
+            "model",
+            class_path(model),
+            f"a tp plan naming modules of the model (unknown: {', '.join(unknown)})",
+            "plan keys are module names as in model.named_modules().",
+        )
+    heads = getattr(model, "n_heads", None)
+    if heads is not None and heads % tp:
+        raise ConfigError(
+            "model.n_heads",
+            heads,
+            f"a multiple of the tensor-parallel degree {tp}",
+            f"each tp rank holds n_heads / {tp} heads; set model.n_heads={tp * max(1, heads // tp)}.",
+        )
+
+
+def check_tp(cfg: dict[str, Any], s: TPStrategyConfig, model: Any, gpus: int) -> None:
+    check_tp_model(cfg, s.name, model, world_size(cfg))
+
+
+def check_fsdp_tp_model(cfg: dict[str, Any], s: FSDPTPStrategyConfig, model: Any, gpus: int) -> None:
+    check_tp_model(cfg, s.name, model, s.tp_degree)
+
+
+def check_pipeline_model(cfg: dict[str, Any], s: PipelineStrategyConfig, model: Any, gpus: int) -> None:
+    """The model splits into world x stages_per_rank stages that hold every parameter once."""
+    from disttrain.models.parallel import class_path, pipeline_layers, shared_across_layers, stage_bounds
+
+    layers = pipeline_layers(model)
+    if layers is None:
+        raise ConfigError(
+            "model",
+            class_path(model),
+            f"a model with pipeline_layers() or an nn.Sequential, for strategy={s.name}",
+            "return [(name, layer), ...] whose composition is the forward pass, or use a strategy "
+            f"that needs no split: {_can_use({PIPELINE_LAYERS})}.",
+        )
+    covered = {id(p) for _, layer in layers for p in layer.parameters()}
+    outside = [n for n, p in model.named_parameters() if id(p) not in covered]
+    if outside:
+        raise ConfigError(
+            "model",
+            class_path(model),
+            "pipeline_layers() that hold every parameter of the model",
+            f"parameters outside the layers would be lost: {', '.join(outside[:5])}; "
+            "include their modules in pipeline_layers().",
+        )
+    shared = shared_across_layers(layers)
+    if shared:
+        raise ConfigError(
+            "model",
+            class_path(model),
+            f"no parameter shared by two pipeline layers with strategy={s.name}",
+            f"tied weights ({', '.join(shared[:3])}) would become two copies on different stages; "
+            "untie them (model.tie_weights=false for gpt) or use another strategy.",
+        )
+    stages = world_size(cfg) * s.stages_per_rank
+    names = [n for n, _ in layers]
+    try:
+        stage_bounds(names, stages, s.split_points)
+    except ValueError as exc:
+        key = "strategy.split_points" if s.split_points else "strategy.stages_per_rank"
+        raise ConfigError(
+            key,
+            s.split_points or s.stages_per_rank,
+            f"<= {len(names)} stages, cut at layer names of {class_path(model)}: {', '.join(names)}",
+            f"{exc}; use fewer ranks or stages_per_rank, or a deeper model.",
+        ) from None
+
+
+# ------------------------------------------------------------------------------------------ plan
+def _heads_split(shape: PlanShape, tp: int) -> bool:
+    return shape.heads is None or shape.heads % tp == 0
+
+
+def plan_tp(shape: PlanShape) -> list[dict[str, Any]]:
+    if shape.world < 2 or not _heads_split(shape, shape.world):
+        return []
+    note = f"tp over all {shape.world} ranks" + (" (across nodes: slow links)" if shape.nodes > 1 else "")
+    return [layout("tp", shape, preference=70, run="strategy=tp", tp=shape.world, note=note)]
+
+
+def plan_fsdp_tp(shape: PlanShape) -> list[dict[str, Any]]:
+    """tp inside a node and fsdp across nodes; on one node of >= 4 ranks, tp over half of them."""
+    if shape.nodes > 1:
+        tp, note = shape.per_node, "tp in the node, fsdp across nodes"
+    elif shape.per_node >= 4:
+        tp = shape.per_node // 2
+        note = f"tp{tp} x fsdp{shape.world // tp}"
+    else:
+        return []
+    if tp < 2 or not _heads_split(shape, tp):
+        return []
+    run = f"strategy=fsdp+tp strategy.tp_degree={tp}"
+    dp = shape.world // tp
+    return [layout("fsdp+tp", shape, preference=60, run=run, tp=tp, zero=3, shard=dp, note=note)]
+
+
+def plan_pipeline(shape: PlanShape) -> list[dict[str, Any]]:
+    """One stage per rank: needs at least as many layers as ranks."""
+    if not 1 < shape.world <= shape.layers:
+        return []
+    note = f"{shape.world} balanced stages; stage 0 keeps ~all activations (1F1B)"
+    return [layout("pipeline", shape, preference=80, run="strategy=pipeline", pp=shape.world, note=note)]
+
+
+# ------------------------------------------------------------------------------------------ specs
+PIPELINE = register(
+    StrategySpec(
+        name="pipeline",
+        config_cls=PipelineStrategyConfig,
+        impl="disttrain.strategies.pipeline:PipelineStrategy",
+        about="pipeline parallel: the model cut into stages, micro-batches flow through the ranks",
+        amp=frozenset(),
+        compile=False,
+        needs=frozenset({PIPELINE_LAYERS}),
+        one_tensor_batches=True,
+        check_static=check_pipeline,
+        check_model=check_pipeline_model,
+        dp_degree=_one_replica,
+        plan=plan_pipeline,
+    )
+)
+TP = register(
+    StrategySpec(
+        name="tp",
+        config_cls=TPStrategyConfig,
+        impl="disttrain.strategies.tp:TPStrategy",
+        about="tensor parallel over all ranks with the model's tp_plan(); one replica",
+        amp=frozenset({"bf16"}),
+        needs=frozenset({TP_PLAN}),
+        check_static=needs_two_ranks,
+        check_model=check_tp,
+        dp_degree=_one_replica,
+        plan=plan_tp,
+    )
+)
+FSDP_TP = register(
+    StrategySpec(
+        name="fsdp+tp",
+        config_cls=FSDPTPStrategyConfig,
+        impl="disttrain.strategies.tp:FSDPTPStrategy",
+        about="2D: tensor parallel within groups of tp_degree ranks, FSDP across the groups",
+        amp=frozenset({"bf16"}),
+        needs=frozenset({TP_PLAN}),
+        check_static=check_fsdp_tp,
+        check_model=check_fsdp_tp_model,
+        dp_degree=_fsdp_tp_dp,
+        plan=plan_fsdp_tp,
+    )
+)

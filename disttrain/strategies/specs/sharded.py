@@ -1,0 +1,155 @@
+"""Specs of the sharded data-parallel family, both run by FSDP2 (`fully_shard`):
+
+- fsdp: parameters, gradients and optimizer state sharded (ZeRO-3); `replicate=R` is HSDP
+  (`strategy=hsdp` is this spec with replicate 2);
+- zero2: the same with `reshard_after_forward=False`: gathered parameters stay from forward to
+  backward (ZeRO-2's memory, ddp's traffic), gradients and optimizer state sharded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import II
+
+from disttrain.config.common import help_field as h
+from disttrain.config.common import world_shape, world_size
+from disttrain.config.errors import ConfigError, check_divides, one_of
+from disttrain.strategies.specs.core import (
+    PlanShape,
+    StrategyConfig,
+    StrategySpec,
+    at_least,
+    layout,
+    register,
+)
+from disttrain.strategies.specs.data_parallel import warn_single_rank
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the keys of disttrain.engine.amp.DTYPES
+
+
+@dataclass
+class FSDPStrategyConfig(StrategyConfig):
+    name: str = "fsdp"
+    wrap_classes: list[str] = h(
+        "module class names that each get their own FSDP unit, e.g. [Linear]", factory=list
+    )
+    min_num_params: int = h(
+        "also wrap submodules holding >= this many not-yet-wrapped params; 0: off", 100_000
+    )
+    reshard_after_forward: bool = h(
+        "free gathered params after forward (less memory, one more all-gather)", True
+    )
+    cpu_offload: bool = h("keep sharded params, grads and optimizer state in CPU memory", False)
+    replicate: int = h("HSDP: replicas R; mesh (R, world/R), sharded within a replica; 1: plain FSDP", 1)
+    param_dtype: str = h("dtype of gathered params for compute: float32, bfloat16, float16", II("amp.dtype"))
+    reduce_dtype: str = h("dtype of the gradient reduce-scatter: float32, bfloat16, float16", "float32")
+
+
+@dataclass
+class Zero2StrategyConfig(FSDPStrategyConfig):
+    name: str = "zero2"
+    reshard_after_forward: bool = h(
+        "false: gathered params stay from forward to backward (ZeRO-2); true would be strategy=fsdp", False
+    )
+
+
+def check_fsdp(cfg: dict[str, Any], s: FSDPStrategyConfig) -> None:
+    warn_single_rank(cfg, s.name)
+    ws = world_size(cfg)
+    replicate = at_least(
+        "replicate", s.replicate, 1, "1 is plain FSDP; R > 1 is HSDP with mesh (R, world/R)."
+    )
+    check_divides(
+        "strategy.replicate",
+        replicate,
+        ws,
+        world_shape(cfg),
+        f"HSDP lays the ranks out as a (replicate, shard) mesh, so replicate x shard must be {ws}.",
+    )
+    at_least("min_num_params", s.min_num_params, 0, "0 turns size-based wrapping off.")
+    for key in ("param_dtype", "reduce_dtype"):
+        if getattr(s, key) not in DTYPE_NAMES:
+            raise ConfigError(
+                f"strategy.{key}",
+                getattr(s, key),
+                one_of(DTYPE_NAMES),
+                "param_dtype follows amp.dtype by default; float32 everywhere means no casts.",
+            )
+
+
+def check_zero2(cfg: dict[str, Any], s: Zero2StrategyConfig) -> None:
+    if s.reshard_after_forward:
+        raise ConfigError(
+            "strategy.reshard_after_forward",
+            True,
+            f"false with strategy={s.name}",
+            "zero2 is FSDP2 that keeps gathered parameters until backward; to reshard after forward "
+            "use strategy=fsdp.",
+        )
+    check_fsdp(cfg, s)
+
+
+def check_wrap_classes(cfg: dict[str, Any], s: FSDPStrategyConfig, model: Any, gpus: int) -> None:
+    """The wrap classes must name modules of this model (built on the meta device)."""
+    if not s.wrap_classes:
+        return
+    present = sorted({type(m).__name__ for m in model.modules()})
+    missing = [c for c in s.wrap_classes if c not in present]
+    if missing:
+        raise ConfigError(
+            "strategy.wrap_classes",
+            missing,
+            f"class names of modules in this model: {', '.join(present)}",
+            "write the class name only (Linear, not torch.nn.Linear), or use strategy.min_num_params.",
+        )
+
+
+def plan_fsdp(shape: PlanShape) -> list[dict[str, Any]]:
+    """fsdp over every rank; with several nodes also hsdp (sharded in a node, replicated across)."""
+    rows = [
+        layout(
+            "fsdp",
+            shape,
+            preference=50,
+            run="strategy=fsdp",
+            zero=3,
+            shard=shape.world,
+            note="ZeRO-3: everything sharded; 1.5x ddp's traffic",
+        )
+    ]
+    if shape.nodes > 1:
+        run = f"strategy=hsdp strategy.replicate={shape.nodes}"
+        note = "sharded within a node, replicated across nodes"
+        rows.append(layout("hsdp", shape, preference=40, run=run, zero=3, shard=shape.per_node, note=note))
+    return rows
+
+
+def plan_zero2(shape: PlanShape) -> list[dict[str, Any]]:
+    note = "ZeRO-2: gradients + optimizer state sharded, params gathered in forward; traffic as ddp"
+    return [layout("zero2", shape, preference=30, run="strategy=zero2", zero=2, shard=shape.world, note=note)]
+
+
+FSDP = register(
+    StrategySpec(
+        name="fsdp",
+        config_cls=FSDPStrategyConfig,
+        impl="disttrain.strategies.fsdp:FSDPStrategy",
+        about="FSDP2 (fully_shard): parameters, gradients and optimizer state sharded; HSDP with replicate",
+        check_static=check_fsdp,
+        check_model=check_wrap_classes,
+        plan=plan_fsdp,
+    )
+)
+ZERO2 = register(
+    StrategySpec(
+        name="zero2",
+        config_cls=Zero2StrategyConfig,
+        impl="disttrain.strategies.fsdp:FSDPStrategy",
+        about="FSDP2 without resharding after forward: ZeRO-2's memory with ddp's traffic",
+        check_static=check_zero2,
+        check_model=check_wrap_classes,
+        plan=plan_zero2,
+    )
+)
