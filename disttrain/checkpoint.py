@@ -369,6 +369,7 @@ def _writer(path: Path, with_hash: bool = False) -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.digests: dict[str, dict[str, Any]] = {}
+            self.errors: list[BaseException] = []
             self._lock = threading.Lock()
 
         @contextlib.contextmanager
@@ -378,9 +379,14 @@ def _writer(path: Path, with_hash: bool = False) -> Any:
                     yield stream
                 return
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-            with os.fdopen(os.open(path, flags, 0o666), "wb") as f:
-                hashing = _HashingFile(f, with_hash)
-                yield hashing
+            try:
+                with os.fdopen(os.open(path, flags, 0o666), "wb") as f:
+                    hashing = _HashingFile(f, with_hash)
+                    yield hashing
+            except BaseException as exc:  # DCP's extra writer threads drop their exceptions
+                with self._lock:
+                    self.errors.append(exc)
+                raise
             with self._lock:
                 self.digests[Path(path).name] = hashing.digest()
 
@@ -390,8 +396,22 @@ def _writer(path: Path, with_hash: bool = False) -> Any:
                 if (entry := self.digests.pop(Path(path).name, None)) is not None:
                     self.digests[Path(new_path).name] = entry
 
-    writer = FileSystemWriter(str(path), sync_files=True, thread_count=WRITER_THREADS)
-    writer.fs = HashingFileSystem()
+    class Writer(FileSystemWriter):
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            """DCP's write, failing when any writer thread failed: in torch 2.13 an exception in a
+            thread other than the caller's is only printed, and its items would go missing."""
+            written = super().write_data(plan, planner)
+            if fs.errors:
+                raise fs.errors[0]
+            if len(written.value()) != len(plan.items):
+                raise RuntimeError(
+                    f"DCP wrote {len(written.value())} of {len(plan.items)} items to {self.path}"
+                )
+            return written
+
+    fs = HashingFileSystem()
+    writer = Writer(str(path), sync_files=True, thread_count=WRITER_THREADS)
+    writer.fs = fs
     return writer
 
 
