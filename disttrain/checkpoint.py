@@ -608,17 +608,33 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 def load_sharded(
-    path: Path, app_state: dict[str, Any], rank: int, no_dist: bool = False
+    path: Path, app_state: dict[str, Any], rank: int, no_dist: bool = False, verify: str = "size"
 ) -> dict[str, Any] | None:
     """Fill `app_state` in place from the DCP checkpoint at `path` (resharding as needed).
+
+    verify="hash": rank 0 checks every file's sha256 against the manifest in background threads
+    while the load reads the same files (hashing and reading overlap instead of adding up), and
+    raises CorruptCheckpoint (a load error: the caller falls back) on a mismatch. A caller that
+    chose `path` with `choose(..., "hash")` has checked it already and passes "size".
 
     Returns this rank's saved RNG states, or None when the checkpoint had no rank of this number.
     """
     import torch.distributed.checkpoint as dcp
 
-    dcp.load(app_state, storage_reader=_reader(path), planner=_planner(), no_dist=no_dist)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="disttrain-verify") as pool:
+        check = pool.submit(problem, path, "hash") if verify == "hash" and rank == 0 else None
+        try:
+            dcp.load(app_state, storage_reader=_reader(path), planner=_planner(), no_dist=no_dist)
+        finally:
+            why = check.result() if check is not None else None
+    if why is not None:
+        raise CorruptCheckpoint(why)
     rng_file = path / f"rng_rank{rank}.pt"
     return load(rng_file) if rng_file.is_file() else None
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint's file does not match its manifest (found while loading it)."""
 
 
 # --------------------------------------------------------------------------------- export

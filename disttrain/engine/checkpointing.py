@@ -146,11 +146,12 @@ class Checkpointer:
 
     # ------------------------------------------------------------------------------------ restore
     def choose(self, location: Path, skip: Collection[Path] = ()) -> Path | None:
-        """Rank 0 picks the newest whole checkpoint (verifying it) and tells the other ranks."""
+        """Rank 0 picks the newest checkpoint whose manifest and sizes check out and tells the other ranks."""
         e = self.e
         box: list[Any] = [None]
         if e.env.is_zero:
-            found = checkpoint.choose(location, self.cfg.get("verify", "hash"), skip)
+            # verify=hash: sizes now, each file's sha256 while `restore` loads it (load_sharded)
+            found = checkpoint.choose(location, "size", skip)
             box = [str(found) if found else None]
         if dist.is_initialized() and e.env.world_size > 1:
             dist.broadcast_object_list(box, src=0)
@@ -212,7 +213,7 @@ class Checkpointer:
         app["scheduler"] = e.scheduler.state_dict()
         if e.scaler is not None and meta.get("has_scaler"):
             app["scaler"] = e.scaler.state_dict()
-        rng = checkpoint.load_sharded(path, app, e.env.rank)
+        rng = checkpoint.load_sharded(path, app, e.env.rank, verify=self.cfg.get("verify", "hash"))
         e.strategy.load_state_dict(e.model, e.optimizer, app)
         e.scheduler.load_state_dict(app["scheduler"])
         if e.scaler is not None and "scaler" in app:

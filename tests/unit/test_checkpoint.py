@@ -544,3 +544,25 @@ def test_async_save_commits_in_the_background_and_reuses_its_staging_buffers(tmp
     assert {id(s) for s in stager._state_dict_stager._cached_storage_mapping.values()} == staged
     loaded, _ = _load_into(tmp_path / "step_00000002")
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_load_verifying_hashes_fails_on_a_flipped_byte_and_names_the_file(tmp_path: Path) -> None:
+    """verify=hash at load: sha256 checked while DCP reads; a same-size corruption raises (the
+    engine's resume then falls back), and the untouched checkpoint loads."""
+    model, opt = _trained()
+    _save(tmp_path, 1, model, opt)
+    _save(tmp_path, 2, model, opt)
+    path = tmp_path / "step_00000002"
+    shard = next(path.glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert checkpoint.choose(tmp_path, "size") == path, "sizes alone cannot see it"
+    state = {"model": get_state_dict(*_trained(seed=99))[0]}
+    with pytest.raises(
+        checkpoint.CorruptCheckpoint, match=f"{shard.name} has the right size but the wrong sha256"
+    ):
+        checkpoint.load_sharded(path, state, rank=0, no_dist=True, verify="hash")
+    assert checkpoint.load_errors()[0] is Exception  # the engine's resume catches it and falls back
+    checkpoint.load_sharded(tmp_path / "step_00000001", state, rank=0, no_dist=True, verify="hash")
+    assert all(torch.equal(state["model"][k], v) for k, v in model.state_dict().items())
