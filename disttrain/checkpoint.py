@@ -5,15 +5,18 @@
         .metadata __0_0.distcp __1_0.distcp ...   DCP: model, optimizer, scheduler; shards per rank
         rng_rank0.pt ...     RNG states of each rank (torch.save; loaded with weights_only=True)
         meta.json            step, epoch, position inside the epoch, world size, config and its hash
-        manifest.json        size and sha256 of every file above: written last, marks a whole save
+        manifest.json        size and sha256 of every file above (hashed as each was written, by the
+                             rank that wrote it; gathered on rank 0): written last, marks a whole save
       .tmp-step_00000020/    a save in progress (or one a crash interrupted: ignored, later removed)
       latest                 the newest committed checkpoint's name, replaced with os.replace
       final.pt               the consolidated model for plain PyTorch (checkpoint.export_final)
       superseded/step_N/     checkpoints past the step a run resumed from (an abandoned timeline)
 
 A save writes into `.tmp-<name>/`, fsyncs every file, then renames the folder into place and
-replaces `latest`: a kill at any instant leaves the previous checkpoint whole. A load checks the
-manifest and falls back to the previous good checkpoint, naming the bad file. Nothing is ever
+replaces `latest`: a kill at any instant leaves the previous checkpoint whole. An async save copies
+the state into staging buffers kept between saves and does all of that in a background thread. A
+load checks the manifest (sizes up front; sha256, with verify=hash, in threads while DCP reads the
+files) and falls back to the previous good checkpoint, naming the bad file. Nothing is ever
 unpickled freely: tensors and objects load with weights_only=True, DCP's `.metadata` through an
 allow-list of DCP's own classes.
 """
