@@ -4,7 +4,7 @@
     PYTHONPATH=/path/to/older/checkout python scripts/bench_checkpoint.py   # the "before" numbers
 
 One process, the same state (an MLP's params + AdamW moments, about --mb MiB), the same disk
-(--dir: put it on the run dir's disk; default: the current directory). Each repeat runs every
+(--dir: on the run dirs' disk; default runs/, where `disttrain train` puts them). Each repeat runs every
 case once, in turn (interleaved), and the table shows medians. Issue 16's targets: DCP save and
 load >= 0.9x torch.save / torch.load MB/s; an async save stalls training <= 10 % of a sync save.
 
@@ -103,9 +103,12 @@ def main() -> int:
     )
     parser.add_argument("--mb", type=int, default=160, help="state size in MiB (params + AdamW moments)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--dir", default=".", help="a folder on the disk of the run dirs")
+    parser.add_argument(
+        "--dir", default="runs", help="a folder on the run dirs' disk (default: runs/, theirs)"
+    )
     parser.add_argument("--cold", action="store_true", help="evict the files' pages before each load")
     args = parser.parse_args()
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="bench_ckpt_", dir=args.dir))
     model, opt, mb = build(args.mb)
     step = [0]
