@@ -166,22 +166,24 @@ def main() -> int:
     cpu_s: dict[str, list[float]] = {}  # process CPU seconds (all threads) per case
     load_before = loadavg()
     times: dict[str, list[float]] = {k: [] for k in ("ts", "ds", "da", "stall", "tl", "tr", "dl", "dls")}
-    for r in range(args.repeats + 1):  # round 0 warms up (imports, allocator, page cache)
-        if r == 1:
-            cpu_s.clear()  # the warm-up round's CPU times are not reported
-        ts = timed(plain_save)
-        ds = dcp_save(False)[1]
-        stall, da = dcp_save(True)
-        dcp_files = [p for p in checkpoint.committed(ckpts)[-1].iterdir()]
-        tl = timed(plain_load, [plain])
-        tr = timed(plain_resume, [plain])
-        dl = timed(dcp_load("hash"), dcp_files)
-        dls = timed(dcp_load("size"), dcp_files)
-        if r:
-            for k, v in zip(times, (ts, ds, da, stall, tl, tr, dl, dls), strict=True):
-                times[k].append(v)
+    try:
+        for r in range(args.repeats + 1):  # round 0 warms up (imports, allocator, page cache)
+            if r == 1:
+                cpu_s.clear()  # the warm-up round's CPU times are not reported
+            ts = timed(plain_save)
+            ds = dcp_save(False)[1]
+            stall, da = dcp_save(True)
+            dcp_files = [p for p in checkpoint.committed(ckpts)[-1].iterdir()]
+            tl = timed(plain_load, [plain])
+            tr = timed(plain_resume, [plain])
+            dl = timed(dcp_load("hash"), dcp_files)
+            dls = timed(dcp_load("size"), dcp_files)
+            if r:
+                for k, v in zip(times, (ts, ds, da, stall, tl, tr, dl, dls), strict=True):
+                    times[k].append(v)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in times.items()}
-    shutil.rmtree(root, ignore_errors=True)
 
     print(
         f"state {mb:.0f} MiB (params + AdamW moments), {args.repeats} interleaved repeats, medians; "
