@@ -214,10 +214,11 @@ class Checkpointer:
 
     # ------------------------------------------------------------------------------------ restore
     def choose(self, location: Path, skip: Collection[Path] = ()) -> Path | None:
-        """Rank 0 picks the newest whole checkpoint (verifying it) and tells the other ranks."""
+        """Rank 0 picks the newest checkpoint whose manifest and sizes check out and tells the other ranks."""
         box: list[Any] = [None]
         if self.env.is_zero:
-            found = checkpoint.choose(location, self.cfg.verify, skip)
+            # verify=hash: sizes now, each file's sha256 while `restore` loads it (load_sharded)
+            found = checkpoint.choose(location, "size", skip)
             box = [str(found) if found else None]
         if dist.is_initialized() and self.env.world_size > 1:
             dist.broadcast_object_list(box, src=0)
@@ -279,7 +280,7 @@ class Checkpointer:
             saved = [MODEL, "scheduler", *(["scaler"] if meta.get("has_scaler") else [])]
         names = [n for n in self.states if n in saved]
         app = self._app_state(names)
-        rng = checkpoint.load_sharded(path, app, self.env.rank)
+        rng = checkpoint.load_sharded(path, app, self.env.rank, verify=self.cfg.verify)
         for name in names:
             self.states[name].load_state_dict(app if name == MODEL else app[name])
         self.train.load_state_dict(meta)

@@ -5,15 +5,18 @@
         .metadata __0_0.distcp __1_0.distcp ...   DCP: model, optimizer, scheduler; shards per rank
         rng_rank0.pt ...     RNG states of each rank (torch.save; loaded with weights_only=True)
         meta.json            step, epoch, position inside the epoch, world size, config and its hash
-        manifest.json        size and sha256 of every file above: written last, marks a whole save
+        manifest.json        size and sha256 of every file above (hashed as each was written, by the
+                             rank that wrote it; gathered on rank 0): written last, marks a whole save
       .tmp-step_00000020/    a save in progress (or one a crash interrupted: ignored, later removed)
       latest                 the newest committed checkpoint's name, replaced with os.replace
       final.pt               the consolidated model for plain PyTorch (checkpoint.export_final)
       superseded/step_N/     checkpoints past the step a run resumed from (an abandoned timeline)
 
 A save writes into `.tmp-<name>/`, fsyncs every file, then renames the folder into place and
-replaces `latest`: a kill at any instant leaves the previous checkpoint whole. A load checks the
-manifest and falls back to the previous good checkpoint, naming the bad file. Nothing is ever
+replaces `latest`: a kill at any instant leaves the previous checkpoint whole. An async save copies
+the state into staging buffers kept between saves and does all of that in a background thread. A
+load checks the manifest (sizes up front; sha256, with verify=hash, in threads while DCP reads the
+files) and falls back to the previous good checkpoint, naming the bad file. Nothing is ever
 unpickled freely: tensors and objects load with weights_only=True, DCP's `.metadata` through an
 allow-list of DCP's own classes.
 """
@@ -29,7 +32,7 @@ import pickle
 import shutil
 import time
 from collections.abc import Callable, Collection
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -83,15 +86,60 @@ def _write_synced(path: Path, data: bytes) -> None:
 
 
 def _file_digest(path: Path, with_hash: bool) -> dict[str, Any]:
+    """Size (and sha256) of a file as it is on disk: a manifest entry."""
     entry: dict[str, Any] = {"size": path.stat().st_size}
-    with path.open("rb") as f:
-        os.fsync(f.fileno())  # DCP's writer may not have synced .metadata
-        if with_hash:
-            h = hashlib.sha256()
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
-            entry["sha256"] = h.hexdigest()
+    if with_hash:
+        h, buf = hashlib.sha256(), bytearray(1 << 22)
+        with path.open("rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                h.update(memoryview(buf)[:n])
+        entry["sha256"] = h.hexdigest()
     return entry
+
+
+def _bytes_digest(data: bytes, with_hash: bool) -> dict[str, Any]:
+    """The manifest entry of a file whose bytes are `data` (hashed in memory, never re-read)."""
+    entry: dict[str, Any] = {"size": len(data)}
+    if with_hash:
+        entry["sha256"] = hashlib.sha256(data).hexdigest()
+    return entry
+
+
+class _HashingFile:
+    """A file DCP writes through, hashing each buffer on its way to disk: the manifest's sha256
+    costs no second read of the checkpoint. Writes are strictly sequential (no seek: a writer that
+    tried one would fail, never record a wrong hash); `commit_dir` checks each size on disk too."""
+
+    def __init__(self, f: Any, with_hash: bool) -> None:
+        self._f = f
+        self._h = hashlib.sha256() if with_hash else None
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        n: int = self._f.write(data)
+        view = memoryview(data)
+        if self._h is not None:
+            self._h.update(view)  # hashlib drops the GIL on big buffers: DCP's threads hash in parallel
+        self.size += view.nbytes
+        return n
+
+    def tell(self) -> int:
+        return int(self._f.tell())
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def fileno(self) -> int:
+        return int(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+    def digest(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"size": self.size}
+        if self._h is not None:
+            entry["sha256"] = self._h.hexdigest()
+        return entry
 
 
 # --------------------------------------------------------------------------------- DCP safety
@@ -199,6 +247,32 @@ class PendingSave:
         return self._future is None or self._future.done()
 
 
+class _Background:
+    """The process's background checkpoint writer: one thread, DCP's DefaultStager (it keeps each
+    tensor's staging copy between saves, so staging is a memcpy into memory already faulted in,
+    never a fresh allocation) and the save in flight (at most one: its buffers are reused)."""
+
+    executor: ThreadPoolExecutor | None = None
+    stager: Any = None
+    in_flight: PendingSave | None = None
+
+    @classmethod
+    def start(cls) -> tuple[ThreadPoolExecutor, Any]:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if cls.executor is None:
+            cls.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="disttrain-ckpt")
+            # CPU staging (no pinned/shared memory, no CUDA stream): what a CPU or GPU run can use.
+            cls.stager = DefaultStager(StagingOptions(False, False, False, False))
+        return cls.executor, cls.stager
+
+    @classmethod
+    def finish(cls) -> None:
+        if cls.in_flight is not None:
+            pending, cls.in_flight = cls.in_flight, None
+            pending.wait()
+
+
 def save(
     ckpt_dir: Path,
     step: int,
@@ -213,45 +287,137 @@ def save(
     process_group: Any = None,
     barrier: Callable[[], None] = lambda: None,
 ) -> PendingSave:
-    """Every rank calls this at the same step. Returns when the state is safe to modify again."""
-    import torch.distributed.checkpoint as dcp
-
+    """Every rank calls this at the same step. Returns when the state is safe to modify again:
+    sync, once committed; async, once staged (copied into CPU buffers kept from the previous async
+    save), while a background thread writes and (rank 0) commits; `PendingSave.wait()` joins it."""
     started = time.time()
     name = step_name(step)
     tmp = ckpt_dir / f"{TMP}{name}"
+    _Background.finish()  # a save still in flight owns the staging buffers and its .tmp- folder
     if rank == 0:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         for stale in ckpt_dir.glob(f"{TMP}*"):  # saves a crash interrupted: never committed
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
     barrier()
-    buf = _torch_bytes(rng)
-    _write_synced(tmp / f"rng_rank{rank}.pt", buf)
-    writer = _writer(tmp)
-    no_dist = not torch.distributed.is_initialized()
-    future: Future | None = None
-    if async_save:
-        future = dcp.async_save(app_state, storage_writer=writer, process_group=process_group)  # type: ignore[assignment]
-    else:
-        dcp.save(app_state, storage_writer=writer, process_group=process_group, no_dist=no_dist)
-
-    def commit() -> None:
-        # DCP's last phase gathers every rank's write result on rank 0 before .metadata is written,
-        # so when rank 0's save returns, every shard and every rng file is on disk.
-        if rank == 0:
-            _test_pause("DISTTRAIN_TEST_SAVE_SLEEP")
-            commit_dir(ckpt_dir, tmp, name, meta, verify, keep)
-
-    pending = PendingSave(future, commit, started)
+    write = functools.partial(
+        _write_and_commit, ckpt_dir, tmp, name, _torch_bytes(rng), meta, rank, keep, verify, process_group
+    )
     if not async_save:
+        write(app_state)
+        pending = PendingSave(None, lambda: None, started)
         pending.wait()
+        return pending
+    executor, stager = _Background.start()
+    staged = stager.stage(app_state)
+    pending = PendingSave(executor.submit(write, staged), lambda: None, started)
+    _Background.in_flight = pending
     return pending
 
 
-def _writer(path: Path) -> Any:
-    from torch.distributed.checkpoint import FileSystemWriter
+def _write_and_commit(
+    ckpt_dir: Path,
+    tmp: Path,
+    name: str,
+    rng_bytes: bytes,
+    meta: dict[str, Any],
+    rank: int,
+    keep: int,
+    verify: str,
+    process_group: Any,
+    state: dict[str, Any],
+) -> None:
+    """This rank's files (hashed while written), then rank 0 gathers every rank's digests and commits."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
 
-    return FileSystemWriter(str(path), sync_files=True)
+    with_hash = verify == "hash"
+    rng_name = f"rng_rank{rank}.pt"
+    _write_synced(tmp / rng_name, rng_bytes)
+    writer = _writer(tmp, with_hash)
+    no_dist = not dist.is_initialized()
+    # torch.save's zip CRC32 of every tensor record is a second checksum of the same bytes: the
+    # manifest's sha256 (verify=hash) or size (verify=size) is what a load checks, and torch.load
+    # never reads the CRC. The option is process-wide; it is restored as soon as the write ends.
+    crc = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        dcp.save(state, storage_writer=writer, process_group=process_group, no_dist=no_dist)
+    finally:
+        torch.serialization.set_crc32_options(crc)
+    digests = {rng_name: _bytes_digest(rng_bytes, with_hash), **writer.fs.digests}
+    if not no_dist and dist.get_world_size(process_group) > 1:
+        everyone: list[Any] | None = [None] * dist.get_world_size(process_group) if rank == 0 else None
+        dist.gather_object(digests, everyone, dst=0, group=process_group)
+        digests = {k: v for d in everyone or [] for k, v in d.items()}
+    # DCP's last phase gathers every rank's write result on rank 0 before .metadata is written,
+    # so when rank 0's save returns, every shard and every rng file is on disk.
+    if rank == 0:
+        _test_pause("DISTTRAIN_TEST_SAVE_SLEEP")
+        commit_dir(ckpt_dir, tmp, name, meta, verify, keep, digests)
+
+
+# DCP's writer threads per rank (one file each); hashing and copying run in parallel on two cores.
+WRITER_THREADS = 2
+
+
+def _writer(path: Path, with_hash: bool = False) -> Any:
+    """DCP's FileSystemWriter (fsyncing every file) whose files are hashed as they are written
+    (`writer.fs.digests`: name -> manifest entry) and opened without following a symlink."""
+    import contextlib
+    import threading
+
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class HashingFileSystem(FileSystem):
+        def __init__(self) -> None:
+            super().__init__()
+            self.digests: dict[str, dict[str, Any]] = {}
+            self.errors: list[BaseException] = []
+            self._lock = threading.Lock()
+
+        @contextlib.contextmanager
+        def create_stream(self, path: str | os.PathLike, mode: str) -> Any:
+            if mode != "wb":
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                with os.fdopen(os.open(path, flags, 0o666), "wb") as f:
+                    hashing = _HashingFile(f, with_hash)
+                    yield hashing
+            except BaseException as exc:  # DCP's extra writer threads drop their exceptions
+                with self._lock:
+                    self.errors.append(exc)
+                raise
+            with self._lock:
+                self.digests[Path(path).name] = hashing.digest()
+
+        def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+            super().rename(path, new_path)  # DCP writes `.metadata.tmp`, then renames it
+            with self._lock:
+                if (entry := self.digests.pop(Path(path).name, None)) is not None:
+                    self.digests[Path(new_path).name] = entry
+
+    class Writer(FileSystemWriter):
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            """DCP's write, failing when any writer thread failed: in torch 2.13 an exception in a
+            thread other than the caller's is only printed, and its items would go missing."""
+            written = super().write_data(plan, planner)
+            if fs.errors:
+                raise fs.errors[0]
+            if len(written.value()) != len(plan.items):
+                raise RuntimeError(
+                    f"DCP wrote {len(written.value())} of {len(plan.items)} items to {self.path}"
+                )
+            return written
+
+    fs = HashingFileSystem()
+    writer = Writer(str(path), sync_files=True, thread_count=WRITER_THREADS)
+    writer.fs = fs
+    return writer
 
 
 def _torch_bytes(obj: Any) -> bytes:
@@ -270,11 +436,32 @@ def _test_pause(var: str) -> None:
         time.sleep(seconds)
 
 
-def commit_dir(ckpt_dir: Path, tmp: Path, name: str, meta: dict[str, Any], verify: str, keep: int) -> Path:
-    """meta.json, manifest.json (last), fsync, rename into place, replace `latest`, prune old ones."""
-    _write_synced(tmp / META, json.dumps(meta, indent=1, sort_keys=True, default=str).encode())
-    files = sorted(p for p in tmp.iterdir() if p.is_file() and p.name != MANIFEST)
-    manifest = {"files": {p.name: _file_digest(p, verify == "hash") for p in files}, "name": name}
+def commit_dir(
+    ckpt_dir: Path,
+    tmp: Path,
+    name: str,
+    meta: dict[str, Any],
+    verify: str,
+    keep: int,
+    digests: dict[str, dict[str, Any]] | None = None,
+) -> Path:
+    """meta.json, manifest.json (last), fsync, rename into place, replace `latest`, prune old ones.
+
+    `digests` holds the entries hashed while each file was written (every writer fsynced its own
+    file); a file without one, or whose size on disk differs, is fsynced and hashed from disk."""
+    with_hash = verify == "hash"
+    meta_bytes = json.dumps(meta, indent=1, sort_keys=True, default=str).encode()
+    _write_synced(tmp / META, meta_bytes)
+    known = {**(digests or {}), META: _bytes_digest(meta_bytes, with_hash)}
+    entries = {}
+    for p in sorted(p for p in tmp.iterdir() if p.is_file() and p.name != MANIFEST):
+        entry = known.get(p.name)
+        if entry is None or entry["size"] != p.stat().st_size or with_hash != ("sha256" in entry):
+            with p.open("rb") as f:
+                os.fsync(f.fileno())
+            entry = _file_digest(p, with_hash)
+        entries[p.name] = entry
+    manifest = {"files": entries, "name": name}
     _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     fsync_dir(tmp)
     final = ckpt_dir / name
@@ -285,7 +472,9 @@ def commit_dir(ckpt_dir: Path, tmp: Path, name: str, meta: dict[str, Any], verif
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, final)
-    fsync_dir(ckpt_dir)
+    # One directory fsync (in point_latest) makes both renames durable before prune deletes
+    # anything; a crash before it leaves `latest` naming a folder that may not exist, and
+    # `candidates` then falls back to the newest committed folder.
     point_latest(ckpt_dir, name)
     prune(ckpt_dir, keep)
     return final
@@ -366,8 +555,15 @@ def problem(path: Path, verify: str = "hash") -> str | None:
         size = f.stat().st_size
         if size != want["size"]:
             return f"{f} has {size} bytes, the manifest says {want['size']} (truncated or overwritten)"
-        if verify == "hash" and "sha256" in want and _file_digest(f, True)["sha256"] != want["sha256"]:
-            return f"{f} has the right size but the wrong sha256 (corrupted)"
+    hashed = [fname for fname, want in files.items() if verify == "hash" and "sha256" in want]
+    # One thread per file (hashlib and reads release the GIL): every rank's shards hash in parallel.
+    with ThreadPoolExecutor(max_workers=max(1, min(len(hashed), os.cpu_count() or 1, 8))) as pool:
+        got = dict(
+            zip(hashed, pool.map(lambda n: _file_digest(path / n, True)["sha256"], hashed), strict=True)
+        )
+    for fname in hashed:
+        if got[fname] != files[fname]["sha256"]:
+            return f"{path / fname} has the right size but the wrong sha256 (corrupted)"
     return None
 
 
@@ -418,17 +614,33 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 def load_sharded(
-    path: Path, app_state: dict[str, Any], rank: int, no_dist: bool = False
+    path: Path, app_state: dict[str, Any], rank: int, no_dist: bool = False, verify: str = "size"
 ) -> dict[str, Any] | None:
     """Fill `app_state` in place from the DCP checkpoint at `path` (resharding as needed).
+
+    verify="hash": rank 0 checks every file's sha256 against the manifest in background threads
+    while the load reads the same files (hashing and reading overlap instead of adding up), and
+    raises CorruptCheckpoint (a load error: the caller falls back) on a mismatch. A caller that
+    chose `path` with `choose(..., "hash")` has checked it already and passes "size".
 
     Returns this rank's saved RNG states, or None when the checkpoint had no rank of this number.
     """
     import torch.distributed.checkpoint as dcp
 
-    dcp.load(app_state, storage_reader=_reader(path), planner=_planner(), no_dist=no_dist)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="disttrain-verify") as pool:
+        check = pool.submit(problem, path, "hash") if verify == "hash" and rank == 0 else None
+        try:
+            dcp.load(app_state, storage_reader=_reader(path), planner=_planner(), no_dist=no_dist)
+        finally:
+            why = check.result() if check is not None else None
+    if why is not None:
+        raise CorruptCheckpoint(why)
     rng_file = path / f"rng_rank{rank}.pt"
     return load(rng_file) if rng_file.is_file() else None
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint's file does not match its manifest (found while loading it)."""
 
 
 # --------------------------------------------------------------------------------- export

@@ -87,6 +87,23 @@ def test_resume_two_ranks_to_one_then_back_to_two(root: Path, straight: Path) ->
     assert "nproc_per_node: 2" in cfg, "resume re-freezes the config it ran with"
 
 
+def test_async_saves_match_sync_ones_and_resume_bitwise(root: Path, straight: Path) -> None:
+    """checkpoint.async=true: 2 ranks stage, write (hashed on the way, gathered to rank 0) and commit
+    in the background; training is unchanged and its step-17 checkpoint resumes bitwise."""
+    _, run = run_cli(root, *RUN, "checkpoint.async=true", "hydra.run.dir=async")
+    assert run is not None
+    assert _same_weights(straight, run) and _losses(straight) == _losses(run)
+    ckpts = run / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "step_00000040"
+    manifest = json.loads((ckpts / "step_00000017" / "manifest.json").read_text())["files"]
+    assert {"rng_rank0.pt", "rng_rank1.pt", ".metadata", "meta.json"} <= set(manifest)
+    for name, entry in manifest.items():
+        data = (ckpts / "step_00000017" / name).read_bytes()
+        assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}, name
+    _, resumed = run_cli(root, *RUN, f"resume={ckpts / 'step_00000017'}", "hydra.run.dir=async_resumed")
+    assert resumed is not None and _same_weights(straight, resumed)
+
+
 def test_export_loads_into_the_plain_model(root: Path, straight: Path) -> None:
     from safetensors.torch import load_file
 

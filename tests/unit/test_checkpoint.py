@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed.checkpoint
 from torch import nn
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -460,3 +461,104 @@ def test_resume_from_an_older_step_supersedes_the_abandoned_timeline(tmp_path: P
     shard = next((tmp_path / "step_00000016").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])
     assert checkpoint.choose(tmp_path) == tmp_path / "step_00000014"
+
+
+def test_hashes_computed_while_writing_equal_each_files_sha256(tmp_path: Path) -> None:
+    """The manifest's sha256 comes from the bytes DCP wrote (no second read): it must equal a
+    fresh sha256 of every file on disk, for DCP's shards, .metadata, rng and meta.json alike."""
+    model, opt = _trained()
+    msd, osd = get_state_dict(model, opt)
+    writer = checkpoint._writer(tmp_path / "w", with_hash=True)
+    torch.distributed.checkpoint.save({"model": msd, "optim": osd}, storage_writer=writer, no_dist=True)
+    on_disk = {f.name: checkpoint._file_digest(f, True) for f in (tmp_path / "w").iterdir()}
+    assert writer.fs.digests == on_disk and len(on_disk) == 1 + checkpoint.WRITER_THREADS
+    _save(tmp_path / "ckpt", 1, model, opt)
+    path = tmp_path / "ckpt" / "step_00000001"
+    manifest = json.loads((path / "manifest.json").read_text())["files"]
+    assert manifest == {
+        f.name: checkpoint._file_digest(f, True) for f in path.iterdir() if f.name != "manifest.json"
+    }
+
+
+def test_a_write_through_the_hashing_file_never_follows_a_planted_symlink(tmp_path: Path) -> None:
+    """Each shard file is planted as a symlink: the write fails (ELOOP), in DCP's caller thread and
+    in its extra writer thread alike (whose exceptions DCP itself would only print)."""
+    for i in range(checkpoint.WRITER_THREADS):
+        (tmp_path / f"w{i}").mkdir()
+        (tmp_path / f"victim{i}").write_text("keep")
+        (tmp_path / f"w{i}" / f"__0_{i}.distcp").symlink_to(tmp_path / f"victim{i}")
+        writer = checkpoint._writer(tmp_path / f"w{i}", with_hash=True)
+        with pytest.raises((CheckpointException, OSError)):  # ELOOP, raised or wrapped by DCP
+            torch.distributed.checkpoint.save({"x": torch.ones(3)}, storage_writer=writer, no_dist=True)
+        assert (tmp_path / f"victim{i}").read_text() == "keep"
+
+
+def test_commit_hashes_from_disk_a_file_whose_digest_is_missing_or_stale(tmp_path: Path) -> None:
+    tmp = tmp_path / ".tmp-step_00000001"
+    tmp.mkdir()
+    for name in (".metadata", "a", "b"):
+        (tmp / name).write_bytes(name.encode() * 100)
+    stale = {"a": {"size": 100, "sha256": "0" * 64}, "b": {"size": 7, "sha256": "0" * 64}}
+    checkpoint.commit_dir(tmp_path, tmp, "step_00000001", {"step": 1}, "hash", 3, stale)
+    path = tmp_path / "step_00000001"
+    files = json.loads((path / "manifest.json").read_text())["files"]
+    assert files["a"]["sha256"] == "0" * 64, "a digest of the right size is trusted (it came from the write)"
+    assert files["b"] == checkpoint._file_digest(path / "b", True), "a wrong size is re-hashed from disk"
+    assert files[".metadata"] == checkpoint._file_digest(path / ".metadata", True)
+
+
+def test_async_save_commits_in_the_background_and_reuses_its_staging_buffers(tmp_path: Path) -> None:
+    """An async save returns once staged; later changes to the live state never reach the file,
+    the commit (manifest, `latest`) happens without the caller, and the second save stages into
+    the same CPU buffers as the first (no fresh allocation)."""
+    model, opt = _trained()
+    msd, osd = get_state_dict(model, opt)
+    expected = {k: v.clone() for k, v in msd.items()}
+    meta = {"step": 1, "epoch": 0, "epoch_samples": 0, "samples": 0, "reason": "test"}
+    pending = checkpoint.save(
+        tmp_path, 1, {"model": msd, "optim": osd}, rng_state(), meta, rank=0, keep=3, verify="hash",
+        async_save=True,
+    )  # fmt: skip
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # training goes on while the save is written
+    deadline = time.monotonic() + 60
+    while not pending.ready() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pending.ready() and checkpoint.read_latest(tmp_path) == "step_00000001", "committed unasked"
+    pending.wait()
+    assert checkpoint.problem(tmp_path / "step_00000001") is None
+    loaded, _ = _load_into(tmp_path / "step_00000001")
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in expected.items())
+    stager = checkpoint._Background.stager
+    staged = {id(s) for s in stager._state_dict_stager._cached_storage_mapping.values()}
+    second = checkpoint.save(
+        tmp_path, 2, {"model": msd, "optim": osd}, rng_state(), dict(meta, step=2), rank=0, keep=3,
+        verify="hash", async_save=True,
+    )  # fmt: skip
+    second.wait()
+    assert {id(s) for s in stager._state_dict_stager._cached_storage_mapping.values()} == staged
+    loaded, _ = _load_into(tmp_path / "step_00000002")
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_load_verifying_hashes_fails_on_a_flipped_byte_and_names_the_file(tmp_path: Path) -> None:
+    """verify=hash at load: sha256 checked while DCP reads; a same-size corruption raises (the
+    engine's resume then falls back), and the untouched checkpoint loads."""
+    model, opt = _trained()
+    _save(tmp_path, 1, model, opt)
+    _save(tmp_path, 2, model, opt)
+    path = tmp_path / "step_00000002"
+    shard = next(path.glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert checkpoint.choose(tmp_path, "size") == path, "sizes alone cannot see it"
+    state = {"model": get_state_dict(*_trained(seed=99))[0]}
+    with pytest.raises(
+        checkpoint.CorruptCheckpoint, match=f"{shard.name} has the right size but the wrong sha256"
+    ):
+        checkpoint.load_sharded(path, state, rank=0, no_dist=True, verify="hash")
+    assert checkpoint.load_errors()[0] is Exception  # the engine's resume catches it and falls back
+    checkpoint.load_sharded(tmp_path / "step_00000001", state, rank=0, no_dist=True, verify="hash")
+    assert all(torch.equal(state["model"][k], v) for k, v in model.state_dict().items())
