@@ -468,15 +468,15 @@ def test_hashes_computed_while_writing_equal_each_files_sha256(tmp_path: Path) -
     fresh sha256 of every file on disk, for DCP's shards, .metadata, rng and meta.json alike."""
     model, opt = _trained()
     msd, osd = get_state_dict(model, opt)
-    writer = checkpoint._writer(tmp_path / "w", with_hash=True)
+    writer = store._writer(tmp_path / "w", with_hash=True)
     torch.distributed.checkpoint.save({"model": msd, "optim": osd}, storage_writer=writer, no_dist=True)
-    on_disk = {f.name: checkpoint._file_digest(f, True) for f in (tmp_path / "w").iterdir()}
+    on_disk = {f.name: store._file_digest(f, True) for f in (tmp_path / "w").iterdir()}
     assert writer.fs.digests == on_disk and len(on_disk) == 1 + checkpoint.WRITER_THREADS
     _save(tmp_path / "ckpt", 1, model, opt)
     path = tmp_path / "ckpt" / "step_00000001"
     manifest = json.loads((path / "manifest.json").read_text())["files"]
     assert manifest == {
-        f.name: checkpoint._file_digest(f, True) for f in path.iterdir() if f.name != "manifest.json"
+        f.name: store._file_digest(f, True) for f in path.iterdir() if f.name != "manifest.json"
     }
 
 
@@ -487,7 +487,7 @@ def test_a_write_through_the_hashing_file_never_follows_a_planted_symlink(tmp_pa
         (tmp_path / f"w{i}").mkdir()
         (tmp_path / f"victim{i}").write_text("keep")
         (tmp_path / f"w{i}" / f"__0_{i}.distcp").symlink_to(tmp_path / f"victim{i}")
-        writer = checkpoint._writer(tmp_path / f"w{i}", with_hash=True)
+        writer = store._writer(tmp_path / f"w{i}", with_hash=True)
         with pytest.raises((CheckpointException, OSError)):  # ELOOP, raised or wrapped by DCP
             torch.distributed.checkpoint.save({"x": torch.ones(3)}, storage_writer=writer, no_dist=True)
         assert (tmp_path / f"victim{i}").read_text() == "keep"
@@ -503,8 +503,8 @@ def test_commit_hashes_from_disk_a_file_whose_digest_is_missing_or_stale(tmp_pat
     path = tmp_path / "step_00000001"
     files = json.loads((path / "manifest.json").read_text())["files"]
     assert files["a"]["sha256"] == "0" * 64, "a digest of the right size is trusted (it came from the write)"
-    assert files["b"] == checkpoint._file_digest(path / "b", True), "a wrong size is re-hashed from disk"
-    assert files[".metadata"] == checkpoint._file_digest(path / ".metadata", True)
+    assert files["b"] == store._file_digest(path / "b", True), "a wrong size is re-hashed from disk"
+    assert files[".metadata"] == store._file_digest(path / ".metadata", True)
 
 
 def test_async_save_commits_in_the_background_and_reuses_its_staging_buffers(tmp_path: Path) -> None:
@@ -530,7 +530,7 @@ def test_async_save_commits_in_the_background_and_reuses_its_staging_buffers(tmp
     assert checkpoint.problem(tmp_path / "step_00000001") is None
     loaded, _ = _load_into(tmp_path / "step_00000001")
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in expected.items())
-    stager = checkpoint._Background.stager
+    stager = store._Background.stager
     staged = {id(s) for s in stager._state_dict_stager._cached_storage_mapping.values()}
     second = checkpoint.save(
         tmp_path, 2, {"model": msd, "optim": osd}, rng_state(), dict(meta, step=2), rank=0, keep=3,

@@ -18,6 +18,7 @@ from disttrain.config.schema import CheckpointConfig
 from disttrain.dist import DistEnv
 from disttrain.engine.state import TrainState
 from disttrain.strategies.base import Strategy
+from disttrain.strategies.specs.data_parallel import SingleStrategyConfig
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -49,7 +50,7 @@ def parts() -> tuple[nn.Module, torch.optim.Optimizer, Any]:
 def manager(directory: Path, **extra: Any) -> tuple[Checkpointer, nn.Module, Any, TrainState, Counter]:
     model, opt, sched = parts()
     state, counter = TrainState(), Counter()
-    states = {"model": ModelState(Strategy({}, ENV), model, opt), "scheduler": sched, "train": state}
+    states = {"model": ModelState(Strategy(SingleStrategyConfig(), ENV), model, opt), "scheduler": sched, "train": state}
     states["counter"] = counter  # type: ignore[assignment]
     cfg = CheckpointConfig(keep=5, verify="hash")
     info = run_info(CFG, "single", 1, 1, 32)
