@@ -18,6 +18,7 @@ from typing import Any
 
 from disttrain.config.errors import ConfigError
 from disttrain.config.launch_checks import node_bounds
+from disttrain.safefile import write_text_atomic
 
 SCRIPT = "slurm/job.sbatch"
 
@@ -104,8 +105,7 @@ def submit(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str | None
     script = sbatch_script(cfg, run_dir, command)
     path = run_dir / SCRIPT
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(script)
-    path.chmod(0o755)
+    write_text_atomic(path, script, mode=0o755)  # a run dir is reused on resume: never through a link
     if cfg["launcher"].get("dry_run"):
         sys.stdout.write(script)
         quoted = shlex.quote(str(path))
@@ -121,7 +121,7 @@ def submit(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str | None
             "launcher", "slurm", "a working sbatch", f"sbatch failed: {detail.strip()}; the script is {path}."
         ) from None
     job = out.strip().split(";")[0]
-    (run_dir / "slurm" / "job_id").write_text(job + "\n")
+    write_text_atomic(run_dir / "slurm" / "job_id", job + "\n")
     sys.stdout.write(
         f"submitted: SLURM job {job}\n  run dir: {run_dir}\n  follow:  tail -F {run_dir}/slurm/job-{job}.out"
         f"   (state: squeue -j {job}; cancel: scancel {job})\n"
