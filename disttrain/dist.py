@@ -117,6 +117,10 @@ def rank_main(run: Callable[[str], Any], module: str) -> int:
         record(run)(sys.argv[1])
     except ConfigError:
         return 2  # @record wrote the paragraph for the launcher, the rank's log has it: no traceback
+    except SystemExit as exc:  # a signal stop, state saved: exit as the signal would, like a success
+        if isinstance(exc.code, int):
+            return exc.code
+        raise
     return 0
 
 

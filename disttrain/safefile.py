@@ -36,10 +36,21 @@ def write_atomic(path: Path, data: bytes | Callable[[IO[bytes]], Any], sync: boo
     return path
 
 
-def open_append(path: Path, encoding: str = "utf-8") -> IO[str]:
+def write_text_atomic(path: Path, text: str, mode: int | None = None) -> Path:
+    """`write_atomic` of UTF-8 text; `mode` (e.g. 0o755) is set on the temp file before the rename."""
+
+    def write(f: IO[bytes]) -> None:
+        if mode is not None:
+            os.fchmod(f.fileno(), mode)
+        f.write(text.encode("utf-8"))
+
+    return write_atomic(path, write)
+
+
+def open_append(path: Path, encoding: str = "utf-8", newline: str | None = None) -> IO[str]:
     """Open a log for appending; a symlink at `path` raises OSError (ELOOP) instead of being followed."""
     flags = (
         os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     )
     fd = os.open(path, flags, 0o666)
-    return os.fdopen(fd, "a", encoding=encoding)
+    return os.fdopen(fd, "a", encoding=encoding, newline=newline)

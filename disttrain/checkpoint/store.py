@@ -30,6 +30,7 @@ import logging
 import os
 import pickle
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -681,7 +682,11 @@ def export_model(
     if out.suffix == ".safetensors":
         from safetensors.torch import save_model
 
-        tmp = out.with_name(f".{out.name}.tmp")
+        fd, name = tempfile.mkstemp(
+            prefix=f".{out.name}.", suffix=".tmp", dir=out.parent
+        )  # never a planted link
+        os.close(fd)
+        tmp = Path(name)
         try:
             save_model(model.cpu(), str(tmp), metadata={"checkpoint": str(path), **(metadata or {})})
             os.replace(tmp, out)

@@ -255,6 +255,10 @@ def _check_data(cfg: dict[str, Any]) -> None:
     data = cfg["data"]
     if "block_size" in data:
         _at_least(cfg, "data.block_size", 1, "tokens per sample, e.g. data.block_size=64.")
+    if "num_samples" in data:
+        _at_least(cfg, "data.num_samples", 1, "training samples to generate, e.g. data.num_samples=2048.")
+    if "num_val_samples" in data:
+        _at_least(cfg, "data.num_val_samples", 0, "validation samples to generate; 0 validates on nothing.")
     if "val_fraction" in data:
         fraction = data["val_fraction"]
         if fraction is None or not 0.0 <= fraction < 1.0:
@@ -266,16 +270,41 @@ def _check_data(cfg: dict[str, Any]) -> None:
             )
 
 
-def _empty_training_set(data: dict[str, Any]) -> None:
-    """No training sample at all: the data settings are the cause, not trainer.batch_size."""
-    knobs = ("path", "num_samples", "val_fraction", "block_size")
+def _empty_training_set(data: dict[str, Any], train: Any) -> None:
+    """No training sample at all: name the data key that causes it, not trainer.batch_size."""
+    from disttrain.data.text import TextBlocks
+
+    path = data.get("path")
+    if isinstance(train, TextBlocks):
+        size, source = len(train.data), path or "the shipped corpus"
+        if size > 1:
+            raise ConfigError(
+                "data.block_size",
+                train.block_size,
+                f"<= {size - 1} (the training part of {source} has {size} bytes)",
+                "a sample is block_size + 1 bytes: use a shorter block, a longer text or a smaller "
+                "data.val_fraction.",
+            )
+        raise ConfigError(
+            "data.path",
+            path,
+            "a text file whose training part holds at least data.block_size + 1 bytes",
+            f"its training part has {size} bytes: is the file empty?",
+        )
+    if path is not None:
+        raise ConfigError(
+            "data.path",
+            path,
+            "a data file with at least one sample",
+            "it holds none (an empty .csv, or empty arrays): write the samples into it.",
+        )
+    knobs = ("num_samples", "val_fraction", "block_size")
     shown = ", ".join(f"data.{k}={_show(data[k])}" for k in knobs if k in data) or "see `disttrain config`"
     raise ConfigError(
         "data",
         data.get("name") or data.get("_target_") or "?",
         "a data set with at least one training sample",
-        f"it has 0 ({shown}): check the file is not empty, that data.val_fraction leaves samples "
-        "for training (< 1), that data.block_size is shorter than the text, and data.num_samples >= 1.",
+        f"it has 0 ({shown}): check what data.train builds.",
     )
 
 
@@ -326,7 +355,7 @@ def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
         )
     train, val = build_datasets(cfg["data"])
     if len(train) == 0:
-        _empty_training_set(cfg["data"])
+        _empty_training_set(cfg["data"], train)
     replicas = specs.dp_degree(cfg)  # ranks that split one model (pipeline, tp) share a batch
     per_step = replicas * cfg["trainer"]["batch_size"] * cfg["trainer"]["grad_accum"]
     if len(train) < per_step:

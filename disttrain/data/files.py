@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,9 @@ def load_arrays(path: str, x_key: str = "x", y_key: str = "y", target_column: in
         obj = torch.load(file, map_location="cpu", weights_only=True)
         return (obj[x_key], obj[y_key]) if isinstance(obj, dict) else (obj[0], obj[1])
     if suffix == ".csv":
-        table = np.loadtxt(file, delimiter=",", dtype=np.float64, ndmin=2)
+        with warnings.catch_warnings():  # an empty file: 0 samples, which the checks name (data.path)
+            warnings.filterwarnings("ignore", message="loadtxt: input contained no data")
+            table = np.loadtxt(file, delimiter=",", dtype=np.float64, ndmin=2)
         col = target_column % table.shape[1]
         return np.delete(table, col, axis=1), table[:, col]
     raise ValueError(f"data file {file}: unknown format {suffix!r}; use one of {', '.join(FORMATS)}")

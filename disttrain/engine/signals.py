@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 log = logging.getLogger("disttrain")
@@ -20,12 +23,19 @@ FAILED_KEY = "disttrain/failed"  # set by a rank whose collective timed out (eng
 class StopFlag:
     """SIGTERM/SIGINT: every rank stops after the same step, within about one step, at any log_every.
 
-    Nothing runs per step but an attribute read: no collective. A signalled rank posts, in the
-    rendezvous store, the step it can stop after; a thread on every rank polls the store's stop key
-    (every POLL_S) and posts for its rank the step after the one it is in. Once every rank posted,
-    all stop after the largest posted step: no rank has passed it (a rank is at the step it posted,
-    or before it), so every rank saves the same step. A second signal restores the default handler
-    and re-raises it: the user can always force quit.
+    Nothing runs per step but an attribute read: no collective. A watcher thread on every rank
+    wakes on this rank's own signal (through signal.set_wakeup_fd: even while the main thread waits
+    inside a collective) or on a peer's stop key in the rendezvous store (polled every POLL_S). It
+    claims the step this rank can stop after (the step it is in, or the boundary the main thread
+    waits at) and agrees with the others: all stop after the largest claim. No rank has passed it
+    (a rank is at the step it claimed, or before it), so every rank saves the same step.
+
+    On one node the claims meet in one all-reduce(MAX) on a gloo group of their own, made at the
+    start: its collectives never interleave with training's, whatever step each rank is in, and it
+    needs no store after the start. So when a SIGKILLed launcher takes the rendezvous store with it,
+    the ranks (each SIGTERMed by the kernel as its parent dies) still agree and save. Across nodes
+    the claims meet in the store (a dead store host there means no signal checkpoint). A second
+    signal restores the default handler and re-raises it: the user can always force quit.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -40,13 +50,19 @@ class StopFlag:
         self._progress, self._timeout_s = progress, timeout_s  # progress(): the last finished step
         self._saved: dict[int, Any] = {}
         self._requested = False  # a peer asked (seen by the watcher) or this rank was signalled
-        self._posted = False
+        self._claim: int | None = None  # the step this rank can stop after, once claimed
+        self._woken = 0  # a signal the watcher saw arrive (before the main thread may run its handler)
+        self._outcome: tuple[int, int] | str = ""  # (stop step, signal), or why the ranks cannot agree
+        self._all_signal = 0  # the signal the ranks stop on (a peer's, when this rank got none)
+        self._decided = threading.Event()
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._watcher: threading.Thread | None = None
         self._store: Any = None
+        self._group: Any = None  # one node: the gloo group the claims meet in
+        self._wake: tuple[socket.socket, socket.socket] | None = None
+        self._old_wakeup = -1
         self._rank, self._world = 0, 1
-        self._lost: str = ""  # the store stopped answering (the launcher died)
         self._launcher = int(os.environ.get("DISTTRAIN_LAUNCHER_PID", 0) or 0)
         self._first_at = 0.0
 
@@ -55,12 +71,21 @@ class StopFlag:
 
         from disttrain.dist import default_store
 
-        if threading.current_thread() is threading.main_thread():
+        main = threading.current_thread() is threading.main_thread()
+        if main:
             for sig in self.SIGNALS:
                 self._saved[sig] = signal.signal(sig, self._handle)
         if dist.is_initialized() and dist.get_world_size() > 1:
             self._store = default_store()
             self._rank, self._world = dist.get_rank(), dist.get_world_size()
+            if int(os.environ.get("LOCAL_WORLD_SIZE", self._world) or 0) == self._world:
+                # One node: every rank gets its parent-death signal when the launcher dies.
+                self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self._timeout_s))
+            if main:
+                self._wake = socket.socketpair()
+                for end in self._wake:
+                    end.setblocking(False)
+                self._old_wakeup = signal.set_wakeup_fd(self._wake[1].fileno(), warn_on_full_buffer=False)
             self._done.clear()
             self._watcher = threading.Thread(target=self._watch, name="disttrain-stop", daemon=True)
             self._watcher.start()
@@ -70,9 +95,16 @@ class StopFlag:
         for sig, handler in self._saved.items():
             signal.signal(sig, handler)
         self._saved.clear()
+        if self._wake is not None and threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(self._old_wakeup)
         self._done.set()
+        self._poke()
         if self._watcher is not None:
             self._watcher.join(timeout=5 * self.POLL_S)
+            if not self._watcher.is_alive() and self._wake is not None:
+                for end in self._wake:
+                    end.close()
+                self._wake = None
             self._watcher = None
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -83,16 +115,18 @@ class StopFlag:
             # The launcher died: the kernel sends its parent-death SIGTERM once per thread that
             # inherited the setting, so one event arrives as a burst of signals.
             return
-        if self._run_failed():  # hung while the others failed: torchrun's SIGTERM ends it now
-            log.error("%s received after another rank failed: exiting now", signal.Signals(signum).name)
-            logging.shutdown()
-            os._exit(128 + signum)
         if self.signum:  # second signal: stop now
             log.warning("second %s: exiting without a checkpoint", signal.Signals(signum).name)
             self.__exit__()
             signal.raise_signal(signum)
             return
+        # Taken before anything slow: a handler may run again inside this one (a burst of
+        # parent-death signals), and must then see a repeat, not a second signal.
         self.signum, self._first_at = signum, time.monotonic()
+        if self._run_failed():  # hung while the others failed: torchrun's SIGTERM ends it now
+            log.error("%s received after another rank failed: exiting now", signal.Signals(signum).name)
+            logging.shutdown()
+            os._exit(128 + signum)
         log.warning("%s received: stopping after this step", signal.Signals(signum).name)
 
     def _run_failed(self) -> bool:
@@ -101,25 +135,69 @@ class StopFlag:
         except Exception:
             return False
 
-    def _watch(self) -> None:
-        """Thread: learn that a peer was signalled; post the step this rank can stop after."""
-        while not self._done.wait(self.POLL_S):
-            try:
-                if not (self.signum or self._store.check([self.KEY])):
-                    continue
-                with self._lock:
-                    self._requested = True  # first: a step boundary from now on waits for the posts
-                    self._post(self._progress() + 1)  # the step this rank is in (or about to start)
-            except Exception as exc:  # the store is gone: the launcher died
-                self._lost, self._requested = f"{type(exc).__name__}: {exc}", True
-            return
+    def _poke(self) -> None:
+        """Wake the watcher now (a zero byte: no signal)."""
+        try:
+            if self._wake is not None:
+                self._wake[1].send(b"\0")
+        except OSError:
+            pass
 
-    def _post(self, step: int) -> None:
-        if not self._posted:
-            if self.signum:
-                self._store.set(self.KEY, str(self.signum))
-            self._store.set(f"{self.KEY}/rank{self._rank}", str(step))
-            self._posted = True
+    def _sleep(self) -> None:
+        """Up to POLL_S, or until a signal arrives (the C-level handler writes its number)."""
+        if self._wake is None:
+            self._done.wait(self.POLL_S)
+            return
+        try:
+            if select.select([self._wake[0]], [], [], self.POLL_S)[0]:
+                got = self._wake[0].recv(256)
+                self._woken = self._woken or next((s for s in got if s in self.SIGNALS), 0)
+        except (OSError, ValueError):  # closed under us at exit
+            self._done.wait(self.POLL_S)
+
+    def _watch(self) -> None:
+        """Thread: wait for a reason to stop, claim this rank's step, agree on the step to stop after."""
+        store_alive = True
+        while not (self.signum or self._woken or self._requested):
+            self._sleep()
+            if self._done.is_set():
+                return
+            if store_alive and not (self.signum or self._woken):
+                try:
+                    if self._store.check([self.KEY]):
+                        break
+                except Exception:  # the launcher's store is gone: this rank's own signal still counts
+                    store_alive = False
+        with self._lock:
+            self._requested = True  # first: a step boundary from now on waits for the outcome
+            if self._claim is None:
+                self._claim = self._progress() + 1  # the step this rank is in (or about to start)
+            claim = self._claim
+        try:
+            self._outcome = self._agree(claim, self.signum or self._woken)
+        except Exception as exc:
+            self._outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        self._decided.set()
+
+    def _agree(self, claim: int, signum: int) -> tuple[int, int]:
+        """(the step every rank stops after, the signal) from every rank's claim."""
+        import torch
+        import torch.distributed as dist
+
+        if signum:  # tell the others (they poll the key); a dead store: they had their own signal
+            try:
+                self._store.set(self.KEY, str(signum))
+            except Exception:
+                if self._group is None:
+                    raise
+        if self._group is not None:
+            both = torch.tensor([claim, signum], dtype=torch.int64)
+            dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self._group)
+            return int(both[0]), int(both[1])
+        self._store.set(f"{self.KEY}/rank{self._rank}", str(claim))
+        keys = [f"{self.KEY}/rank{r}" for r in range(self._world)]
+        self._store.wait(keys, timedelta(seconds=self._timeout_s))
+        return max(int(self._store.get(k)) for k in keys), int(self._store.get(self.KEY))
 
     def should_stop(self, step: int) -> bool:
         """After every step (`step` just finished), on every rank: True when all ranks stop here."""
@@ -129,30 +207,27 @@ class StopFlag:
             self.agreed = self.signum
             return True
         if self.stop_at is None:
-            self.stop_at = self._agree(step)
+            self.stop_at = self._wait_outcome(step)
         if step < self.stop_at:
             return False
-        self.agreed = self.signum or int(self._store.get(self.KEY))
+        self.agreed = self.signum or self._all_signal
         return True
 
-    def _agree(self, step: int) -> int:
-        from datetime import timedelta
-
-        try:
-            if self._lost:
-                raise RuntimeError(self._lost)
-            with self._lock:
-                self._requested = True
-                self._post(step)
-            keys = [f"{self.KEY}/rank{r}" for r in range(self._world)]
-            self._store.wait(keys, timedelta(seconds=self._timeout_s))
-            stop_at = max(int(self._store.get(k)) for k in keys)
-        except Exception as exc:
+    def _wait_outcome(self, step: int) -> int:
+        with self._lock:
+            self._requested = True
+            if self._claim is None:
+                self._claim = step  # the main thread waits at this boundary: it has not passed it
+        self._poke()
+        if not self._decided.wait(self._timeout_s + 5.0):
+            self._outcome = f"no outcome within {self._timeout_s + 5.0:g} s"
+        if isinstance(self._outcome, str):
             raise StopUnagreed(
-                f"stopping on a signal: the ranks could not agree on a step to save at through the "
-                f"launcher's store ({self._lost or exc}); no signal checkpoint. The launcher probably "
-                "died (SIGKILL?): `disttrain resume` continues from the latest checkpoint."
-            ) from None
+                f"stopping on a signal: the ranks could not agree on a step to save at ({self._outcome}); "
+                "no signal checkpoint. A rank or the launcher probably died (SIGKILL?): `disttrain "
+                "resume` continues from the latest checkpoint."
+            )
+        stop_at, self._all_signal = self._outcome[0], self._outcome[1] or signal.SIGTERM
         if self._rank == 0:
             log.warning("every rank stops after step %d (the signal came at step %d here)", stop_at, step)
         return stop_at

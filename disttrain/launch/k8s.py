@@ -29,6 +29,7 @@ from disttrain.config.schema import K8sLauncherConfig
 from disttrain.launch.base import Launcher
 from disttrain.launch.registry import launcher_config
 from disttrain.rundir import RunDir
+from disttrain.safefile import write_text_atomic
 
 MANIFEST = "k8s/job.yaml"
 CONFIG_MOUNT = "/etc/disttrain"  # the ConfigMap's mount point in every pod
@@ -252,8 +253,8 @@ def submit(cfg: dict[str, Any], run_dir: Path) -> str:
     text = render(cfg, run_dir, job)
     path = run_dir / MANIFEST
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    (run_dir / "k8s" / "job_name").write_text(job + "\n")
+    write_text_atomic(path, text)  # a run dir is reused on resume: never through a planted link
+    write_text_atomic(run_dir / "k8s" / "job_name", job + "\n")
     if lc.dry_run:
         sys.stdout.write(text)
         sys.stdout.write(f"# dry run: not applied. Manifest: {path}\n# apply it: kubectl apply -f {path}\n")

@@ -19,6 +19,7 @@ from typing import Any
 from disttrain.config import fingerprint
 from disttrain.launch.errors import LaunchError
 from disttrain.launch.registry import launcher_config
+from disttrain.safefile import write_text_atomic
 
 DEFAULT_PORT = 29500
 # Keys that may differ between nodes: they say *which* node this is, not what the run is.
@@ -110,7 +111,7 @@ def roll_call(cfg: dict[str, Any], run_dir: Path) -> Any:
     store.set(f"{prefix}/node{me}", json.dumps(mine))
     present = _wait_for_nodes(store, prefix, mine, cfg, run_dir, need)
     record = {"config_hash": config_hash(cfg), "master": f"{host}:{port}", "node_rank": me, "nodes": present}
-    (run_dir / f"rendezvous_node{me}.json").write_text(json.dumps(record, indent=1) + "\n")
+    write_text_atomic(run_dir / f"rendezvous_node{me}.json", json.dumps(record, indent=1) + "\n")
     return store
 
 

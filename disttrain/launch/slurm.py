@@ -23,6 +23,7 @@ from disttrain.config.schema import SlurmLauncherConfig
 from disttrain.launch.base import Launcher
 from disttrain.launch.multinode import node_bounds
 from disttrain.launch.registry import launcher_config
+from disttrain.safefile import write_text_atomic
 
 SCRIPT = "slurm/job.sbatch"
 # sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
@@ -172,8 +173,7 @@ def submit(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str | None
     script = sbatch_script(cfg, run_dir, command)
     path = run_dir / SCRIPT
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(script)
-    path.chmod(0o755)
+    write_text_atomic(path, script, mode=0o755)  # a run dir is reused on resume: never through a link
     if launcher_config(cfg).dry_run:
         sys.stdout.write(script)
         quoted = shlex.quote(str(path))
@@ -189,7 +189,7 @@ def submit(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str | None
             "launcher", "slurm", "a working sbatch", f"sbatch failed: {detail.strip()}; the script is {path}."
         ) from None
     job = out.strip().split(";")[0]
-    (run_dir / "slurm" / "job_id").write_text(job + "\n")
+    write_text_atomic(run_dir / "slurm" / "job_id", job + "\n")
     sys.stdout.write(
         f"submitted: SLURM job {job}\n  run dir: {run_dir}\n  follow:  tail -F {run_dir}/slurm/job-{job}.out"
         f"   (state: squeue -j {job}; cancel: scancel {job})\n"

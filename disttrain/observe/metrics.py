@@ -4,7 +4,6 @@ CSV, MLflow, W&B, your own); a no-op object on the other ranks."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -148,6 +147,6 @@ def truncate_metrics(path: Path, step: int) -> None:
     lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
     kept = [r for r in read_metrics(path.parent) if isinstance(r, dict) and r.get("step", 0) <= step]
     if len(kept) != len(lines):
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-        os.replace(tmp, path)
+        from disttrain.safefile import write_text_atomic
+
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))

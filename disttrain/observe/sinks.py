@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import inspect
+import io
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from urllib.parse import unquote, urlparse
 
 from disttrain.config import fingerprint
 from disttrain.config.errors import ConfigError
+from disttrain.safefile import open_append, write_text_atomic
 
 log = logging.getLogger("disttrain")
 
@@ -92,6 +94,11 @@ class TensorBoard:
         self._tb.close()
 
 
+def _upto(row: list[str], step: int) -> bool:
+    """A whole `step,key,value` row at or before `step` (a row a crash cut short is dropped)."""
+    return len(row) == 3 and row[0].isdigit() and int(row[0]) <= step and bool(row[2])
+
+
 class CSV:
     """RUN_DIR/metrics.csv (or `path`): one row per step and key, `step,key,value`."""
 
@@ -100,13 +107,17 @@ class CSV:
 
     def open(self, ctx: SinkContext) -> None:
         path = Path(self.path) if self.path else ctx.run_dir / "metrics.csv"
-        if ctx.resume is not None and path.is_file():
-            with path.open(newline="", encoding="utf-8") as f:
-                rows = [r for r in csv.reader(f) if r and (r[0] == "step" or int(r[0]) <= ctx.resume_step)]
-            with path.open("w", newline="", encoding="utf-8") as f:
-                csv.writer(f).writerows(rows)
+        if ctx.resume is not None and os.path.lexists(path):
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))  # a planted link: ELOOP
+            with open(fd, newline="", encoding="utf-8") as f:
+                rows = [
+                    r for r in csv.reader(f) if r == ["step", "key", "value"] or _upto(r, ctx.resume_step)
+                ]
+            buf = io.StringIO(newline="")
+            csv.writer(buf).writerows(rows)
+            write_text_atomic(path, buf.getvalue())
         fresh = not path.is_file() or path.stat().st_size == 0
-        self._file = path.open("a", newline="", encoding="utf-8")
+        self._file = open_append(path, newline="")  # never through a symlink planted in the run dir
         self._csv = csv.writer(self._file)
         if fresh:
             self._csv.writerow(["step", "key", "value"])

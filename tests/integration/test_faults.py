@@ -167,24 +167,43 @@ def test_sigterm_far_from_a_log_step_saves_and_resumes_bitwise(tmp_path: Path) -
     assert all(torch.equal(wa[k], wb[k]) for k in wa), "resumed weights differ from the uninterrupted run"
 
 
-def test_sigkill_of_the_launcher_leaves_no_rank_and_a_true_status(tmp_path: Path) -> None:
-    """Review D19: the ranks cannot save without the launcher's store; they exit, and status.json
-    says interrupted (naming the dead launcher) instead of staying `running`."""
+def test_sigkill_of_the_launcher_saves_a_signal_checkpoint_and_leaves_no_rank(tmp_path: Path) -> None:
+    """Review D19: the kernel SIGTERMs every rank as the launcher dies (parent-death signal). Its
+    rendezvous store died with it, but the ranks agree on a step through their own gloo group, save
+    a signal checkpoint, exit, and status.json says interrupted; a resume from that checkpoint ends
+    bitwise equal to an uninterrupted run."""
+    run = (*FAULT, "sched=constant", "trainer.ckpt_every=0")
     run_dir = tmp_path / "run"
-    proc = _start(tmp_path, *FAULT, "trainer.max_steps=2000", "+model.delay=0.02", f"hydra.run.dir={run_dir}")
+    proc = _start(tmp_path, *run, "trainer.max_steps=2000", "+model.delay=0.02", f"hydra.run.dir={run_dir}")
     _wait_for_step(proc, run_dir, 3)
     assert _group_members(proc.pid), "the ranks are found by their tag (remembered before the kill)"
     os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate()
-    deadline = time.monotonic() + 60
-    while _group_members(proc.pid) and time.monotonic() < deadline:
+    killed = time.monotonic()
+    proc.wait()
+    while _group_members(proc.pid) and time.monotonic() < killed + 60:
         time.sleep(0.1)
     left = _group_members(proc.pid)
     _kill_group(proc.pid)
+    proc.communicate()
     assert not left, "ranks outlived their launcher"
+    ckpts = run_dir / "checkpoints"
+    latest = (ckpts / "latest").read_text().strip()
+    meta = json.loads((ckpts / latest / "meta.json").read_text())
+    assert meta["reason"] == "signal" and meta["step"] >= 3, meta
     status = json.loads((run_dir / "status.json").read_text())
     assert status["status"] == "interrupted", status
     assert f"the launcher (pid {proc.pid}) died" in status["error"], status
+    assert f"stopped at step {meta['step']} on the signal" in status["error"], status
+
+    end = meta["step"] + 2
+    resumed = run_command(
+        [CLI, "resume", str(run_dir), f"trainer.max_steps={end}", "model.delay=0"], tmp_path, 120
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    _, reference = run_cli(tmp_path, *run, f"trainer.max_steps={end}", "hydra.run.dir=reference")
+    assert reference is not None
+    wa, wb = final_weights(reference), final_weights(run_dir)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "resumed weights differ from the uninterrupted run"
 
 
 def test_exception_on_every_rank_saves_an_emergency_checkpoint(tmp_path: Path) -> None:

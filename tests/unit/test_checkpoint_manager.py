@@ -50,7 +50,11 @@ def parts() -> tuple[nn.Module, torch.optim.Optimizer, Any]:
 def manager(directory: Path, **extra: Any) -> tuple[Checkpointer, nn.Module, Any, TrainState, Counter]:
     model, opt, sched = parts()
     state, counter = TrainState(), Counter()
-    states = {"model": ModelState(Strategy(SingleStrategyConfig(), ENV), model, opt), "scheduler": sched, "train": state}
+    states = {
+        "model": ModelState(Strategy(SingleStrategyConfig(), ENV), model, opt),
+        "scheduler": sched,
+        "train": state,
+    }
     states["counter"] = counter  # type: ignore[assignment]
     cfg = CheckpointConfig(keep=5, verify="hash")
     info = run_info(CFG, "single", 1, 1, 32)

@@ -57,7 +57,9 @@ TRAIN_CASES = [b.param for b in BAD_RUNTIME] + [
 @pytest.mark.parametrize("bad", TRAIN_CASES)
 def test_train_rejects_mistake_before_any_rank_starts(bad: Bad, scratch: Path) -> None:
     # The timeout bounds it: a check that let the run through would launch (and be killed here).
-    assert_config_error(disttrain("train", *bad.argv, cwd=scratch, timeout=CLI_TIMEOUT), bad, scratch)
+    bad.make_files(scratch)
+    proc = disttrain("train", *bad.argv, cwd=scratch, timeout=CLI_TIMEOUT)
+    assert_config_error(proc, bad, scratch, leftovers=frozenset(bad.files))
 
 
 NET = """

@@ -130,3 +130,17 @@ def test_csv_sink_resume_replaces_rows_after_the_checkpoint(tmp_path: Path) -> N
     again.close()
     rows = (tmp_path / "metrics.csv").read_text().splitlines()
     assert rows == ["step,key,value", "1,loss,1.0", "2,loss,2.0", "3,loss,30.0"]
+
+
+def test_csv_sink_resume_drops_a_row_a_crash_cut_short(tmp_path: Path) -> None:
+    from disttrain.observe.sinks import CSV, SinkContext
+
+    (tmp_path / "metrics.csv").write_text("step,key,value\n1,loss,1.0\n2,loss,2.0\n3,lo")
+    again = CSV()
+    again.open(SinkContext(tmp_path, "x", {}, resume={"resumable": True}, resume_step=3))
+    again.close()
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == [
+        "step,key,value",
+        "1,loss,1.0",
+        "2,loss,2.0",
+    ]

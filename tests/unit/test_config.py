@@ -181,6 +181,7 @@ def test_bad_input_raises_config_error_naming_key_value_allowed_and_hint(
     bad: Bad, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)  # --config-dir is relative to the working directory
+    bad.make_files(tmp_path)
     err = raise_for(bad)
     m = MESSAGE.match(str(err))
     assert m is not None, f"not in the error format: {err}"

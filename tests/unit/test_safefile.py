@@ -89,3 +89,67 @@ def test_write_atomic_leaves_no_temp_file_on_error(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
         write_atomic(tmp_path / "x.bin", boom)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_truncated_metrics_are_never_written_through_the_old_temp_name(tmp_path: Path) -> None:
+    from disttrain.worker import truncate_metrics
+
+    victim = _victim(tmp_path)
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1}\n{"step": 2}\n')
+    (tmp_path / ".metrics.jsonl.tmp").symlink_to(victim)  # the old predictable temp name
+    truncate_metrics(metrics, 1)
+    assert victim.read_text() == "precious\n"
+    assert metrics.read_text() == '{"step": 1}\n' and not metrics.is_symlink()
+
+
+def test_safetensors_export_never_writes_through_the_old_temp_name(tmp_path: Path) -> None:
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from disttrain.engine.rng import rng_state
+
+    victim = _victim(tmp_path)
+    model = nn.Linear(4, 2)
+    meta = {"step": 1, "epoch": 0, "epoch_samples": 0, "samples": 0, "reason": "test"}
+    ckpts = tmp_path / "checkpoints"
+    state = {"model": get_state_dict(model, [])[0]}
+    checkpoint.save(ckpts, 1, state, rng_state(), meta, rank=0, keep=1, verify="size")
+    out = tmp_path / "model.safetensors"
+    (tmp_path / ".model.safetensors.tmp").symlink_to(victim)
+    checkpoint.export_model(ckpts, out, nn.Linear(4, 2))
+    assert victim.read_text() == "precious\n"
+    assert out.is_file() and not out.is_symlink()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == [".model.safetensors.tmp"]
+
+
+def test_csv_sink_never_reads_or_writes_through_a_planted_symlink(tmp_path: Path) -> None:
+    from disttrain.observe.sinks import CSV, SinkContext
+
+    victim = _victim(tmp_path)
+    (tmp_path / "metrics.csv").symlink_to(victim)
+    with pytest.raises(OSError):
+        CSV().open(SinkContext(tmp_path, "x", {}))  # appending would have followed it
+    with pytest.raises(OSError):  # a resume would have copied the target's lines into the run dir
+        CSV().open(SinkContext(tmp_path, "x", {}, resume={"resumable": True}, resume_step=0))
+    assert victim.read_text() == "precious\n"
+
+
+def test_job_script_replaces_a_planted_symlink_and_keeps_its_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`disttrain resume` re-submits into the same run dir: job.sbatch may be a planted link."""
+    import os
+
+    from disttrain.launch import slurm
+
+    victim = _victim(tmp_path)
+    os.chmod(victim, 0o600)
+    run_dir = tmp_path / "run"
+    (run_dir / "slurm").mkdir(parents=True)
+    (run_dir / slurm.SCRIPT).symlink_to(victim)
+    monkeypatch.setattr(slurm, "sbatch_script", lambda *a: "#!/bin/bash\necho hi\n")
+    slurm.submit({"launcher": {"dry_run": True}}, run_dir, ["python", "-m", "disttrain.worker"])
+    assert victim.read_text() == "precious\n" and (victim.stat().st_mode & 0o777) == 0o600
+    script = run_dir / slurm.SCRIPT
+    assert not script.is_symlink() and (script.stat().st_mode & 0o777) == 0o755

@@ -125,6 +125,11 @@ class Bad:
     value: str
     runtime: bool = False
     cpu_only: bool = False  # a mistake only on a machine without CUDA GPUs
+    files: tuple[str, ...] = ()  # empty files the mistake needs in the working directory
+
+    def make_files(self, cwd: Path) -> None:
+        for name in self.files:
+            (cwd / name).touch()
 
     @property
     def param(self) -> Any:
@@ -178,6 +183,7 @@ BAD_STATIC = [
     Bad("param-groups", ("optim.param_groups=nodecay",), "optim.param_groups", "nodecay"),
     Bad("text-block-size", ("model=gpt", "data.block_size=0"), "data.block_size", "0"),
     Bad("text-val-fraction", ("model=gpt", "data.val_fraction=1"), "data.val_fraction", "1.0"),
+    Bad("no-synthetic-samples", ("data=synthetic", "data.num_samples=0"), "data.num_samples", "0"),
     Bad("missing-config-dir", ("--config-dir", "no_such_folder"), "--config-dir", "no_such_folder"),
     Bad("missing-config-name", ("--config-name", "nope"), "--config-name", "nope"),
     Bad("monitor-interval", ("launcher.monitor_interval=-1",), "launcher.monitor_interval", "-1.0"),
@@ -209,7 +215,12 @@ BAD_RUNTIME = [
     Bad("optim-argument-typo", ("optim.amsgrd=true",), "optim.amsgrd", "True", runtime=True),
     Bad("sched-target-typo", ("sched._target_=torch.optim.lr_scheduler.StepLR", "sched.step_sze=10"),
         "sched.step_sze", "10", runtime=True),
-    Bad("empty-training-set", ("data=synthetic", "data.num_samples=0"), "data", "synthetic", runtime=True),
+    Bad("empty-csv", ("data=files", "data.path=empty.csv", "data.num_features=2", "data.num_classes=2"),
+        "data.path", "empty.csv", runtime=True, files=("empty.csv",)),
+    Bad("empty-text", ("model=gpt", "data.path=empty.txt"), "data.path", "empty.txt", runtime=True,
+        files=("empty.txt",)),
+    Bad("text-block-too-long", ("model=gpt", "data.block_size=100000000"), "data.block_size", "100000000",
+        runtime=True),
     Bad("resume-without-checkpoint", ("resume=.",), "resume", ".", runtime=True),  # review D9
 ]
 # fmt: on

@@ -1,0 +1,161 @@
+"""StopFlag: the ranks agree on one step to stop after, even once the rendezvous store is gone (D19).
+
+Two real gloo ranks in lock-step (one all-reduce per step, like DDP) around a store that a third
+process hosts, as torchrun's agent does. The tests kill that process (SIGKILL: the store dies with
+it) and send the ranks SIGTERM at different moments, so that one rank waits at a step boundary
+while the other is blocked inside the next step's all-reduce: a second all-reduce on the default
+group could never be matched there; the stop group's can.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.skipif(sys.platform != "linux", reason="signals and socket wakeups as on Linux"),
+    pytest.mark.timeout(180),
+]
+
+STORE = textwrap.dedent(
+    """
+    import sys, time
+    from datetime import timedelta
+    import torch.distributed as dist
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+    print(store.port, flush=True)
+    time.sleep(600)
+    """
+)
+
+RANK = textwrap.dedent(
+    """
+    import json, signal, sys, time
+    from datetime import timedelta
+    from pathlib import Path
+    import torch, torch.distributed as dist
+    from disttrain.engine.signals import StopFlag, StopUnagreed
+
+    port, rank, out, delay = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), float(sys.argv[4])
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    step, result = 0, {"rank": rank}
+    try:
+        with StopFlag(lambda: step, timeout_s=20.0) as stop:
+            while step < 100000:
+                one = torch.ones(1)
+                dist.all_reduce(one)  # the step's collective (DDP's gradient all-reduce)
+                time.sleep(delay)
+                step += 1
+                (out / f"step{rank}").write_text(str(step))
+                if stop.should_stop(step):
+                    break
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a peer's stop came first: ours lands later
+        result.update(stopped=step, signal=stop.agreed)
+        state = torch.tensor([float(step)])
+        dist.all_reduce(state)  # the save's collectives still work without the store
+        dist.barrier()
+        result["sum"] = state.item()
+    except StopUnagreed as exc:
+        result.update(unagreed=str(exc), step=step)
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+    """
+)
+
+
+def _start(tmp_path: Path, local_world: int) -> tuple[subprocess.Popen[str], list[subprocess.Popen[str]]]:
+    (tmp_path / "store.py").write_text(STORE)
+    (tmp_path / "rank.py").write_text(RANK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "MASTER_"))}
+    env.update(LOCAL_WORLD_SIZE=str(local_world), DISTTRAIN_LAUNCHER_PID="", OMP_NUM_THREADS="1")
+    store = subprocess.Popen(
+        [sys.executable, str(tmp_path / "store.py")], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert store.stdout is not None
+    port = store.stdout.readline().strip()
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(tmp_path / "rank.py"), port, str(r), str(tmp_path), str(0.02 + 0.03 * r)],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    return store, ranks
+
+
+def _steps(tmp_path: Path, rank: int) -> int:
+    try:
+        return int((tmp_path / f"step{rank}").read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _run(
+    tmp_path: Path, local_world: int, kill_store: bool, signalled: tuple[int, ...], check: bool = True
+) -> list[dict]:
+    """Train until step 5, kill the store host if asked, SIGTERM the `signalled` ranks 0.4 s apart;
+    each rank's outcome ({} when it ended without one: a peer's exit broke its collective)."""
+    store, ranks = _start(tmp_path, local_world)
+    try:
+        deadline = time.monotonic() + 90
+        while min(_steps(tmp_path, 0), _steps(tmp_path, 1)) < 5:
+            assert time.monotonic() < deadline, "the ranks never trained"
+            assert all(p.poll() is None for p in ranks), [p.communicate()[1][-2000:] for p in ranks]
+            time.sleep(0.05)
+        if kill_store:
+            store.kill()
+            store.wait()
+        for i, r in enumerate(signalled):
+            if i:
+                time.sleep(0.4)  # rank r's main thread is blocked in the next step's all-reduce by now
+            ranks[r].send_signal(signal.SIGTERM)
+        errors = [p.communicate(timeout=60)[1] for p in ranks]
+        if check:
+            assert [p.returncode for p in ranks] == [0, 0], [e[-2000:] for e in errors]
+        files = [tmp_path / f"rank{r}.json" for r in (0, 1)]
+        return [json.loads(f.read_text()) if f.is_file() else {} for f in files]
+    finally:
+        for p in (store, *ranks):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_without_the_store_every_signalled_rank_stops_after_the_same_step(tmp_path: Path) -> None:
+    """D19: the launcher (store host) is SIGKILLed; the kernel SIGTERMs every rank. Rank 0 reaches
+    a step boundary first and waits; rank 1 is inside the next all-reduce when its signal lands."""
+    a, b = _run(tmp_path, local_world=2, kill_store=True, signalled=(0, 1))
+    assert "unagreed" not in a and "unagreed" not in b, (a, b)
+    assert a["stopped"] == b["stopped"] > 5
+    assert a["signal"] == b["signal"] == signal.SIGTERM
+    assert a["sum"] == b["sum"] == 2 * a["stopped"]
+
+
+def test_a_lone_signalled_rank_is_heard_through_the_store(tmp_path: Path) -> None:
+    """The store alive, only rank 1 signalled: rank 0 learns it from the stop key; same step."""
+    a, b = _run(tmp_path, local_world=2, kill_store=False, signalled=(1,))
+    assert a["stopped"] == b["stopped"] > 5
+    assert a["signal"] == b["signal"] == signal.SIGTERM
+
+
+def test_across_nodes_the_claims_meet_in_the_store(tmp_path: Path) -> None:
+    """LOCAL_WORLD_SIZE < WORLD_SIZE (several nodes): no stop group; the store carries the claims."""
+    a, b = _run(tmp_path, local_world=1, kill_store=False, signalled=(0, 1))
+    assert a["stopped"] == b["stopped"] > 5
+
+
+def test_across_nodes_without_the_store_no_rank_saves_a_step_the_others_do_not(tmp_path: Path) -> None:
+    """No stop group and no store: the ranks cannot agree and say so; none saves on its own."""
+    results = _run(tmp_path, local_world=1, kill_store=True, signalled=(0, 1), check=False)
+    assert not any("stopped" in r for r in results), results
+    assert any("could not agree" in r.get("unagreed", "") for r in results), results
