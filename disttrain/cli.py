@@ -51,13 +51,19 @@ def _hydra_args(rest: list[str]) -> Any:
 
 
 def _compose_checked(overrides: list[str], args: Any, runtime: bool) -> dict[str, Any]:
+    """Compose (once: Hydra's own node is kept for the run dir, see _own_run_dir), resolve, check."""
     from disttrain.config import compose, resolve
     from disttrain.config.validate import check_runtime, check_static
+    from disttrain.timing import mark
 
-    cfg = resolve(compose(overrides, args.config_dir, args.config_name or "config"), overrides)
+    full = compose(overrides, args.config_dir, args.config_name or "config", with_hydra=True)
+    _COMPOSED[tuple(overrides)] = full
+    cfg = resolve(full, overrides)
     check_static(cfg)
+    mark("static_checks")
     if runtime:
         check_runtime(cfg)
+        mark("runtime_checks")
     return cfg
 
 
@@ -158,7 +164,9 @@ def _own_run_dir(cfg: dict[str, Any], args: Any, overrides: list[str], command: 
     from disttrain import rundir
     from disttrain.config import compose
 
-    full = compose(overrides, args.config_dir, args.config_name or "config", with_hydra=True)
+    full = _COMPOSED.get(tuple(overrides))  # the checks' composition, unless the command added a key
+    if full is None:
+        full = compose(overrides, args.config_dir, args.config_name or "config", with_hydra=True)
     run_dir = Path(str(full.hydra.run.dir)).absolute()
     rundir.check_path(run_dir)
     if cfg["launcher"]["name"] == "slurm":
@@ -167,7 +175,11 @@ def _own_run_dir(cfg: dict[str, Any], args: Any, overrides: list[str], command: 
         check_script_inputs(run_dir, [Path(sys.argv[0]).name, "train", *command])
     if any(o.lstrip("+").startswith("hydra.run.dir=") for o in overrides):
         return rundir.reuse(run_dir, cfg, shared=cfg["nodes"] > 1)  # the nodes share one dir
-    return rundir.claim(run_dir)
+    claimed = rundir.claim(run_dir)
+    from disttrain.timing import mark
+
+    mark("run_dir")
+    return claimed
 
 
 def _own_sweep_dir(args: Any, first_job: list[str]) -> list[str]:
@@ -211,6 +223,7 @@ _COMMAND: list[str] = []
 # (config/clean.py): the job runs exactly what was checked, not Hydra's unsettled composition.
 _CHECKED: dict[tuple[str, ...], dict[str, Any]] = {}
 _CHECKED_FROM: list[Any] = [None, "config"]  # --config-dir, --config-name of those checks
+_COMPOSED: dict[tuple[str, ...], Any] = {}  # each job's composition with its `hydra` node (run dir)
 
 
 def _run_hydra_app(rest: list[str], config_name: str, command: list[str] | None = None) -> int:
@@ -297,8 +310,11 @@ def _objective(summary: dict[str, Any]) -> float:
 def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
     from disttrain.launch import LaunchError, launch
     from disttrain.rundir import command_line, freeze, run_status
+    from disttrain.timing import mark
 
+    mark("hydra_task")
     freeze(run_dir, cfg, overrides, _COMMAND or command_line())
+    mark("frozen")
     if cfg["launcher"]["name"] == "slurm":
         from disttrain.launch.slurm import submit
 
@@ -399,6 +415,9 @@ def add_cwd_to_path() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from disttrain.timing import mark
+
+    mark("cli")
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)

@@ -14,6 +14,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig
 
+from disttrain.config.names import NO_DECAY as NO_DECAY  # optim.param_groups (the engine imports names)
+
 
 def _h(text: str, default: Any = MISSING, factory: Any = None) -> Any:
     """A dataclass field with a one-line help text (shown by `disttrain config --help`)."""
@@ -340,9 +342,6 @@ class AmpConfig:
 
 
 # ---------------------------------------------------------------------------------------- optim
-NO_DECAY = "no_decay_bias_norm_embed"  # optim.param_groups: nanoGPT's / HF's weight-decay groups
-
-
 @dataclass
 class OptimConfig:
     """Keys disttrain reads itself; a swapped `optim._target_` starts from these (see config/clean.py)."""
