@@ -1,7 +1,7 @@
 """Start-up phase marks for `scripts/bench_first_step.py`: where the time to the first step goes.
 
 With DISTTRAIN_TIMING=FILE set, every process (the CLI parent, the torchrun agent, each rank)
-appends one line per phase: `time.time() pid rank phase`. Unset, `mark` is a dict lookup. This
+appends one line per phase: `time.time() pid rank phase cpu_seconds`. Unset, `mark` is a dict lookup. This
 module imports nothing heavy: the CLI marks its first phase before Hydra or torch is imported.
 """
 
@@ -17,7 +17,8 @@ def mark(phase: str, at: float | None = None) -> None:
     path = os.environ.get(ENV)
     if not path:
         return
-    line = f"{time.time() if at is None else at:.6f} {os.getpid()} {os.environ.get('RANK', '-')} {phase}\n"
+    cpu = 0.0 if at is not None else time.process_time()  # this process's CPU seconds: load-proof
+    line = f"{time.time() if at is None else at:.6f} {os.getpid()} {os.environ.get('RANK', '-')} {phase} {cpu:.4f}\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line.encode())  # one write with O_APPEND: lines of several processes never mix

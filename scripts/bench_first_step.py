@@ -61,8 +61,9 @@ class Net(nn.Module):
 def _mark(phase: str, at: float | None = None) -> None:
     path = os.environ[TIMING]
     with open(path, "a", encoding="utf-8") as f:
+        cpu = 0.0 if at is not None else time.process_time()
         f.write(
-            f"{time.time() if at is None else at:.6f} {os.getpid()} {os.environ.get('RANK', '-')} {phase}\n"
+            f"{time.time() if at is None else at:.6f} {os.getpid()} {os.environ.get('RANK', '-')} {phase} {cpu:.4f}\n"
         )
 
 
@@ -142,16 +143,20 @@ def command(kind: str, steps: int) -> list[str]:
     return cmd
 
 
-def read_marks(path: Path, parent: int) -> dict[str, list[float]]:
-    """Phase -> times: the parent's marks and rank 0's (a phase marked twice keeps every time)."""
+def read_marks(path: Path, parent: int) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Phase -> times: the parent's marks and rank 0's (a phase marked twice keeps every time);
+    and phase -> CPU seconds the marking process had used by then (first mark of each phase)."""
     marks: dict[str, list[float]] = {}
+    cpu: dict[str, float] = {}
     if not path.is_file():
-        return marks
+        return marks, cpu
     for line in path.read_text(encoding="utf-8").splitlines():
-        t, pid, rank, phase = line.split(maxsplit=3)
+        t, pid, rank, phase, *used = line.split()
         if int(pid) == parent or rank == "0":
             marks.setdefault(phase, []).append(float(t))
-    return marks
+            if used:
+                cpu.setdefault(phase, float(used[0]))
+    return marks, cpu
 
 
 def run_once(kind: str, work: Path, tag: str, steps: int, base_tree: str | None = None) -> dict[str, Any]:
@@ -174,12 +179,16 @@ def run_once(kind: str, work: Path, tag: str, steps: int, base_tree: str | None 
     _, err = proc.communicate(timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}")
-    marks = read_marks(timing, proc.pid)
+    marks, cpu = read_marks(timing, proc.pid)
     if kind != "bare":
         summaries = list(cwd.glob("runs/*/*/summary.json"))
         marks["first_step"] = [json.loads(summaries[0].read_text())["first_step_at"]]
     result = {phase: ts[0] - launched for phase, ts in marks.items()}
     result["compose_count"] = len(marks.get("compose_start", []))
+    if "launch" in cpu:
+        result["parent_cpu_to_launch"] = cpu["launch"]
+    if "built" in cpu:
+        result["rank0_cpu_to_built"] = cpu["built"]
     return result
 
 
@@ -226,6 +235,13 @@ def report(results: dict[str, list[dict[str, Any]]], load: tuple[float, float]) 
     for k in kinds:
         if k != "bare" and med[k].get("compose_count"):
             print(f"compose x {med[k]['compose_count']:.0f} per run ({k})")
+    print("CPU seconds of the process itself (load-proof): parent until launch / rank 0 until built")
+    for k in kinds:
+        launch_cpu, built_cpu = med[k].get("parent_cpu_to_launch"), med[k].get("rank0_cpu_to_built")
+        print(
+            f"  {k:14s} {'-' if launch_cpu is None else format(launch_cpu, '.2f'):>6s} / "
+            f"{'-' if built_cpu is None else format(built_cpu, '.2f'):>6s}"
+        )
     base = med["bare"]["first_step"]
     for k in kinds:
         if k == "bare":
