@@ -14,6 +14,7 @@ from disttrain.commands import COMMANDS as TARGETS
 from disttrain.commands import USER_CODE_COMMANDS
 
 # `train`'s helpers, shared with `disttrain config` (cmd_train moves to disttrain/commands/ next).
+from disttrain.commands.config import COMPOSED as _COMPOSED
 from disttrain.commands.config import compose_checked as _compose_checked
 from disttrain.commands.config import key_help as _key_help
 from disttrain.commands.hydra_app import parse_args as _hydra_args
@@ -108,6 +109,7 @@ def cmd_train(rest: list[str]) -> int:
             command = [*rest, *extra]  # every node derives the same dir: part of the command
             run_dir = _own_run_dir(cfg, args, [*args.overrides, *extra], command)
             rest = [*command, f"hydra.run.dir={_hydra_quote(str(run_dir))}"]
+            _KNOWN_MODE[:] = [_COMPOSED[tuple(args.overrides)].hydra.mode]
     if args.help:  # Hydra's help (groups, options, the config), then every key's type and help text
         try:
             _run_hydra_app(rest, args.config_name or "config", command)
@@ -128,13 +130,19 @@ def _own_run_dir(cfg: dict[str, Any], args: Any, overrides: list[str], command: 
     from disttrain.config import compose
     from disttrain.launch.registry import launcher_for
 
-    full = compose(overrides, args.config_dir, args.config_name or "config", with_hydra=True)
+    full = _COMPOSED.get(tuple(overrides))  # the checks' composition, unless the command added a key
+    if full is None:
+        full = compose(overrides, args.config_dir, args.config_name or "config", with_hydra=True)
     run_dir = Path(str(full.hydra.run.dir)).absolute()
     rundir.check_path(run_dir)
     launcher_for(cfg).check_command(run_dir, [Path(sys.argv[0]).name, "train", *command])
     if any(o.lstrip("+").startswith("hydra.run.dir=") for o in overrides):
         return rundir.reuse(run_dir, cfg, shared=cfg["nodes"] > 1)  # the nodes share one dir
-    return rundir.claim(run_dir)
+    claimed = rundir.claim(run_dir)
+    from disttrain.timing import mark
+
+    mark("run_dir")
+    return claimed
 
 
 def _own_sweep_dir(args: Any, first_job: list[str]) -> list[str]:
@@ -179,15 +187,17 @@ _COMMAND: list[str] = []
 # (config/clean.py): the job runs exactly what was checked, not Hydra's unsettled composition.
 _CHECKED: dict[tuple[str, ...], dict[str, Any]] = {}
 _CHECKED_FROM: list[Any] = [None, "config"]  # --config-dir, --config-name of those checks
+_KNOWN_MODE: list[Any] = []  # a single run's hydra.mode, from that composition (hydra_app.known_mode)
 
 
 def _run_hydra_app(rest: list[str], config_name: str, command: list[str] | None = None) -> int:
-    from disttrain.commands.hydra_app import register_help_resolver, run_main
+    from disttrain.commands.hydra_app import known_mode, register_help_resolver, run_main
     from disttrain.config import config_dir
     from disttrain.config.schema import register
 
     register()
     register_help_resolver()  # config.yaml's hydra.help.template lists the groups through it
+    known_mode(_KNOWN_MODE)
     from disttrain.rundir import program
 
     _COMMAND[:] = [*program(), "train", *(rest if command is None else command)]
@@ -235,7 +245,9 @@ def _objective(summary: dict[str, Any]) -> float:
 def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
     from disttrain.launch import LaunchError, launch, submit
     from disttrain.rundir import command_line, freeze, run_status
+    from disttrain.timing import mark
 
+    mark("hydra_task")
     freeze(run_dir, cfg, overrides, _COMMAND or command_line())
     if submit(cfg, run_dir, _COMMAND or command_line()):
         return None  # a scheduler's nodes train (sbatch, a Kubeflow job); status.json is theirs
@@ -298,6 +310,9 @@ def add_cwd_to_path() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from disttrain.timing import mark
+
+    mark("cli")
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)

@@ -39,12 +39,15 @@ from disttrain.shared_dir import check_shared, checkpoint_dir
 from disttrain.strategies import build_strategy
 from disttrain.strategies.base import Strategy
 from disttrain.tasks import build_task
+from disttrain.timing import mark, mark_process_start
 
 log = get_logger()
 
 
 def run(run_dir: str | Path) -> dict[str, Any] | None:
     """Train as the rank described by the environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*)."""
+    mark_process_start("rank_start")
+    mark("rank_imported")
     run_dir = Path(run_dir)
     cfg = read_config(run_dir)
     if os.getcwd() not in sys.path:
@@ -57,6 +60,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
         die_with_parent(launcher)
     try:
         init_process_group(env, cfg["backend"]["timeout"])
+        mark("process_group")
         if env.is_zero:
             log.info(
                 "rank 0 of %d | backend %s | strategy %s | %d threads per rank | run dir %s",
@@ -100,6 +104,7 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
                 raise RuntimeError(f"resume={resume_from}: no loadable checkpoint there")
             log.warning("no loadable checkpoint under %s: starting from step 0", resume_from)
         start_step = engine.state.step
+        mark("built")
         summary = engine.fit()
         if path is not None:
             summary["resumed_from"] = str(path)

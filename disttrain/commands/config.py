@@ -8,17 +8,25 @@ from typing import Any
 
 from disttrain.commands.hydra_app import parse_args
 
+COMPOSED: dict[tuple[str, ...], Any] = {}  # each job's composition with its `hydra` node (run dir)
+
 
 def compose_checked(overrides: list[str], args: Any, runtime: bool) -> dict[str, Any]:
     """Compose with `train`'s flags (--config-dir/--config-name), resolve, run the static checks
     (and the runtime ones: the machine, a dry build); ConfigError on any mistake."""
     from disttrain.config import compose, resolve
     from disttrain.config.validate import check_runtime, check_static
+    from disttrain.timing import mark
 
-    cfg = resolve(compose(overrides, args.config_dir, args.config_name or "config"), overrides)
+    # Composed once, with Hydra's own node: `train` takes the run dir from it (cli._own_run_dir).
+    full = compose(overrides, args.config_dir, args.config_name or "config", with_hydra=True)
+    COMPOSED[tuple(overrides)] = full
+    cfg = resolve(full, overrides)
     check_static(cfg)
+    mark("static_checks")
     if runtime:
         check_runtime(cfg)
+        mark("runtime_checks")
     return cfg
 
 

@@ -1,6 +1,8 @@
 """Compose the Hydra config in the parent, once, with the same search path `@hydra.main` uses.
 
-This module must not import torch: `disttrain config` and `disttrain --help` stay fast.
+This module must not import torch: `disttrain config` and `disttrain --help` stay fast. Nor, at
+import time, OmegaConf or the schemas: every rank imports this package (for ConfigError) and
+never composes.
 """
 
 from __future__ import annotations
@@ -8,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
-
-from omegaconf import DictConfig, OmegaConf
+from typing import TYPE_CHECKING, Any
 
 from disttrain.config.errors import ConfigError, _fields, translate, translated, unknown_key_hint
 from disttrain.config.launch_checks import elastic_nodes
-from disttrain.config.schema import register
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 CONFIG_NAME = "config"
 
@@ -78,6 +80,10 @@ def _compose(
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    from disttrain.config.schema import register
+    from disttrain.timing import mark
+
+    mark("compose_start")
     register()
     extra = _search_path_override(user_config_dir)
     primary = config_dir()
@@ -94,6 +100,7 @@ def _compose(
     finally:
         GlobalHydra.instance().clear()
     _check_adds(cfg, overrides, user_config_dir)
+    mark("compose_end")
     return cfg
 
 
@@ -139,6 +146,8 @@ def typed_add_error(cfg: Any, key: str, value: Any) -> ConfigError | None:
 
 def resolve(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, Any]:
     """Resolve every interpolation now (once, in the parent) and return plain containers."""
+    from omegaconf import OmegaConf
+
     try:
         cfg = cfg.copy()
         if "hydra" in cfg:
@@ -170,6 +179,8 @@ def _check_missing(cfg: DictConfig) -> None:
 def _missing_keys(node: Any, prefix: str) -> list[str]:
     """Dotted keys holding a literal `???` (OmegaConf.missing_keys resolves interpolations and so
     fails on the first one that reaches a missing value)."""
+    from omegaconf import OmegaConf
+
     keys: list[str] = []
     names = list(node.keys()) if OmegaConf.is_dict(node) else range(len(node))
     for key in names:

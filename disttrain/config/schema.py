@@ -13,10 +13,10 @@ from dataclasses import MISSING as MISSING_FIELD
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig
 
 from disttrain.config.common import help_field as _h
+from disttrain.config.names import NO_DECAY as NO_DECAY  # optim.param_groups (the engine imports names)
 from disttrain.strategies.specs import StrategyConfig, config_classes
 
 
@@ -255,9 +255,6 @@ class AmpConfig:
 
 
 # ---------------------------------------------------------------------------------------- optim
-NO_DECAY = "no_decay_bias_norm_embed"  # optim.param_groups: nanoGPT's / HF's weight-decay groups
-
-
 @dataclass
 class OptimConfig:
     """Keys disttrain reads itself; a swapped `optim._target_` starts from these (see config/clean.py)."""
@@ -550,6 +547,7 @@ class Config:
 
 def register() -> None:
     """Store every schema in Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore  # ranks read the dataclasses only
     from disttrain.launch.registry import launcher_specs
 
     cs = ConfigStore.instance()

@@ -328,6 +328,15 @@ def _check_resume_path(cfg: dict[str, Any]) -> None:
 
 def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     """Checks that look at the machine and build data and model; returns data set sizes."""
+    from disttrain.config.no_dynamo import without_dynamo
+
+    return without_dynamo(lambda: _check_runtime(cfg))
+
+
+def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
+    from disttrain.timing import mark
+
+    mark("runtime_checks_start")
     import torch
 
     from disttrain.data import build_datasets
@@ -335,6 +344,7 @@ def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     from disttrain.tasks import build_task
     from disttrain.tasks.dry_step import dry_step
 
+    mark("runtime_imports")
     launch_checks.check_runtime(cfg)
     _check_resume_path(cfg)
     backend = cfg["backend"]["name"]
@@ -373,6 +383,9 @@ def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     spec, strategy = specs.of(cfg)
     if spec.check_model is not None:
         spec.check_model(cfg, strategy, model, gpus)
+    from disttrain.timing import mark
+
+    mark("dry_step_start")
     dry_step(cfg, lambda: build_task(cfg["task"]), model, lambda: build_model(cfg["model"]), train, val)
     sizes = {"train": len(train)}
     if val is not None:

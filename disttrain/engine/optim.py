@@ -13,7 +13,7 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from disttrain.config.errors import ConfigError
 from disttrain.config.instantiate import build, locate
-from disttrain.config.schema import NO_DECAY
+from disttrain.config.names import NO_DECAY
 
 log = logging.getLogger("disttrain")
 

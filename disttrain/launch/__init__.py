@@ -58,7 +58,9 @@ def launch(cfg: dict[str, Any], run_dir: Path, entry: str = WORKER) -> None:
     `entry` is the per-rank module: it has `run(run_dir)` and runs it from `python -m entry RUN_DIR`.
     """
     from disttrain.launch.registry import launcher_config, launcher_for
+    from disttrain.timing import mark
 
+    mark("launch")
     world = cfg["nodes"] * cfg["nproc_per_node"]
     with rank_environment(cfg):
         if world == 1 and launcher_config(cfg).max_restarts == 0:

@@ -2,9 +2,11 @@
 
 Shape mismatches between data and model, labels out of range, a batch the task cannot unpack, an
 output without a loss, a validation set shaped unlike the training set: each becomes one paragraph
-naming the key to change, in seconds, instead of tracebacks from every rank after launch. The model
-runs on the meta device (no memory, no compute); a model that cannot (`.item()` inside forward, as
-Hugging Face models do) runs once more on the CPU, where the error, if any, is the real one.
+naming the key to change, in seconds, instead of tracebacks from every rank after launch. A small
+model (up to CPU_FIRST_MAX_PARAMS) runs on the CPU: building it costs less than the meta device's
+first forward, which imports sympy and torch's decompositions (~0.5 s). A larger one runs on the
+meta device (no memory, no compute); one that cannot (`.item()` inside forward, as Hugging Face
+models do) runs once more on the CPU, where the error, if any, is the real one.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from disttrain.tasks.batch import describe, to_device
 log = logging.getLogger("disttrain")
 
 CPU_FALLBACK_MAX_PARAMS = 1_000_000_000  # beyond this the CPU re-run costs too much: warn instead
+CPU_FIRST_MAX_PARAMS = 5_000_000  # up to this the dry step builds the model on the CPU (~20 MB)
 
 SHAPE_HINT = (
     "Make the data and the model agree: the model's input width (e.g. model.in_features, by default "
@@ -60,10 +63,15 @@ def dry_step(
         ) from None
     _check_pipeline(cfg, task, inputs, target)
     _check_targets(cfg, task, train, target)
+    params = sum(p.numel() for p in meta_model.parameters())
+    if params <= CPU_FIRST_MAX_PARAMS:
+        cpu_first = _run(task.setup(torch.device("cpu")), build_cpu_model(), batch, torch.device("cpu"))
+        if cpu_first is not None:
+            raise cpu_first
+        return
     meta_exc = _run(task.setup(torch.device("meta")), meta_model, batch, torch.device("meta"))
     if meta_exc is None:
         return
-    params = sum(p.numel() for p in meta_model.parameters())
     if params > CPU_FALLBACK_MAX_PARAMS:
         log.warning(
             "dry step skipped: %s cannot run on the meta device (%s), and a CPU run of %.2g parameters "

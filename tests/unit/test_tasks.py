@@ -313,6 +313,23 @@ def test_dry_step_names_the_key(
     assert words in str(info.value)
 
 
+@pytest.mark.parametrize("case", ["shape", "no-loss"])
+def test_dry_step_on_the_meta_device_names_the_same_key(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Models above CPU_FIRST_MAX_PARAMS take the dry step on the meta device: the same paragraph."""
+    from disttrain.tasks import dry_step
+
+    _user_code(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(dry_step, "CPU_FIRST_MAX_PARAMS", -1)
+    _, overrides, key, words = next(c for c in DRY_FAILURES if c[0] == case)
+    with pytest.raises(ConfigError) as info:
+        checked(overrides, runtime=True)
+    assert info.value.key == key, str(info.value)
+    assert words in str(info.value)
+
+
 @pytest.mark.parametrize("case", ["shape", "labels", "no-loss"])
 def test_dry_step_failures_exit_2_before_any_rank(case: str, scratch: Path) -> None:
     """Through the real CLI: one paragraph on stderr, exit 2, no traceback, no run dir, in seconds."""

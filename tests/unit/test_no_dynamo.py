@@ -1,0 +1,65 @@
+"""config/no_dynamo.py: the pre-launch checks build optimizers and run models without importing
+torch._dynamo, fall back to the real module when the stand-in is not enough, and leave no trace."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+SCRIPT = r"""
+import json, sys
+import torch
+from disttrain.config.no_dynamo import without_dynamo
+
+def check():
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)
+    return float(model(torch.ones(1, 4)).sum().detach() * 0 + 7)
+
+calls = []
+def asks_more():
+    calls.append(1)
+    import torch._dynamo
+    return torch._dynamo.is_compiling()  # the stand-in answers disable() only
+
+out = {"value": without_dynamo(check), "imported_after_check": "torch._dynamo" in sys.modules}
+add = torch.optim.Optimizer.add_param_group.__wrapped__
+out["cache_left"] = "__dynamo_disable" in add.__dict__
+out["asks_more"] = without_dynamo(asks_more)
+out["runs"] = len(calls)
+out["real_after"] = type(sys.modules["torch._dynamo"]).__name__
+print(json.dumps(out))
+"""
+
+
+def test_checks_without_dynamo_then_the_real_one_when_asked_for_more() -> None:
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["value"] == 7.0
+    assert out["imported_after_check"] is False  # an optimizer, a scheduler, a forward: no torch._dynamo
+    assert out["cache_left"] is False  # the wrapper the stand-in answered will ask the real module
+    assert out["asks_more"] is False and out["runs"] == 2  # once with the stand-in, once for real
+    assert out["real_after"] == "module"  # the real torch._dynamo, not the stand-in
+
+
+def test_an_error_the_stand_in_did_not_cause_is_raised_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from disttrain.config import no_dynamo
+
+    monkeypatch.delitem(sys.modules, no_dynamo.NAME, raising=False)
+    calls = []
+
+    def bad() -> None:
+        calls.append(1)
+        raise ValueError("model.width=-1")
+
+    with pytest.raises(ValueError, match="width"):
+        no_dynamo.without_dynamo(bad)
+    assert calls == [1]
+    assert no_dynamo.NAME not in sys.modules or type(sys.modules[no_dynamo.NAME]).__name__ == "module"
