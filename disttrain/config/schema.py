@@ -548,6 +548,7 @@ class Config:
 def register() -> None:
     """Store every schema in Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore  # ranks read the dataclasses only
+
     from disttrain.launch.registry import launcher_specs
 
     cs = ConfigStore.instance()
