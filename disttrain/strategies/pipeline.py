@@ -121,7 +121,8 @@ class PipelineStrategy(Strategy):
         ]
         for stage in stages:
             self._time_compute(stage)
-        kwargs: dict[str, Any] = {"loss_fn": self._microbatch_loss, "scale_grads": False}
+        # the last stage's loss is compute too (the theory counts it in that stage's forward)
+        kwargs: dict[str, Any] = {"loss_fn": self._timed(self._microbatch_loss), "scale_grads": False}
         if self.schedule_name == "interleaved_1f1b":
             return ScheduleInterleaved1F1B(stages, self.n_micro, **kwargs)
         cls = Schedule1F1B if self.schedule_name == "1f1b" else ScheduleGPipe
