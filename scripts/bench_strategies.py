@@ -587,7 +587,9 @@ def main() -> int:
         for rep in range(args.repeats):
             for row in rows if rep % 2 == 0 else rows[::-1]:
                 row.results.append(run(row, args, Path(tmp)))
-                print(f"  {row.name}: {row.results[-1]['step_ms']:.2f} ms/step", file=sys.stderr, flush=True)
+                res = row.results[-1]
+                extra = "".join(f", {k} {v:.2f}" for k, v in res.get("extra", {}).items())
+                print(f"  {row.name}: {res['step_ms']:.2f} ms/step{extra}", file=sys.stderr, flush=True)
     print(
         f"{WORLD} gloo ranks (CPU, 1 thread each), MLP width {args.width} x3, batch {BATCH}/rank, "
         f"{args.steps} steps, median of {args.repeats}"
