@@ -17,7 +17,7 @@ against ddp. A bare pipeline row also measures what an action costs besides comp
 point-to-point latency (half a ping-pong of one micro-batch's activation) and the schedule's own CPU
 per action (thread CPU inside `step` outside the forward/backward chunks).
 
-The pipeline rows train the 1024x4 MLP on a global batch of 1024 so that a rank's compute for one
+The pipeline rows train the 1024x4 MLP (1536 inputs: equal stages) on a global batch of 1024 so that a rank's compute for one
 micro-batch is well over 10 ms at m=8 (the column `mb ms` shows it); the FSDP/HSDP rows keep batch 256.
 The run ends with the verdicts against the targets of issue 16 (pipeline idle within 0.05 of
 (p-1)/(v*m+p-1), interleaved faster than 1f1b at equal m, hsdp(2,1) <= 1.2x ddp, fsdp <= 2x ddp
@@ -79,6 +79,11 @@ PP_WIDTH, PP_BATCH = 1024, 256  # global batch of the fsdp/hsdp rows on the 1024
 PIPE_BATCH = 1024  # global batch of the pipeline rows: ~25 ms of a rank's compute per micro-batch at m=8
 PIPE_STEPS = 30  # the pipeline rows are ~4x slower per step than the others: fewer steps
 PP_MODEL = (f"data.num_features={PP_WIDTH}", f"model.hidden=[{','.join([str(PP_WIDTH)] * 4)}]")
+# The first stage computes no gradient for its input, so with 1024 inputs its 2 Linears cost 5
+# matmuls to the second stage's 6 (the measured bubble then holds +0.06 of imbalance at m=8). 1536
+# inputs make the first Linear 1.5x: 6 = 6 for 2 stages, and 3 = 3 = 3 = 3 for the 4 interleaved ones.
+PIPE_IN = 1536
+PIPE_MODEL = (f"data.num_features={PIPE_IN}", PP_MODEL[1])
 PP_SPLIT4 = "strategy.split_points=[layers.3,layers.5,layers.7]"
 FSDP_PP = ("strategy=fsdp", "strategy.wrap_classes=[Linear]", f"trainer.batch_size={PP_BATCH // WORLD}")
 MIN_MB_MS = 10.0  # the pipeline target holds where a micro-batch's stage compute is at least this
@@ -104,7 +109,7 @@ def pipe_name(schedule: str, m: int, bare: bool = False) -> str:
 def pipeline_row(schedule: str, m: int) -> Row:
     v = 2 if schedule == "interleaved_1f1b" else 1
     overrides = (
-        *PP_MODEL,
+        *PIPE_MODEL,
         "strategy=pipeline",
         f"strategy.schedule={schedule}",
         f"strategy.n_microbatches={m}",
@@ -142,9 +147,9 @@ def model_parallel_rows() -> list[Row]:
         Row("bare HSDP (2,1) (pp model)", PP_MODEL, baseline="ddp (pp model)", bare={"kind": "hsdp"}),
         Row(
             "ddp (pp batch)",
-            (*PP_MODEL, "strategy=ddp", f"trainer.batch_size={PIPE_BATCH // WORLD}"),
+            (*PIPE_MODEL, "strategy=ddp", f"trainer.batch_size={PIPE_BATCH // WORLD}"),
             steps=PIPE_STEPS,
-            note=f"baseline of the pipeline rows: MLP {PP_WIDTH} x4, global batch {PIPE_BATCH}",
+            note=f"baseline of the pipeline rows: MLP {PIPE_IN}->{PP_WIDTH} x4, global batch {PIPE_BATCH}",
         ),
         *(pipeline_row(sched, m) for sched, m in PIPE_SCHEDULES),
         *(bare_pipeline_row(sched, m) for sched, m in PIPE_SCHEDULES),
@@ -226,6 +231,7 @@ def run_bare(row: Row, args: argparse.Namespace, folder: Path) -> dict[str, Any]
         "steps": steps,
         "warmup": warmup,
         "width": PP_WIDTH,
+        "in_features": PIPE_IN if pipe else PP_WIDTH,
         "layers": 4,
         "batch": PIPE_BATCH if pipe else PP_BATCH // WORLD,  # a pipeline's ranks read the same batch
     }
@@ -350,7 +356,7 @@ def bare_pipeline_worker(opts: dict[str, Any], out: str) -> None:
     v = 2 if opts["schedule"] == "interleaved_1f1b" else 1
     n_stages = world * v
     torch.manual_seed(0)
-    layers = list(MLP(width, 4, [width] * opts["layers"]).layers.children())
+    layers = list(MLP(opts["in_features"], 4, [width] * opts["layers"]).layers.children())
     # disttrain's cut: the 10 layers halved for 2 stages; one hidden Linear each for 4 (PP_SPLIT4)
     bounds = {1: [0, 5, 10], 2: [0, 3, 5, 7, 10]}[v]
     assert len(layers) == bounds[-1] and world == 2, (len(layers), world)
@@ -387,7 +393,7 @@ def bare_pipeline_worker(opts: dict[str, Any], out: str) -> None:
         schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[opts["schedule"]](stages[0], m, **kw)
     params = [p for mod in modules.values() for p in mod.parameters()]
     optimizer = torch.optim.AdamW(params, lr=3e-3, weight_decay=0.01)
-    data = make_synthetic(steps * batch, width, 4, seed=1234)
+    data = make_synthetic(steps * batch, opts["in_features"], 4, seed=1234)
     g = torch.Generator().manual_seed(0)
     loader = DataLoader(data, batch_size=batch, shuffle=True, generator=g, drop_last=True)
     records, loss_sum, wall, cpu = [], torch.zeros(()), 0.0, 0.0
