@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -119,8 +119,12 @@ class FSDPStrategy(Strategy):
         return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
 
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> Any:
-        """Non-final micro-steps keep unsharded gradients locally; the last one reduce-scatters."""
-        return gradient_sync(model, sync=not enabled)
+        """Non-final micro-steps keep unsharded gradients locally; the last one reduce-scatters.
+
+        A step without accumulation (`enabled=False`) touches nothing: the flag is already True, and
+        setting it walks every FSDP unit twice per step for no effect.
+        """
+        return gradient_sync(model, sync=False) if enabled else nullcontext()
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float | None) -> torch.Tensor:
         # clip_grad_norm_/get_total_norm reduce DTensor shard norms across the mesh: the global norm.

@@ -121,7 +121,8 @@ class PipelineStrategy(Strategy):
         ]
         for stage in stages:
             self._time_compute(stage)
-        kwargs: dict[str, Any] = {"loss_fn": self._microbatch_loss, "scale_grads": False}
+        # the last stage's loss is compute too (the theory counts it in that stage's forward)
+        kwargs: dict[str, Any] = {"loss_fn": self._timed(self._microbatch_loss), "scale_grads": False}
         if self.schedule_name == "interleaved_1f1b":
             return ScheduleInterleaved1F1B(stages, self.n_micro, **kwargs)
         cls = Schedule1F1B if self.schedule_name == "1f1b" else ScheduleGPipe
@@ -286,6 +287,7 @@ class PipelineStrategy(Strategy):
             dist.all_gather_object(per_rank, mine)
         idle = [1.0 - busy / wall if wall > 0 else None for busy, wall in per_rank]
         p, m, v = self.env.world_size, self.n_micro, self.per_rank
+        steps = max(1, self.timed_steps)
         stats["pipeline"] = {
             "schedule": self.schedule_name,
             "stages": self.num_stages,
@@ -295,6 +297,9 @@ class PipelineStrategy(Strategy):
             "idle_fraction": sum(i for i in idle if i is not None) / max(1, sum(i is not None for i in idle)),
             # (p-1)/(m+p-1) for one stage per rank; interleaving v stages shrinks the bubble v-fold
             "bubble_theory": (p - 1) / (v * m + p - 1),
+            # a rank's compute for one micro-batch (forward + backward of all its stages): the theory
+            # holds only where this dwarfs the per-action cost of the schedule and its p2p waits
+            "compute_ms_per_microbatch": [1000 * busy / steps / m for busy, _ in per_rank],
         }
         return stats
 
