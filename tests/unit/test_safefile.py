@@ -92,7 +92,7 @@ def test_write_atomic_leaves_no_temp_file_on_error(tmp_path: Path) -> None:
 
 
 def test_truncated_metrics_are_never_written_through_the_old_temp_name(tmp_path: Path) -> None:
-    from disttrain.worker import truncate_metrics
+    from disttrain.observe.metrics import truncate_metrics
 
     victim = _victim(tmp_path)
     metrics = tmp_path / "metrics.jsonl"
