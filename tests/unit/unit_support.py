@@ -91,12 +91,14 @@ def disttrain_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[s
     For checks that end before any rank starts (config mistakes): the exit code is main()'s return
     value or SystemExit code, stdout/stderr are what it wrote; an exception escaping main() is the
     traceback a user would see, so it fails the test. The environment is scrubbed as for the
-    console script, and the cwd, sys.path and os.environ are restored afterwards.
+    console script, and the cwd, sys.path and os.environ are restored afterwards; modules imported
+    from `cwd` (the user's code of this call) are unloaded, so the next call imports its own.
     """
     from disttrain.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     saved_cwd, saved_path, saved_env = os.getcwd(), list(sys.path), dict(os.environ)
+    saved_modules = set(sys.modules)
     for key in _SCRUB:
         os.environ.pop(key, None)
     os.chdir(cwd)
@@ -111,6 +113,12 @@ def disttrain_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[s
         sys.path[:] = saved_path
         os.environ.clear()
         os.environ.update(saved_env)
+        root = str(Path(cwd).resolve())
+        for name in set(sys.modules) - saved_modules:
+            module = sys.modules[name]
+            places = [getattr(module, "__file__", None) or "", *getattr(module, "__path__", [])]
+            if any(str(place).startswith(root) for place in places):
+                del sys.modules[name]
     return subprocess.CompletedProcess(["disttrain", *args], rc, out.getvalue(), err.getvalue())
 
 
