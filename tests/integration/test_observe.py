@@ -90,7 +90,7 @@ def straight(trackers_root: Path) -> Path:
     pytest.importorskip("mlflow")
     pytest.importorskip("wandb")
     sinks = _sinks(_mlflow_sink(trackers_root), WANDB_SINK)
-    _, run_dir = run_cli(trackers_root, *TRACKED, sinks, "hydra.run.dir=straight")
+    _, run_dir = run_cli(trackers_root, *TRACKED, sinks, "hydra.run.dir=straight", timeout=240)
     assert run_dir is not None
     return run_dir
 
