@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,26 +62,54 @@ TRACKED = (
 )
 
 
-def _sinks(tracker: str, killer: str | None = None) -> str:
-    return f"observe.sinks=[{tracker}{',' + killer if killer else ''}]"
+def _sinks(*sinks: str | None) -> str:
+    return f"observe.sinks=[{','.join(s for s in sinks if s)}]"
 
 
-def _killed_and_resumed(tmp_path: Path, tracker: str, sig: str = "SIGKILL") -> tuple[Path, Path]:
-    """An uninterrupted run and one stopped at step 10 by `sig` (SIGKILL: the checkpoint is step 8's;
-    SIGTERM: the engine saves one as it stops), then `disttrain resume`d."""
+def _mlflow_sink(root: Path) -> str:
+    return f"{{_target_:mlflow,tracking_uri:'{(root / 'mlruns').as_uri()}'}}"
+
+
+WANDB_SINK = "{_target_:wandb,mode:offline,project:disttrain-test}"
+
+
+@pytest.fixture(scope="module")
+def trackers_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A folder with an MLflow file store; the variables both trackers need (file store, quiet)."""
+    root = tmp_path_factory.mktemp("trackers")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+        mp.setenv("WANDB_SILENT", "true")
+        yield root
+
+
+@pytest.fixture(scope="module")
+def straight(trackers_root: Path) -> Path:
+    """The uninterrupted run both tracker tests compare against: MLflow (sink 0) and W&B (sink 1)
+    log the same history of one training (a sink only reads what the engine hands it)."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    sinks = _sinks(_mlflow_sink(trackers_root), WANDB_SINK)
+    _, run_dir = run_cli(trackers_root, *TRACKED, sinks, "hydra.run.dir=straight", timeout=240)
+    assert run_dir is not None
+    return run_dir
+
+
+def _killed_and_resumed(root: Path, name: str, tracker: str, sig: str = "SIGKILL") -> Path:
+    """A run stopped at step 10 by `sig` (SIGKILL: the checkpoint is step 8's; SIGTERM: the engine
+    saves one as it stops), then `disttrain resume`d; its run dir."""
     from tests.integration.conftest import CLI, FAST, run_command, write_module
 
-    write_module(tmp_path, "killsink", KILLER)
-    killer = f"{{_target_:killsink.KillOnce,marker:'{tmp_path / 'kill.marker'}',at:10,sig:{sig}}}"
-    _, straight = run_cli(tmp_path, *TRACKED, _sinks(tracker), "hydra.run.dir=straight")
-    cmd = [CLI, "train", *FAST, *TRACKED, _sinks(tracker, killer), "hydra.run.dir=killed"]
-    stopped = run_command(cmd, tmp_path)
-    killed = tmp_path / "killed"
-    assert stopped.returncode != 0 and (tmp_path / "kill.marker").exists(), stopped.stderr[-3000:]
-    resumed = run_command([CLI, "resume", str(killed)], tmp_path)
+    write_module(root, "killsink", KILLER)
+    marker = root / f"{name}.marker"
+    killer = f"{{_target_:killsink.KillOnce,marker:'{marker}',at:10,sig:{sig}}}"
+    cmd = [CLI, "train", *FAST, *TRACKED, _sinks(tracker, killer), f"hydra.run.dir={name}"]
+    stopped = run_command(cmd, root)
+    killed = root / name
+    assert stopped.returncode != 0 and marker.exists(), stopped.stderr[-3000:]
+    resumed = run_command([CLI, "resume", str(killed)], root)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert straight is not None
-    return straight, killed
+    return killed
 
 
 def _mlflow_history(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
@@ -92,14 +121,12 @@ def _mlflow_history(uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]
 
 
 def test_mlflow_run_killed_and_resumed_has_the_uninterrupted_history(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    trackers_root: Path, straight: Path
 ) -> None:
-    pytest.importorskip("mlflow")
     import json
 
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    uri = (tmp_path / "mlruns").as_uri()
-    straight, killed = _killed_and_resumed(tmp_path, f"{{_target_:mlflow,tracking_uri:'{uri}'}}")
+    uri = (trackers_root / "mlruns").as_uri()
+    killed = _killed_and_resumed(trackers_root, "killed_mlflow", _mlflow_sink(trackers_root))
     ids = {d: json.loads((d / "trackers.json").read_text())["0:MLflow"]["run_id"] for d in (straight, killed)}
     meta = json.loads((killed / "checkpoints" / "step_00000008" / "meta.json").read_text())
     assert meta["trackers"]["0:MLflow"]["run_id"] == ids[killed], "the run id is saved with the checkpoint"
@@ -208,19 +235,15 @@ def _wandb_history(offline_run: Path) -> dict[int, dict[str, float]]:
 
 
 def test_wandb_offline_run_stopped_and_resumed_continues_the_same_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    trackers_root: Path, straight: Path
 ) -> None:
     """W&B offline (no network): a run stopped by SIGTERM (a requeue) and resumed reopens the
     checkpoint's run id and logs on from the step after the checkpoint; both attempts together (what
     `wandb sync` uploads as one run) equal an uninterrupted run's history. (SIGKILL loses what W&B's
     writer had not flushed; the MLflow test covers the replacement of steps after the checkpoint.)"""
-    pytest.importorskip("wandb")
     import json
 
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    straight, killed = _killed_and_resumed(
-        tmp_path, "{_target_:wandb,mode:offline,project:disttrain-test}", sig="SIGTERM"
-    )
+    killed = _killed_and_resumed(trackers_root, "killed_wandb", WANDB_SINK, sig="SIGTERM")
     run_id = json.loads((killed / "trackers.json").read_text())["0:WandB"]["run_id"]
     latest = (killed / "checkpoints" / "latest").read_text().strip()
     step_dirs = sorted((killed / "checkpoints").glob("step_*"))

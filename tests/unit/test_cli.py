@@ -14,7 +14,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from unit_support import BAD_RUNTIME, BAD_STATIC, CLI_TIMEOUT, Bad, disttrain, run, run_env, write_module
+from unit_support import (
+    BAD_RUNTIME,
+    BAD_STATIC,
+    CLI_TIMEOUT,
+    Bad,
+    disttrain,
+    disttrain_in_process,
+    run,
+    run_env,
+    write_module,
+)
 
 from disttrain import __version__
 
@@ -42,9 +52,13 @@ def assert_config_error(
 
 
 # ------------------------------------------------------------------------------------ mistakes
+# Every mistake goes through `disttrain.cli.main` in this process (the console script's whole body);
+# one of each kind also through the installed console script, for the exit code of a real process.
 @pytest.mark.parametrize("bad", [b.param for b in BAD_STATIC])
 def test_config_rejects_static_mistake(bad: Bad, scratch: Path) -> None:
-    assert_config_error(disttrain("config", *bad.argv, cwd=scratch), bad, scratch)
+    bad.make_files(scratch)
+    proc = disttrain_in_process("config", *bad.argv, cwd=scratch)
+    assert_config_error(proc, bad, scratch, leftovers=frozenset(bad.files))
 
 
 TRAIN_CASES = [b.param for b in BAD_RUNTIME] + [
@@ -54,11 +68,23 @@ TRAIN_CASES = [b.param for b in BAD_RUNTIME] + [
 ]
 
 
+@pytest.mark.timeout(60)  # a check that let the run through would launch (and be stopped here)
 @pytest.mark.parametrize("bad", TRAIN_CASES)
 def test_train_rejects_mistake_before_any_rank_starts(bad: Bad, scratch: Path) -> None:
+    bad.make_files(scratch)
+    proc = disttrain_in_process("train", *bad.argv, cwd=scratch)
+    assert_config_error(proc, bad, scratch, leftovers=frozenset(bad.files))
+
+
+@pytest.mark.parametrize(
+    ("command", "bad"),
+    [("config", BAD_STATIC[0]), ("train", BAD_STATIC[0]), ("train", BAD_RUNTIME[1])],
+    ids=lambda v: v if isinstance(v, str) else v.id,
+)
+def test_console_script_exits_2_on_a_mistake(command: str, bad: Bad, scratch: Path) -> None:
     # The timeout bounds it: a check that let the run through would launch (and be killed here).
     bad.make_files(scratch)
-    proc = disttrain("train", *bad.argv, cwd=scratch, timeout=CLI_TIMEOUT)
+    proc = disttrain(command, *bad.argv, cwd=scratch, timeout=CLI_TIMEOUT)
     assert_config_error(proc, bad, scratch, leftovers=frozenset(bad.files))
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from unit_support import checked, disttrain, write_module
+from unit_support import checked, disttrain, disttrain_in_process, write_module
 
 from disttrain.config.errors import ConfigError
 from disttrain.tasks import (
@@ -332,11 +332,12 @@ def test_dry_step_on_the_meta_device_names_the_same_key(
 
 @pytest.mark.parametrize("case", ["shape", "labels", "no-loss"])
 def test_dry_step_failures_exit_2_before_any_rank(case: str, scratch: Path) -> None:
-    """Through the real CLI: one paragraph on stderr, exit 2, no traceback, no run dir, in seconds."""
+    """Through the CLI's main (in-process): one paragraph on stderr, exit 2, no traceback, no run dir,
+    in seconds."""
     _user_code(scratch)
     _, overrides, key, words = next(c for c in DRY_FAILURES if c[0] == case)
     started = time.monotonic()
-    proc: subprocess.CompletedProcess[str] = disttrain("train", *overrides, cwd=scratch, timeout=60)
+    proc: subprocess.CompletedProcess[str] = disttrain_in_process("train", *overrides, cwd=scratch)
     elapsed = time.monotonic() - started
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and words in proc.stderr

@@ -129,5 +129,5 @@ def test_plan_of_four_nodes_needs_no_launch_settings(capsys: pytest.CaptureFixtu
     from disttrain.tools.planner import cmd_plan
 
     assert cmd_plan(["model=gpt", "nodes=4", "nproc_per_node=8"]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # rich folds lines at its console's width
     assert "4 node(s) x 8 = 32 ranks" in out and "recommended:" in out and "master_addr" not in out

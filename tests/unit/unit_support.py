@@ -7,6 +7,7 @@ check that wrongly starts ranks can neither hang the suite nor leave processes b
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import signal
@@ -81,6 +82,44 @@ def disttrain(
 ) -> subprocess.CompletedProcess[str]:
     """The real `disttrain ARGS...` console script, run in `cwd`."""
     return run([CLI, *args], cwd, timeout, env)
+
+
+def disttrain_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`disttrain ARGS...` as `disttrain.cli.main` in this process, in `cwd`: what the console script
+    runs, minus an interpreter start-up (and, for `train`, a torch import) per call.
+
+    For checks that end before any rank starts (config mistakes): the exit code is main()'s return
+    value or SystemExit code, stdout/stderr are what it wrote; an exception escaping main() is the
+    traceback a user would see, so it fails the test. The environment is scrubbed as for the
+    console script, and the cwd, sys.path and os.environ are restored afterwards; modules imported
+    from `cwd` (the user's code of this call) are unloaded, so the next call imports its own.
+    """
+    from disttrain.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_cwd, saved_path, saved_env = os.getcwd(), list(sys.path), dict(os.environ)
+    saved_modules = set(sys.modules)
+    for key in _SCRUB:
+        os.environ.pop(key, None)
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main(list(args))
+            except SystemExit as exc:
+                rc = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        os.chdir(saved_cwd)
+        sys.path[:] = saved_path
+        os.environ.clear()
+        os.environ.update(saved_env)
+        root = str(Path(cwd).resolve())
+        for name in set(sys.modules) - saved_modules:
+            module = sys.modules[name]
+            places = [getattr(module, "__file__", None) or "", *getattr(module, "__path__", [])]
+            if any(str(place).startswith(root) for place in places):
+                del sys.modules[name]
+    return subprocess.CompletedProcess(["disttrain", *args], rc, out.getvalue(), err.getvalue())
 
 
 def checked(

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from unit_support import disttrain
+from unit_support import disttrain, disttrain_in_process
 
 from disttrain.config.errors import ConfigError
 from disttrain.launch.slurm import check_script_inputs, sbatch_script
@@ -58,7 +58,7 @@ def test_newline_payload_is_refused_before_anything_is_written(override: str, sc
     marker = scratch / "PWNED"
     payload = PAYLOAD.format(marker=marker)
     arg = override.format(payload=payload, scratch=scratch)
-    proc = disttrain("train", *DRY, arg, cwd=scratch)
+    proc = disttrain_in_process("train", *DRY, arg, cwd=scratch)
     assert proc.returncode == 2, proc.stderr
     assert "config error:" in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, "one paragraph, the newline shown escaped"
