@@ -6,7 +6,7 @@ cli.py only dispatches over this table; `disttrain --help` and shell completion 
 from __future__ import annotations
 
 COMMANDS: dict[str, str] = {
-    "train": "disttrain.cli:cmd_train",
+    "train": "disttrain.commands.train:cmd_train",
     "config": "disttrain.commands.config:cmd_config",
     "resume": "disttrain.commands.resume:cmd_resume",
     "rerun": "disttrain.commands.rerun:cmd_rerun",

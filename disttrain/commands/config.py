@@ -18,7 +18,7 @@ def compose_checked(overrides: list[str], args: Any, runtime: bool) -> dict[str,
     from disttrain.config.validate import check_runtime, check_static
     from disttrain.timing import mark
 
-    # Composed once, with Hydra's own node: `train` takes the run dir from it (cli._own_run_dir).
+    # Composed once, with Hydra's own node: `train` takes the run dir from it (commands.train._own_run_dir).
     full = compose(overrides, args.config_dir, args.config_name or "config", with_hydra=True)
     COMPOSED[tuple(overrides)] = full
     cfg = resolve(full, overrides)

@@ -1,18 +1,254 @@
-"""`disttrain train`'s shared step: freeze a checked config into its run dir and launch it.
+"""`disttrain train`: compose and check every job, claim its run dir, freeze, launch, summarise.
 
-`resume` and `rerun` train through this public function. (`cmd_train` and the body of this step
-still live in disttrain/cli.py; they move here next, see issue 15.)
+argv -> compose + checks (every job, before anything is written) -> run dir claimed -> Hydra runs
+the job (`_hydra_task`) -> frozen config.yaml -> launcher -> one worker per rank -> summary.
+`resume` and `rerun` train through `freeze_and_launch`.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
+
+from disttrain.commands.config import COMPOSED as _COMPOSED
+from disttrain.commands.config import compose_checked as _compose_checked
+from disttrain.commands.config import key_help as _key_help
+from disttrain.commands.hydra_app import parse_args as _hydra_args
 
 
 def freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
     """Write the frozen run dir for the checked `cfg`, launch its ranks (or submit its job), wait;
     the run's summary, or None when a scheduler trains it or it wrote none."""
-    from disttrain.cli import _freeze_and_launch
-
     return _freeze_and_launch(cfg, run_dir, overrides)
+
+
+def _shell_completion(request: str) -> int:
+    """`train -sc install=bash` / `--shell-completion query=zsh`: disttrain's script, not Hydra's
+    (whose script calls `disttrain -sc` and parses the line with `train` in it)."""
+    from disttrain.completion import SCRIPTS, cmd_complete, cmd_completion
+
+    action, _, shell = request.partition("=")
+    shell = shell or "bash"
+    if action == "query":
+        return cmd_complete([shell])
+    if action == "uninstall":
+        sys.stdout.write("complete -r disttrain\n")
+        return 0
+    return cmd_completion([shell if shell in SCRIPTS else ""])
+
+
+def cmd_train(rest: list[str]) -> int:
+    from disttrain.launch import launched_externally
+    from disttrain.launch.kubeflow_env import kubeflow_node_env, node_overrides
+    from disttrain.launch.slurm import allocation_overrides
+
+    args = _hydra_args(rest)
+    if args.shell_completion:
+        return _shell_completion(" ".join(args.overrides))
+    # A Kubeflow pod running `disttrain train` is a node launcher (PyTorchJob's RANK is its node rank).
+    if launched_externally() and kubeflow_node_env() is None:
+        return _train_as_launched_rank(args)
+    # inside a Kubeflow pod or an srun step: node_rank, master_addr (and port) from their variables
+    slurm = allocation_overrides(node_overrides(args.overrides))
+    rest, args.overrides = [*rest, *slurm[len(args.overrides) :]], slurm
+    command = rest
+    if not (args.help or args.hydra_help or args.info or args.shell_completion):
+        # Check every job before Hydra creates a single run dir: nothing half-written on bad input.
+        from disttrain.config import expand_sweep
+
+        # A sweeper plugin's syntax (Optuna's interval(...)) expands only inside the plugin: then the
+        # base job is checked here and every job again as the plugin launches it (_hydra_task).
+        for job in expand_sweep(args.overrides) if args.multirun else [args.overrides]:
+            cfg = _compose_checked(job, args, runtime=not args.cfg)
+            _CHECKED[tuple(job)] = cfg
+        _CHECKED_FROM[:] = [args.config_dir, args.config_name or "config"]
+        if args.cfg == "job" and not args.multirun and not args.package:
+            # Hydra would print its own composition, before the `_target_` nodes are settled.
+            from omegaconf import OmegaConf
+
+            from disttrain.config import compose
+
+            job_cfg = compose(args.overrides, args.config_dir, args.config_name or "config")
+            sys.stdout.write(OmegaConf.to_yaml(job_cfg, resolve=args.resolve))
+            return 0
+        if args.multirun and not args.cfg:
+            rest = [*rest, *_own_sweep_dir(args, expand_sweep(args.overrides)[0])]
+        if not args.multirun and not args.cfg:
+            extra = _multinode_run_dir(cfg, args.overrides)
+            command = [*rest, *extra]  # every node derives the same dir: part of the command
+            run_dir = _own_run_dir(cfg, args, [*args.overrides, *extra], command)
+            rest = [*command, f"hydra.run.dir={_hydra_quote(str(run_dir))}"]
+            _KNOWN_MODE[:] = [_COMPOSED[tuple(args.overrides)].hydra.mode]
+    if args.help:  # Hydra's help (groups, options, the config), then every key's type and help text
+        try:
+            _run_hydra_app(rest, args.config_name or "config", command)
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise
+        return _key_help(args)
+    return _run_hydra_app(rest, args.config_name or "config", command)
+
+
+def _own_run_dir(cfg: dict[str, Any], args: Any, overrides: list[str], command: list[str]) -> Path:
+    """This invocation's run dir, created before Hydra runs the job (Hydra would reuse any).
+
+    The default `runs/NAME/TIMESTAMP` is claimed exclusively (a taken one gets a -1 suffix); a
+    `hydra.run.dir=PATH` the user chose is continued only with the same config (see rundir.reuse).
+    Both are checked to be writable first: one paragraph instead of a traceback after the freeze."""
+    from disttrain import rundir
+    from disttrain.config import compose
+    from disttrain.launch.registry import launcher_for
+
+    full = _COMPOSED.get(tuple(overrides))  # the checks' composition, unless the command added a key
+    if full is None:
+        full = compose(overrides, args.config_dir, args.config_name or "config", with_hydra=True)
+    run_dir = Path(str(full.hydra.run.dir)).absolute()
+    rundir.check_path(run_dir)
+    launcher_for(cfg).check_command(run_dir, [Path(sys.argv[0]).name, "train", *command])
+    if any(o.lstrip("+").startswith("hydra.run.dir=") for o in overrides):
+        return rundir.reuse(run_dir, cfg, shared=cfg["nodes"] > 1)  # the nodes share one dir
+    claimed = rundir.claim(run_dir)
+    from disttrain.timing import mark
+
+    mark("run_dir")
+    return claimed
+
+
+def _own_sweep_dir(args: Any, first_job: list[str]) -> list[str]:
+    """`-m`: the sweep's folder (`runs/NAME/multirun_TIMESTAMP`) claimed exclusively, as a run dir."""
+    from disttrain import rundir
+    from disttrain.config import compose
+
+    if any(o.lstrip("+").startswith("hydra.sweep.dir=") for o in args.overrides):
+        return []  # the user's own folder: its job subdirs are theirs to reuse
+    full = compose(first_job, args.config_dir, args.config_name or "config", with_hydra=True)
+    sweep_dir = rundir.claim(Path(str(full.hydra.sweep.dir)).absolute())
+    return [f"hydra.sweep.dir={_hydra_quote(str(sweep_dir))}"]
+
+
+def _hydra_quote(value: str) -> str:
+    """A Hydra override value that stays one string (a path may hold blanks, commas, brackets)."""
+    return "'" + value.replace("'", "\\'") + "'"
+
+
+def _multinode_run_dir(cfg: dict[str, Any], overrides: list[str]) -> list[str]:
+    """Several nodes (by hand): a run dir name every node derives alike, unless hydra.run.dir is set."""
+    from disttrain.config.launch_checks import rehearsal_warning
+    from disttrain.launch.multinode import run_dir_name
+    from disttrain.launch.registry import launcher_for
+    from disttrain.launch.slurm import check_allocation
+
+    check_allocation(cfg)  # inside srun: SLURM_NNODES / SLURM_NTASKS against nodes
+    if cfg["nodes"] == 1 or launcher_for(cfg).scheduler:  # the scheduler names the nodes' run dirs
+        return []
+    warning = rehearsal_warning(cfg)
+    if warning:
+        sys.stderr.write(f"disttrain: warning: {warning}\n")
+    if any(o.startswith("hydra.run.dir=") for o in overrides):
+        return []
+    return [f"hydra.run.dir={run_dir_name(cfg)}"]
+
+
+# The user's command line for command.txt: Hydra must see sys.argv without the `train` subcommand.
+_COMMAND: list[str] = []
+
+# The checked config of each job (keyed by its overrides), with its `_target_` nodes settled
+# (config/clean.py): the job runs exactly what was checked, not Hydra's unsettled composition.
+_CHECKED: dict[tuple[str, ...], dict[str, Any]] = {}
+_CHECKED_FROM: list[Any] = [None, "config"]  # --config-dir, --config-name of those checks
+_KNOWN_MODE: list[Any] = []  # a single run's hydra.mode, from that composition (hydra_app.known_mode)
+
+
+def _run_hydra_app(rest: list[str], config_name: str, command: list[str] | None = None) -> int:
+    from disttrain.commands.hydra_app import known_mode, register_help_resolver, run_main
+    from disttrain.config import config_dir
+    from disttrain.config.schema import register
+
+    register()
+    register_help_resolver()  # config.yaml's hydra.help.template lists the groups through it
+    known_mode(_KNOWN_MODE)
+    from disttrain.rundir import program
+
+    _COMMAND[:] = [*program(), "train", *(rest if command is None else command)]
+    run_main(_hydra_task, str(config_dir()), config_name, rest)
+    return 0
+
+
+def _hydra_task(cfg: Any) -> dict[str, Any] | None:
+    """Runs once per job in the parent: freeze the resolved config, launch, summarise."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from disttrain.config import resolve
+    from disttrain.config.errors import ConfigError
+    from disttrain.config.validate import check_runtime, check_static
+
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir).resolve()
+    overrides = list(hc.overrides.task)
+    plugin = "BasicSweeper" not in str(hc.sweeper.get("_target_", "BasicSweeper"))
+    checked = _CHECKED.get(tuple(overrides))
+    if checked is None:  # a job a sweeper plugin chose (Optuna): compose, settle and check it now
+        from disttrain.config import compose
+
+        try:
+            checked = resolve(compose(overrides, *_CHECKED_FROM), overrides)
+            check_static(checked)
+            check_runtime(checked)
+        except ConfigError as exc:
+            sys.stderr.write(f"disttrain: {exc}\n")
+            raise SystemExit(2) from None
+    summary = _freeze_and_launch(checked, run_dir, overrides)
+    if plugin and summary is not None:
+        return _objective(summary)  # type: ignore[return-value]
+    return summary
+
+
+def _objective(summary: dict[str, Any]) -> float:
+    """What a sweeper plugin (Optuna) minimises: the final val/loss, else the last train loss."""
+    for key in ("val/loss", "train/loss"):
+        if isinstance(summary.get(key), int | float):
+            return float(summary[key])
+    return float("nan")
+
+
+def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
+    from disttrain.launch import LaunchError, launch, submit
+    from disttrain.rundir import command_line, freeze, run_status
+    from disttrain.timing import mark
+
+    mark("hydra_task")
+    freeze(run_dir, cfg, overrides, _COMMAND or command_line())
+    if submit(cfg, run_dir, _COMMAND or command_line()):
+        return None  # a scheduler's nodes train (sbatch, a Kubeflow job); status.json is theirs
+    try:
+        with run_status(run_dir):  # status.json: running -> finished / failed / interrupted
+            launch(cfg, run_dir)
+    except LaunchError as exc:
+        sys.stderr.write(f"disttrain: {exc}\n")
+        raise SystemExit(exc.exit_code) from None
+    return print_summary(run_dir)
+
+
+def print_summary(run_dir: Path) -> dict[str, Any] | None:
+    import json
+
+    from disttrain.rundir import RunDir
+
+    path = RunDir(run_dir).summary
+    if not path.is_file():
+        return None
+    s = json.loads(path.read_text())
+    vals = " ".join(f"{k}={s[k]:.4f}" for k in sorted(s) if k.startswith("val/"))
+    sys.stdout.write(
+        f"done: {s['steps']} steps, {vals or 'no validation'}, {s['samples_per_s']:.0f} samples/s, "
+        f"{s['train_time_s']:.1f} s training | run dir: {run_dir}\n"
+    )
+    return dict(s)
+
+
+def _train_as_launched_rank(args: Any) -> int:
+    """Inside a rank torchrun/Kubeflow/TorchX/srun started: see disttrain.launch.external."""
+    from disttrain.launch.external import train_as_launched_rank
+
+    return train_as_launched_rank(args)

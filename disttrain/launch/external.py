@@ -163,7 +163,7 @@ def train_as_launched_rank(args: Any) -> int:
     with status:
         worker.run(run_dir)
     if env.is_zero:
-        from disttrain.cli import _print_summary
+        from disttrain.commands.train import print_summary
 
-        _print_summary(run_dir)
+        print_summary(run_dir)
     exit_rank(0)  # a rank process: skip interpreter finalization (see exit_rank)
