@@ -6,6 +6,7 @@ else compares launcher names. Torch-free at import: checks run in `disttrain con
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -33,7 +34,8 @@ class Launcher(Protocol):
         status.json is theirs; False: `launch` starts the ranks here."""
         return False
 
+    @abstractmethod
     def launch(self, cfg: dict[str, Any], run_dir: Path, entry: str) -> None:
         """Start this node's ranks running `entry` (`python -m entry RUN_DIR`) and wait for them;
-        raise LaunchError naming the first failure."""
-        raise NotImplementedError
+        raise LaunchError naming the first failure. Every launcher implements it (a subclass that
+        does not cannot be instantiated)."""
