@@ -18,7 +18,7 @@ import torch
 
 from disttrain.checkpoint.manager import Checkpointer, ModelState, resume_location, run_info
 from disttrain.config.errors import ConfigError
-from disttrain.config.schema import CheckpointConfig, DebugConfig, ProfilerConfig, TrainerConfig
+from disttrain.config.schema import AmpConfig, CheckpointConfig, DebugConfig, ProfilerConfig, TrainerConfig
 from disttrain.config.typed import typed
 from disttrain.data import build_datasets
 from disttrain.data.loaders import make_loaders
@@ -130,8 +130,7 @@ def build_parts(cfg: dict[str, Any], env: DistEnv) -> tuple[Strategy, Parts]:
     train_set, val_set = build_datasets(cfg["data"])
     model = build_model(cfg["model"])
     seed_everything(cfg["seed"] + env.rank)  # per-rank randomness from here on (dropout, ...)
-    strategy = build_strategy(cfg["strategy"], env)
-    strategy.precision = strategy.make_precision(cfg["amp"])
+    strategy = build_strategy(cfg["strategy"], env, typed(AmpConfig, cfg["amp"]))
     prepare_model(model, trainer)
     model = strategy.setup_module(model)
     if trainer.compile:

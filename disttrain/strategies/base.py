@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from disttrain.config.schema import AmpConfig
 from disttrain.dist import DistEnv
 from disttrain.engine.amp import Precision
 from disttrain.strategies.specs import StrategyConfig
@@ -26,16 +27,13 @@ class Strategy:
     """
 
     cfg: StrategyConfig
+    sharded_scaler = False  # sharded gradients need the sharded grad scaler (it all-reduces "found inf")
 
-    def __init__(self, cfg: StrategyConfig, env: DistEnv) -> None:
+    def __init__(self, cfg: StrategyConfig, env: DistEnv, amp: AmpConfig | None = None) -> None:
         self.cfg = cfg
         self.name = cfg.name
         self.env = env
-        self.precision = Precision(None, env.device)  # the worker sets the run's amp choice
-
-    def make_precision(self, amp_cfg: dict[str, Any]) -> Precision:
-        """The run's mixed precision; sharded strategies need the sharded grad scaler."""
-        return Precision(amp_cfg, self.env.device)
+        self.precision = Precision(amp, env.device, sharded=self.sharded_scaler)  # None: amp off
 
     # ---------------------------------------------------------------- setup
     def setup_module(self, model: nn.Module) -> nn.Module:

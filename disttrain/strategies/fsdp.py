@@ -23,7 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from disttrain.engine.amp import DTYPES, Precision
+from disttrain.engine.amp import DTYPES
 from disttrain.strategies.base import Strategy
 from disttrain.strategies.specs.sharded import FSDPStrategyConfig
 
@@ -77,6 +77,7 @@ class FSDPStrategy(Strategy):
     """fsdp, hsdp (replicate > 1) and zero2 (reshard_after_forward=False): one class, three specs."""
 
     cfg: FSDPStrategyConfig
+    sharded_scaler = True
 
     def setup_module(self, model: nn.Module) -> nn.Module:
         model = model.to(self.env.device)
@@ -97,9 +98,6 @@ class FSDPStrategy(Strategy):
         if self.env.is_zero:
             log.info("fsdp: mesh %s, root + %d wrapped units (%s)", tuple(mesh.shape), len(units), names)
         return model
-
-    def make_precision(self, amp_cfg: dict[str, Any]) -> Precision:
-        return Precision(amp_cfg, self.env.device, sharded=True)
 
     def device_mesh(self) -> DeviceMesh:
         """1D (world,) for FSDP; 2D (replicate, world/replicate) for HSDP."""

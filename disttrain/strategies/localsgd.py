@@ -22,6 +22,7 @@ from torch.distributed.algorithms.model_averaging.utils import average_parameter
 from torch.distributed.optim import PostLocalSGDOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
+from disttrain.config.schema import AmpConfig
 from disttrain.dist import DistEnv
 from disttrain.strategies.ddp import DDPStrategy
 from disttrain.strategies.specs.data_parallel import LocalSGDStrategyConfig
@@ -52,8 +53,8 @@ class CountingAverager(PeriodicModelAverager):
 class LocalSGDStrategy(DDPStrategy):
     cfg: LocalSGDStrategyConfig
 
-    def __init__(self, cfg: LocalSGDStrategyConfig, env: DistEnv) -> None:
-        super().__init__(cfg, env)
+    def __init__(self, cfg: LocalSGDStrategyConfig, env: DistEnv, amp: AmpConfig | None = None) -> None:
+        super().__init__(cfg, env, amp)
         self.sync_every = cfg.sync_every
         self.warmup_steps = cfg.warmup_steps
         self.allreduced = {"grads": 0, "params": 0}

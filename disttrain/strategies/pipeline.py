@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from disttrain.config.schema import AmpConfig
 from disttrain.dist import DistEnv
 from disttrain.models.parallel import pipeline_layers, stage_bounds
 from disttrain.strategies.base import Strategy
@@ -54,8 +55,8 @@ class PipelineModule(nn.Module):
 class PipelineStrategy(Strategy):
     cfg: PipelineStrategyConfig
 
-    def __init__(self, cfg: PipelineStrategyConfig, env: DistEnv) -> None:
-        super().__init__(cfg, env)
+    def __init__(self, cfg: PipelineStrategyConfig, env: DistEnv, amp: AmpConfig | None = None) -> None:
+        super().__init__(cfg, env, amp)
         self.schedule_name = cfg.schedule
         self.n_micro = cfg.n_microbatches
         self.per_rank = cfg.stages_per_rank

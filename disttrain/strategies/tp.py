@@ -20,6 +20,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
+from disttrain.config.schema import AmpConfig
 from disttrain.dist import DistEnv
 from disttrain.models.parallel import class_path, tp_plan_fn
 from disttrain.strategies.base import Strategy
@@ -36,8 +37,8 @@ class TPStrategy(Strategy):
 
     cfg: TPStrategyConfig
 
-    def __init__(self, cfg: TPStrategyConfig, env: DistEnv) -> None:
-        super().__init__(cfg, env)
+    def __init__(self, cfg: TPStrategyConfig, env: DistEnv, amp: AmpConfig | None = None) -> None:
+        super().__init__(cfg, env, amp)
         self.dp, self.tp = self._degrees()
         self.mesh: DeviceMesh | None = None
 

@@ -221,6 +221,19 @@ def test_zero2_is_fsdp_without_resharding_after_forward(one_rank: DistEnv) -> No
     assert info.value.key == "strategy.reshard_after_forward"
 
 
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_precision_is_a_constructor_argument(name: str, one_rank: DistEnv) -> None:
+    """The run's amp choice is fixed when the strategy is built (no later assignment to order)."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    cfg = checked([f"strategy={name}", "nproc_per_node=1"])
+    fp16 = build_strategy(cfg["strategy"], one_rank, {"name": "fp16", "dtype": "float16", "init_scale": 8.0})
+    assert fp16.precision.name == "fp16" and fp16.precision.scaling and fp16.precision.scale_value() == 8.0
+    assert isinstance(fp16.precision.scaler, ShardedGradScaler) is (name == "fsdp")  # sharded grads
+    off = build_strategy(cfg["strategy"], one_rank).precision
+    assert (off.name, off.enabled, off.scaling) == ("off", False, False)
+
+
 def test_setting_another_strategys_name_is_one_paragraph() -> None:
     with pytest.raises(ConfigError) as info:
         checked(["strategy=ddp", "strategy.name=fsdp"])
