@@ -63,15 +63,12 @@ def cmd_train(rest: list[str]) -> int:
             cfg = _compose_checked(job, args, runtime=not args.cfg)
             _CHECKED[tuple(job)] = cfg
         _CHECKED_FROM[:] = [args.config_dir, args.config_name or "config"]
-        if args.cfg == "job" and not args.multirun and not args.package:
-            # Hydra would print its own composition, before the `_target_` nodes are settled.
-            from omegaconf import OmegaConf
-
-            from disttrain.config import compose
-
-            job_cfg = compose(args.overrides, args.config_dir, args.config_name or "config")
-            sys.stdout.write(OmegaConf.to_yaml(job_cfg, resolve=args.resolve))
-            return 0
+        if (
+            (args.cfg == "job" or (args.cfg == "hydra" and args.resolve))
+            and not args.multirun
+            and not args.package
+        ):
+            return _print_cfg(args)
         if args.multirun and not args.cfg:
             rest = [*rest, *_own_sweep_dir(args, expand_sweep(args.overrides)[0])]
         if not args.multirun and not args.cfg:
@@ -252,3 +249,30 @@ def _train_as_launched_rank(args: Any) -> int:
     from disttrain.launch.external import train_as_launched_rank
 
     return train_as_launched_rank(args)
+
+
+def _print_cfg(args: Any) -> int:
+    """`train --cfg job` (the job's config with its `_target_` nodes settled: Hydra would print its
+    composition before that) and `train --cfg hydra --resolve`: Hydra deletes the job's keys before
+    resolving the `hydra` node, so its `${name}` (hydra.run.dir) fails; here it resolves against the
+    whole config, as at run time. Values only a running job has (hydra.job.num) stay `???`."""
+    from omegaconf import OmegaConf, open_dict
+
+    from disttrain.config import compose
+
+    cfg = compose(
+        args.overrides, args.config_dir, args.config_name or "config", with_hydra=args.cfg == "hydra"
+    )
+    if args.cfg == "job":
+        sys.stdout.write(OmegaConf.to_yaml(cfg, resolve=args.resolve))
+        return 0
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().set_config(cfg)  # the `${hydra:...}` resolver, as under @hydra.main
+    OmegaConf.set_readonly(cfg.hydra, None)  # as Hydra's own --cfg does (compose hands it read-only)
+    with open_dict(cfg.hydra):
+        for key in ("help", "hydra_help"):  # as Hydra's --cfg hydra: its help templates are not config
+            cfg.hydra.pop(key, None)
+    OmegaConf.resolve(cfg)
+    sys.stdout.write(OmegaConf.to_yaml({"hydra": cfg.hydra}))
+    return 0

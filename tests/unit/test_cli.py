@@ -222,6 +222,17 @@ def test_train_cfg_job_prints_without_launching(scratch: Path) -> None:
     assert list(scratch.iterdir()) == []
 
 
+def test_train_cfg_hydra_resolve_resolves_against_the_job(scratch: Path) -> None:
+    """Hydra drops the job's keys before resolving `hydra`, so its `${name}` failed with a traceback."""
+    proc = disttrain("train", "name=paper", "--cfg", "hydra", "--resolve", cwd=scratch)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    hydra = yaml.safe_load(proc.stdout)["hydra"]
+    assert hydra["run"]["dir"].startswith("runs/paper/") and "${" not in hydra["run"]["dir"]
+    assert hydra["sweep"]["subdir"] == "???", "hydra.job.num exists only in a running sweep job"
+    assert "help" not in hydra and hydra["runtime"]["choices"]["strategy"] == "ddp"
+    assert list(scratch.iterdir()) == []
+
+
 def test_help_and_version(scratch: Path) -> None:
     for args in ((), ("--help",), ("help",)):
         proc = disttrain(*args, cwd=scratch)
