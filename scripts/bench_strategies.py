@@ -205,15 +205,9 @@ def run(row: Row, args: argparse.Namespace, root: Path) -> dict[str, Any]:
         raise SystemExit(f"{row.name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     run_dir = folder / "run"
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    timed = [r for r in records if "train/loss" in r and r["step"] >= warmup]
-    first, last = timed[0], timed[-1]
     summary = json.loads((run_dir / "summary.json").read_text())
-    out = {
-        "step_ms": 1000 * (last["time"] - first["time"]) / max(last["step"] - first["step"], 1),
-        "state_bytes": max(summary["state_bytes_by_rank"]),
-        "allreduce_per_step": summary.get("allreduce_bytes_per_step"),
-        "final_loss": last["train/loss"],
-    }
+    by_rank, allreduce = summary["state_bytes_by_rank"], summary.get("allreduce_bytes_per_step")
+    out = result_row(records, warmup, "train/loss", max(by_rank), allreduce)
     if row.extra is not None:
         out["extra"] = row.extra(run_dir)
     shutil.rmtree(folder, ignore_errors=True)
@@ -246,6 +240,34 @@ def run_bare(row: Row, args: argparse.Namespace, folder: Path) -> dict[str, Any]
     result = json.loads(out.read_text())
     shutil.rmtree(folder, ignore_errors=True)
     return result
+
+
+def result_row(
+    records: list[dict[str, Any]], warmup: int, loss: str, state: int, allreduce: int | None = None
+) -> dict[str, Any]:
+    """One measured result: ms per step between the first and the last log at or after `warmup`
+    (records holding `loss`), the fullest rank's state bytes, all-reduce bytes per step, final loss."""
+    timed = [r for r in records if loss in r and r["step"] >= warmup]
+    first, last = timed[0], timed[-1]
+    return {
+        "step_ms": 1000 * (last["time"] - first["time"]) / max(last["step"] - first["step"], 1),
+        "state_bytes": state,
+        "allreduce_per_step": allreduce,
+        "final_loss": last[loss],
+    }
+
+
+def state_bytes(params: list[Any], optimizer: Any) -> int:
+    """Parameters + gradients + optimizer state this rank holds (a DTensor counts its local shard)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    def local(t: torch.Tensor) -> int:
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * t.element_size()
+
+    states = [v for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+    return 2 * sum(local(p) for p in params) + sum(local(v) for v in states)
 
 
 def _one_thread() -> dict[str, str]:
@@ -306,26 +328,10 @@ def bare_worker(opts: dict[str, Any], out: str) -> None:
         if step == steps:
             break
 
-    def local(t: torch.Tensor) -> int:
-        t = t.to_local() if isinstance(t, DTensor) else t
-        return t.numel() * t.element_size()
-
-    params = list(model.parameters())
-    mine = 2 * sum(local(p) for p in params) + sum(
-        local(v) for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)
-    )
     by_rank: list[Any] = [None] * world
-    dist.all_gather_object(by_rank, mine)
+    dist.all_gather_object(by_rank, state_bytes(list(model.parameters()), optimizer))
     if rank == 0:
-        timed = [r for r in records if r["step"] >= opts["warmup"]]
-        first, last = timed[0], timed[-1]
-        result = {
-            "step_ms": 1000 * (last["time"] - first["time"]) / max(last["step"] - first["step"], 1),
-            "state_bytes": max(by_rank),
-            "allreduce_per_step": None,
-            "final_loss": last["loss"],
-        }
-        Path(out).write_text(json.dumps(result))
+        Path(out).write_text(json.dumps(result_row(records, opts["warmup"], "loss", max(by_rank))))
     dist.destroy_process_group()
 
 
@@ -438,27 +444,21 @@ def bare_pipeline_worker(opts: dict[str, Any], out: str) -> None:
         "mb_ms": 1000 * busy[0] / timed_steps / m,
         "cpu_per_action_ms": 1000 * (cpu - busy[1]) / timed_steps / actions,
         "p2p_ms": 1000 * statistics.median(rtts) / 2,
-        "state": 2 * sum(p.numel() * p.element_size() for p in params)
-        + sum(t.numel() * t.element_size() for st in optimizer.state.values() for t in st.values()),
+        "state": state_bytes(params, optimizer),
     }
     by_rank: list[Any] = [None] * world
     dist.all_gather_object(by_rank, mine)
     if rank == 0:
-        timed = [r for r in records if r["step"] >= opts["warmup"]]
-        first, last = timed[0], timed[-1]
-        result = {
-            "step_ms": 1000 * (last["time"] - first["time"]) / max(last["step"] - first["step"], 1),
-            "state_bytes": max(r["state"] for r in by_rank),
-            "allreduce_per_step": None,
-            "final_loss": last["loss"],
-            "extra": {
+        result = result_row(records, opts["warmup"], "loss", max(r["state"] for r in by_rank))
+        result.update(
+            extra={
                 "idle meas.": statistics.mean(r["idle"] for r in by_rank),
                 "idle theory": (world - 1) / (v * m + world - 1),
                 "mb ms": max(r["mb_ms"] for r in by_rank),
                 "p2p ms": statistics.mean(r["p2p_ms"] for r in by_rank),
                 "sched CPU/action ms": statistics.mean(r["cpu_per_action_ms"] for r in by_rank),
-            },
-        }
+            }
+        )
         Path(out).write_text(json.dumps(result))
     dist.destroy_process_group()
 

@@ -75,6 +75,17 @@ def layout(
     }
 
 
+def data_parallel_row(
+    name: str, shape: PlanShape, *, preference: int, note: str, zero: int = 0
+) -> dict[str, Any]:
+    """The row of a data-parallel strategy run as is (`strategy=<name>`) over every rank: replicated
+    (zero=0), or its ZeRO stage sharded across the whole world."""
+    shard = shape.world if zero else 1
+    return layout(
+        name, shape, preference=preference, run=f"strategy={name}", zero=zero, shard=shard, note=note
+    )
+
+
 def _whole_world(s: Any, world: int) -> int:
     return world
 

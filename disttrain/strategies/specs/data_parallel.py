@@ -17,7 +17,7 @@ from disttrain.strategies.specs.core import (
     StrategyConfig,
     StrategySpec,
     at_least,
-    layout,
+    data_parallel_row,
     register,
 )
 
@@ -138,12 +138,12 @@ def check_localsgd(cfg: dict[str, Any], s: LocalSGDStrategyConfig) -> None:
 
 # ------------------------------------------------------------------------------------------ plan
 def plan_ddp(shape: PlanShape) -> list[dict[str, Any]]:
-    return [layout("ddp", shape, preference=10, run="strategy=ddp", note="full replica per rank")]
+    return [data_parallel_row("ddp", shape, preference=10, note="full replica per rank")]
 
 
 def plan_zero(shape: PlanShape) -> list[dict[str, Any]]:
     note = "ZeRO-1: optimizer state sharded; same traffic as ddp"
-    return [layout("zero", shape, preference=20, run="strategy=zero", zero=1, shard=shape.world, note=note)]
+    return [data_parallel_row("zero", shape, preference=20, zero=1, note=note)]
 
 
 # ------------------------------------------------------------------------------------------ specs

@@ -21,6 +21,7 @@ from disttrain.strategies.specs.core import (
     StrategyConfig,
     StrategySpec,
     at_least,
+    data_parallel_row,
     layout,
     register,
 )
@@ -109,14 +110,8 @@ def check_wrap_classes(cfg: dict[str, Any], s: FSDPStrategyConfig, model: Any, g
 def plan_fsdp(shape: PlanShape) -> list[dict[str, Any]]:
     """fsdp over every rank; with several nodes also hsdp (sharded in a node, replicated across)."""
     rows = [
-        layout(
-            "fsdp",
-            shape,
-            preference=50,
-            run="strategy=fsdp",
-            zero=3,
-            shard=shape.world,
-            note="ZeRO-3: everything sharded; 1.5x ddp's traffic",
+        data_parallel_row(
+            "fsdp", shape, preference=50, zero=3, note="ZeRO-3: everything sharded; 1.5x ddp's traffic"
         )
     ]
     if shape.nodes > 1:
@@ -128,7 +123,7 @@ def plan_fsdp(shape: PlanShape) -> list[dict[str, Any]]:
 
 def plan_zero2(shape: PlanShape) -> list[dict[str, Any]]:
     note = "ZeRO-2: gradients + optimizer state sharded, params gathered in forward; traffic as ddp"
-    return [layout("zero2", shape, preference=30, run="strategy=zero2", zero=2, shard=shape.world, note=note)]
+    return [data_parallel_row("zero2", shape, preference=30, zero=2, note=note)]
 
 
 FSDP = register(
