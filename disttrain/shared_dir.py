@@ -21,7 +21,7 @@ KEY = "checkpoint.dir"
 
 def checkpoint_dir(cfg: dict[str, Any], run_dir: Path) -> Path:
     """`checkpoint.dir` (relative: to the working directory), else `<run dir>/checkpoints`."""
-    chosen = (cfg.get("checkpoint") or {}).get("dir")
+    chosen = cfg["checkpoint"]["dir"]
     return Path(str(chosen)).absolute() if chosen else RunDir(run_dir).checkpoints
 
 
@@ -52,7 +52,7 @@ def check_shared(cfg: dict[str, Any], run_dir: Path, env: Any) -> None:
     if not blind:
         return
     where = ", ".join(f"node {n} ({h})" for n, h in blind)
-    given = (cfg.get("checkpoint") or {}).get("dir")
+    given = cfg["checkpoint"]["dir"]
     raise ConfigError(
         KEY,
         given,

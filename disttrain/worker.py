@@ -245,7 +245,7 @@ def die_with_parent(launcher: int) -> None:
 
 def set_threads(cfg: dict[str, Any], env: DistEnv) -> int:
     """cores / local ranks intra-op threads: mp.spawn's default of all cores per rank oversubscribes."""
-    threads = cfg.get("threads_per_rank") or max(1, len(os.sched_getaffinity(0)) // env.local_world_size)
+    threads = cfg["threads_per_rank"] or max(1, len(os.sched_getaffinity(0)) // env.local_world_size)
     torch.set_num_threads(threads)
     return threads
 

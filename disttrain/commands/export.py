@@ -92,6 +92,8 @@ def export(run_dir: Path, location: Path, out: Path) -> int:
     import torch
 
     from disttrain import checkpoint
+    from disttrain.config.schema import CheckpointConfig
+    from disttrain.config.typed import own_key
     from disttrain.models import build_model
     from disttrain.observe.log import setup_logging
     from disttrain.rundir import read_config
@@ -106,10 +108,9 @@ def export(run_dir: Path, location: Path, out: Path) -> int:
         model = build_model(cfg["model"])
     # What built the weights: `_target_` and its arguments, so the file says which class loads it.
     metadata = {"disttrain.model": json.dumps(cfg["model"], sort_keys=True), "format": "pt"}
+    verify = own_key(cfg["checkpoint"], CheckpointConfig, "verify")  # a run dir frozen before the key
     try:
-        source = checkpoint.export_model(
-            location, out, model, cfg.get("checkpoint", {}).get("verify", "hash"), metadata
-        )
+        source = checkpoint.export_model(location, out, model, verify, metadata)
     except FileNotFoundError as exc:
         raise ConfigError(
             "RUN_DIR", str(location), "a run dir with a committed checkpoint", str(exc)

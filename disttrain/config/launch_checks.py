@@ -26,7 +26,7 @@ def elastic_nodes(cfg: dict[str, Any]) -> None:
             "an integer >= 1, or MIN:MAX with 1 <= MIN <= MAX (elastic membership)",
             "nodes=2 needs both nodes; nodes=1:2 starts with whichever of 2 nodes arrive (at least 1).",
         )
-    given = cfg.get("launcher", {}).get("min_nodes") or 0
+    given = cfg["launcher"]["min_nodes"]
     if match[2] is not None and given not in (0, low):
         raise ConfigError(
             "launcher.min_nodes",
@@ -80,7 +80,7 @@ def check_static(cfg: dict[str, Any]) -> None:
             f"0 (all nodes) or 1..{nodes} (nodes={nodes})",
             f"elastic membership: min_nodes=1 nodes={max(nodes, 2)} trains with whichever nodes arrive.",
         )
-    port = cfg.get("master_port") or 0
+    port = cfg["master_port"]
     if not 0 <= port <= 65535:
         raise ConfigError(
             "master_port", port, "0..65535 (0: 29500 with several nodes)", "e.g. master_port=29500."
@@ -97,7 +97,7 @@ def rehearsal_warning(cfg: dict[str, Any]) -> str | None:
     Users rehearse a multi-node config on one machine before a queue wait; on real machines a
     loopback master_addr means the other nodes never arrive, so the launch says which case it is.
     """
-    addr = str(cfg.get("master_addr"))
+    addr = str(cfg["master_addr"])
     from disttrain.launch.registry import launcher_for
 
     if int(cfg["nodes"]) == 1 or launcher_for(cfg).scheduler:  # a scheduler places the nodes
@@ -131,7 +131,7 @@ def _check_port_free(cfg: dict[str, Any]) -> None:
 
     if launcher_for(cfg).scheduler or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         return
-    nodes, port = int(cfg["nodes"]), int(cfg.get("master_port") or 0)
+    nodes, port = int(cfg["nodes"]), int(cfg["master_port"])
     if (nodes == 1 and not port) or (nodes > 1 and cfg["node_rank"] != 0):
         return
     port = port or DEFAULT_PORT
@@ -143,7 +143,7 @@ def _check_port_free(cfg: dict[str, Any]) -> None:
             taken = exc.errno == errno.EADDRINUSE
             raise ConfigError(
                 "master_port",
-                cfg.get("master_port") or 0,
+                cfg["master_port"],
                 f"a free TCP port on this machine (port {port} is "
                 f"{'in use' if taken else 'not bindable: ' + (exc.strerror or str(exc))})",
                 f"another run or program listens there (`ss -ltnp 'sport = :{port}'` shows which); "

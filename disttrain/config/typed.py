@@ -9,9 +9,11 @@ the dataclass. Unknown keys fail the merge (struct mode) unless the schema node 
 
 from __future__ import annotations
 
-from dataclasses import is_dataclass
+from collections.abc import Mapping
+from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, TypeVar
 
+from omegaconf import MISSING as REQUIRED
 from omegaconf import OmegaConf
 
 T = TypeVar("T")
@@ -40,4 +42,20 @@ def as_dict(obj: Any) -> dict[str, Any]:
     raise TypeError(f"not a config node: {type(obj).__name__}")
 
 
-__all__ = ["as_dict", "typed"]
+def default_of(cls: type, key: str) -> Any:
+    """The schema's default of `cls.key` (a KeyError if it has none): the one home of that default."""
+    field = {f.name: f for f in fields(cls)}[key]
+    if field.default_factory is not MISSING:
+        return field.default_factory()
+    if field.default is MISSING or field.default == REQUIRED:  # `???`: the user must set it
+        raise KeyError(f"{cls.__name__}.{key} has no default")
+    return field.default
+
+
+def own_key(node: Mapping[str, Any], cls: type, key: str) -> Any:
+    """`node[key]`, or the schema's default where an open `_target_` node lacks the key: a swapped
+    `_target_` the user wrote, or a run dir frozen before the key existed (`disttrain resume`)."""
+    return node[key] if key in node else default_of(cls, key)
+
+
+__all__ = ["as_dict", "default_of", "own_key", "typed"]

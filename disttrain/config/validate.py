@@ -12,7 +12,8 @@ from typing import Any
 
 from disttrain.config import launch_checks
 from disttrain.config.errors import ConfigError, _show, one_of
-from disttrain.config.schema import NO_DECAY
+from disttrain.config.schema import NO_DECAY, CosineSchedConfig, OptimConfig
+from disttrain.config.typed import own_key
 from disttrain.launch.registry import launcher_names, launcher_specs
 from disttrain.observe.sinks import check_sinks
 from disttrain.strategies import specs
@@ -88,7 +89,7 @@ def check_static(cfg: dict[str, Any]) -> None:
     _check_loader(cfg)
     _check_targets(cfg)
     _check_data(cfg)
-    threads = cfg.get("threads_per_rank")
+    threads = cfg["threads_per_rank"]
     if threads is not None and threads < 1:
         raise ConfigError("threads_per_rank", threads, "null (cores / local ranks) or >= 1", "leave it null.")
 
@@ -167,7 +168,7 @@ def _check_checkpoint(cfg: dict[str, Any]) -> None:
 
     _at_least(cfg, "checkpoint.keep", 1, "keep >= 1; the newest committed checkpoint is never deleted.")
     _choice(cfg, "checkpoint.verify", VERIFY, "size checks file sizes (fast); hash also checks contents.")
-    ckpt_dir = cfg["checkpoint"].get("dir")
+    ckpt_dir = cfg["checkpoint"]["dir"]
     if ckpt_dir is not None and (not str(ckpt_dir).strip() or "://" in str(ckpt_dir)):
         raise ConfigError(
             "checkpoint.dir",
@@ -175,7 +176,7 @@ def _check_checkpoint(cfg: dict[str, Any]) -> None:
             "null (<run dir>/checkpoints) or a path; URLs (s3://, gs://) are not supported yet",
             "mount the shared storage (NFS, a cluster file system, a volume) and give its path.",
         )
-    resume = cfg.get("resume", "auto")
+    resume = cfg["resume"]
     if resume not in (None, "auto", "never") and not os.path.exists(str(resume)):
         raise ConfigError(
             "resume",
@@ -213,7 +214,7 @@ def _check_trainer(cfg: dict[str, Any]) -> None:
     )
     _choice(cfg, "trainer.oom", OOM, "auto_microbatch splits each micro-batch in two after an OOM.")
     spec = specs.get(cfg["strategy"]["name"])
-    if t.get("compile") and not spec.compile:
+    if t["compile"] and not spec.compile:
         raise ConfigError(
             "trainer.compile",
             True,
@@ -232,7 +233,7 @@ def _check_optim(cfg: dict[str, Any]) -> None:
     if cfg["optim"]["lr"] <= 0:
         raise ConfigError("optim.lr", cfg["optim"]["lr"], "a number > 0", "e.g. optim.lr=3e-4.")
     _choice(cfg, "optim.scale_lr", SCALE_LR, "linear multiplies lr by the world size.")
-    groups = cfg["optim"].get("param_groups")  # .get: `disttrain resume` of a run frozen before the key
+    groups = own_key(cfg["optim"], OptimConfig, "param_groups")  # a run frozen before the key: null
     if groups not in (None, NO_DECAY) and not (isinstance(groups, dict) and "_target_" in groups):
         raise ConfigError(
             "optim.param_groups",
@@ -245,7 +246,7 @@ def _check_optim(cfg: dict[str, Any]) -> None:
         return
     _choice(cfg, "sched.name", SCHEDULES, "cosine decays to min_lr_ratio x lr after warm-up.")
     _at_least(cfg, "sched.warmup_steps", 0, "0 disables warm-up.")
-    ratio = cfg["sched"].get("min_lr_ratio", 0.0)
+    ratio = own_key(cfg["sched"], CosineSchedConfig, "min_lr_ratio")
     if not 0.0 <= ratio <= 1.0:
         raise ConfigError("sched.min_lr_ratio", ratio, "0..1", "0 decays to zero; 0.1 keeps 10% of lr.")
 
@@ -314,7 +315,7 @@ def _check_resume_path(cfg: dict[str, Any]) -> None:
 
     from disttrain import checkpoint
 
-    resume = cfg.get("resume", "auto")
+    resume = cfg["resume"]
     if resume in (None, "auto", "never") or checkpoint.choose(Path(str(resume)), "size") is not None:
         return
     raise ConfigError(

@@ -14,6 +14,8 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from disttrain.config.errors import ConfigError
 from disttrain.config.instantiate import build, locate
 from disttrain.config.names import NO_DECAY
+from disttrain.config.schema import CosineSchedConfig, OptimConfig, SchedConfig
+from disttrain.config.typed import own_key
 
 log = logging.getLogger("disttrain")
 
@@ -24,7 +26,7 @@ OWN_KEYS = ("scale_lr", "param_groups")
 def effective_lr(optim_cfg: dict[str, Any], world_size: int) -> float:
     """The linear scaling rule (Goyal et al. 2017) when `optim.scale_lr=linear`."""
     lr = float(optim_cfg["lr"])
-    return lr * world_size if optim_cfg.get("scale_lr", "none") == "linear" else lr
+    return lr * world_size if own_key(optim_cfg, OptimConfig, "scale_lr") == "linear" else lr
 
 
 def build_optimizer(
@@ -44,7 +46,7 @@ def build_optimizer(
     if not spec.get("weight_decay") and "weight_decay" not in _arguments(spec["_target_"], "optim._target_"):
         del spec["weight_decay"]  # 0 means none: LBFGS, SparseAdam have no such argument
     factory = build(spec, "optim", supplied=1)  # the parameters are passed below
-    groups = param_groups(optim_cfg.get("param_groups"), model)  # .get: run dirs frozen before the key
+    groups = param_groups(own_key(optim_cfg, OptimConfig, "param_groups"), model)
     optimizer: torch.optim.Optimizer = factory(groups)
     return optimizer
 
@@ -96,9 +98,9 @@ def no_decay_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
 
 def lr_lambda(sched_cfg: dict[str, Any], total_steps: int) -> Any:
     """Multiplier of the base lr at optimizer step `s`: linear warm-up, then constant or cosine."""
-    warmup = int(sched_cfg.get("warmup_steps", 0))
+    warmup = int(own_key(sched_cfg, SchedConfig, "warmup_steps"))
     name = sched_cfg["name"]
-    floor = float(sched_cfg.get("min_lr_ratio", 0.0))
+    floor = float(own_key(sched_cfg, CosineSchedConfig, "min_lr_ratio"))  # constant: unused
 
     def factor(step: int) -> float:
         if warmup and step < warmup:

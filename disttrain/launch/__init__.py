@@ -24,7 +24,7 @@ def launched_externally() -> bool:
 
 
 def threads_per_rank(cfg: dict[str, Any]) -> int:
-    return cfg.get("threads_per_rank") or max(1, len(os.sched_getaffinity(0)) // cfg["nproc_per_node"])
+    return cfg["threads_per_rank"] or max(1, len(os.sched_getaffinity(0)) // cfg["nproc_per_node"])
 
 
 def rank_environment(cfg: dict[str, Any]) -> Any:

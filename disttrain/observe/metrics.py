@@ -70,7 +70,7 @@ class Metrics(NullMetrics):
         params = flatten({k: v for k, v in cfg.items() if k != "observe"})
         for i, sink in enumerate(self.sinks):
             state = (resume or {}).get(sink_key(i, sink))
-            ctx = SinkContext(run_dir, str(cfg.get("name", "disttrain")), cfg, state, resume_step, params)
+            ctx = SinkContext(run_dir, str(cfg["name"]), cfg, state, resume_step, params)
             sink.open(ctx)
             if state is None:
                 sink.log_hparams(params)

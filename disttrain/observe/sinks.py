@@ -275,7 +275,7 @@ def _spec(entry: Any, key: str) -> tuple[str, dict[str, Any]]:
 
 def check_sinks(cfg: dict[str, Any]) -> None:
     """Static check of `observe.sinks` in the parent: names, importability of built-ins' keys."""
-    entries = ((cfg.get("observe") or {}).get("sinks")) or []
+    entries = cfg["observe"]["sinks"]
     if not isinstance(entries, list):
         raise ConfigError(
             "observe.sinks", entries, "a list of sinks", "e.g. observe.sinks=[tensorboard,mlflow]."
@@ -302,7 +302,7 @@ def build_sinks(cfg: dict[str, Any]) -> list[Any]:
     from disttrain.config.instantiate import locate
 
     sinks = []
-    for i, entry in enumerate(((cfg.get("observe") or {}).get("sinks")) or []):
+    for i, entry in enumerate(cfg["observe"]["sinks"]):
         target, kwargs = _spec(entry, f"observe.sinks[{i}]")
         sinks.append(locate(target, f"observe.sinks[{i}]._target_")(**kwargs))
     return sinks

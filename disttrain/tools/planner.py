@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 GIB = 2**30
+TORCH_SGD_MOMENTUM = 0  # torch.optim.SGD's own default: a swapped `optim._target_` starts clean
 SCHEMA = "disttrain.plan/1"
 FIELDS = {
     "layers": ("n_layer", "n_layers", "num_layers"),
@@ -50,19 +51,22 @@ def transformer_dims(model: dict[str, Any]) -> dict[str, int] | None:
 
 def precision(cfg: dict[str, Any]) -> dict[str, Any]:
     """Bytes per parameter for params, grads and optimizer state, and per activation element."""
-    amp = cfg.get("amp", {})
-    mixed = amp.get("name", "off") != "off" and str(amp.get("dtype", "")) in (
+    from disttrain.config.schema import AmpConfig
+    from disttrain.config.typed import typed
+
+    amp = typed(AmpConfig, cfg["amp"])
+    mixed = amp.name != "off" and amp.dtype in (
         "bfloat16",
         "float16",
         "bf16",
         "fp16",
     )
-    target = str(cfg["optim"].get("_target_", ""))
+    target = str(cfg["optim"]["_target_"])
     name = target.rsplit(".", 1)[-1]
     if "adam" in name.lower() or "lamb" in name.lower():
         states = 2
     elif name == "SGD":
-        states = 1 if cfg["optim"].get("momentum", 0) else 0
+        states = 1 if cfg["optim"].get("momentum", TORCH_SGD_MOMENTUM) else 0
     elif name in ("Adagrad", "RMSprop", "Adafactor"):
         states = 1
     else:
@@ -116,7 +120,7 @@ def activation_bytes(
 def _meta_forward_elements(cfg: dict[str, Any], model: Any, batch: int) -> int | None:
     import torch
 
-    features = cfg.get("data", {}).get("num_features")
+    features = cfg["data"].get("num_features")
     if not isinstance(features, int):
         return None
     total = [batch * features]
@@ -167,14 +171,17 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
     """The whole plan as a JSON-ready dict."""
     model, params, tensors = count_params(cfg)
     prec = precision(cfg)
-    p = cfg.get("plan") or {}
-    batch = int(p.get("micro_batch") or cfg["trainer"]["batch_size"])
-    ckpt = bool(p.get("activation_checkpointing", False))
+    from disttrain.config.schema import PlanConfig
+    from disttrain.config.typed import typed
+
+    p = typed(PlanConfig, cfg["plan"])
+    batch = int(p.micro_batch or cfg["trainer"]["batch_size"])
+    ckpt = p.activation_checkpointing
     act, method, layers = activation_bytes(cfg, model, batch, prec["activation"], ckpt)
     from disttrain.config.common import world_size
 
     world, per_node, nodes = world_size(cfg), cfg["nproc_per_node"], cfg["nodes"]
-    usable = float(p.get("gpu_mem_gb", 80.0)) * GIB * float(p.get("usable_fraction", 0.9))
+    usable = p.gpu_mem_gb * GIB * p.usable_fraction
     dims = transformer_dims(cfg["model"])
     rows = layouts(world, per_node, nodes, layers, dims["heads"] if dims else None)
     for r in rows:
@@ -192,7 +199,7 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
         "precision": prec,
         "micro_batch": batch,
         "activations": {"bytes": act, "method": method, "checkpointing": ckpt},
-        "gpu_mem_gb": float(p.get("gpu_mem_gb", 80.0)),
+        "gpu_mem_gb": float(p.gpu_mem_gb),
         "usable_bytes": usable,
         "layouts": rows,
         "recommendation": recommend(rows, usable),

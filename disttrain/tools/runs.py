@@ -92,9 +92,16 @@ def run_info(run_dir: Path) -> dict[str, Any]:
         "last_loss": train[-1]["train/loss"] if train else None,
         "best_val": best_val(records),
         "strategy": (cfg.get("strategy") or {}).get("name"),
-        "world_size": int(cfg.get("nodes", 1)) * int(cfg.get("nproc_per_node", 1)),
+        "world_size": _world_size(cfg),
         "duration_s": (st["ended"] - st["started"]) if "ended" in st and "started" in st else None,
     }
+
+
+def _world_size(cfg: dict[str, Any]) -> int | None:
+    """nodes x nproc_per_node of a saved config; None (unknown) when config.yaml is unreadable."""
+    if "nodes" not in cfg or "nproc_per_node" not in cfg:
+        return None
+    return int(cfg["nodes"]) * int(cfg["nproc_per_node"])
 
 
 def _config(run_dir: Path) -> dict[str, Any]:
@@ -161,11 +168,10 @@ def rerun_command(run_dir: Path) -> str:
 def checkpoints(run_dir: Path) -> list[dict[str, Any]]:
     from disttrain.shared_dir import checkpoint_dir
 
-    try:
-        cfg = yaml.safe_load(RunDir(run_dir).config.read_text())
-    except (OSError, yaml.YAMLError):
-        cfg = None
-    folder = checkpoint_dir(cfg if isinstance(cfg, dict) else {}, run_dir)  # checkpoint.dir, if set
+    cfg = _config(run_dir)
+    saved = cfg.get("checkpoint")  # an unreadable or hand-made config: the run dir's own folder
+    known = isinstance(saved, dict) and "dir" in saved
+    folder = checkpoint_dir(cfg, run_dir) if known else RunDir(run_dir).checkpoints  # checkpoint.dir, if set
     if not folder.is_dir():
         return []
     return [
