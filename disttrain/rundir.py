@@ -323,6 +323,26 @@ def read_status(run_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def record_orphaned(run_dir: Path, launcher: int, what: str) -> None:
+    """A rank's last word when its launcher died (SIGKILL: it could not record it): status.json
+    must not stay `running`. Nothing to do while the launcher lives: it writes the status itself."""
+    import logging
+    import time
+
+    if os.getppid() == launcher:
+        return
+    status = read_status(run_dir)
+    if status.get("status") != "running" or status.get("pid") != launcher:
+        return
+    status.update(
+        status="interrupted", error=f"the launcher (pid {launcher}) died; {what}", ended=time.time()
+    )
+    write_json(run_dir / STATUS, status)
+    logging.getLogger("disttrain").warning(
+        "the launcher (pid %d) is gone: %s says interrupted", launcher, run_dir / STATUS
+    )
+
+
 def running_pid(run_dir: Path) -> int | None:
     """The pid of the launcher still running this run on this host (status.json `running`)."""
     status = read_status(run_dir)

@@ -6,11 +6,9 @@ config.yaml was resolved once by the parent; a rank never re-composes or re-reso
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +26,13 @@ from disttrain.engine.loop import Engine, Parts, global_batch, total_steps
 from disttrain.engine.optim import build_optimizer, build_scheduler
 from disttrain.engine.rng import seed_everything
 from disttrain.engine.state import TrainState
-from disttrain.models import build_model
+from disttrain.models import build_model, set_activation_checkpointing
 from disttrain.observe.envreport import report_env
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
 from disttrain.observe.metrics import NullMetrics, make_metrics
 from disttrain.observe.profiler import make_profiler
-from disttrain.observe.summary import print_summary
-from disttrain.rundir import RunDir, read_config, write_json
+from disttrain.observe.summary import record_summary
+from disttrain.rundir import RunDir, read_config, record_orphaned
 from disttrain.shared_dir import check_shared, checkpoint_dir
 from disttrain.strategies import build_strategy
 from disttrain.strategies.base import Strategy
@@ -114,12 +112,10 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
     if launched and summary.get("first_step_at"):
         summary["time_to_first_step_s"] = round(summary["first_step_at"] - launched, 3)
     summary.update(strategy.summary_stats(model, optimizer))  # a collective: every rank
-    trained = path is None or summary["steps"] > start_step  # a finished run resumed trains nothing
-    if env.is_zero and not summary.get("stopped_by") and trained:
-        write_json(RunDir(run_dir).summary, summary)
-        print_summary(summary)
-    elif env.is_zero and not trained:
-        log.warning("no step ran (the run had already finished): summary.json left as it was")
+    if env.is_zero:  # a finished run resumed trains nothing: its summary.json stays
+        record_summary(
+            summary, RunDir(run_dir).summary, trained=path is None or summary["steps"] > start_step
+        )
     return summary
 
 
@@ -131,7 +127,7 @@ def build_parts(cfg: dict[str, Any], env: DistEnv) -> tuple[Strategy, Parts]:
     model = build_model(cfg["model"])
     seed_everything(cfg["seed"] + env.rank)  # per-rank randomness from here on (dropout, ...)
     strategy = build_strategy(cfg["strategy"], env, typed(AmpConfig, cfg["amp"]))
-    prepare_model(model, trainer)
+    set_activation_checkpointing(model, trainer.activation_checkpointing)
     model = strategy.setup_module(model)
     if trainer.compile:
         log.info("trainer.compile: torch.compile of %s (inductor)", type(strategy.unwrap(model)).__name__)
@@ -184,39 +180,6 @@ def build_engine(
         profiler=profiler,
         timeout_s=float(cfg["backend"]["timeout"]),
     )
-
-
-def prepare_model(model: Any, trainer: TrainerConfig) -> None:
-    """trainer.activation_checkpointing: the built-in models recompute each block in backward."""
-    if not trainer.activation_checkpointing:
-        return
-    setter = getattr(model, "set_activation_checkpointing", None)
-    if setter is None:
-        log.warning(
-            "trainer.activation_checkpointing=true is ignored: %s has no set_activation_checkpointing()",
-            type(model).__name__,
-        )
-        return
-    setter(True)
-
-
-def record_orphaned(run_dir: Path, launcher: int, what: str) -> None:
-    """The launcher died (SIGKILL: it could not record it): status.json must not stay `running`."""
-    from disttrain.rundir import STATUS
-
-    if os.getppid() == launcher:
-        return  # the launcher is alive and writes the status itself
-    try:
-        status = json.loads((run_dir / STATUS).read_text())
-    except (OSError, ValueError):
-        return
-    if status.get("status") != "running" or status.get("pid") != launcher:
-        return
-    status.update(
-        status="interrupted", error=f"the launcher (pid {launcher}) died; {what}", ended=time.time()
-    )
-    write_json(run_dir / STATUS, status)
-    log.warning("the launcher (pid %d) is gone: %s says interrupted", launcher, run_dir / STATUS)
 
 
 def launcher_pid() -> int:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import sys
+from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("disttrain")
 
 ROWS = (
     ("steps", "steps", "{:d}"),
@@ -37,6 +41,18 @@ def summary_table(summary: dict[str, Any]) -> Any:
         except (ValueError, TypeError):
             table.add_row(label, str(value))
     return table
+
+
+def record_summary(summary: dict[str, Any], path: Path, trained: bool) -> None:
+    """Rank 0: summary.json and the table. Not after a signal stopped the run (it resumes later),
+    nor when no step ran (a finished run resumed): that run's summary.json stays as it was."""
+    from disttrain.rundir import write_json
+
+    if not trained:
+        log.warning("no step ran (the run had already finished): summary.json left as it was")
+    elif not summary.get("stopped_by"):
+        write_json(path, summary)
+        print_summary(summary)
 
 
 def print_summary(summary: dict[str, Any]) -> None:

@@ -148,3 +148,17 @@ def test_unwritable_run_dir_is_one_paragraph(scratch: Path) -> None:
             and "Traceback" not in proc.stderr
         )
     assert [p.name for p in scratch.iterdir()] == ["file"]
+
+
+def test_a_rank_records_its_dead_launcher_only(tmp_path: Path) -> None:
+    """status.json `running` by a launcher that is not this process's parent (it died): interrupted."""
+    gone = 2**22 + 1  # a pid that is not our parent
+    rundir.write_json(tmp_path / rundir.STATUS, {"status": "running", "pid": gone})
+    rundir.record_orphaned(tmp_path, os.getppid(), "x")  # the launcher lives: it writes the status
+    assert rundir.read_status(tmp_path) == {"status": "running", "pid": gone}
+    rundir.record_orphaned(tmp_path, gone + 1, "x")  # another launcher's run: not ours to end
+    assert rundir.read_status(tmp_path)["status"] == "running"
+    rundir.record_orphaned(tmp_path, gone, "the ranks stopped at step 3 on the signal")
+    status = rundir.read_status(tmp_path)
+    assert status["status"] == "interrupted" and status["ended"] > 0
+    assert status["error"] == f"the launcher (pid {gone}) died; the ranks stopped at step 3 on the signal"

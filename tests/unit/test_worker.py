@@ -17,3 +17,14 @@ def test_truncate_metrics_drops_later_steps_and_a_torn_last_line(tmp_path: Path)
     assert [json.loads(ln) for ln in path.read_text().splitlines()] == records[:2]
     truncate_metrics(path, 30)  # nothing left to drop: unchanged
     assert [json.loads(ln) for ln in path.read_text().splitlines()] == records[:2]
+
+
+def test_summary_is_written_unless_stopped_or_nothing_trained(tmp_path: Path) -> None:
+    from disttrain.observe.summary import record_summary
+
+    path = tmp_path / "summary.json"
+    record_summary({"steps": 3, "stopped_by": "SIGTERM"}, path, trained=True)
+    record_summary({"steps": 3}, path, trained=False)  # a finished run resumed: nothing ran
+    assert not path.exists()
+    record_summary({"steps": 3}, path, trained=True)
+    assert json.loads(path.read_text()) == {"steps": 3}
