@@ -53,7 +53,7 @@ NAME = re.compile(r"[A-Za-z0-9._-]+")
 def check_name(cfg: dict[str, Any]) -> None:
     """`name` becomes a path component (runs/NAME/...), the Slurm job name and the rendezvous id:
     no separators, no `..`, nothing a shell or sbatch would split or run."""
-    name = cfg.get("name")
+    name = cfg["name"]
     if not isinstance(name, str) or not NAME.fullmatch(name) or set(name) == {"."}:
         raise ConfigError(
             "name",
