@@ -205,8 +205,8 @@ def record_orphaned(run_dir: Path, launcher: int, what: str) -> None:
     """The launcher died (SIGKILL: it could not record it): status.json must not stay `running`."""
     from disttrain.rundir import STATUS
 
-    if os.getppid() == launcher:
-        return  # the launcher is alive and writes the status itself
+    if launcher_alive(launcher):
+        return  # the launcher writes the status itself
     try:
         status = json.loads((run_dir / STATUS).read_text())
     except (OSError, ValueError):
@@ -226,6 +226,20 @@ def launcher_pid() -> int:
     return int(os.environ.get("DISTTRAIN_LAUNCHER_PID") or os.getppid())
 
 
+def launcher_alive(launcher: int) -> bool:
+    """Whether the launcher lives: it is this rank's parent, or (a rank forked from the launcher's
+    fork server, launch/forkserver.py) a live, non-zombie process."""
+    if os.getppid() == launcher:
+        return True
+    if not os.environ.get("DISTTRAIN_RANK_PARENT"):
+        return False
+    try:
+        with open(f"/proc/{launcher}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
 def die_with_parent(launcher: int) -> None:
     """Linux: SIGTERM this rank when its launcher dies (even by SIGKILL): no orphaned ranks.
 
@@ -240,7 +254,9 @@ def die_with_parent(launcher: int) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):
         return
-    if os.getppid() != launcher:  # the launcher died before prctl took effect
+    # The parent is the launcher, or its fork server (which exits with the launcher).
+    parent = int(os.environ.get("DISTTRAIN_RANK_PARENT") or launcher)
+    if os.getppid() != parent or not launcher_alive(launcher):  # it died before prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
 
 
