@@ -28,6 +28,7 @@ from disttrain.engine.loop import Engine, Parts, global_batch, total_steps
 from disttrain.engine.optim import build_optimizer, build_scheduler
 from disttrain.engine.rng import seed_everything
 from disttrain.engine.state import TrainState
+from disttrain.launch.forkserver import name_process
 from disttrain.models import build_model
 from disttrain.observe.envreport import report_env
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
@@ -53,6 +54,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # the user's own modules, as in the parent; never ahead of torch
     env = DistEnv.from_env(cfg["backend"]["name"])
+    name_process(env.rank)
     setup_logging(RunDir(run_dir).logs, env.rank, to_console=env.is_zero)
     threads = set_threads(cfg, env)
     launcher = launcher_pid()

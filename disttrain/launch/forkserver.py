@@ -21,6 +21,7 @@ modules named in its preload list, then forks every child from that warm state:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing
 import os
@@ -51,6 +52,29 @@ def warm_up() -> None:
         forkserver.ensure_running()
 
 
+def detach_from_server() -> None:
+    """In a forked rank: drop this process's hold on the fork server's life.
+
+    Python hands every process the server forks a copy of the pipe end whose closing tells the
+    server that its last client is gone (so a child may start grandchildren through it). Ranks
+    never do; if they held it, the server would outlive a launcher killed by SIGKILL and the ranks'
+    parent-death signal (their parent is the server) would never come. Closed here, the server
+    exits with the launcher and the kernel SIGTERMs the ranks. The stdlib offers no public call
+    for this, hence the one private attribute, kept here; `_forkserver_address` is cleared too, so
+    a rank that does use the forkserver start method gets a server of its own."""
+    from multiprocessing import forkserver
+
+    server: Any = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if server is None or fd is None:
+        return
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    server._forkserver_alive_fd = None
+    server._forkserver_address = None
+    server._forkserver_pid = None
+
+
 def rank_environment(launcher_env: dict[str, str]) -> dict[str, str]:
     """The launcher's environment plus what the agent set for this rank (RANK, MASTER_PORT, ...):
     what a rank started as a subprocess of the launcher would see."""
@@ -67,6 +91,7 @@ def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str]) -> None:
 
     from disttrain.config.errors import ConfigError
 
+    detach_from_server()
     environ = rank_environment(launcher_env)
     os.environ.clear()
     os.environ.update(environ)
@@ -80,3 +105,52 @@ def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str]) -> None:
 def launcher_env() -> dict[str, Any]:
     """The environment the ranks get: this process's, as the launcher set it for them."""
     return dict(os.environ)
+
+
+# ------------------------------------------------------------------------------ finding the ranks
+RANK_NAME = "disttrain r{rank}"  # the process name (Linux comm, 15 bytes) a rank gives itself
+
+
+def name_process(rank: int) -> None:
+    """Name this rank's process `disttrain rN` (what `ps -o comm`, top and the kernel show): a
+    forked rank's command line is the fork server's, so the name is how users and tests find it."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        name = RANK_NAME.format(rank=rank).encode()[:15]
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        return
+
+
+def rank_pids(launcher: int) -> dict[int, int]:
+    """{rank: pid} of the live ranks below process `launcher` (Linux /proc; by their process name)."""
+    from pathlib import Path
+
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if rest[0] in ("Z", "X"):
+            continue
+        parents[int(entry.name)], names[int(entry.name)] = int(rest[1]), comm
+    found = {}
+    prefix = RANK_NAME.format(rank="")
+    for pid, comm in names.items():
+        if not comm.startswith(prefix) or not comm[len(prefix) :].isdigit():
+            continue
+        up, seen = parents.get(pid), 0
+        while up and up != launcher and seen < 64:
+            up, seen = parents.get(up), seen + 1
+        if up == launcher:
+            found[int(comm[len(prefix) :])] = pid
+    return found
