@@ -329,7 +329,9 @@ def record_orphaned(run_dir: Path, launcher: int, what: str) -> None:
     import logging
     import time
 
-    if os.getppid() == launcher:
+    from disttrain.launch.forkserver import launcher_alive
+
+    if launcher_alive(launcher):
         return
     status = read_status(run_dir)
     if status.get("status") != "running" or status.get("pid") != launcher:

@@ -26,6 +26,7 @@ from disttrain.engine.loop import Engine, Parts, global_batch, total_steps
 from disttrain.engine.optim import build_optimizer, build_scheduler
 from disttrain.engine.rng import seed_everything
 from disttrain.engine.state import TrainState
+from disttrain.launch.forkserver import launcher_alive, name_process
 from disttrain.models import build_model, set_activation_checkpointing
 from disttrain.observe.envreport import report_env
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
@@ -51,6 +52,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # the user's own modules, as in the parent; never ahead of torch
     env = DistEnv.from_env(cfg["backend"]["name"])
+    name_process(env.rank)
     setup_logging(RunDir(run_dir).logs, env.rank, to_console=env.is_zero)
     threads = set_threads(cfg, env)
     launcher = launcher_pid()
@@ -202,7 +204,9 @@ def die_with_parent(launcher: int) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):
         return
-    if os.getppid() != launcher:  # the launcher died before prctl took effect
+    # The parent is the launcher, or its fork server (which exits with the launcher).
+    parent = int(os.environ.get("DISTTRAIN_RANK_PARENT") or launcher)
+    if os.getppid() != parent or not launcher_alive(launcher):  # it died before prctl took effect
         os.kill(os.getpid(), signal.SIGTERM)
 
 

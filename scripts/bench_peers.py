@@ -127,7 +127,10 @@ class PeakRss:
         while not self._stop.wait(0.05):
             for pid in _descendants(os.getpid()):
                 try:
-                    if b"LOCAL_RANK=" not in Path(f"/proc/{pid}/environ").read_bytes():
+                    # a rank: LOCAL_RANK in its start environment, or a disttrain rank forked
+                    # from the fork server (it names itself `disttrain rN`; the server does not)
+                    rank = b"LOCAL_RANK=" in Path(f"/proc/{pid}/environ").read_bytes()
+                    if not rank and not Path(f"/proc/{pid}/comm").read_text().startswith("disttrain r"):
                         continue
                     status = Path(f"/proc/{pid}/status").read_text()
                 except OSError:

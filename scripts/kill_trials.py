@@ -86,17 +86,14 @@ def last_step(run_dir: Path) -> int:
 
 
 def rank_pid(run_dir: Path, rank: int) -> int | None:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"disttrain.worker" in cmd and str(run_dir).encode() in cmd and f"RANK={rank}".encode() in env:
-            return int(entry.name)
-    return None
+    """The pid of `rank` of the run in `run_dir` (its launcher's pid is in status.json)."""
+    from disttrain.launch.forkserver import rank_pids
+
+    try:
+        launcher = json.loads((run_dir / "status.json").read_text())["pid"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return rank_pids(launcher).get(rank)
 
 
 def final_weights(run_dir: Path) -> dict[str, Any]:

@@ -25,6 +25,9 @@ def compose_checked(overrides: list[str], args: Any, runtime: bool) -> dict[str,
     check_static(cfg)
     mark("static_checks")
     if runtime:
+        from disttrain.launch import prestart
+
+        prestart(cfg)  # e.g. the ranks' fork server imports torch while the checks below run
         check_runtime(cfg)
         mark("runtime_checks")
     return cfg

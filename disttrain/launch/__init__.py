@@ -15,7 +15,7 @@ from typing import Any
 from disttrain.launch.environ import patched_environ
 from disttrain.launch.errors import LaunchError
 
-__all__ = ["LaunchError", "launch", "launched_externally", "submit"]
+__all__ = ["LaunchError", "launch", "launched_externally", "prestart", "submit"]
 
 
 def launched_externally() -> bool:
@@ -52,6 +52,20 @@ def submit(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> bool:
     return launcher_for(cfg).submit(cfg, run_dir, command)
 
 
+def prestart(cfg: dict[str, Any]) -> None:
+    """After the static checks: let the launcher warm up what its ranks will need (a fork server
+    importing torch) while the parent runs the runtime checks. Nothing for a run in this process."""
+    from disttrain.launch.registry import launcher_config, launcher_for
+
+    if _in_process(cfg, launcher_config(cfg)):
+        return
+    launcher_for(cfg).prestart(cfg)
+
+
+def _in_process(cfg: dict[str, Any], launcher: Any) -> bool:
+    return bool(cfg["nodes"] * cfg["nproc_per_node"] == 1 and launcher.max_restarts == 0)
+
+
 def launch(cfg: dict[str, Any], run_dir: Path, entry: str = WORKER) -> None:
     """Start the ranks for `cfg` and wait for them; raise LaunchError naming the first failure.
 
@@ -61,9 +75,8 @@ def launch(cfg: dict[str, Any], run_dir: Path, entry: str = WORKER) -> None:
     from disttrain.timing import mark
 
     mark("launch")
-    world = cfg["nodes"] * cfg["nproc_per_node"]
     with rank_environment(cfg):
-        if world == 1 and launcher_config(cfg).max_restarts == 0:
+        if _in_process(cfg, launcher_config(cfg)):
             import importlib
 
             importlib.import_module(entry).run(run_dir)  # fairseq's call_main: one rank, no child

@@ -29,6 +29,12 @@ class Launcher(Protocol):
         """The run dir and command line it would write somewhere (a job script), checked before the
         run dir is claimed; raise ConfigError."""
 
+    def prestart(self, cfg: dict[str, Any]) -> None:
+        """Called once the static checks passed, before the runtime checks (model build, dry step):
+        start what makes the ranks' start-up cheaper, e.g. a warm fork server. It must start no
+        rank and write nothing (a failed runtime check follows); what it starts must end with this
+        process."""
+
     def submit(self, cfg: dict[str, Any], run_dir: Path, command: list[str]) -> bool:
         """Hand the frozen run to a scheduler. True: it did, the scheduler's nodes train and
         status.json is theirs; False: `launch` starts the ranks here."""

@@ -10,6 +10,7 @@ from disttrain.config.errors import ConfigError
 from disttrain.launch.base import Launcher
 from disttrain.launch.environ import patched_environ
 from disttrain.launch.errors import LaunchError, exit_code_message, last_error_line
+from disttrain.launch.forkserver import START_METHOD, detach_from_server, launcher_env, warm_up
 from disttrain.launch.registry import launcher_config
 
 
@@ -28,12 +29,21 @@ class SpawnLauncher(Launcher):
                 "restarts come from torchrun's elastic agent: use launcher=torchrun.",
             )
 
+    def prestart(self, cfg: dict[str, Any]) -> None:
+        warm_up()
+
     def launch(self, cfg: dict[str, Any], run_dir: Path, entry: str) -> None:
         launch_spawn(cfg, run_dir, entry)
 
 
-def _rank_main(local_rank: int, run_dir: str, nproc: int, entry: str = "disttrain.worker") -> None:
-    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank))
+def _rank_main(local_rank: int, run_dir: str, entry: str, environ: dict[str, str]) -> None:
+    """A rank forked from the fork server: the launcher's environment (the server's is older)."""
+    detach_from_server()
+    os.environ.clear()
+    os.environ.update(environ)
+    os.environ.update(
+        RANK=str(local_rank), LOCAL_RANK=str(local_rank), DISTTRAIN_RANK_PARENT=str(os.getppid())
+    )
     import importlib
 
     importlib.import_module(entry).run(run_dir)
@@ -57,10 +67,10 @@ def launch_spawn(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.wor
         "LOCAL_WORLD_SIZE": str(nproc),
     }
     try:
+        warm_up()  # started after the static checks already, unless the caller skipped prestart
         with patched_environ(updates):
-            mp.start_processes(
-                _rank_main, args=(str(run_dir), nproc, entry), nprocs=nproc, join=True, start_method="spawn"
-            )
+            args = (str(run_dir), entry, launcher_env())
+            mp.start_processes(_rank_main, args=args, nprocs=nproc, join=True, start_method=START_METHOD)
     except mp.ProcessRaisedException as exc:
         raise LaunchError(exc.error_index, last_error_line(str(exc)), run_dir) from None
     except mp.ProcessExitedException as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import signal
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 from disttrain.launch.base import Launcher
 from disttrain.launch.errors import LaunchError, exit_code_message, last_error_line, stopped_message
+from disttrain.launch.forkserver import START_METHOD, launcher_env, rank_entry, warm_up
 from disttrain.launch.registry import launcher_config
 
 
@@ -52,7 +52,7 @@ def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
         },
         max_restarts=launcher.max_restarts,
         monitor_interval=launcher.monitor_interval,
-        start_method="spawn",
+        start_method=START_METHOD,  # ranks fork from the warm server (launch/forkserver.py)
         local_addr=local_addr,
         # SIGTERM/SIGINT: the ranks finish their step and save; SIGKILL only after this (torch's 30 s
         # default is shorter than one save of a large model).
@@ -62,6 +62,9 @@ def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
 
 class TorchrunLauncher(Launcher):
     """torch's elastic agent starts this node's ranks (one agent per node; c10d rendezvous)."""
+
+    def prestart(self, cfg: dict[str, Any]) -> None:
+        warm_up()
 
     def launch(self, cfg: dict[str, Any], run_dir: Path, entry: str) -> None:
         launch_torchrun(cfg, run_dir, entry)
@@ -73,7 +76,6 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
 
-    args = ["-u", "-m", entry, str(run_dir)]
     started = time.time()
     store = None
     if cfg["nodes"] > 1:
@@ -81,7 +83,8 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
 
         store = roll_call(cfg, run_dir)  # config check + wait for the nodes; node 0 hosts the store
     try:
-        elastic_launch(launch_config(cfg, run_dir), sys.executable)(*args)
+        warm_up()  # started after the static checks already, unless the caller skipped prestart
+        elastic_launch(launch_config(cfg, run_dir), rank_entry)(entry, str(run_dir), launcher_env())
     except RendezvousError as exc:
         from disttrain.launch.multinode import RendezvousFailure, endpoint
 

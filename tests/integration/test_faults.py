@@ -77,16 +77,13 @@ def _wait_for_step(proc: subprocess.Popen[str], run_dir: Path, step: int, timeou
 
 
 def _rank_pid(run_dir: Path, rank: int) -> int:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes()
-                env = (entry / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"disttrain.worker" in cmd and str(run_dir).encode() in cmd and f"RANK={rank}".encode() in env:
-                return int(entry.name)
-    raise AssertionError(f"no rank {rank} process for {run_dir}")
+    """The pid of `rank` of the run in `run_dir` (its launcher's pid is in status.json)."""
+    from disttrain.launch.forkserver import rank_pids
+
+    pid = rank_pids(json.loads((run_dir / "status.json").read_text())["pid"]).get(rank)
+    if pid is None:
+        raise AssertionError(f"no rank {rank} process for {run_dir}")
+    return pid
 
 
 def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(tmp_path: Path) -> None:

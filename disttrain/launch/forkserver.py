@@ -1,0 +1,170 @@
+"""Ranks forked from a warm server: torch is imported once per node, while the parent still checks.
+
+A rank started as `python -m disttrain.worker` spends ~2 CPU-seconds importing torch and disttrain
+before it can join its process group; with N ranks per node that is N imports, all after the
+parent's pre-launch checks. Python's `forkserver` start method (used by torch.multiprocessing and
+torch's elastic agent for function entry points) runs one server process that imports the
+modules named in its preload list, then forks every child from that warm state:
+
+- `warm_up()` starts the server right after the static checks passed (a config mistake spawns
+  nothing), so its imports run on another core while the parent composes the run dir and takes
+  the dry step; by the time the agent starts the ranks they only fork.
+- The server imports torch and disttrain's rank modules only: never the user's code (a `_target_`
+  module is imported by each rank after the fork, as before) and never CUDA (importing torch does
+  not initialise it), so a fork is as clean as a fresh interpreter.
+- The server is a helper, not a rank: it holds no state of the run, writes nothing, and exits when
+  the launcher does (it watches a pipe the launcher holds). A failed runtime check leaves nothing.
+- A forked process inherits the environment of the server, which started before the launcher set
+  the ranks' variables (`launch.rank_environment`): `rank_entry` rebuilds exactly the environment a
+  `python -m disttrain.worker` child would get (the launcher's, plus the agent's per-rank keys).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing
+import os
+from typing import Any
+
+# What the server imports before forking: the rank's whole import graph (torch, the engine, the
+# strategies' common modules), not the user's modules.
+PRELOAD = ["disttrain.launch.forkserver", "disttrain.worker"]  # this module first: SERVER_ENV
+
+# The server's environment when it imported this module (in a rank: before the agent's keys).
+SERVER_ENV = dict(os.environ)
+
+START_METHOD = "forkserver"
+
+
+def warm_up() -> None:
+    """Start this process's fork server with the rank modules preloaded (idempotent, returns at once)."""
+    from multiprocessing import forkserver
+
+    from disttrain.launch.environ import patched_environ
+
+    ctx = multiprocessing.get_context(START_METHOD)
+    ctx.set_forkserver_preload(PRELOAD)
+    # The server runs `python -c ...`, which would put the cwd first on sys.path (Python 3.11 does
+    # not apply the parent's sys.path to the server): a stray torch.py or yaml.py in the cwd would
+    # be imported. PYTHONSAFEPATH keeps it out; each rank gets the launcher's sys.path when forked.
+    with patched_environ({"PYTHONSAFEPATH": "1"}):
+        forkserver.ensure_running()
+
+
+def detach_from_server() -> None:
+    """In a forked rank: drop this process's hold on the fork server's life.
+
+    Python hands every process the server forks a copy of the pipe end whose closing tells the
+    server that its last client is gone (so a child may start grandchildren through it). Ranks
+    never do; if they held it, the server would outlive a launcher killed by SIGKILL and the ranks'
+    parent-death signal (their parent is the server) would never come. Closed here, the server
+    exits with the launcher and the kernel SIGTERMs the ranks. The stdlib offers no public call
+    for this, hence the one private attribute, kept here; `_forkserver_address` is cleared too, so
+    a rank that does use the forkserver start method gets a server of its own."""
+    from multiprocessing import forkserver
+
+    server: Any = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if server is None or fd is None:
+        return
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    server._forkserver_alive_fd = None
+    server._forkserver_address = None
+    server._forkserver_pid = None
+
+
+def rank_environment(launcher_env: dict[str, str]) -> dict[str, str]:
+    """The launcher's environment plus what the agent set for this rank (RANK, MASTER_PORT, ...):
+    what a rank started as a subprocess of the launcher would see."""
+    agent = {k: v for k, v in os.environ.items() if SERVER_ENV.get(k) != v}
+    return {**launcher_env, **agent}
+
+
+def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str]) -> None:
+    """A forked rank: the launcher's environment, then `entry.run(run_dir)` as `python -m entry` would.
+
+    Exit codes match `disttrain.dist.rank_main`: a ConfigError is 2 (its paragraph is in the error
+    file torchelastic's @record wrote), a signal stop exits as the signal would."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from disttrain.config.errors import ConfigError
+
+    detach_from_server()
+    environ = rank_environment(launcher_env)
+    os.environ.clear()
+    os.environ.update(environ)
+    os.environ["DISTTRAIN_RANK_PARENT"] = str(os.getppid())  # the server: PDEATHSIG's parent
+    try:
+        record(importlib.import_module(entry).run)(run_dir)
+    except ConfigError:
+        raise SystemExit(2) from None
+
+
+def launcher_env() -> dict[str, Any]:
+    """The environment the ranks get: this process's, as the launcher set it for them."""
+    return dict(os.environ)
+
+
+def launcher_alive(launcher: int) -> bool:
+    """Whether the launcher lives: it is this rank's parent, or (a rank forked from the launcher's
+    fork server, launch/forkserver.py) a live, non-zombie process."""
+    if os.getppid() == launcher:
+        return True
+    if not os.environ.get("DISTTRAIN_RANK_PARENT"):
+        return False
+    try:
+        with open(f"/proc/{launcher}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+# ------------------------------------------------------------------------------ finding the ranks
+RANK_NAME = "disttrain r{rank}"  # the process name (Linux comm, 15 bytes) a rank gives itself
+
+
+def name_process(rank: int) -> None:
+    """Name this rank's process `disttrain rN` (what `ps -o comm`, top and the kernel show): a
+    forked rank's command line is the fork server's, so the name is how users and tests find it."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        name = RANK_NAME.format(rank=rank).encode()[:15]
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        return
+
+
+def rank_pids(launcher: int) -> dict[int, int]:
+    """{rank: pid} of the live ranks below process `launcher` (Linux /proc; by their process name)."""
+    from pathlib import Path
+
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if rest[0] in ("Z", "X"):
+            continue
+        parents[int(entry.name)], names[int(entry.name)] = int(rest[1]), comm
+    found = {}
+    prefix = RANK_NAME.format(rank="")
+    for pid, comm in names.items():
+        if not comm.startswith(prefix) or not comm[len(prefix) :].isdigit():
+            continue
+        up, seen = parents.get(pid), 0
+        while up and up != launcher and seen < 64:
+            up, seen = parents.get(up), seen + 1
+        if up == launcher:
+            found[int(comm[len(prefix) :])] = pid
+    return found
