@@ -242,9 +242,19 @@ def _planner() -> Any:
 class PendingSave:
     """A save whose files are still being written (async) or committed; `wait()` finishes it."""
 
-    def __init__(self, future: Future | None, commit: Callable[[], None], started: float) -> None:
-        self._future, self._commit, self.started = future, commit, started
+    def __init__(
+        self, future: Future | None, commit: Callable[[], None], started: float, staged: Future | None = None
+    ) -> None:
+        self._future, self._commit, self.started, self._staged = future, commit, started, staged
         self.done = False
+
+    def wait_staged(self) -> None:
+        """Return once the state is copied (staged): from then on it may change again."""
+        if self._staged is not None:
+            self._staged.result()
+
+    def is_staged(self) -> bool:
+        return self._staged is None or self._staged.done()
 
     def wait(self) -> None:
         if self.done:
@@ -273,8 +283,16 @@ class _Background:
 
         if cls.executor is None:
             cls.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="disttrain-ckpt")
-            # CPU staging (no pinned/shared memory, no CUDA stream): what a CPU or GPU run can use.
-            cls.stager = DefaultStager(StagingOptions(False, False, False, False))
+            # CPU staging (no pinned/shared memory, no CUDA stream: what a CPU or GPU run can use),
+            # in DCP's staging thread: the copy can overlap the next step's forward and backward.
+            cls.stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=False,
+                    use_shared_memory=False,
+                    use_async_staging=True,
+                    use_non_blocking_copy=False,
+                )
+            )
         return cls.executor, cls.stager
 
     @classmethod
@@ -295,12 +313,15 @@ def save(
     keep: int,
     verify: str,
     async_save: bool = False,
+    overlap_staging: bool = False,
     process_group: Any = None,
     barrier: Callable[[], None] = lambda: None,
 ) -> PendingSave:
     """Every rank calls this at the same step. Returns when the state is safe to modify again:
     sync, once committed; async, once staged (copied into CPU buffers kept from the previous async
-    save), while a background thread writes and (rank 0) commits; `PendingSave.wait()` joins it."""
+    save), while a background thread writes and (rank 0) commits; `PendingSave.wait()` joins it.
+    With `overlap_staging`, an async save returns while the copy is still running: the caller must
+    call `PendingSave.wait_staged()` before anything in `app_state` changes (the optimizer step)."""
     started = time.time()
     name = step_name(step)
     tmp = ckpt_dir / f"{TMP}{name}"
@@ -320,8 +341,10 @@ def save(
         pending.wait()
         return pending
     executor, stager = _Background.start()
-    staged = stager.stage(app_state)
-    pending = PendingSave(executor.submit(write, staged), lambda: None, started)
+    staged: Future = stager.stage(app_state)  # a Future: DCP's staging thread copies
+    if not overlap_staging:
+        staged.result()
+    pending = PendingSave(executor.submit(lambda: write(staged.result())), lambda: None, started, staged)
     _Background.in_flight = pending
     return pending
 
