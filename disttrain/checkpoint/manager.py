@@ -246,7 +246,7 @@ class Checkpointer:
         """Rank 0 picks the newest checkpoint whose manifest and sizes check out and tells the other ranks."""
         box: list[Any] = [None]
         if self.env.is_zero:
-            # verify=hash: sizes now, each file's sha256 while `restore` loads it (load_sharded)
+            # verify=hash: sizes now, each file's checksum in the pass that `restore` loads it with
             found = checkpoint.choose(location, "size", skip)
             box = [str(found) if found else None]
         if dist.is_initialized() and self.env.world_size > 1:

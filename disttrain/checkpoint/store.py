@@ -371,7 +371,7 @@ def _write_and_commit(
     writer = _writer(tmp, with_hash)
     no_dist = not dist.is_initialized()
     # torch.save's zip CRC32 of every tensor record is a second checksum of the same bytes: the
-    # manifest's sha256 (verify=hash) or size (verify=size) is what a load checks, and torch.load
+    # manifest's crc32 (verify=hash) or size (verify=size) is what a load checks, and torch.load
     # never reads the CRC. The option is process-wide; it is restored as soon as the write ends.
     crc = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(False)
