@@ -2,7 +2,7 @@
 
 DCP 2.13's FileSystemReader has no knobs: one thread, and each tensor goes through a full
 `torch.load` into a fresh tensor and then a `copy_` into the live one (two passes over memory).
-`VerifyingReader.read_data` reads the same files, the same format, through the same planner, but:
+`read_data` (store's SafeReader.read_data) reads the same files, the same format, through the same planner, but:
 - one thread per file (reads, `copy_` and zlib.crc32 release the GIL);
 - a whole, contiguous CPU tensor is read straight into the live tensor (`readinto`): its item's
   small zip records (located by a `torch.load` onto the meta device) are read around it, and
@@ -161,7 +161,6 @@ def _whole(meta: torch.Tensor, nbytes: int, req: Any, target: torch.Tensor) -> b
 
 def _read_file(reader: Any, rel: str, reqs: list[Any], planner: Any, lock: threading.Lock) -> str | None:
     """Every item of one file into the planner's tensors; returns the file's mismatch, if any."""
-
     path = Path(reader.path) / rel
     want = reader.expected.get(rel) if reader.expected is not None else None
     try:
@@ -197,10 +196,12 @@ def _read_items(
             if start is None or not _whole(meta, nbytes, req, target):
                 _read_generic(reader, f, info, req, planner, lock)
                 continue
-            f.read_at(info.offset, start)  # the zip records before the tensor's bytes
+            if f.sum is not None:
+                f.read_at(info.offset, start)  # the zip records before the tensor's bytes, summed
             if nbytes:
                 f.read_into(info.offset + start, memoryview(target.reshape(-1).view(torch.uint8).numpy()))
-            f.read_at(info.offset + start + nbytes, info.length - start - nbytes)  # and after them
+            if f.sum is not None:
+                f.read_at(info.offset + start + nbytes, info.length - start - nbytes)  # and after them
             with lock:
                 planner.commit_tensor(req, target)
         return f.problem()
@@ -231,7 +232,7 @@ def _read_generic(reader: Any, f: _File, info: Any, req: Any, planner: Any, lock
 
 
 def read_data(reader: Any, plan: Any, planner: Any) -> Any:
-    """The body of VerifyingReader.read_data (see the module docstring)."""
+    """The body of store's SafeReader.read_data (see the module docstring)."""
     per_file: dict[str, list[Any]] = {}
     for req in plan.items:
         per_file.setdefault(reader.storage_data[req.storage_index].relative_path, []).append(req)
