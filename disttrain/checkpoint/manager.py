@@ -10,6 +10,7 @@ it without opening the shards.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import time
@@ -106,6 +107,15 @@ class Checkpointer:
         self.last_saved_step = -1
         self.stalls: list[float] = []
         self.group: Any = None
+        model = getattr(states.get(MODEL), "model", None)
+        # Buffers a forward may change in place (BatchNorm's running stats): with any, an async
+        # save's staging copy must end before the next forward, not just before the optimizer step.
+        self._saved_buffers = model is None or any(
+            name not in m._non_persistent_buffers_set
+            for m in model.modules()
+            for name, b in m._buffers.items()
+            if b is not None
+        )
         if self.async_save and dist.is_initialized() and env.world_size > 1:
             # A background save runs collectives; its own gloo group keeps them apart from training's.
             self.group = dist.new_group(backend="gloo")
@@ -144,6 +154,10 @@ class Checkpointer:
             **self.extra_meta(),  # rank 0: tracker run ids to continue
         }
         async_save = self.async_save and reason in ("periodic",)
+        if async_save:
+            # The staging copy overlaps the next step (see `staged`); the small states besides the
+            # model and optimizer (scheduler, scaler, the user's own) are copied now, as they are.
+            app.update({k: copy.deepcopy(app[k]) for k in self.states if k != MODEL})
         self.pending = checkpoint.save(
             self.dir,
             step,
@@ -154,6 +168,7 @@ class Checkpointer:
             keep=self.cfg.keep,
             verify=self.cfg.verify,
             async_save=async_save,
+            overlap_staging=True,
             process_group=self.group,
             barrier=self.barrier,
         )
@@ -168,6 +183,20 @@ class Checkpointer:
             "async" if async_save else "committed",
             stall,
         )
+
+    def staged(self, before: str) -> None:
+        """Called before the state changes (`before`: "forward" or "update", the optimizer step):
+        waits until an async save's staging copy, which overlaps the step, has ended. Parameters,
+        optimizer state and the scaler's scale change only in the update; saved buffers may change
+        in a forward. The scheduler, TrainState and RNG were captured when the save started."""
+        if self.pending is None or self.pending.is_staged():
+            return
+        if before == "forward" and not self._saved_buffers:
+            return
+        t0 = time.perf_counter()
+        self.pending.wait_staged()
+        if self.stalls:
+            self.stalls[-1] += time.perf_counter() - t0  # training waited for it: part of the stall
 
     def finish(self) -> None:
         """Wait for an in-flight async save and commit it."""
@@ -217,7 +246,7 @@ class Checkpointer:
         """Rank 0 picks the newest checkpoint whose manifest and sizes check out and tells the other ranks."""
         box: list[Any] = [None]
         if self.env.is_zero:
-            # verify=hash: sizes now, each file's sha256 while `restore` loads it (load_sharded)
+            # verify=hash: sizes now, each file's checksum in the pass that `restore` loads it with
             found = checkpoint.choose(location, "size", skip)
             box = [str(found) if found else None]
         if dist.is_initialized() and self.env.world_size > 1:

@@ -5,8 +5,9 @@
         .metadata __0_0.distcp __1_0.distcp ...   DCP: model, optimizer, scheduler; shards per rank
         rng_rank0.pt ...     RNG states of each rank (torch.save; loaded with weights_only=True)
         meta.json            step, epoch, position inside the epoch, world size, config and its hash
-        manifest.json        size and sha256 of every file above (hashed as each was written, by the
-                             rank that wrote it; gathered on rank 0): written last, marks a whole save
+        manifest.json        size and crc32 of every file above (summed as each was written, by the
+                             rank that wrote it; gathered on rank 0): written last, marks a whole save;
+                             older manifests carry sha256 instead, still verified
       .tmp-step_00000020/    a save in progress (or one a crash interrupted: ignored, later removed)
       latest                 the newest committed checkpoint's name, replaced with os.replace
       final.pt               the consolidated model for plain PyTorch (checkpoint.export_final)
@@ -15,8 +16,9 @@
 A save writes into `.tmp-<name>/`, fsyncs every file, then renames the folder into place and
 replaces `latest`: a kill at any instant leaves the previous checkpoint whole. An async save copies
 the state into staging buffers kept between saves and does all of that in a background thread. A
-load checks the manifest (sizes up front; sha256, with verify=hash, in threads while DCP reads the
-files) and falls back to the previous good checkpoint, naming the bad file. Nothing is ever
+load checks the manifest (sizes up front; with verify=hash, every file's checksum in the same pass
+that reads it into the live tensors: `reading`) and falls back to the previous good checkpoint,
+naming the bad file. Nothing is ever
 unpickled freely: tensors and objects load with weights_only=True, DCP's `.metadata` through an
 allow-list of DCP's own classes.
 """
@@ -24,7 +26,6 @@ allow-list of DCP's own classes.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from typing import Any
 
 import torch
 
+from disttrain.checkpoint.reading import CRC32, Checksum, CorruptCheckpoint, algo_of, file_digest, mismatch
 from disttrain.rundir import RunDir
 
 log = logging.getLogger("disttrain")
@@ -87,40 +89,35 @@ def _write_synced(path: Path, data: bytes) -> None:
 
 
 def _file_digest(path: Path, with_hash: bool) -> dict[str, Any]:
-    """Size (and sha256) of a file as it is on disk: a manifest entry."""
-    entry: dict[str, Any] = {"size": path.stat().st_size}
-    if with_hash:
-        h, buf = hashlib.sha256(), bytearray(1 << 22)
-        with path.open("rb", buffering=0) as f:
-            while n := f.readinto(buf):
-                h.update(memoryview(buf)[:n])
-        entry["sha256"] = h.hexdigest()
-    return entry
+    """Size (and crc32) of a file as it is on disk: a manifest entry."""
+    return file_digest(path, CRC32 if with_hash else None)
 
 
 def _bytes_digest(data: bytes, with_hash: bool) -> dict[str, Any]:
-    """The manifest entry of a file whose bytes are `data` (hashed in memory, never re-read)."""
+    """The manifest entry of a file whose bytes are `data` (summed in memory, never re-read)."""
     entry: dict[str, Any] = {"size": len(data)}
     if with_hash:
-        entry["sha256"] = hashlib.sha256(data).hexdigest()
+        c = Checksum(CRC32)
+        c.update(data)
+        entry[CRC32] = c.hexdigest()
     return entry
 
 
 class _HashingFile:
-    """A file DCP writes through, hashing each buffer on its way to disk: the manifest's sha256
+    """A file DCP writes through, summing each buffer on its way to disk: the manifest's crc32
     costs no second read of the checkpoint. Writes are strictly sequential (no seek: a writer that
     tried one would fail, never record a wrong hash); `commit_dir` checks each size on disk too."""
 
     def __init__(self, f: Any, with_hash: bool) -> None:
         self._f = f
-        self._h = hashlib.sha256() if with_hash else None
+        self._h = Checksum(CRC32) if with_hash else None
         self.size = 0
 
     def write(self, data: Any) -> int:
         n: int = self._f.write(data)
         view = memoryview(data)
         if self._h is not None:
-            self._h.update(view)  # hashlib drops the GIL on big buffers: DCP's threads hash in parallel
+            self._h.update(view)  # zlib drops the GIL on big buffers: DCP's threads sum in parallel
         self.size += view.nbytes
         return n
 
@@ -139,7 +136,7 @@ class _HashingFile:
     def digest(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"size": self.size}
         if self._h is not None:
-            entry["sha256"] = self._h.hexdigest()
+            entry[CRC32] = self._h.hexdigest()
         return entry
 
 
@@ -189,11 +186,22 @@ class _SafeUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not allowed")
 
 
-def _reader(path: Path) -> Any:
+def _reader(path: Path, expected: dict[str, Any] | None = None, check_unread: bool = False) -> Any:
+    """DCP's FileSystemReader with `.metadata` through the allow-list and `reading.read_data`:
+    one thread per file, whole tensors read straight into the live ones, and each file checked
+    against its manifest entry in `expected` (those it reads; with `check_unread`, the rest too)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
+    from disttrain.checkpoint import reading
+
     class SafeReader(FileSystemReader):
+        expected: dict[str, Any] | None = None
+        check_unread = False
+
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            return reading.read_data(self, plan, planner)
+
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             rank = kwargs.get("rank")
             name = ".metadata" if rank is None else f"__{rank}.metadata"
@@ -204,7 +212,9 @@ def _reader(path: Path) -> Any:
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
-    return SafeReader(str(path))
+    r = SafeReader(str(path))
+    r.expected, r.check_unread = expected, check_unread
+    return r
 
 
 def _planner() -> Any:
@@ -232,9 +242,19 @@ def _planner() -> Any:
 class PendingSave:
     """A save whose files are still being written (async) or committed; `wait()` finishes it."""
 
-    def __init__(self, future: Future | None, commit: Callable[[], None], started: float) -> None:
-        self._future, self._commit, self.started = future, commit, started
+    def __init__(
+        self, future: Future | None, commit: Callable[[], None], started: float, staged: Future | None = None
+    ) -> None:
+        self._future, self._commit, self.started, self._staged = future, commit, started, staged
         self.done = False
+
+    def wait_staged(self) -> None:
+        """Return once the state is copied (staged): from then on it may change again."""
+        if self._staged is not None:
+            self._staged.result()
+
+    def is_staged(self) -> bool:
+        return self._staged is None or self._staged.done()
 
     def wait(self) -> None:
         if self.done:
@@ -263,8 +283,16 @@ class _Background:
 
         if cls.executor is None:
             cls.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="disttrain-ckpt")
-            # CPU staging (no pinned/shared memory, no CUDA stream): what a CPU or GPU run can use.
-            cls.stager = DefaultStager(StagingOptions(False, False, False, False))
+            # CPU staging (no pinned/shared memory, no CUDA stream: what a CPU or GPU run can use),
+            # in DCP's staging thread: the copy can overlap the next step's forward and backward.
+            cls.stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=False,
+                    use_shared_memory=False,
+                    use_async_staging=True,
+                    use_non_blocking_copy=False,
+                )
+            )
         return cls.executor, cls.stager
 
     @classmethod
@@ -285,12 +313,15 @@ def save(
     keep: int,
     verify: str,
     async_save: bool = False,
+    overlap_staging: bool = False,
     process_group: Any = None,
     barrier: Callable[[], None] = lambda: None,
 ) -> PendingSave:
     """Every rank calls this at the same step. Returns when the state is safe to modify again:
     sync, once committed; async, once staged (copied into CPU buffers kept from the previous async
-    save), while a background thread writes and (rank 0) commits; `PendingSave.wait()` joins it."""
+    save), while a background thread writes and (rank 0) commits; `PendingSave.wait()` joins it.
+    With `overlap_staging`, an async save returns while the copy is still running: the caller must
+    call `PendingSave.wait_staged()` before anything in `app_state` changes (the optimizer step)."""
     started = time.time()
     name = step_name(step)
     tmp = ckpt_dir / f"{TMP}{name}"
@@ -310,8 +341,10 @@ def save(
         pending.wait()
         return pending
     executor, stager = _Background.start()
-    staged = stager.stage(app_state)
-    pending = PendingSave(executor.submit(write, staged), lambda: None, started)
+    staged: Future = stager.stage(app_state)  # a Future: DCP's staging thread copies
+    if not overlap_staging:
+        staged.result()
+    pending = PendingSave(executor.submit(lambda: write(staged.result())), lambda: None, started, staged)
     _Background.in_flight = pending
     return pending
 
@@ -338,7 +371,7 @@ def _write_and_commit(
     writer = _writer(tmp, with_hash)
     no_dist = not dist.is_initialized()
     # torch.save's zip CRC32 of every tensor record is a second checksum of the same bytes: the
-    # manifest's sha256 (verify=hash) or size (verify=size) is what a load checks, and torch.load
+    # manifest's crc32 (verify=hash) or size (verify=size) is what a load checks, and torch.load
     # never reads the CRC. The option is process-wide; it is restored as soon as the write ends.
     crc = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(False)
@@ -457,7 +490,7 @@ def commit_dir(
     entries = {}
     for p in sorted(p for p in tmp.iterdir() if p.is_file() and p.name != MANIFEST):
         entry = known.get(p.name)
-        if entry is None or entry["size"] != p.stat().st_size or with_hash != ("sha256" in entry):
+        if entry is None or entry["size"] != p.stat().st_size or with_hash != (algo_of(entry) is not None):
             with p.open("rb") as f:
                 os.fsync(f.fileno())
             entry = _file_digest(p, with_hash)
@@ -553,18 +586,16 @@ def problem(path: Path, verify: str = "hash") -> str | None:
         f = path / fname
         if not f.is_file():
             return f"{f} is missing"
-        size = f.stat().st_size
-        if size != want["size"]:
-            return f"{f} has {size} bytes, the manifest says {want['size']} (truncated or overwritten)"
-    hashed = [fname for fname, want in files.items() if verify == "hash" and "sha256" in want]
-    # One thread per file (hashlib and reads release the GIL): every rank's shards hash in parallel.
+        if why := mismatch(f, want, f.stat().st_size, None):
+            return why
+    hashed = [fname for fname, want in files.items() if verify == "hash" and algo_of(want)]
+    # One thread per file (zlib, hashlib and reads release the GIL): the shards sum in parallel.
     with ThreadPoolExecutor(max_workers=max(1, min(len(hashed), os.cpu_count() or 1, 8))) as pool:
-        got = dict(
-            zip(hashed, pool.map(lambda n: _file_digest(path / n, True)["sha256"], hashed), strict=True)
-        )
-    for fname in hashed:
-        if got[fname] != files[fname]["sha256"]:
-            return f"{path / fname} has the right size but the wrong sha256 (corrupted)"
+        got = pool.map(lambda n: file_digest(path / n, algo_of(files[n])), hashed)
+        for fname, entry in zip(hashed, got, strict=True):
+            algo = algo_of(files[fname])
+            if why := mismatch(path / fname, files[fname], entry["size"], entry[algo] if algo else None):
+                return why
     return None
 
 
@@ -619,29 +650,32 @@ def load_sharded(
 ) -> dict[str, Any] | None:
     """Fill `app_state` in place from the DCP checkpoint at `path` (resharding as needed).
 
-    verify="hash": rank 0 checks every file's sha256 against the manifest in background threads
-    while the load reads the same files (hashing and reading overlap instead of adding up), and
-    raises CorruptCheckpoint (a load error: the caller falls back) on a mismatch. A caller that
-    chose `path` with `choose(..., "hash")` has checked it already and passes "size".
+    verify="hash": every rank checks the checksum (crc32; sha256 in older manifests) of each file
+    it reads, in the same pass that reads it, and rank 0 checks the files it does not read
+    (.metadata, meta.json, rng files, other ranks' shards) beside; a mismatch raises
+    CorruptCheckpoint (a load error: the caller falls back). A caller that chose `path` with
+    `choose(..., "hash")` has checked it already and passes "size".
 
     Returns this rank's saved RNG states, or None when the checkpoint had no rank of this number.
     """
     import torch.distributed.checkpoint as dcp
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="disttrain-verify") as pool:
-        check = pool.submit(problem, path, "hash") if verify == "hash" and rank == 0 else None
+    expected = None
+    if verify == "hash" and (path / MANIFEST).is_file():
         try:
-            dcp.load(app_state, storage_reader=_reader(path), planner=_planner(), no_dist=no_dist)
-        finally:
-            why = check.result() if check is not None else None
-    if why is not None:
-        raise CorruptCheckpoint(why)
+            expected = json.loads((path / MANIFEST).read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CorruptCheckpoint(f"{path / MANIFEST} is unreadable ({exc})") from exc
+    reader = _reader(path, expected, check_unread=rank == 0)
+    try:
+        dcp.load(app_state, storage_reader=reader, planner=_planner(), no_dist=no_dist)
+    except dcp.CheckpointException as exc:  # DCP wraps each rank's error: name the corrupt file
+        for failure in exc.failures.values():
+            if isinstance(cause := failure[0] if isinstance(failure, tuple) else failure, CorruptCheckpoint):
+                raise CorruptCheckpoint(str(cause)) from exc
+        raise
     rng_file = path / f"rng_rank{rank}.pt"
     return load(rng_file) if rng_file.is_file() else None
-
-
-class CorruptCheckpoint(ValueError):
-    """A checkpoint's file does not match its manifest (found while loading it)."""
 
 
 # --------------------------------------------------------------------------------- export

@@ -263,6 +263,7 @@ class Engine:
     # ------------------------------------------------------------------------------------ step
     def train_step(self, micro_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over `grad_accum` micro-batches; all-reduce only on the last."""
+        self.ckpt.staged("forward")  # an async save's staging copy overlaps the step, ends before changes
         self.model.train()
         total = torch.zeros((), device=self.env.device)
         n = len(micro_batches)
@@ -277,6 +278,7 @@ class Engine:
         if (self.state.step + 1) % self.t.log_every == 0 and (norms := self.guards.grad_norms()):
             self.metrics.log(self.state.step + 1, norms, epoch=self.state.epoch)
         skip = self.guards.after_backward(self.state.step + 1, total, grad_norm)
+        self.ckpt.staged("update")
         self.in_update = True
         if skip:
             self.precision.scaler.update()

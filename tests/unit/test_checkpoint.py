@@ -68,7 +68,7 @@ def test_commit_writes_a_whole_folder_and_points_latest(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".tmp-*")), "the temporary folder was renamed into place"
     manifest = json.loads((path / "manifest.json").read_text())
     assert {".metadata", "meta.json", "rng_rank0.pt"} <= set(manifest["files"])
-    assert all(len(f["sha256"]) == 64 for f in manifest["files"].values())
+    assert all(len(f["crc32"]) == 8 for f in manifest["files"].values())
     assert checkpoint.problem(path) is None
     loaded, _ = _load_into(path)
     assert all(
@@ -105,7 +105,7 @@ def test_corrupted_bytes_same_size_are_caught_by_the_hash(tmp_path: Path) -> Non
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    assert "sha256" in (checkpoint.problem(tmp_path / "step_00000002") or "")
+    assert "wrong crc32" in (checkpoint.problem(tmp_path / "step_00000002") or "")
     assert checkpoint.problem(tmp_path / "step_00000002", verify="size") is None  # size alone can't tell
     assert checkpoint.choose(tmp_path) == tmp_path / "step_00000001"
 
@@ -463,9 +463,9 @@ def test_resume_from_an_older_step_supersedes_the_abandoned_timeline(tmp_path: P
     assert checkpoint.choose(tmp_path) == tmp_path / "step_00000014"
 
 
-def test_hashes_computed_while_writing_equal_each_files_sha256(tmp_path: Path) -> None:
-    """The manifest's sha256 comes from the bytes DCP wrote (no second read): it must equal a
-    fresh sha256 of every file on disk, for DCP's shards, .metadata, rng and meta.json alike."""
+def test_checksums_computed_while_writing_equal_each_files_checksum(tmp_path: Path) -> None:
+    """The manifest's crc32 comes from the bytes DCP wrote (no second read): it must equal a
+    fresh crc32 of every file on disk, for DCP's shards, .metadata, rng and meta.json alike."""
     model, opt = _trained()
     msd, osd = get_state_dict(model, opt)
     writer = store._writer(tmp_path / "w", with_hash=True)
@@ -498,11 +498,11 @@ def test_commit_hashes_from_disk_a_file_whose_digest_is_missing_or_stale(tmp_pat
     tmp.mkdir()
     for name in (".metadata", "a", "b"):
         (tmp / name).write_bytes(name.encode() * 100)
-    stale = {"a": {"size": 100, "sha256": "0" * 64}, "b": {"size": 7, "sha256": "0" * 64}}
+    stale = {"a": {"size": 100, "crc32": "0" * 8}, "b": {"size": 7, "crc32": "0" * 8}}
     checkpoint.commit_dir(tmp_path, tmp, "step_00000001", {"step": 1}, "hash", 3, stale)
     path = tmp_path / "step_00000001"
     files = json.loads((path / "manifest.json").read_text())["files"]
-    assert files["a"]["sha256"] == "0" * 64, "a digest of the right size is trusted (it came from the write)"
+    assert files["a"]["crc32"] == "0" * 8, "a digest of the right size is trusted (it came from the write)"
     assert files["b"] == store._file_digest(path / "b", True), "a wrong size is re-hashed from disk"
     assert files[".metadata"] == store._file_digest(path / ".metadata", True)
 
@@ -543,7 +543,7 @@ def test_async_save_commits_in_the_background_and_reuses_its_staging_buffers(tmp
 
 
 def test_a_load_verifying_hashes_fails_on_a_flipped_byte_and_names_the_file(tmp_path: Path) -> None:
-    """verify=hash at load: sha256 checked while DCP reads; a same-size corruption raises (the
+    """verify=hash at load: crc32 checked in the pass that reads each file; a same-size corruption raises (the
     engine's resume then falls back), and the untouched checkpoint loads."""
     model, opt = _trained()
     _save(tmp_path, 1, model, opt)
@@ -556,7 +556,7 @@ def test_a_load_verifying_hashes_fails_on_a_flipped_byte_and_names_the_file(tmp_
     assert checkpoint.choose(tmp_path, "size") == path, "sizes alone cannot see it"
     state = {"model": get_state_dict(*_trained(seed=99))[0]}
     with pytest.raises(
-        checkpoint.CorruptCheckpoint, match=f"{shard.name} has the right size but the wrong sha256"
+        checkpoint.CorruptCheckpoint, match=f"{shard.name} has the right size but the wrong crc32"
     ):
         checkpoint.load_sharded(path, state, rank=0, no_dist=True, verify="hash")
     assert checkpoint.load_errors()[0] is Exception  # the engine's resume catches it and falls back

@@ -1,0 +1,267 @@
+"""Reading a DCP checkpoint at disk speed, checking every byte against the manifest on the way.
+
+DCP 2.13's FileSystemReader has no knobs: one thread, and each tensor goes through a full
+`torch.load` into a fresh tensor and then a `copy_` into the live one (two passes over memory).
+`read_data` (store's SafeReader.read_data) reads the same files, the same format, through the same planner, but:
+- one thread per file (reads, `copy_` and zlib.crc32 release the GIL);
+- a whole, contiguous CPU tensor is read straight into the live tensor (`readinto`): its item's
+  small zip records (located by a `torch.load` onto the meta device) are read around it, and
+  anything else (a resharded slice, a GPU tensor, a non-tensor) takes DCP's own path;
+- with the manifest's entries (`expected`), each file is checksummed in the same pass, in file
+  order (the gaps between the items this rank reads are read too), so a load verifies every byte
+  it reads for the price of the checksum on memory that is already in cache. A mismatch raises
+  CorruptCheckpoint (a load error: every rank falls back to an older checkpoint).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import sys
+import threading
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CRC32, SHA256 = "crc32", "sha256"  # manifest digests: crc32 from now on; sha256 in older manifests
+_CHUNK = 1 << 22
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint's file does not match its manifest (found while loading it)."""
+
+
+class Checksum:
+    """The running digest of one file: zlib.crc32 (new manifests) or sha256 (older ones)."""
+
+    def __init__(self, algo: str = CRC32) -> None:
+        if algo not in (CRC32, SHA256):
+            raise ValueError(f"unknown checkpoint checksum {algo!r} (known: {CRC32}, {SHA256})")
+        self.algo = algo
+        self._sha = hashlib.sha256() if algo == SHA256 else None
+        self._crc = 0
+
+    def update(self, data: Any) -> None:
+        # both drop the GIL on big buffers: the threads of a save or a load checksum in parallel
+        if self._sha is not None:
+            self._sha.update(data)
+        else:
+            self._crc = zlib.crc32(data, self._crc)
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest() if self._sha is not None else f"{self._crc:08x}"
+
+
+def algo_of(entry: dict[str, Any] | None) -> str | None:
+    """The digest a manifest entry carries (None: sizes only)."""
+    if entry is None:
+        return None
+    return next((a for a in (CRC32, SHA256) if a in entry), None)
+
+
+def file_digest(path: Path, algo: str | None) -> dict[str, Any]:
+    """Size (and checksum) of a file as it is on disk: a manifest entry."""
+    entry: dict[str, Any] = {"size": path.stat().st_size}
+    if algo is not None:
+        c, buf = Checksum(algo), bytearray(_CHUNK)
+        with path.open("rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                c.update(memoryview(buf)[:n])
+        entry[algo] = c.hexdigest()
+    return entry
+
+
+def mismatch(path: Path, want: dict[str, Any], size: int, digest: str | None) -> str | None:
+    """Why a file of `size` bytes and checksum `digest` is not the manifest's `want`, or None."""
+    if size != want["size"]:
+        return f"{path} has {size} bytes, the manifest says {want['size']} (truncated or overwritten)"
+    algo = algo_of(want)
+    if algo is not None and digest is not None and digest != want[algo]:
+        return f"{path} has the right size but the wrong {algo} (corrupted)"
+    return None
+
+
+class _File:
+    """One checkpoint file read in order of offset, checksummed as it goes when `want` is given."""
+
+    def __init__(self, f: Any, want: dict[str, Any] | None) -> None:
+        self.f, self.want = f, want
+        algo = algo_of(want)
+        self.sum = Checksum(algo) if algo is not None else None
+        self.pos = 0  # bytes checksummed so far (all of [0, pos))
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        """Bytes [offset, offset + n), checksummed when they are the next ones in the file."""
+        self.skip_to(offset)
+        self.f.seek(offset)
+        data = self.f.read(n)
+        if len(data) != n:
+            raise CorruptCheckpoint(
+                f"{self.f.name} ends at byte {offset + len(data)}; an item needs {offset + n}"
+            )
+        self._account(offset, data)
+        return data
+
+    def read_into(self, offset: int, out: memoryview) -> None:
+        self.skip_to(offset)
+        self.f.seek(offset)
+        got = 0
+        while got < out.nbytes:
+            n = self.f.readinto(out[got:])
+            if not n:
+                raise CorruptCheckpoint(
+                    f"{self.f.name} ends at byte {offset + got}; an item needs {offset + out.nbytes}"
+                )
+            got += n
+        self._account(offset, out)
+
+    def _account(self, offset: int, data: Any) -> None:
+        if self.sum is not None and offset == self.pos:
+            self.sum.update(data)
+            self.pos += memoryview(data).nbytes
+
+    def skip_to(self, offset: int) -> None:
+        """Checksum the bytes this rank does not need, up to `offset` (only when verifying)."""
+        if self.sum is None or offset <= self.pos:
+            return
+        self.f.seek(self.pos)
+        while self.pos < offset and (chunk := self.f.read(min(_CHUNK, offset - self.pos))):
+            self.sum.update(chunk)
+            self.pos += len(chunk)
+
+    def problem(self) -> str | None:
+        if self.want is None or self.sum is None:
+            return None
+        self.skip_to(1 << 62)  # the rest of the file, to its end
+        return mismatch(Path(self.f.name), self.want, self.pos, self.sum.hexdigest())
+
+
+def _whole(meta: torch.Tensor, nbytes: int, req: Any, target: torch.Tensor) -> bool:
+    """Whether the saved tensor can be read straight into `target`: the request is the whole
+    saved tensor, both are plain contiguous CPU tensors of one dtype and shape."""
+    return (
+        type(meta) is torch.Tensor
+        and meta.is_contiguous()
+        and meta.storage_offset() == 0
+        and meta.numel() * meta.element_size() == nbytes
+        and all(o == 0 for o in req.storage_offsets)
+        and tuple(req.lengths) == tuple(meta.shape)
+        and target.device.type == "cpu"
+        and target.dtype == meta.dtype
+        and tuple(target.shape) == tuple(meta.shape)
+        and target.is_contiguous()
+        and type(target) is torch.Tensor
+        and sys.byteorder == "little"
+    )
+
+
+def _read_file(reader: Any, rel: str, reqs: list[Any], planner: Any, lock: threading.Lock) -> str | None:
+    """Every item of one file into the planner's tensors; returns the file's mismatch, if any."""
+    path = Path(reader.path) / rel
+    want = reader.expected.get(rel) if reader.expected is not None else None
+    try:
+        return _read_items(reader, path, want, reqs, planner, lock)
+    except Exception:
+        # bytes that fail to parse: when the file does not match its manifest, say that instead
+        if want is not None and (why := _check_whole(path, want)):
+            return why
+        raise
+
+
+def _read_items(
+    reader: Any, path: Path, want: Any, reqs: list[Any], planner: Any, lock: threading.Lock
+) -> str | None:
+    from torch.distributed.checkpoint.planner import LoadItemType
+
+    storage = reader.storage_data
+    reqs = sorted(reqs, key=lambda r: storage[r.storage_index].offset)
+    with path.open("rb", buffering=0) as raw:
+        f = _File(raw, want)
+        for req in reqs:
+            info = storage[req.storage_index]
+            if req.type == LoadItemType.BYTE_IO or info.transform_descriptors:
+                _read_generic(reader, f, info, req, planner, lock)
+                continue
+            # the item's small records only: onto the meta device, torch.load reads no tensor bytes
+            view = reader._slice_file(raw, info)
+            meta = torch.load(view, map_location="meta", weights_only=True)
+            st = meta.untyped_storage()
+            start, nbytes = getattr(st, "_checkpoint_offset", None), st.nbytes()
+            with lock:
+                target = planner.resolve_tensor(req).detach()
+            if start is None or not _whole(meta, nbytes, req, target):
+                _read_generic(reader, f, info, req, planner, lock)
+                continue
+            if f.sum is not None:
+                f.read_at(info.offset, start)  # the zip records before the tensor's bytes, summed
+            if nbytes:
+                f.read_into(info.offset + start, memoryview(target.reshape(-1).view(torch.uint8).numpy()))
+            if f.sum is not None:
+                f.read_at(info.offset + start + nbytes, info.length - start - nbytes)  # and after them
+            with lock:
+                planner.commit_tensor(req, target)
+        return f.problem()
+
+
+def _read_generic(reader: Any, f: _File, info: Any, req: Any, planner: Any, lock: threading.Lock) -> None:
+    """DCP's own path for one item: its bytes, `torch.load`, narrow, `copy_` (or load_bytes)."""
+    from torch.distributed._shard._utils import narrow_tensor_by_index as narrow
+    from torch.distributed.checkpoint.planner import LoadItemType
+
+    data = io.BytesIO(f.read_at(info.offset, info.length))
+    stream = reader.transforms.transform_load_stream(req, info.transform_descriptors or (), data)
+    value = io.BytesIO(stream.read(-1))
+    if req.type == LoadItemType.BYTE_IO:
+        with lock:
+            planner.load_bytes(req, value)
+        return
+    tensor = narrow(
+        torch.load(value, map_location="cpu", weights_only=True), req.storage_offsets, req.lengths
+    )
+    with lock:
+        target = planner.resolve_tensor(req).detach()
+    if target.size() != tensor.size():
+        raise AssertionError(f"req {req.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
+    target.copy_(tensor)
+    with lock:
+        planner.commit_tensor(req, target)
+
+
+def read_data(reader: Any, plan: Any, planner: Any) -> Any:
+    """The body of store's SafeReader.read_data (see the module docstring)."""
+    per_file: dict[str, list[Any]] = {}
+    for req in plan.items:
+        per_file.setdefault(reader.storage_data[req.storage_index].relative_path, []).append(req)
+    lock = threading.Lock()
+    expected: dict[str, Any] = reader.expected or {}
+    # The files no item of this rank's plan is in (.metadata, meta.json, rng files, other ranks'
+    # shards): the checking rank hashes them in the same pool, beside the reads.
+    unread = [n for n in expected if n not in per_file] if reader.check_unread else []
+    workers = max(1, min(len(per_file) + len(unread), os.cpu_count() or 1, 4))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="disttrain-read") as pool:
+        reads = [
+            pool.submit(_read_file, reader, rel, reqs, planner, lock)
+            for rel, reqs in sorted(per_file.items())
+        ]
+        checks = [pool.submit(_check_whole, Path(reader.path) / n, expected[n]) for n in unread]
+        problems = [fut.result() for fut in reads + checks]
+    why = next((p for p in problems if p), None)
+    if why is not None:
+        raise CorruptCheckpoint(why)
+    from torch.futures import Future
+
+    fut: Future[None] = Future()
+    fut.set_result(None)
+    return fut
+
+
+def _check_whole(path: Path, want: dict[str, Any]) -> str | None:
+    if not path.is_file():
+        return f"{path} is missing"
+    got = file_digest(path, algo_of(want))
+    algo = algo_of(want)
+    return mismatch(path, want, got["size"], got.get(algo) if algo else None)

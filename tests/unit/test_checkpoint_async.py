@@ -1,0 +1,109 @@
+"""An async save whose staging copy overlaps the next step: the checkpoint holds the state of the
+step it was taken at, and training waits for the copy only before the state changes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from disttrain import checkpoint
+from disttrain.checkpoint.manager import Checkpointer, ModelState, run_info
+from disttrain.config.schema import CheckpointConfig
+from disttrain.dist import DistEnv
+from disttrain.engine.state import TrainState
+from disttrain.strategies.base import Strategy
+from disttrain.strategies.specs.data_parallel import SingleStrategyConfig
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
+
+ENV = DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu"))
+CFG = {"model": {"hidden": 4}, "optim": {"lr": 0.1}, "trainer": {"log_every": 1}}
+
+
+class Counter:
+    """A user's own Stateful whose tensor changes in place."""
+
+    def __init__(self) -> None:
+        self.n = torch.zeros(3)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.n = state["n"].clone()
+
+
+def _manager(
+    tmp_path: Path, model: nn.Module
+) -> tuple[Checkpointer, torch.optim.Optimizer, TrainState, Counter]:
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.randn(4, 4)).sum().backward()
+    opt.step()
+    state, counter = TrainState(), Counter()
+    states = {"model": ModelState(Strategy(SingleStrategyConfig(), ENV), model, opt), "train": state}
+    states["counter"] = counter  # type: ignore[assignment]
+    cfg = CheckpointConfig(keep=5, verify="hash")
+    setattr(cfg, "async", True)
+    ckpt = Checkpointer(cfg, tmp_path, ENV, states, run_info=run_info(CFG, "single", 1, 1, 32))
+    return ckpt, opt, state, counter
+
+
+def test_the_checkpoint_holds_the_saved_step_while_the_next_one_changes_everything(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 2))
+    ckpt, opt, state, counter = _manager(tmp_path, model)
+    assert not ckpt._saved_buffers
+    state.step = 3
+    counter.n += 7
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    want_moment = opt.state[next(iter(model.parameters()))]["exp_avg"].clone()
+    ckpt.save("periodic")
+    counter.n += 1  # a user state changed right after the save returned: copied already
+    ckpt.staged("forward")  # no saved buffers: the forward does not wait
+    model(torch.randn(4, 4)).sum().backward()
+    ckpt.staged("update")
+    assert ckpt.pending is not None and ckpt.pending.is_staged()
+    opt.step()
+    ckpt.finish()
+    path = tmp_path / checkpoint.step_name(3)
+    assert checkpoint.problem(path) is None
+    torch.manual_seed(1)
+    fresh = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 2))
+    other, opt2, _, counter2 = _manager(tmp_path / "other", fresh)
+    other.restore(path)
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in want.items())
+    assert torch.equal(opt2.state[next(iter(fresh.parameters()))]["exp_avg"], want_moment)
+    assert torch.equal(counter2.n, torch.full((3,), 7.0))
+    assert len(ckpt.stalls) == 1 and ckpt.stalls[0] >= 0
+
+
+def test_a_model_with_saved_buffers_waits_for_the_copy_before_its_forward(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8))
+    ckpt, _, state, _ = _manager(tmp_path, model)
+    assert ckpt._saved_buffers
+    state.step = 1
+    ckpt.save("periodic")
+    ckpt.staged("forward")
+    assert ckpt.pending is not None and ckpt.pending.is_staged()
+    ckpt.finish()
+
+
+def test_while_an_overlapped_save_is_in_flight_the_last_committed_one_stays_choosable(tmp_path: Path) -> None:
+    """The in-flight save writes into .tmp-: the committed checkpoint before it stays whole (a kill
+    mid-save: tests/integration/test_faults.py)."""
+    model = nn.Sequential(nn.Linear(4, 8))
+    ckpt, _, state, _ = _manager(tmp_path, model)
+    state.step = 1
+    ckpt.save("periodic")
+    ckpt.finish()
+    state.step = 2
+    ckpt.save("periodic")
+    deadline = time.monotonic() + 30
+    while not ckpt.pending.ready() and time.monotonic() < deadline:  # type: ignore[union-attr]
+        assert checkpoint.choose(tmp_path) is not None
+    ckpt.finish()
+    assert checkpoint.choose(tmp_path) == tmp_path / checkpoint.step_name(2)
