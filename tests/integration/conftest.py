@@ -8,6 +8,7 @@ puts each rank in a session of its own, out of reach of `killpg`), never leaving
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -155,6 +156,27 @@ def run_command(
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
 
 
+def cli_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`disttrain ARGS...` as disttrain.cli.main in this process, in `cwd`: for the commands that
+    start no rank (export, plan, show, a refused train or rerun), which cost a subprocess mostly
+    its interpreter and torch import. The exit code is main()'s return value or SystemExit code;
+    an exception escaping main() is the traceback a user would see, so it fails the test."""
+    from disttrain.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main(list(args))
+            except SystemExit as exc:
+                rc = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        os.chdir(saved)
+    return subprocess.CompletedProcess(["disttrain", *args], rc, out.getvalue(), err.getvalue())
+
+
 def find_run_dirs(root: Path) -> list[Path]:
     """Every run dir under `root` (a folder holding the frozen config.yaml, not Hydra's .hydra/)."""
     return sorted(p.parent for p in root.rglob("config.yaml") if p.parent.name != ".hydra")
@@ -185,6 +207,37 @@ def run_cli(
     if expect_rc == 0:
         assert new, f"a successful run created no run dir under {tmp_path}"
     return proc, (new[0] if new else None)
+
+
+def train_in_process(run_dir: Path, *overrides: str) -> Path:
+    """The 1-process reference of a parity test, in this process: the config `disttrain train FAST...
+    overrides...` composes and checks, trained by the rank's own code (worker.train) as rank 0 of
+    a world of one (gloo over an in-memory store), one thread as in a CLI rank; `run_dir` gets
+    what that rank writes (metrics.jsonl, summary.json, checkpoints). What it saves: the two
+    interpreter start-ups (CLI and rank) of a subprocess run that has nothing to prove across
+    processes; the runs compared against it stay real multi-process CLI runs."""
+    import torch
+    import torch.distributed as dist
+
+    from disttrain.config import compose, resolve
+    from disttrain.config.validate import check_static
+    from disttrain.dist import DistEnv
+    from disttrain.worker import train
+
+    args = [*FAST, *overrides]
+    cfg = resolve(compose(args), args)
+    check_static(cfg)
+    assert cfg["nodes"] * cfg["nproc_per_node"] == 1, "a reference in this process is one rank"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        train(cfg, DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu")), run_dir)
+    finally:
+        dist.destroy_process_group()
+        torch.set_num_threads(threads)
+    return run_dir
 
 
 # ------------------------------------------------------------------------------------ run contents

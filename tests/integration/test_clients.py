@@ -115,15 +115,30 @@ def _falls(run_dir: Path) -> list[float]:
     return losses
 
 
-@pytest.mark.parametrize(
-    "strategy",
-    [("strategy=ddp",), ("strategy=fsdp", "strategy.wrap_classes=[Block]", "amp=bf16")],
-    ids=["ddp", "fsdp-bf16"],
-)
-def test_nanogpt_as_written(tmp_path: Path, strategy: tuple[str, ...]) -> None:
-    conf = _nanogpt(tmp_path)
-    call = ("model=nanogpt", "task.call={idx: x, targets: y}", "task.tokens=idx", "task.perplexity=true")
-    _, run_dir = run_cli(tmp_path, *call, *strategy, *LM, flags=("--config-dir", str(conf)))
+# nanoGPT's forward(idx, targets); the tokens per sample are idx's; the loss gives a perplexity.
+NANOGPT = ("model=nanogpt", "task.call={idx: x, targets: y}", "task.tokens=idx", "task.perplexity=true")
+# The ddp run logs every step and checkpoints at step 5: test_nanogpt_resumes_bitwise continues it.
+NANOGPT_DDP = (*NANOGPT, *LM, "strategy=ddp", "trainer.log_every=1", "trainer.ckpt_every=5", "seed=3")
+
+
+@pytest.fixture(scope="module")
+def nanogpt_ddp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """nanoGPT under ddp: (the user's folder with its conf/, the run dir)."""
+    cwd = tmp_path_factory.mktemp("nanogpt")
+    conf = _nanogpt(cwd)
+    _, run_dir = run_cli(cwd, *NANOGPT_DDP, "name=full", flags=("--config-dir", str(conf)))
+    assert run_dir is not None
+    return cwd, run_dir
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp-bf16"])
+def test_nanogpt_as_written(tmp_path: Path, strategy: str, request: pytest.FixtureRequest) -> None:
+    if strategy == "ddp":
+        run_dir = request.getfixturevalue("nanogpt_ddp")[1]
+    else:
+        conf = _nanogpt(tmp_path)
+        fsdp = ("strategy=fsdp", "strategy.wrap_classes=[Block]", "amp=bf16")
+        _, run_dir = run_cli(tmp_path, *NANOGPT, *fsdp, *LM, flags=("--config-dir", str(conf)))
     assert run_dir is not None
     _falls(run_dir)
     last = train_records(run_dir)[-1]
@@ -133,14 +148,11 @@ def test_nanogpt_as_written(tmp_path: Path, strategy: tuple[str, ...]) -> None:
     assert read_yaml(run_dir / "config.yaml")["task"]["call"] == {"idx": "x", "targets": "y"}
 
 
-def test_nanogpt_resumes_bitwise_into_a_new_run(tmp_path: Path) -> None:
-    conf = _nanogpt(tmp_path)
-    call = ("model=nanogpt", "task.call={idx: x, targets: y}", "trainer.log_every=1", "trainer.ckpt_every=5")
-    args = (*LM, *call, "seed=3")  # after LM: log every step
-    _, full = run_cli(tmp_path, *args, "name=full", flags=("--config-dir", str(conf)))
-    assert full is not None
+def test_nanogpt_resumes_bitwise_into_a_new_run(nanogpt_ddp: tuple[Path, Path]) -> None:
+    cwd, full = nanogpt_ddp
     ckpt = full / "checkpoints" / "step_00000005"
-    _, resumed = run_cli(tmp_path, *args, "name=resumed", f"resume={ckpt}", flags=("--config-dir", str(conf)))
+    conf = ("--config-dir", str(cwd / "conf"))
+    _, resumed = run_cli(cwd, *NANOGPT_DDP, "name=resumed", f"resume={ckpt}", flags=conf)
     assert resumed is not None
     ref = {r["step"]: r["train/loss"] for r in train_records(full)}
     got = {r["step"]: r["train/loss"] for r in train_records(resumed)}
@@ -171,9 +183,11 @@ def test_hugging_face_gpt2(tmp_path: Path, strategy: tuple[str, ...]) -> None:
 
 @pytest.fixture(scope="module")
 def plain_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The DIGITS run without smoothing (ddp): its step-1 loss is the same under every strategy
-    (same seed, model and batch: the parity tests), so one plain run serves both smoothed ones."""
-    _, run_dir = run_cli(tmp_path_factory.mktemp("plain"), *DIGITS, "strategy=ddp", "seed=1", "name=plain")
+    """The DIGITS run without smoothing, on one rank with the 2 ranks' global batch (2 x 32): its
+    step-1 loss is the same under every strategy (same seed, model and global batch: the parity
+    tests), so one plain run serves both smoothed ones."""
+    one = ("strategy=single", "nproc_per_node=1", "trainer.batch_size=64")
+    _, run_dir = run_cli(tmp_path_factory.mktemp("plain"), *DIGITS, *one, "seed=1", "name=plain")
     assert run_dir is not None
     return run_dir
 
@@ -186,7 +200,7 @@ def test_label_smoothing_criterion(tmp_path: Path, strategy: str, plain_digits: 
     _falls(smooth)
     first_plain, first_smooth = train_losses(plain_digits)[0], train_losses(smooth)[0]
     # Step 1 sees the same untrained model and batch: smoothing only changes the loss's formula
-    # (by more than the <= 2.4e-7 that ddp and fsdp differ by, test_strategies_dp).
+    # (by more than the <= 2.4e-7 that single, ddp and fsdp differ by, test_strategies_dp).
     assert abs(first_smooth - first_plain) > 1e-5, (first_smooth, first_plain)
     assert read_yaml(smooth / "config.yaml")["task"]["criterion"]["label_smoothing"] == 0.2
 

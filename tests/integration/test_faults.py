@@ -37,6 +37,30 @@ FAULT = (
 )
 
 
+# Every run that is interrupted and resumed ends bitwise equal to one uninterrupted run of STEPS
+# steps: the constant schedule makes the horizon irrelevant, so a run stopped at any step and
+# resumed to STEPS meets the same reference (logging and checkpoint cadence do not touch the math).
+STEPS = 100
+RUN = (*FAULT, "sched=constant")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """The final weights of RUN for STEPS steps, never interrupted."""
+    cwd = tmp_path_factory.mktemp("reference")
+    _, run_dir = run_cli(cwd, *RUN, f"trainer.max_steps={STEPS}", "hydra.run.dir=reference", timeout=150)
+    assert run_dir is not None
+    return final_weights(run_dir)
+
+
+def _assert_like_reference(run_dir: Path, reference: dict[str, torch.Tensor]) -> None:
+    weights = final_weights(run_dir)
+    assert weights.keys() == reference.keys()
+    assert all(torch.equal(weights[k], reference[k]) for k in weights), (
+        "final weights differ from the uninterrupted run"
+    )
+
+
 def _start(cwd: Path, *overrides: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [CLI, "train", *FAST, *overrides],
@@ -86,10 +110,10 @@ def _rank_pid(run_dir: Path, rank: int) -> int:
     return pid
 
 
-def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(tmp_path: Path) -> None:
-    run = (*FAULT, "trainer.max_steps=60", "trainer.ckpt_every=10", "+model.delay=0.02")
-    _, reference = run_cli(tmp_path, *run, "hydra.run.dir=reference", timeout=150)
-    assert reference is not None
+def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(
+    tmp_path: Path, reference: dict[str, torch.Tensor]
+) -> None:
+    run = (*RUN, f"trainer.max_steps={STEPS}", "trainer.ckpt_every=10", "+model.delay=0.02")
     run_dir = tmp_path / "killed"
     proc = _start(tmp_path, *run, "launcher.max_restarts=1", f"hydra.run.dir={run_dir}")
     _wait_for_step(proc, run_dir, 15)
@@ -102,8 +126,7 @@ def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(tmp_path: P
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     first_new = min(r["time"] for r in records if "train/loss" in r and r["time"] > killed_at)
     assert first_new - killed_at < 60, f"training resumed {first_new - killed_at:.1f} s after the kill"
-    wa, wb = final_weights(reference), final_weights(run_dir)
-    assert all(torch.equal(wa[k], wb[k]) for k in wa), "final weights differ from the uninterrupted run"
+    _assert_like_reference(run_dir, reference)
     assert not _group_members(proc.pid)
 
 
@@ -129,13 +152,15 @@ def test_hung_rank_is_named_within_the_timeout(tmp_path: Path) -> None:
     assert time.monotonic() - started < 120
 
 
-def test_sigterm_far_from_a_log_step_saves_and_resumes_bitwise(tmp_path: Path) -> None:
+def test_sigterm_far_from_a_log_step_saves_and_resumes_bitwise(
+    tmp_path: Path, reference: dict[str, torch.Tensor]
+) -> None:
     """log_every=1000 at ~0.3 s per step: the ranks still agree within a step or two, save a signal
     checkpoint, exit 143, and a resume from it ends bitwise equal to an uninterrupted run."""
-    slow = ("sched=constant", "trainer.log_every=1000", "trainer.ckpt_every=3")
+    slow = ("trainer.log_every=1000", "trainer.ckpt_every=3")
     run_dir = tmp_path / "run"
     proc = _start(
-        tmp_path, *FAULT, *slow, "trainer.max_steps=1000", "+model.delay=0.3", f"hydra.run.dir={run_dir}"
+        tmp_path, *RUN, *slow, "trainer.max_steps=1000", "+model.delay=0.3", f"hydra.run.dir={run_dir}"
     )
     ckpts = run_dir / "checkpoints"
     deadline = time.monotonic() + 120
@@ -153,23 +178,21 @@ def test_sigterm_far_from_a_log_step_saves_and_resumes_bitwise(tmp_path: Path) -
     assert f"saved the signal checkpoint {latest}" in err and "disttrain resume" in err, err[-2000:]
     assert not _group_members(proc.pid), "ranks outlived the CLI"
 
-    end = meta["step"] + 2
     resumed = run_command(
-        [CLI, "resume", str(run_dir), f"trainer.max_steps={end}", "model.delay=0"], tmp_path, 120
+        [CLI, "resume", str(run_dir), f"trainer.max_steps={STEPS}", "model.delay=0"], tmp_path, 120
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    _, reference = run_cli(tmp_path, *FAULT, *slow, f"trainer.max_steps={end}", "hydra.run.dir=reference")
-    assert reference is not None
-    wa, wb = final_weights(reference), final_weights(run_dir)
-    assert all(torch.equal(wa[k], wb[k]) for k in wa), "resumed weights differ from the uninterrupted run"
+    _assert_like_reference(run_dir, reference)
 
 
-def test_sigkill_of_the_launcher_saves_a_signal_checkpoint_and_leaves_no_rank(tmp_path: Path) -> None:
+def test_sigkill_of_the_launcher_saves_a_signal_checkpoint_and_leaves_no_rank(
+    tmp_path: Path, reference: dict[str, torch.Tensor]
+) -> None:
     """Review D19: the kernel SIGTERMs every rank as the launcher dies (parent-death signal). Its
     rendezvous store died with it, but the ranks agree on a step through their own gloo group, save
     a signal checkpoint, exit, and status.json says interrupted; a resume from that checkpoint ends
     bitwise equal to an uninterrupted run."""
-    run = (*FAULT, "sched=constant", "trainer.ckpt_every=0")
+    run = (*RUN, "trainer.ckpt_every=0")
     run_dir = tmp_path / "run"
     proc = _start(tmp_path, *run, "trainer.max_steps=2000", "+model.delay=0.02", f"hydra.run.dir={run_dir}")
     _wait_for_step(proc, run_dir, 3)
@@ -186,21 +209,17 @@ def test_sigkill_of_the_launcher_saves_a_signal_checkpoint_and_leaves_no_rank(tm
     ckpts = run_dir / "checkpoints"
     latest = (ckpts / "latest").read_text().strip()
     meta = json.loads((ckpts / latest / "meta.json").read_text())
-    assert meta["reason"] == "signal" and meta["step"] >= 3, meta
+    assert meta["reason"] == "signal" and 3 <= meta["step"] < STEPS, meta
     status = json.loads((run_dir / "status.json").read_text())
     assert status["status"] == "interrupted", status
     assert f"the launcher (pid {proc.pid}) died" in status["error"], status
     assert f"stopped at step {meta['step']} on the signal" in status["error"], status
 
-    end = meta["step"] + 2
     resumed = run_command(
-        [CLI, "resume", str(run_dir), f"trainer.max_steps={end}", "model.delay=0"], tmp_path, 120
+        [CLI, "resume", str(run_dir), f"trainer.max_steps={STEPS}", "model.delay=0"], tmp_path, 120
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    _, reference = run_cli(tmp_path, *run, f"trainer.max_steps={end}", "hydra.run.dir=reference")
-    assert reference is not None
-    wa, wb = final_weights(reference), final_weights(run_dir)
-    assert all(torch.equal(wa[k], wb[k]) for k in wa), "resumed weights differ from the uninterrupted run"
+    _assert_like_reference(run_dir, reference)
 
 
 def test_exception_on_every_rank_saves_an_emergency_checkpoint(tmp_path: Path) -> None:

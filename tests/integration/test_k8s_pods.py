@@ -11,7 +11,7 @@ container's command from it, with
     command are replaced by those folders;
   * the master's DNS name (`<job>-node-0-0.<job>`, `<job>-master-0`) resolving to node 0's address
     through the namespace's own /etc/hosts (`ip netns exec` mounts /etc/netns/NS/hosts).
-The losses must equal a one-node run with the same world size.
+The losses must equal a one-node run with the same world size (the session's baseline).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import CLI, FAST, QUICK, _kill_group, clean_env, run_cli, run_command, train_losses
-from .test_multinode import MASTER, _report, netns_pair  # noqa: F401 (the fixture)
+from .conftest import BASELINE, CLI, FAST, _kill_group, clean_env, run_command, train_losses
+from .test_multinode import MASTER, _assert_like_one_node, _report, netns_pair  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -122,10 +122,11 @@ def test_the_jobs_pods_train_like_one_node(
     tmp_path: Path,
     netns_pair: tuple[tuple[str, str], tuple[str, str]],  # noqa: F811 (the fixture imported above)
     api: str,
+    baseline: tuple[subprocess.CompletedProcess[str], Path],
 ) -> None:
     (ns0, veth0), (ns1, veth1) = netns_pair
     submit = run_command(
-        [CLI, "train", *FAST, *QUICK, "launcher=k8s", f"launcher.api={api}", "launcher.image=disttrain:test",
+        [CLI, "train", *FAST, *BASELINE, "launcher=k8s", f"launcher.api={api}", "launcher.image=disttrain:test",
          "launcher.pvc=runs", "launcher.dry_run=true", "nodes=2", "nproc_per_node=1", "hydra.run.dir=submit"],
         tmp_path,
     )  # fmt: skip
@@ -173,9 +174,4 @@ def test_the_jobs_pods_train_like_one_node(
     run_dir = tmp_path / "pvc" / "runs" / job["metadata"]["name"]
     assert sorted(p.name for p in (run_dir / "logs").glob("rank*.log")) == ["rank0.log", "rank1.log"]
     assert (run_dir / "rendezvous_node1.json").is_file()
-    _, one = run_cli(tmp_path, *QUICK, "nproc_per_node=2")
-    assert one is not None
-    pods, single = train_losses(run_dir), train_losses(one)
-    assert len(pods) == len(single) == 6
-    diff = max(abs(x - y) for x, y in zip(pods, single, strict=True))
-    assert diff <= 1e-6, f"pod losses {pods} vs one node {single} (max diff {diff:.2e})"
+    _assert_like_one_node(train_losses(run_dir), train_losses(baseline[1]))  # the baseline's config, one node

@@ -9,16 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import (
-    BASELINE,
-    FAST,
-    final_weights,
-    find_run_dirs,
-    read_metrics,
-    read_yaml,
-    run_cli,
-    run_command,
-)
+from .conftest import BASELINE, FAST, final_weights, find_run_dirs, read_metrics, read_yaml, run_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -41,23 +32,11 @@ def _assert_bitwise_equal(a: Path, b: Path) -> None:
     assert not unequal, f"final weights differ in {unequal}"
 
 
-def test_same_seed_same_threads_is_bitwise_identical(
-    tmp_path: Path, baseline: tuple[subprocess.CompletedProcess[str], Path]
-) -> None:
-    """Same seed, threads_per_rank=1, dropout on (per-rank RNG): a second run repeats every bit."""
-    _, first = baseline
-    _, second = run_cli(tmp_path, "launcher=torchrun", *BASELINE)
-    assert second is not None
-    assert read_yaml(second / "env.json")["threads_per_rank"] == 1
-    _assert_bitwise_equal(first, second)
-    losses = [r["train/loss"] for r in read_metrics(second) if "train/loss" in r]
-    assert len(set(losses)) == len(losses), "the loss must change from step to step"
-
-
-def test_already_launched_runs_as_those_ranks(
-    tmp_path: Path, baseline: tuple[subprocess.CompletedProcess[str], Path]
-) -> None:
-    """Under an outside torchrun the CLI launches nothing: it is a rank; rank 0 freezes ONE run dir."""
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The baseline's command under an outside torchrun (`torchrun ... -m disttrain train`): the
+    process and the one run dir it made."""
+    cwd = tmp_path_factory.mktemp("launched")
     cmd = [
         sys.executable,
         "-m",
@@ -71,11 +50,33 @@ def test_already_launched_runs_as_those_ranks(
         *FAST,
         *BASELINE,
     ]
-    proc = run_command(cmd, tmp_path, timeout=150)
+    proc = run_command(cmd, cwd, timeout=150)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    runs = find_run_dirs(tmp_path)
+    runs = find_run_dirs(cwd)
     assert len(runs) == 1, f"expected exactly one run dir, got {runs}"
-    run_dir = runs[0]
+    return proc, runs[0]
+
+
+def test_same_seed_same_threads_is_bitwise_identical(
+    launched: tuple[subprocess.CompletedProcess[str], Path],
+    baseline: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    """Same seed, threads_per_rank=1, dropout on (per-rank RNG): a second run of the baseline's
+    config (here started by an outside torchrun) repeats every bit."""
+    _, first = baseline
+    _, second = launched
+    assert read_yaml(second / "env.json")["threads_per_rank"] == 1
+    _assert_bitwise_equal(first, second)
+    losses = [r["train/loss"] for r in read_metrics(second) if "train/loss" in r]
+    assert len(set(losses)) == len(losses), "the loss must change from step to step"
+
+
+def test_already_launched_runs_as_those_ranks(
+    launched: tuple[subprocess.CompletedProcess[str], Path],
+    baseline: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    """Under an outside torchrun the CLI launches nothing: it is a rank; rank 0 freezes ONE run dir."""
+    proc, run_dir = launched
     assert {p.name for p in (run_dir / "logs").glob("*.log")} == {"rank0.log", "rank1.log"}
     env = read_yaml(run_dir / "env.json")
     assert env["world_size"] == 2 and env["local_world_size"] == 2 and env["backend"] == "gloo"

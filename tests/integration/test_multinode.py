@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from .conftest import (
+    BASELINE,
     CLI,
     FAST,
     QUICK,
@@ -44,8 +45,8 @@ def _ip(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=False)
 
 
-@pytest.fixture
-def netns_pair() -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
+@contextlib.contextmanager
+def _namespaces() -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
     """((namespace, veth) of node 0, (namespace, veth) of node 1); removed afterwards."""
     if shutil.which("ip") is None:
         pytest.skip("`ip` (iproute2) is not installed: cannot create network namespaces")
@@ -76,6 +77,13 @@ def netns_pair() -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
     finally:
         for name in ns:  # deleting a namespace deletes its end of the veth, and so the pair
             _ip("netns", "del", name)
+
+
+@pytest.fixture
+def netns_pair() -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
+    """((namespace, veth) of node 0, (namespace, veth) of node 1); removed afterwards."""
+    with _namespaces() as pair:
+        yield pair
 
 
 def _run_nodes(
@@ -120,8 +128,19 @@ def _run_commands(
             proc.wait(timeout=30)
 
 
-def _node_args(port: int, *extra: str) -> list[str]:
-    return [*QUICK, "nodes=2", "nproc_per_node=1", f"master_addr={MASTER}", f"master_port={port}", *extra]
+def _node_args(port: int, *extra: str, base: tuple[str, ...] = BASELINE) -> list[str]:
+    """`base` (the session baseline's training, 2 ranks) as 2 nodes x 1 rank."""
+    return [*base, "nodes=2", "nproc_per_node=1", f"master_addr={MASTER}", f"master_port={port}", *extra]
+
+
+Baseline = tuple[subprocess.CompletedProcess[str], Path]
+
+
+def _assert_like_one_node(two: list[float], one: list[float]) -> None:
+    """6 losses of 2 nodes equal those of one node with 2 ranks and the same config within 1e-6."""
+    assert len(two) == len(one) == 6, (two, one)
+    diff = max(abs(x - y) for x, y in zip(two, one, strict=True))
+    assert diff <= 1e-6, f"2-node losses {two} vs 1-node {one} (max diff {diff:.2e})"
 
 
 def _report(results: list[subprocess.CompletedProcess[str]]) -> str:
@@ -130,39 +149,38 @@ def _report(results: list[subprocess.CompletedProcess[str]]) -> str:
     )
 
 
-def test_two_nodes_equal_one_node_with_the_same_world_size(
-    tmp_path: Path, netns_pair: tuple[tuple[str, str], tuple[str, str]]
-) -> None:
-    (ns0, veth0), (ns1, veth1) = netns_pair
-    args = _node_args(29531, "hydra.run.dir=two_nodes")
-    results = _run_nodes(
-        tmp_path, [(ns0, veth0, [*args, "node_rank=0"]), (ns1, veth1, [*args, "node_rank=1"])]
-    )
+@pytest.fixture(scope="module")
+def two_nodes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, list[subprocess.CompletedProcess[str]]]:
+    """The baseline's run on two nodes (1 rank each), no hydra.run.dir: (cwd, the nodes' results)."""
+    cwd = tmp_path_factory.mktemp("two_nodes")
+    with _namespaces() as ((ns0, veth0), (ns1, veth1)):
+        args = _node_args(29531)
+        results = _run_nodes(
+            cwd, [(ns0, veth0, [*args, "node_rank=0"]), (ns1, veth1, [*args, "node_rank=1"])]
+        )
     assert all(r.returncode == 0 for r in results), _report(results)
-    two = tmp_path / "two_nodes"
+    return cwd, results
+
+
+def test_two_nodes_equal_one_node_with_the_same_world_size(
+    two_nodes: tuple[Path, list[subprocess.CompletedProcess[str]]], baseline: Baseline
+) -> None:
+    (two,) = sorted((two_nodes[0] / "runs" / "default").iterdir())
     assert sorted(p.name for p in (two / "logs").glob("rank*.log")) == ["rank0.log", "rank1.log"]
     records = [json.loads((two / f"rendezvous_node{k}.json").read_text()) for k in (0, 1)]
     assert records[0]["config_hash"] == records[1]["config_hash"] and records[0]["nodes"] == [0, 1]
-    _, one = run_cli(tmp_path, *QUICK, "nproc_per_node=2")
-    assert one is not None
-    a, b = train_losses(two), train_losses(one)
-    assert len(a) == len(b) == 6
-    diff = max(abs(x - y) for x, y in zip(a, b, strict=True))
-    assert diff <= 1e-6, f"2-node losses {a} vs 1-node {b} (max diff {diff:.2e})"
-    wa, wb = final_weights(two), final_weights(one)
+    _assert_like_one_node(train_losses(two), train_losses(baseline[1]))
+    wa, wb = final_weights(two), final_weights(baseline[1])
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
 
 
 def test_nodes_derive_the_same_run_dir_without_hydra_run_dir(
-    tmp_path: Path, netns_pair: tuple[tuple[str, str], tuple[str, str]]
+    two_nodes: tuple[Path, list[subprocess.CompletedProcess[str]]],
 ) -> None:
-    (ns0, veth0), (ns1, veth1) = netns_pair
-    args = _node_args(29532, "trainer.max_steps=2")
-    results = _run_nodes(
-        tmp_path, [(ns0, veth0, [*args, "node_rank=0"]), (ns1, veth1, [*args, "node_rank=1"])]
-    )
-    assert all(r.returncode == 0 for r in results), _report(results)
-    dirs = sorted((tmp_path / "runs" / "default").iterdir())
+    cwd, results = two_nodes
+    dirs = sorted((cwd / "runs" / "default").iterdir())
     assert len(dirs) == 1 and dirs[0].name.startswith("nodes2_"), dirs
     assert all(f"run dir: {dirs[0]}" in r.stdout for r in results), _report(results)
 
@@ -228,8 +246,10 @@ def _private_node(tmp_path: Path, ns: str, node: int, cmd: list[str]) -> list[st
     ]
 
 
-def _by_hand(tmp_path: Path, netns: Any, port: int, *extra: str) -> list[subprocess.CompletedProcess[str]]:
-    args = _node_args(port, "launcher.rdzv_timeout=60", *extra)
+def _by_hand(
+    tmp_path: Path, netns: Any, port: int, *extra: str, base: tuple[str, ...] = BASELINE
+) -> list[subprocess.CompletedProcess[str]]:
+    args = _node_args(port, "launcher.rdzv_timeout=60", *extra, base=base)
     return _run_commands(
         tmp_path,
         [
@@ -248,18 +268,10 @@ def _external_torchrun(
         torchrun = [
             *(sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={k}"),
             *("--nproc_per_node=1", f"--master_addr={MASTER}", f"--master_port={port}"),
-            *("-m", "disttrain", "train", *FAST, *QUICK, *extra),
+            *("-m", "disttrain", "train", *FAST, *BASELINE, *extra),
         ]
         commands.append((veth, _private_node(tmp_path, ns, k, torchrun)))
     return _run_commands(tmp_path, commands)
-
-
-def _one_node_losses(tmp_path: Path, *extra: str) -> list[float]:
-    base = tmp_path / "baseline"
-    base.mkdir()
-    _, one = run_cli(base, *QUICK, "nproc_per_node=2", *extra)
-    assert one is not None
-    return train_losses(one)
 
 
 def _assert_failed_before_training(results: list[subprocess.CompletedProcess[str]], run_dir: Path) -> None:
@@ -288,26 +300,32 @@ def test_private_run_dirs_train_and_resume_through_a_shared_checkpoint_dir(
     tmp_path: Path, netns_pair: tuple[tuple[str, str], tuple[str, str]]
 ) -> None:
     """3 steps, then a new run (its own run dirs) to step 6 resuming from the shared dir: the
-    6 losses equal one node's uninterrupted run (constant schedule, so the horizon does not matter)."""
+    6 losses equal one node's uninterrupted run (constant schedule, so the horizon does not matter;
+    no dropout: the first run's end-of-run validation draws from the RNG its final checkpoint keeps,
+    which an uninterrupted run does not)."""
     shared = tmp_path / "shared" / "ckpt"
-    common = ("sched=constant", f"checkpoint.dir={shared}")
-    first = _by_hand(tmp_path, netns_pair, 29537, *common, "trainer.max_steps=3", "hydra.run.dir=a")
+    base = (*QUICK, "sched=constant")
+    common = (f"checkpoint.dir={shared}",)
+    first = _by_hand(
+        tmp_path, netns_pair, 29537, *common, "trainer.max_steps=3", "hydra.run.dir=a", base=base
+    )
     assert all(r.returncode == 0 for r in first), _report(first)
-    second = _by_hand(tmp_path, netns_pair, 29538, *common, "hydra.run.dir=b")
+    second = _by_hand(tmp_path, netns_pair, 29538, *common, "hydra.run.dir=b", base=base)
     assert all(r.returncode == 0 for r in second), _report(second)
     summary = json.loads((tmp_path / "node0" / "b" / "summary.json").read_text())
     assert summary["resumed_from"].startswith(str(shared)), summary
     assert (shared / "final.pt").is_file() and not (tmp_path / "node0" / "b" / "checkpoints").exists()
     assert (tmp_path / "node1" / "b" / "logs" / "rank1.log").is_file()  # node 1's logs: its own dir
-    losses = train_losses(tmp_path / "node0" / "a") + train_losses(tmp_path / "node0" / "b")
-    one = _one_node_losses(tmp_path, "sched=constant")
-    assert len(losses) == len(one) == 6, (losses, one)
-    diff = max(abs(x - y) for x, y in zip(losses, one, strict=True))
-    assert diff <= 1e-6, f"2-node resumed losses {losses} vs 1-node {one} (max diff {diff:.2e})"
+    (tmp_path / "one").mkdir()
+    _, one = run_cli(tmp_path / "one", *base, "nproc_per_node=2")
+    assert one is not None
+    _assert_like_one_node(
+        train_losses(tmp_path / "node0" / "a") + train_losses(tmp_path / "node0" / "b"), train_losses(one)
+    )
 
 
 def test_external_torchrun_on_two_nodes_without_a_shared_run_dir(
-    tmp_path: Path, netns_pair: tuple[tuple[str, str], tuple[str, str]]
+    tmp_path: Path, netns_pair: tuple[tuple[str, str], tuple[str, str]], baseline: Baseline
 ) -> None:
     """torchrun --nnodes=2 (as Kubeflow, TorchX and SkyPilot start ranks): node 1 gets the frozen
     config from rank 0, not a path; each node writes its own run record. Without a shared
@@ -331,14 +349,11 @@ def test_external_torchrun_on_two_nodes_without_a_shared_run_dir(
         read_yaml(tmp_path / f"node{k}" / "ext" / f"rendezvous_node{k}.json")["config_hash"] for k in (0, 1)
     }
     assert len(hashes) == 1
-    two, one = train_losses(tmp_path / "node0" / "ext"), _one_node_losses(tmp_path)
-    assert len(two) == len(one) == 6
-    diff = max(abs(x - y) for x, y in zip(two, one, strict=True))
-    assert diff <= 1e-6, f"2-node torchrun losses {two} vs 1-node {one} (max diff {diff:.2e})"
+    _assert_like_one_node(train_losses(tmp_path / "node0" / "ext"), train_losses(baseline[1]))
 
 
 def test_pods_with_kubeflow_environment_train_without_a_shared_run_dir(
-    tmp_path: Path, netns_pair: tuple[tuple[str, str], tuple[str, str]]
+    tmp_path: Path, netns_pair: tuple[tuple[str, str], tuple[str, str]], baseline: Baseline
 ) -> None:
     """A PyTorchJob/TrainJob pod runs `python -m disttrain train` with MASTER_ADDR/PORT, WORLD_SIZE,
     RANK and PET_* set by the operator, and no LOCAL_* variables: each pod is a node launcher (as
@@ -357,7 +372,7 @@ def test_pods_with_kubeflow_environment_train_without_a_shared_run_dir(
         cmd = [
             "env",
             *(f"{key}={value}" for key, value in pod_env.items()),
-            *(sys.executable, "-m", "disttrain", "train", *FAST, *QUICK, "hydra.run.dir=pod"),
+            *(sys.executable, "-m", "disttrain", "train", *FAST, *BASELINE, "hydra.run.dir=pod"),
             f"checkpoint.dir={tmp_path / 'shared'}",
         ]
         commands.append((veth, _private_node(tmp_path, ns, k, cmd)))
@@ -369,10 +384,7 @@ def test_pods_with_kubeflow_environment_train_without_a_shared_run_dir(
         assert (frozen["nodes"], frozen["node_rank"], frozen["nproc_per_node"]) == (2, k, 1)
         assert read_yaml(own / "status.json")["status"] == "finished"
         assert "-m disttrain train" in (own / "command.txt").read_text()
-    two, one = train_losses(tmp_path / "node0" / "pod"), _one_node_losses(tmp_path)
-    assert len(two) == len(one) == 6
-    diff = max(abs(x - y) for x, y in zip(two, one, strict=True))
-    assert diff <= 1e-6, f"2-pod losses {two} vs 1-node {one} (max diff {diff:.2e})"
+    _assert_like_one_node(train_losses(tmp_path / "node0" / "pod"), train_losses(baseline[1]))
 
 
 def test_two_nodes_on_loopback_are_a_rehearsal_that_trains(tmp_path: Path) -> None:

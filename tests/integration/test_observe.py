@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,17 +16,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 PROGRESS = re.compile(r"step (\d+)/(\d+) loss [\d.e+-]+ lr [\d.e+-]+ [\d,]+ samples/s")
 
 
-def test_progress_lines_go_to_stderr_and_rank0_log_stdout_is_the_result(tmp_path: Path) -> None:
-    """No TTY: one plain progress line per log_every on stderr and in rank0.log; stdout: `done:` only."""
-    proc, run_dir = run_cli(
-        tmp_path, "launcher=spawn", "data=synthetic", "trainer.max_steps=6", "trainer.log_every=2"
-    )
-    assert run_dir is not None
+def test_progress_lines_go_to_stderr_and_rank0_log_stdout_is_the_result(
+    baseline: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    """No TTY: one plain progress line per log_every on stderr and in rank0.log; stdout: `done:` only.
+    (The session's baseline: 6 steps, log_every=1; the line comes with each logged metrics record.)"""
+    proc, run_dir = baseline
     steps = [int(m.group(1)) for m in PROGRESS.finditer(proc.stderr)]
-    assert steps == [2, 4, 6], proc.stderr
+    assert steps == [1, 2, 3, 4, 5, 6], proc.stderr
     assert all(m.group(2) == "6" for m in PROGRESS.finditer(proc.stderr))
     logged = [int(m.group(1)) for m in PROGRESS.finditer((run_dir / "logs" / "rank0.log").read_text())]
-    assert logged == [2, 4, 6]
+    assert logged == [1, 2, 3, 4, 5, 6]
     lines = proc.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith("done: 6 steps"), proc.stdout
 
@@ -153,7 +154,7 @@ def test_rerun_of_a_finished_two_rank_run_is_bitwise_equal(baseline: tuple[objec
 
     import torch
 
-    from tests.integration.conftest import CLI, final_weights, run_command, train_losses
+    from tests.integration.conftest import CLI, cli_in_process, final_weights, run_command, train_losses
 
     _, run_dir = baseline
     cwd = Path(json.loads((run_dir / "git.json").read_text())["repo"])  # the baseline's git repo
@@ -167,11 +168,11 @@ def test_rerun_of_a_finished_two_rank_run_is_bitwise_equal(baseline: tuple[objec
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert (new / "config.yaml").read_text() == (run_dir / "config.yaml").read_text()
 
-    shown = json.loads(run_command([CLI, "show", str(run_dir), "--json"], cwd).stdout)
+    shown = json.loads(cli_in_process("show", str(run_dir), "--json", cwd=cwd).stdout)  # no rank: here
     sha = json.loads((run_dir / "git.json").read_text())["sha"]
     assert shown["rerun"].endswith(f"git checkout {sha} && disttrain rerun {run_dir.resolve()}")
 
-    elsewhere = run_command([CLI, "rerun", str(run_dir), "--run-dir", str(cwd / "x"), "nonsense.key=1"], cwd)
+    elsewhere = cli_in_process("rerun", str(run_dir), "--run-dir", str(cwd / "x"), "nonsense.key=1", cwd=cwd)
     assert elsewhere.returncode == 2 and "Traceback" not in elsewhere.stderr  # bad input: nothing runs
     assert not (cwd / "x").exists()
 
@@ -179,14 +180,15 @@ def test_rerun_of_a_finished_two_rank_run_is_bitwise_equal(baseline: tuple[objec
 # ------------------------------------------------------------------------------------ sweeper plugins
 def test_optuna_sweep_over_an_interval_runs_both_trials(tmp_path: Path) -> None:
     """`-m hydra/sweeper=optuna optim.lr=interval(...)`: the pre-launch check takes the base job, the
-    plugin picks the values, both trials train end to end and Optuna gets val/loss as the objective."""
+    plugin picks the values, both trials train end to end and Optuna gets val/loss as the objective.
+    (One rank per trial: nothing here is collective; test_multirun sweeps 2-rank jobs.)"""
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     import yaml
 
     from tests.integration.conftest import CLI, FAST, find_run_dirs, run_command
 
     cmd = [
-        CLI, "train", "-m", *FAST, "launcher=spawn", "data=synthetic", "trainer.max_steps=3",
+        CLI, "train", "-m", *FAST, "launcher=spawn", "nproc_per_node=1", "data=synthetic", "trainer.max_steps=3",
         "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=1",
         "optim.lr=interval(1e-4,1e-2)",
     ]  # fmt: skip

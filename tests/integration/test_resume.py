@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import CLI, final_weights, run_cli, run_command, train_losses
+from .conftest import CLI, cli_in_process, final_weights, run_cli, run_command, train_losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -110,8 +110,8 @@ def test_export_loads_into_the_plain_model(root: Path, straight: Path) -> None:
 
     from disttrain.models.mlp import MLP
 
-    for name in ("model.pt", "model.safetensors"):
-        proc = run_command([CLI, "export", str(straight), "--out", str(root / name)], root, 90)
+    for name in ("model.pt", "model.safetensors"):  # starts no rank: in this process
+        proc = cli_in_process("export", str(straight), "--out", str(root / name), cwd=root)
         assert proc.returncode == 0, proc.stderr[-2000:]
     plain = MLP(32, 4, [128, 128])
     plain.load_state_dict(torch.load(root / "model.pt", weights_only=True))
@@ -193,6 +193,6 @@ def test_rerun_of_a_finished_run_keeps_its_summary(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "no step ran" in proc.stdout + proc.stderr
     assert (run_dir / "summary.json").read_bytes() == summary
-    proc = run_command([CLI, "train", *fast, *one, "optim.lr=0.5"], tmp_path)
+    proc = cli_in_process("train", *fast, *one, "optim.lr=0.5", cwd=tmp_path)  # refused: no rank starts
     assert proc.returncode == 2, proc.stderr
     assert "config error: hydra.run.dir=" in proc.stderr and "disttrain resume" in proc.stderr

@@ -1,4 +1,4 @@
-"""Data-parallel strategies (ddp options, zero, fsdp, hsdp, dp, localsgd) equal `single`, via the CLI.
+"""Data-parallel strategies (ddp options, zero, fsdp, hsdp, dp, localsgd) through the CLI equal `single`.
 
 Parity: same seed, data order and global batch (2 ranks x B = 1 process x 2B). Every step's loss
 and global grad norm, the final validation and the exported weights agree with `single` within TOL
@@ -9,7 +9,8 @@ SGD (linear in the gradient: averaging parameters every step equals averaging gr
 
 Memory: summary.json's per-rank bytes of parameters + gradients + optimizer state (local shards).
 
-The runs share 2 cores; they start three at a time (each is mostly interpreter start-up).
+The runs share 2 cores; the CLI runs start three at a time (each is mostly interpreter start-up) while
+the two `single` references train in the test's own process at world size 1 (no start-up at all).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import final_weights, run_cli, run_command, train_records, val_records
+from .conftest import final_weights, run_cli, train_in_process, train_records, val_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -97,6 +98,9 @@ PARITY = {  # run: (baseline, tolerance on losses and norms, tolerance on the fi
     "localsgd_1": ("single_sgd", TOL, TOL),
     "ddp_fp16": ("single_sgd", FP16_TOL, FP16_WEIGHT_TOL),
 }
+# The `single` references train in this process (conftest.train_in_process: the rank's code at world
+# size 1); every run compared against them is a real CLI run.
+IN_PROCESS = ("single", "single_sgd")
 RESUME_AT = 8  # localsgd_n also resumes from its step-8 checkpoint: mid-way between two averages
 
 
@@ -113,10 +117,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]
         first = futures["localsgd_n"].result()[0] / "checkpoints" / f"step_{RESUME_AT:08d}"
         return one("localsgd_n", f"resume={first}")
 
+    cli = sorted((n for n in RUNS if n not in IN_PROCESS), key=lambda n: n != "localsgd_n")
     with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {name: pool.submit(one, name) for name in sorted(RUNS, key=lambda n: n != "localsgd_n")}
+        futures = {name: pool.submit(one, name) for name in cli}
         futures["localsgd_resumed"] = pool.submit(then_resume)
-        return {name: f.result() for name, f in futures.items()}
+        # The 1-process references train here meanwhile (this thread only waits on the pool).
+        done = {
+            name: (train_in_process(tmp_path_factory.mktemp(name), *COMMON, *RUNS[name]), "")
+            for name in IN_PROCESS
+        }
+        return {**done, **{name: f.result() for name, f in futures.items()}}
 
 
 def summary(run_dir: Path) -> dict[str, Any]:
@@ -252,44 +262,3 @@ def test_localsgd_resumes_exactly(runs: dict[str, tuple[Path, str]]) -> None:
     assert sorted(resumed) == list(range(RESUME_AT + 1, STEPS + 1))
     for step, loss in resumed.items():
         assert loss == pytest.approx(original[step], abs=TOL), step
-
-
-# ---------------------------------------------------------------------------------------- config checks
-@pytest.mark.parametrize(
-    ("overrides", "key", "numbers"),
-    [
-        (("strategy=dp",), "nproc_per_node", "1 x 2 = 2"),
-        (("strategy=hsdp", "nproc_per_node=3"), "strategy.replicate", "divisor of the world size 3"),
-        (("strategy=fsdp", "strategy.replicate=0"), "strategy.replicate", ">= 1"),
-        (("strategy=fsdp", "strategy.param_dtype=float64"), "strategy.param_dtype", "bfloat16"),
-        (("strategy=localsgd", "strategy.sync_every=0"), "strategy.sync_every", ">= 1"),
-        (
-            ("strategy=localsgd", "strategy.comm_hook=fp16"),
-            "strategy.comm_hook",
-            "null with strategy=localsgd",
-        ),
-        (("strategy=zero", "strategy.comm_hook=int8"), "strategy.comm_hook", "fp16"),
-        (("strategy=ddp", "backend=gloo", "strategy.comm_hook=bf16"), "strategy.comm_hook", "gloo"),
-    ],
-)
-def test_config_checks(overrides: tuple[str, ...], key: str, numbers: str) -> None:
-    from disttrain.config import compose, resolve
-    from disttrain.config.errors import ConfigError
-    from disttrain.config.validate import check_static
-
-    with pytest.raises(ConfigError) as info:
-        check_static(resolve(compose(list(overrides)), list(overrides)))
-    assert info.value.key == key
-    assert numbers in str(info.value)
-    assert "HINT" in str(info.value)
-
-
-def test_bad_wrap_class_fails_before_launch(tmp_path: Path) -> None:
-    from .conftest import CLI, clean_env
-
-    proc = run_command(
-        [CLI, "train", "strategy=fsdp", "strategy.wrap_classes=[Linearr]"], tmp_path, 120, clean_env()
-    )
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "strategy.wrap_classes" in proc.stderr and "Linear, MLP" in proc.stderr
-    assert not (tmp_path / "runs").exists()

@@ -1,4 +1,5 @@
-"""Model-parallel strategies (pipeline, tp, fsdp+tp) equal `single`, through the real CLI.
+"""Model-parallel strategies (pipeline, tp, fsdp+tp) through the real CLI equal `single` (which
+trains in the test's own process at world size 1: conftest.train_in_process).
 
 Parity: same seed, data order and global batch. Pipeline and tensor-parallel ranks split one model
 and read the SAME data (one data-parallel replica), so they run with the single run's batch 2B;
@@ -18,17 +19,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import (
-    CLI,
-    FAST,
-    final_weights,
-    read_yaml,
-    run_cli,
-    run_command,
-    train_records,
-    val_records,
-    write_module,
-)
+from .conftest import final_weights, read_yaml, run_cli, train_in_process, train_records, val_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -84,8 +75,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         return run_dir
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(one, name) for name in RUNS}
-        return {name: f.result() for name, f in futures.items()}
+        futures = {name: pool.submit(one, name) for name in RUNS if name != "single"}
+        # The 1-process reference trains here meanwhile (the rank's code at world size 1).
+        single = train_in_process(tmp_path_factory.mktemp("single"), *COMMON, *RUNS["single"])
+        return {"single": single, **{name: f.result() for name, f in futures.items()}}
 
 
 def _max_diff(a: list[float], b: list[float]) -> float:
@@ -132,59 +125,3 @@ def test_pipeline_resume_continues_exactly(runs: dict[str, Path], tmp_path: Path
     b = {r["step"]: r["train/loss"] for r in train_records(resumed)}
     assert sorted(b) == list(range(11, STEPS + 1))
     assert all(a[k] == b[k] for k in b), [(k, a[k], b[k]) for k in b if a[k] != b[k]]
-
-
-# ------------------------------------------------------------------------------------------ checks
-def _config_error(tmp_path: Path, *overrides: str, command: str = "config") -> str:
-    proc = run_command([CLI, command, *FAST, *overrides], tmp_path, timeout=90)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
-    assert not list(tmp_path.rglob("config.yaml")), "a config error must not create a run dir"
-    return proc.stderr
-
-
-@pytest.mark.parametrize(
-    ("overrides", "expected"),
-    [
-        (("strategy=pipeline", "strategy.n_microbatches=5"), "divisor of trainer.batch_size=32"),
-        (("strategy=pipeline", "strategy.schedule=interleaved_1f1b"), "strategy.stages_per_rank=1"),
-        (("strategy=pipeline", "strategy.n_microbatches=1"), ">= the number of stages (2)"),
-        (
-            ("strategy=fsdp+tp", "strategy.dp_degree=2"),
-            "2 x 2 = 4, world size nodes x nproc_per_node = 1 x 2 = 2",
-        ),
-        (("strategy=fsdp+tp", "strategy.tp_degree=3"), "a divisor of the world size 2"),
-        (("strategy=tp", "nproc_per_node=1"), ">= 2 ranks with strategy=tp"),
-    ],
-)
-def test_static_config_errors(tmp_path: Path, overrides: tuple[str, ...], expected: str) -> None:
-    assert expected in _config_error(tmp_path, *overrides)
-
-
-def test_too_many_stages_fails_before_launch(tmp_path: Path) -> None:
-    err = _config_error(
-        tmp_path,
-        "strategy=pipeline",
-        "strategy.schedule=interleaved_1f1b",
-        "strategy.stages_per_rank=2",
-        "model.hidden=[]",
-        command="train",
-    )
-    assert "4 stages but only 2 splittable layers" in err and "layers.0, layers.1" in err
-
-
-def test_model_without_tp_plan_fails_before_launch(tmp_path: Path) -> None:
-    write_module(
-        tmp_path,
-        "mylab.nets",
-        "import torch\n\n"
-        "class Net(torch.nn.Module):\n"
-        "    def __init__(self, in_features, num_classes):\n"
-        "        super().__init__()\n"
-        "        self.fc = torch.nn.Linear(in_features, num_classes)\n\n"
-        "    def forward(self, x):\n"
-        "        return self.fc(x.flatten(1))\n",
-    )
-    wired = ("model.in_features=${data.num_features}", "model.num_classes=${data.num_classes}")
-    err = _config_error(tmp_path, "strategy=tp", "model._target_=mylab.nets.Net", *wired, command="train")
-    assert "model=mylab.nets.Net" in err and "tp_plan()" in err and "ddp" in err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CLI, FAST, QUICK, _kill_group, clean_env, run_cli, run_command
+from .conftest import CLI, FAST, QUICK, _kill_group, clean_env, cli_in_process, run_cli, run_command
 
 pytestmark = pytest.mark.slow
 
@@ -90,9 +91,12 @@ def test_bench_comm_names_a_wrong_result_and_a_timeout(tmp_path: Path) -> None:
     assert "broadcast of 8 B failed on rank 0 of 2" in proc.stderr and "backend.timeout=3 s" in proc.stderr
 
 
-def test_runs_show_compare_and_plan_on_finished_failed_interrupted_runs(tmp_path: Path) -> None:
-    _, done = run_cli(tmp_path, *QUICK, timeout=120)
-    assert done is not None
+def test_runs_show_compare_and_plan_on_finished_failed_interrupted_runs(
+    tmp_path: Path, baseline: tuple[subprocess.CompletedProcess[str], Path]
+) -> None:
+    # The finished run: a copy of the session's baseline (QUICK, 2 ranks, ddp) among the others.
+    done = tmp_path / "runs" / "default" / "done"
+    shutil.copytree(baseline[1], done)
     (tmp_path / "mylab").mkdir()
     (tmp_path / "mylab" / "__init__.py").write_text("")
     (tmp_path / "mylab" / "bad.py").write_text(
@@ -128,7 +132,7 @@ def test_runs_show_compare_and_plan_on_finished_failed_interrupted_runs(tmp_path
     # plan vs the measured state of the 2-rank ddp run: fp32 params + grads + AdamW's two moments
     # (4 + 4 + 8 B/param; grads count only if the engine has not freed them with set_to_none when it
     # measures), plus AdamW's one 4-byte `step` scalar per parameter tensor, which the plan leaves out.
-    plan = _json(run_command([CLI, "plan", "--json", *QUICK, *FAST], tmp_path, timeout=60))
+    plan = _json(cli_in_process("plan", "--json", *QUICK, *FAST, cwd=tmp_path))  # no rank: in this process
     measured = json.loads((done / "summary.json").read_text())["state_bytes_per_rank"]
     ddp = next(r for r in plan["layouts"] if r["layout"] == "ddp")["bytes"]
     steps = 4 * plan["model"]["param_tensors"]

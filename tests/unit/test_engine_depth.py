@@ -1,0 +1,151 @@
+"""Engine depth in this process at world size 1 (gloo over a HashStore): bf16 GPT on the shipped
+text with its throughput numbers, fp16 loss scaling under ddp, FSDP's bf16 policy, activation
+checkpointing, out-of-memory halving (with the profiler and grad stats) and its give-up.
+
+Each run is what a rank does (worker.train: build, fit, summary.json) from a composed, checked
+config; what needs two ranks (a NaN or a desync on one rank, fp16 under fsdp's sharded scaler,
+uneven validation shards) stays in tests/integration/test_engine_depth.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from unit_support import checked
+
+from disttrain.checkpoint import read_meta
+from disttrain.dist import DistEnv
+from disttrain.models.gpt import GPT
+from disttrain.observe.metrics import read_metrics
+from disttrain.worker import train
+
+pytestmark = pytest.mark.timeout(240)
+
+ONE = ("nproc_per_node=1", "trainer.progress=false", "threads_per_rank=1", "observe.sinks=[]")
+TINY_GPT = (
+    "model=gpt",
+    "data=text",
+    "model.dim=32",
+    "model.n_layers=1",
+    "model.n_heads=2",
+    "data.block_size=32",
+)
+# A swapped _target_ starts from a clean node: FaultMLP gets the MLP arguments it forwards.
+FAULT = (
+    "data=synthetic",
+    "model._target_=disttrain.testing.FaultMLP",
+    "model.in_features=${data.num_features}",
+    "model.num_classes=${data.num_classes}",
+    "trainer.log_every=1",
+)
+
+
+@pytest.fixture(autouse=True)
+def one_rank() -> Iterator[None]:
+    """A real process group of one rank (gloo over an in-memory store), one thread as in CI's ranks."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        torch.set_num_threads(threads)
+
+
+def run(run_dir: Path, *overrides: str) -> dict[str, Any]:
+    """worker.train of the checked config `ONE + overrides` into `run_dir`: the summary."""
+    cfg = checked([*ONE, *overrides])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return train(cfg, DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu")), run_dir)
+
+
+def train_records(run_dir: Path) -> list[dict[str, Any]]:
+    return [r for r in read_metrics(run_dir) if "train/loss" in r]
+
+
+def test_gpt_on_text_in_bf16_under_ddp_learns_and_reports_throughput(tmp_path: Path) -> None:
+    summary = run(
+        tmp_path, *TINY_GPT, "strategy=ddp", "amp=bf16", "trainer.batch_size=32", "trainer.max_steps=200",
+        "trainer.log_every=20", "optim.lr=3e-3",
+    )  # fmt: skip
+    records = train_records(tmp_path)
+    first, last = records[0], records[-1]
+    assert last["train/loss"] < 0.6 * first["train/loss"], (first, last)
+    assert last["train/loss"] < 3.0 and last["tokens_per_s"] > 0 and 0 <= last["data_wait_frac"] <= 1
+    assert "mfu" not in last, "no MFU without a known device peak"
+    tokens_per_step = 32 * 32  # global batch x block
+    gpt = GPT(vocab_size=256, block_size=32, dim=32, n_layers=1, n_heads=2)
+    assert last["flops_per_step"] == gpt.flops_per_token() * tokens_per_step
+    assert last["tokens_per_s"] == pytest.approx(last["samples_per_s"] * 32, rel=1e-9)
+    assert last["samples_per_s"] == pytest.approx(32 / last["step_time_s"], rel=1e-6)
+    assert summary["val/ppl"] < 25
+    assert json.loads((tmp_path / "summary.json").read_text())["val/ppl"] == summary["val/ppl"]
+
+
+def test_fp16_overflow_under_ddp_skips_that_step_and_lowers_the_scale(tmp_path: Path) -> None:
+    run(tmp_path, *FAULT, "strategy=ddp", "amp=fp16", "+model.inf_grad_at=3", "trainer.max_steps=12",
+        "trainer.ckpt_every=6")  # fmt: skip
+    records = train_records(tmp_path)
+    scales = [r["amp/scale"] for r in records]
+    skipped = [r["amp/skipped_steps"] for r in records]
+    assert scales[1] == 65536.0 and scales[2] == 32768.0 and scales[-1] == 32768.0, scales
+    assert skipped[1] == 0 and skipped[2:] == [1.0] * (len(records) - 2), skipped
+    assert records[-1]["train/loss"] < records[0]["train/loss"]
+    assert read_meta(tmp_path / "checkpoints" / "step_00000012")["has_scaler"] is True
+
+
+def test_bf16_under_fsdp_trains(tmp_path: Path) -> None:
+    """FSDP's mixed-precision policy follows amp: params gathered in bf16, gradients reduced in fp32."""
+    run(
+        tmp_path, "data=synthetic", "strategy=fsdp", "amp=bf16", "trainer.max_steps=12", "trainer.log_every=1"
+    )
+    losses = [r["train/loss"] for r in train_records(tmp_path)]
+    assert len(losses) == 12 and losses[-1] < 0.8 * losses[0], losses
+
+
+def test_activation_checkpointing_gives_the_same_losses(tmp_path: Path) -> None:
+    runs = []
+    for flag in ("false", "true"):
+        common = ("strategy=single", "trainer.batch_size=16", "trainer.max_steps=5", "trainer.log_every=1")
+        run(tmp_path / flag, *TINY_GPT, *common, f"trainer.activation_checkpointing={flag}")
+        runs.append([r["train/loss"] for r in train_records(tmp_path / flag)])
+    assert len(runs[0]) == 5
+    assert runs[0] == pytest.approx(runs[1], rel=1e-5, abs=1e-6)
+
+
+def test_oom_halves_the_micro_batch_and_profiler_and_grad_stats_write_their_files(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Out of memory above 8 samples: the 32-sample micro-batch is cut twice (grad_accum 4, the same
+    global batch); the profiler traces steps 3-4 into rank0's file; grad stats every step."""
+    run(
+        tmp_path, *FAULT, "strategy=ddp", "+model.oom_above=8", "trainer.oom=auto_microbatch", "trainer.max_steps=6",
+        "profile=true", "profiler.wait=1", "profiler.warmup=1", "profiler.active=2", "debug.log_grad_stats=true",
+        "observe.sinks=[tensorboard]",
+    )  # fmt: skip
+    assert "micro-batch 32 -> 16, grad_accum 1 -> 2" in caplog.text
+    assert "micro-batch 16 -> 8, grad_accum 2 -> 4" in caplog.text
+    records = train_records(tmp_path)
+    assert {r["micro_batch"] for r in records} == {8.0} and len(records) == 6
+    assert records[-1]["train/loss"] < records[0]["train/loss"]
+    (trace,) = (tmp_path / "profile").glob("rank*.pt.trace.json")
+    assert trace.name.startswith("rank0.")
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("name") == "ProfilerStep#3" for e in events), "active: steps 3-4 (0-based 2, 3)"
+    grads = [r for r in read_metrics(tmp_path) if "grad_norm/layers.1.weight" in r]
+    assert len(grads) == 6 and all(r["grad_norm/layers.1.weight"] > 0 for r in grads)
+    assert list((tmp_path / "tensorboard").iterdir())
+
+
+def test_oom_at_micro_batch_one_gives_up_clearly(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="even with a micro-batch of 1 sample") as info:
+        run(tmp_path, *FAULT, "strategy=single", "+model.oom_above=0.5", "trainer.oom=auto_microbatch",
+            "trainer.batch_size=2", "trainer.max_steps=2")  # fmt: skip
+    assert "at step 1 on rank 0" in str(info.value) and "HINT" in str(info.value)
