@@ -30,7 +30,8 @@ class _Standin(types.ModuleType):
         return fn
 
     def __getattr__(self, name: str) -> Any:
-        self.asked_more = True
+        if not (name.startswith("__") and name.endswith("__")):  # introspection (inspect.getmodule
+            self.asked_more = True  # asks every module for __file__) is no use of dynamo
         raise AttributeError(f"{NAME}.{name} (deferred during the pre-launch checks)")
 
 
