@@ -397,8 +397,7 @@ def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
 def check_optim_runtime(cfg: dict[str, Any], model: Any, batches_per_epoch: int) -> None:
     """Build the optimizer (with its parameter groups) and the schedule on the meta model: a key the
     optimizer or scheduler class does not take, or a value it rejects, fails here, before launch."""
-    from disttrain.engine.loop import total_steps
-    from disttrain.engine.optim import build_optimizer, build_scheduler
+    from disttrain.engine.optim import build_optimizer, build_scheduler, total_steps
 
     optimizer = build_optimizer(cfg["optim"], model, specs.dp_degree(cfg))
     steps = total_steps(cfg["trainer"], max(batches_per_epoch, 1) * cfg["trainer"]["grad_accum"])

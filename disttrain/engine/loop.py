@@ -16,10 +16,10 @@ from torch.utils.data import DataLoader, default_collate
 
 from disttrain.checkpoint.manager import Checkpointer
 from disttrain.config.schema import TrainerConfig
-from disttrain.config.typed import typed
 from disttrain.dist import DistEnv, default_store
 from disttrain.engine.amp import Precision
 from disttrain.engine.guards import AnomalyError, DesyncError, Guards
+from disttrain.engine.optim import total_steps as total_steps  # its home: the schedule's length
 from disttrain.engine.rng import set_rng_state
 from disttrain.engine.signals import FAILED_KEY, StopFlag, StopUnagreed
 from disttrain.engine.state import TrainState
@@ -436,13 +436,6 @@ def split_batches(micro_batches: list[Any], parts: int) -> list[Any]:
     if parts == 1:
         return micro_batches
     return [piece for batch in micro_batches for piece in batches.split(batch, parts)]
-
-
-def total_steps(trainer: TrainerConfig | dict[str, Any], batches_per_epoch: int) -> int:
-    """Optimizer steps the run will take: max_steps, or max_epochs x full accumulation groups."""
-    trainer = typed(TrainerConfig, trainer)  # the pre-launch checks pass the plain slice
-    per_epoch = batches_per_epoch // trainer.grad_accum
-    return trainer.max_steps if trainer.max_steps > 0 else trainer.max_epochs * per_epoch
 
 
 def global_batch(trainer: TrainerConfig, dp_size: int) -> int:

@@ -14,8 +14,8 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from disttrain.config.errors import ConfigError
 from disttrain.config.instantiate import build, locate
 from disttrain.config.names import NO_DECAY
-from disttrain.config.schema import CosineSchedConfig, OptimConfig, SchedConfig
-from disttrain.config.typed import own_key
+from disttrain.config.schema import CosineSchedConfig, OptimConfig, SchedConfig, TrainerConfig
+from disttrain.config.typed import own_key, typed
 
 log = logging.getLogger("disttrain")
 
@@ -143,3 +143,11 @@ def _arguments(target: Any, key: str) -> set[str]:
         return set(inspect.signature(locate(target, key)).parameters)
     except (TypeError, ValueError):
         return set()
+
+
+def total_steps(trainer: TrainerConfig | dict[str, Any], batches_per_epoch: int) -> int:
+    """Optimizer steps the run will take: max_steps, or max_epochs x full accumulation groups.
+    Here, not in engine.loop: the pre-launch checks need it without the loop's imports (DCP, DTensor)."""
+    trainer = typed(TrainerConfig, trainer)  # the pre-launch checks pass the plain slice
+    per_epoch = batches_per_epoch // trainer.grad_accum
+    return trainer.max_steps if trainer.max_steps > 0 else trainer.max_epochs * per_epoch
