@@ -18,11 +18,10 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.stateful import Stateful
 
 from disttrain import checkpoint
 from disttrain.config.fingerprint import config_diff, config_hash, shaping_config
@@ -30,6 +29,9 @@ from disttrain.config.schema import CheckpointConfig
 from disttrain.dist import DistEnv, default_store
 from disttrain.engine.rng import rng_state
 from disttrain.shared_dir import checkpoint_dir
+
+if TYPE_CHECKING:  # DCP (and DTensor with it) is imported at the first save or load, not at rank start
+    from torch.distributed.checkpoint.stateful import Stateful
 
 log = logging.getLogger("disttrain")
 
