@@ -185,6 +185,10 @@ def _hydra_task(cfg: Any) -> dict[str, Any] | None:
     overrides = list(hc.overrides.task)
     plugin = "BasicSweeper" not in str(hc.sweeper.get("_target_", "BasicSweeper"))
     checked = _CHECKED.get(tuple(overrides))
+    if checked is None and str(hc.mode) == "RunMode.RUN" and len(_CHECKED) == 1:
+        # One run: the job cmd_train checked (hc.overrides.task shows `${...}` values resolved,
+        # `model.in_features=64`, so the key misses; checking it again cost a compose and a dry step).
+        checked = next(iter(_CHECKED.values()))
     if checked is None:  # a job a sweeper plugin chose (Optuna): compose, settle and check it now
         from disttrain.config import compose
 
