@@ -28,8 +28,16 @@ import os
 from typing import Any
 
 # What the server imports before forking: the rank's whole import graph (torch, the engine, the
-# strategies' common modules), not the user's modules.
-PRELOAD = ["disttrain.launch.forkserver", "disttrain.worker"]  # this module first: SERVER_ENV
+# strategies' common modules) and torch._dynamo, which every rank's first optimizer step imports
+# (torch wraps optimizer internals in `_disable_dynamo`), and DCP, which a rank imports at its first
+# save or load (checkpoint.manager defers it: a rank forked from here has it already); never the
+# user's modules. This module first: SERVER_ENV is the server's own environment.
+PRELOAD = [
+    "disttrain.launch.forkserver",
+    "disttrain.worker",
+    "torch._dynamo",
+    "torch.distributed.checkpoint",
+]
 
 # The server's environment when it imported this module (in a rank: before the agent's keys).
 SERVER_ENV = dict(os.environ)
