@@ -98,9 +98,19 @@ def disttrain_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[s
 
     out, err = io.StringIO(), io.StringIO()
     saved_cwd, saved_path, saved_env = os.getcwd(), list(sys.path), dict(os.environ)
+    # A package of the same name that an earlier test imported from its own folder (`mylab`) would
+    # be found in sys.modules instead of this cwd's: set it aside for the call, put it back after.
+    local = _top_level_names(Path(cwd))
+    shadowed = {
+        name: sys.modules.pop(name)
+        for name in list(sys.modules)
+        if name.partition(".")[0] in local and _stale(sys.modules[name])
+    }
     saved_modules = set(sys.modules)
     for key in _SCRUB:
         os.environ.pop(key, None)
+    # The console script's sys.path has no '' (the cwd): only the CLI itself may add the cwd.
+    sys.path[:] = [p for p in sys.path if p not in ("", ".")]
     os.chdir(cwd)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -119,7 +129,23 @@ def disttrain_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[s
             places = [getattr(module, "__file__", None) or "", *getattr(module, "__path__", [])]
             if any(str(place).startswith(root) for place in places):
                 del sys.modules[name]
+        sys.modules.update(shadowed)
     return subprocess.CompletedProcess(["disttrain", *args], rc, out.getvalue(), err.getvalue())
+
+
+def _top_level_names(cwd: Path) -> set[str]:
+    """The modules and packages that `import NAME` would find in `cwd`."""
+    return {p.stem for p in cwd.glob("*.py")} | {
+        p.name for p in cwd.iterdir() if (p / "__init__.py").is_file()
+    }
+
+
+def _stale(module: Any) -> bool:
+    """True for a module loaded from a folder that is no longer on sys.path (an earlier test's
+    tmp_path); the installed packages (`yaml`, `torch`) never are."""
+    places = [str(p) for p in (getattr(module, "__file__", None), *getattr(module, "__path__", [])) if p]
+    roots = [str(Path(p).resolve()) for p in sys.path if p]
+    return bool(places) and not any(str(Path(p).resolve()).startswith(r) for p in places for r in roots)
 
 
 def checked(
