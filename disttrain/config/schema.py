@@ -545,17 +545,26 @@ class Config:
     )
 
 
+_REGISTERED: list[Any] = []  # what the ConfigStore holds: [key of the registries' contents]
+
+
 def register() -> None:
-    """Store every schema in Hydra's ConfigStore (idempotent)."""
+    """Store every schema in Hydra's ConfigStore (idempotent). Every composition calls it, and
+    storing costs about a quarter of a composition: done again only when a strategy or launcher
+    was registered since (the ConfigStore hands out copies, so its nodes stay as stored)."""
     from hydra.core.config_store import ConfigStore  # ranks read the dataclasses only
 
     from disttrain.launch.registry import launcher_specs
 
     cs = ConfigStore.instance()
+    strategies = config_classes()
+    key = (id(cs.repo), tuple(strategies.items()), tuple((s.name, s.config) for s in launcher_specs()))
+    if _REGISTERED and _REGISTERED[0] == key:
+        return
     cs.store(name="base_config", node=Config)
     groups: dict[str, dict[str, type]] = {
         "backend": {"base_backend": BackendConfig},
-        "strategy": config_classes(),  # one `base_<name>` per registered strategy spec
+        "strategy": strategies,  # one `base_<name>` per registered strategy spec
         "model": {"base_mlp": MLPConfig, "base_cnn": CNNConfig, "base_gpt": GPTConfig},
         "data": {
             "base_digits": DigitsDataConfig,
@@ -582,6 +591,7 @@ def register() -> None:
     for group, nodes in groups.items():
         for name, node in nodes.items():
             cs.store(group=group, name=name, node=_open(group, node))
+    _REGISTERED[:] = [key]
 
 
 # Groups whose node (or, for data, whose train/val nodes) is a `_target_` plug-in point.

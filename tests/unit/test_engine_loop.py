@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from unit_support import disttrain
+from unit_support import disttrain_in_process
 
 ONE = ("nproc_per_node=1", "data=synthetic", "trainer.progress=false", "threads_per_rank=1")
 
 
 def test_an_empty_validation_set_records_no_val_metrics(scratch: Path) -> None:
     """Review D12: with 0 validation samples, val/loss 0.0 would read as a perfect model."""
-    proc = disttrain(
+    proc = disttrain_in_process(
         "train", *ONE, "trainer.max_steps=3", "data.num_val_samples=0", "hydra.run.dir=run", cwd=scratch
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -27,7 +27,7 @@ def test_no_emergency_checkpoint_before_the_first_optimizer_step(scratch: Path) 
     """An exception in the first step leaves no step-0 'emergency checkpoint' of an untrained model."""
     wired = ("model.in_features=${data.num_features}", "model.num_classes=${data.num_classes}")
     fault = ("model._target_=disttrain.testing.FaultMLP", *wired, "+model.raise_at=1", "trainer.max_steps=3")
-    proc = disttrain("train", *ONE, *fault, "hydra.run.dir=run", cwd=scratch)
+    proc = disttrain_in_process("train", *ONE, *fault, "hydra.run.dir=run", cwd=scratch)
     assert proc.returncode == 1
     assert "injected failure at training forward 1" in proc.stderr, proc.stderr[-2000:]
     assert "no emergency checkpoint" in (scratch / "run" / "logs" / "rank0.log").read_text()

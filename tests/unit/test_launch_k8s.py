@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from unit_support import checked, disttrain
+from unit_support import checked, disttrain_in_process
 
 from disttrain.config.errors import ConfigError
 from disttrain.launch import k8s
@@ -160,7 +160,7 @@ def test_bad_k8s_settings_name_the_key(overrides: tuple[str, ...], key: str) -> 
 
 
 def test_dry_run_prints_the_manifest_and_applies_nothing(tmp_path: Path) -> None:
-    proc = disttrain(
+    proc = disttrain_in_process(
         "train", *K8S, "launcher.dry_run=true", "data=synthetic", "hydra.run.dir=r", cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr
@@ -171,7 +171,9 @@ def test_dry_run_prints_the_manifest_and_applies_nothing(tmp_path: Path) -> None
 
 
 def test_missing_kubectl_is_one_paragraph_and_nothing_is_written(tmp_path: Path) -> None:
-    proc = disttrain("train", *K8S, "launcher.kubectl=/no/such/kubectl", "hydra.run.dir=r", cwd=tmp_path)
+    proc = disttrain_in_process(
+        "train", *K8S, "launcher.kubectl=/no/such/kubectl", "hydra.run.dir=r", cwd=tmp_path
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith("disttrain: config error: launcher.kubectl=/no/such/kubectl is not valid")
     assert "launcher.dry_run=true" in proc.stderr and "Traceback" not in proc.stderr
@@ -182,7 +184,7 @@ def test_kubectl_applies_the_manifest_with_an_argv_list(tmp_path: Path) -> None:
     fake = tmp_path / "kubectl"
     fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$(dirname "$0")/argv.txt"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    proc = disttrain("train", *K8S, f"launcher.kubectl={fake}", "hydra.run.dir=r", cwd=tmp_path)
+    proc = disttrain_in_process("train", *K8S, f"launcher.kubectl={fake}", "hydra.run.dir=r", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     manifest = tmp_path / "r" / "k8s" / "job.yaml"
     assert (tmp_path / "argv.txt").read_text().splitlines() == ["apply", "-f", str(manifest)]

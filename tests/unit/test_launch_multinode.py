@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from unit_support import checked, disttrain
+from unit_support import checked, disttrain_in_process
 
 from disttrain.config.errors import ConfigError
 from disttrain.launch import multinode, slurm
@@ -142,7 +142,7 @@ def test_elastic_range_reaches_sbatch_and_the_allocation_check(
 
 
 def test_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
-    proc = disttrain(
+    proc = disttrain_in_process(
         "train",
         "launcher=slurm",
         "launcher.dry_run=true",

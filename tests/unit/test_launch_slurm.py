@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from unit_support import disttrain, disttrain_in_process
+from unit_support import disttrain_in_process
 
 from disttrain.config.errors import ConfigError
 from disttrain.launch.slurm import check_script_inputs, sbatch_script
@@ -137,7 +137,7 @@ def test_check_script_inputs(tmp_path: Path) -> None:
 
 
 def test_dry_run_with_blank_in_run_dir_writes_a_valid_script(scratch: Path) -> None:
-    proc = disttrain("train", *DRY, "hydra.run.dir='my run'", cwd=scratch)
+    proc = disttrain_in_process("train", *DRY, "hydra.run.dir='my run'", cwd=scratch)
     assert proc.returncode == 0, proc.stderr
     script = (scratch / "my run" / "slurm" / "job.sbatch").read_text()
     _bash_n(script, scratch)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from unit_support import checked, disttrain
+from unit_support import checked, disttrain_in_process
 
 from disttrain.commands.resume import apply_overrides
 from disttrain.config.errors import ConfigError
@@ -72,7 +72,7 @@ def test_strategy_option_switches_on_resume(saved: dict) -> None:
 def test_cli_bad_value_leaves_the_finished_run_untouched(saved: dict, override: str, tmp_path: Path) -> None:
     run = _finished(tmp_path, saved)
     before = {p.name: p.read_bytes() for p in run.iterdir()}
-    proc = disttrain("resume", str(run), override, cwd=tmp_path)
+    proc = disttrain_in_process("resume", str(run), override, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stderr.startswith("disttrain: config error:")
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
@@ -84,7 +84,7 @@ def test_cli_refuses_a_run_that_is_still_running(saved: dict, tmp_path: Path) ->
     try:
         state = {"status": "running", "pid": sleeper.pid, "host": socket.gethostname()}
         (run / "status.json").write_text(json.dumps(state))
-        proc = disttrain("resume", str(run), cwd=tmp_path)
+        proc = disttrain_in_process("resume", str(run), cwd=tmp_path)
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -97,6 +97,6 @@ def test_cli_refuses_a_run_that_is_still_running(saved: dict, tmp_path: Path) ->
 def test_export_names_the_location_it_was_given(where: str, tmp_path: Path) -> None:
     """`export /nonexistent` reported RUN_DIR=/ (it walked up to the root looking for config.yaml)."""
     location = where.format(tmp=tmp_path)
-    proc = disttrain("export", location, cwd=tmp_path)
+    proc = disttrain_in_process("export", location, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(f"disttrain: config error: RUN_DIR={location} is not valid"), proc.stderr

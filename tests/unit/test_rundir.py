@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from unit_support import disttrain
+from unit_support import disttrain_in_process
 
 from disttrain import rundir
 from disttrain.config.errors import ConfigError
@@ -94,7 +94,7 @@ def test_two_invocations_with_the_same_run_dir_get_their_own(scratch: Path) -> N
     (exp / "pinned.yaml").write_text(PINNED)
     dry = ("--config-dir", "cfgs", "launcher=slurm", "launcher.dry_run=true", "experiment=pinned")
     for lr in ("0.001", "0.5"):
-        proc = disttrain("train", *dry, f"optim.lr={lr}", cwd=scratch)
+        proc = disttrain_in_process("train", *dry, f"optim.lr={lr}", cwd=scratch)
         assert proc.returncode == 0, proc.stderr
     runs = scratch / "runs"
     assert sorted(p.name for p in runs.iterdir()) == ["pinned", "pinned-1"]
@@ -112,7 +112,7 @@ def test_two_sweeps_with_the_same_sweep_dir_get_their_own(scratch: Path) -> None
     (exp / "pinned.yaml").write_text(PINNED.replace("run:", "sweep:"))
     dry = ("--config-dir", "cfgs", "-m", "launcher=slurm", "launcher.dry_run=true", "experiment=pinned")
     for lrs in ("optim.lr=0.1,0.2", "optim.lr=0.3,0.4"):
-        proc = disttrain("train", *dry, lrs, cwd=scratch)
+        proc = disttrain_in_process("train", *dry, lrs, cwd=scratch)
         assert proc.returncode == 0, proc.stderr
     lr = {
         d: [
@@ -127,10 +127,10 @@ def test_two_sweeps_with_the_same_sweep_dir_get_their_own(scratch: Path) -> None
 def test_train_into_a_finished_run_with_another_config_is_refused(scratch: Path) -> None:
     run = scratch / "done"
     dry = ("launcher=slurm", "launcher.dry_run=true", f"hydra.run.dir={run}")
-    assert disttrain("train", *dry, "optim.lr=0.003", cwd=scratch).returncode == 0
+    assert disttrain_in_process("train", *dry, "optim.lr=0.003", cwd=scratch).returncode == 0
     (run / "status.json").write_text(json.dumps({"status": "finished"}))
     before = (run / "config.yaml").read_text()
-    proc = disttrain("train", *dry, "optim.lr=0.5", cwd=scratch)
+    proc = disttrain_in_process("train", *dry, "optim.lr=0.5", cwd=scratch)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "config error: hydra.run.dir=" in proc.stderr and "disttrain resume" in proc.stderr
     assert (run / "config.yaml").read_text() == before
@@ -139,7 +139,7 @@ def test_train_into_a_finished_run_with_another_config_is_refused(scratch: Path)
 def test_unwritable_run_dir_is_one_paragraph(scratch: Path) -> None:
     (scratch / "file").write_text("x")
     for bad in ("/proc/x", "file/run"):
-        proc = disttrain(
+        proc = disttrain_in_process(
             "train", "launcher=slurm", "launcher.dry_run=true", f"hydra.run.dir={bad}", cwd=scratch
         )
         assert proc.returncode == 2, proc.stderr

@@ -9,16 +9,29 @@ group could never be matched there; the stop group's can.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import multiprocessing.forkserver
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import forked
 import pytest
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_the_fork_server() -> Iterator[None]:
+    """Stop and reap the fork server after this module: no process outlives it, and the CPU time
+    of its children (reaped by it) is counted as this process's children's, as for Popen."""
+    yield
+    multiprocessing.forkserver._forkserver._stop()  # the stdlib's own way to stop it (its tests use it)
+
 
 pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="signals and socket wakeups as on Linux"),
@@ -71,26 +84,34 @@ RANK = textwrap.dedent(
 )
 
 
-def _start(tmp_path: Path, local_world: int) -> tuple[subprocess.Popen[str], list[subprocess.Popen[str]]]:
+def _start(tmp_path: Path, local_world: int) -> tuple[Any, list[Any]]:
+    """The store host and the two ranks: processes forked from a server that imported torch once."""
     (tmp_path / "store.py").write_text(STORE)
     (tmp_path / "rank.py").write_text(RANK)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "MASTER_"))}
     env.update(LOCAL_WORLD_SIZE=str(local_world), DISTTRAIN_LAUNCHER_PID="", OMP_NUM_THREADS="1")
-    store = subprocess.Popen(
-        [sys.executable, str(tmp_path / "store.py")], stdout=subprocess.PIPE, text=True, env=env
-    )
-    assert store.stdout is not None
-    port = store.stdout.readline().strip()
+    out, err = tmp_path / "store.out", tmp_path / "store.err"
+    store = forked.start(tmp_path / "store.py", [], env, out, err)
+    deadline = time.monotonic() + 60
+    while not out.is_file() or not out.read_text().endswith("\n"):
+        assert store.is_alive() and time.monotonic() < deadline, _text(err)
+        time.sleep(0.02)
+    port = out.read_text().strip()
     ranks = [
-        subprocess.Popen(
-            [sys.executable, str(tmp_path / "rank.py"), port, str(r), str(tmp_path), str(0.02 + 0.03 * r)],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
+        forked.start(
+            tmp_path / "rank.py",
+            [port, str(r), str(tmp_path), str(0.02 + 0.03 * r)],
+            env,
+            tmp_path / f"rank{r}.out",
+            tmp_path / f"rank{r}.err",
         )
         for r in (0, 1)
     ]
     return store, ranks
+
+
+def _text(path: Path) -> str:
+    return path.read_text()[-2000:] if path.is_file() else ""
 
 
 def _steps(tmp_path: Path, rank: int) -> int:
@@ -106,29 +127,33 @@ def _run(
     """Train until step 5, kill the store host if asked, SIGTERM the `signalled` ranks 0.4 s apart;
     each rank's outcome ({} when it ended without one: a peer's exit broke its collective)."""
     store, ranks = _start(tmp_path, local_world)
+    errors = [tmp_path / f"rank{r}.err" for r in (0, 1)]
     try:
         deadline = time.monotonic() + 90
         while min(_steps(tmp_path, 0), _steps(tmp_path, 1)) < 5:
             assert time.monotonic() < deadline, "the ranks never trained"
-            assert all(p.poll() is None for p in ranks), [p.communicate()[1][-2000:] for p in ranks]
+            assert all(p.is_alive() for p in ranks), [_text(e) for e in errors]
             time.sleep(0.05)
         if kill_store:
             store.kill()
-            store.wait()
+            store.join()
         for i, r in enumerate(signalled):
             if i:
                 time.sleep(0.4)  # rank r's main thread is blocked in the next step's all-reduce by now
-            ranks[r].send_signal(signal.SIGTERM)
-        errors = [p.communicate(timeout=60)[1] for p in ranks]
+            with contextlib.suppress(ProcessLookupError):  # it already stopped: a peer's claim came first
+                os.kill(ranks[r].pid, signal.SIGTERM)
+        for p in ranks:
+            p.join(timeout=60)
+        assert all(p.exitcode is not None for p in ranks), "a rank did not end within 60 s"
         if check:
-            assert [p.returncode for p in ranks] == [0, 0], [e[-2000:] for e in errors]
+            assert [p.exitcode for p in ranks] == [0, 0], [_text(e) for e in errors]
         files = [tmp_path / f"rank{r}.json" for r in (0, 1)]
         return [json.loads(f.read_text()) if f.is_file() else {} for f in files]
     finally:
         for p in (store, *ranks):
-            if p.poll() is None:
+            if p.is_alive():
                 p.kill()
-                p.wait()
+            p.join()
 
 
 def test_without_the_store_every_signalled_rank_stops_after_the_same_step(tmp_path: Path) -> None:

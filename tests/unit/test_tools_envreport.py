@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+from unit_support import disttrain_in_process
 
 from disttrain.observe.traps import check_traps, ifname_matches
 
@@ -48,16 +51,11 @@ def test_a_clean_environment_has_no_warnings() -> None:
     )
 
 
-def test_env_command_json_and_help_stays_torch_free() -> None:
+def test_env_command_json_and_help_stays_torch_free(tmp_path: Path) -> None:
     import json
 
-    out = subprocess.run(
-        [sys.executable, "-m", "disttrain", "env", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
+    out = disttrain_in_process("env", "--json", cwd=tmp_path)  # `python -m disttrain`: test_cli_conventions
+    assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert {"python", "torch", "gpus", "backends", "interfaces", "variables", "warnings"} <= set(report)
     code = "import sys; from disttrain.cli import main; main(['--help']); assert 'torch' not in sys.modules"
