@@ -26,7 +26,7 @@ from disttrain.engine.loop import Engine, Parts, global_batch, total_steps
 from disttrain.engine.optim import build_optimizer, build_scheduler
 from disttrain.engine.rng import seed_everything
 from disttrain.engine.state import TrainState
-from disttrain.launch.forkserver import launcher_alive, name_process
+from disttrain.launch.forkserver import launcher_alive, linger_after_a_peer_died, name_process
 from disttrain.models import build_model, set_activation_checkpointing
 from disttrain.observe.envreport import report_env
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
@@ -80,6 +80,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
         log.exception("rank %d failed", env.rank)
         if env.is_zero:
             record_orphaned(run_dir, launcher, f"the ranks stopped without a checkpoint ({exc})")
+        linger_after_a_peer_died(str(exc))
         raise
     finally:
         destroy_process_group()

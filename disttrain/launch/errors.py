@@ -34,6 +34,14 @@ def exit_code_message(code: int | None) -> str:
     return f"exited with code {code} before Python could record an error"
 
 
+# What a rank raises when it only saw a peer die (its own failure is not the cause).
+SECONDARY = ("a peer rank died", "Connection closed by peer", "Connection reset by peer")
+
+
+def is_secondary(message: str) -> bool:
+    return any(m in message for m in SECONDARY)
+
+
 def last_error_line(text: str) -> str:
     """The exception line of a formatted traceback (its last non-empty line)."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]

@@ -115,6 +115,30 @@ def launcher_env() -> dict[str, Any]:
     return dict(os.environ)
 
 
+LINGER_S = 10.0  # how long a rank that only saw a peer die waits for its launcher to notice the peer
+
+
+def linger_after_a_peer_died(message: str) -> None:
+    """A forked rank failing only because a peer died waits (up to LINGER_S) to be stopped.
+
+    torch's agent reports ONE failure of ranks started as functions: the first dead process its
+    poll finds (`MultiprocessContext._poll`), where a `python -m` rank's agent reports them all and
+    `torchrun.first_failure` picks the cause. A peer SIGKILLed (by the OOM killer, a user) and this
+    rank's "a peer rank died" are a few milliseconds apart, so one poll sees both and may name this
+    rank. Waiting here lets the agent find the peer first; it then stops this rank with SIGTERM,
+    which (handlers reset to the default) ends the wait at once. Only on that failure path."""
+    import signal
+    import time
+
+    from disttrain.launch.errors import is_secondary
+
+    if not os.environ.get("DISTTRAIN_RANK_PARENT") or not is_secondary(message):
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    time.sleep(LINGER_S)
+
+
 def launcher_alive(launcher: int) -> bool:
     """Whether the launcher lives: it is this rank's parent, or (a rank forked from the launcher's
     fork server, launch/forkserver.py) a live, non-zombie process."""

@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from disttrain.launch.base import Launcher
-from disttrain.launch.errors import LaunchError, exit_code_message, last_error_line, stopped_message
+from disttrain.launch.errors import (
+    LaunchError,
+    exit_code_message,
+    is_secondary,
+    last_error_line,
+    stopped_message,
+)
 from disttrain.launch.forkserver import START_METHOD, launcher_env, rank_entry, warm_up
 from disttrain.launch.registry import launcher_config
 
@@ -118,7 +124,7 @@ def first_failure(failures: dict[int, Any]) -> tuple[int, str]:
     def order(item: tuple[int, Any]) -> tuple[int, float, int]:
         rank, failure = item
         message = _failure_message(failure)
-        if _is_secondary(message):
+        if is_secondary(message):
             cls = 3
         elif failure.exitcode == -signal.SIGTERM or failure.exitcode == 128 + signal.SIGTERM:
             cls = 2
@@ -137,12 +143,6 @@ def _has_error_file(failure: Any) -> bool:
         return bool(failure.error_file) and Path(failure.error_file).is_file()
     except (OSError, TypeError):
         return False
-
-
-def _is_secondary(message: str) -> bool:
-    return any(
-        m in message for m in ("a peer rank died", "Connection closed by peer", "Connection reset by peer")
-    )
 
 
 def _failure_message(failure: Any) -> str:
