@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from disttrain.data.samplers import ResumableSampler, ShardSampler
@@ -40,5 +41,9 @@ def make_loaders(
     val = None
     if val_set is not None:
         shard = ShardSampler(len(val_set), dp_rank, dp_size)  # type: ignore[arg-type]
-        val = DataLoader(val_set, batch_size=batch, sampler=shard, **common)
+        # Its own generator: a DataLoader iterator draws its base seed from `generator`, else from
+        # torch's global RNG, which training's dropout draws from too; a validation (say the one
+        # ending a run that is later extended) would shift training's draws and break exact resume.
+        generator = torch.Generator().manual_seed(cfg["seed"])
+        val = DataLoader(val_set, batch_size=batch, sampler=shard, generator=generator, **common)
     return train, val

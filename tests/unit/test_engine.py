@@ -153,3 +153,20 @@ def test_checkpoint_resume_in_one_process_is_bitwise(tmp_path: Path) -> None:
     losses = {r["step"]: r["train/loss"] for r in read_metrics(tmp_path / "straight") if "train/loss" in r}
     resumed = {r["step"]: r["train/loss"] for r in read_metrics(tmp_path / "resumed") if "train/loss" in r}
     assert resumed == losses  # metrics.jsonl: steps 1-5 from the first run, 6-9 after the resume
+
+
+def test_extending_a_finished_run_is_bitwise_despite_its_end_of_run_validation(tmp_path: Path) -> None:
+    """A finished 5-step run validates at its end, then saves; resumed to 9 steps it must equal a
+    run that went to 9 straight (which did not validate at step 5): validation takes nothing from
+    the training RNG (its DataLoader seeds from a generator of its own), dropout draws stay aligned."""
+    run = ("trainer.max_steps=9", "model.dropout=0.2", "data.num_val_samples=64", "trainer.val_every=0")
+    straight = engine(tmp_path / "straight", *run)
+    fit(straight)
+    first = engine(tmp_path / "extended", *run, "trainer.max_steps=5")
+    fit(first)
+    assert any("val/loss" in r for r in read_metrics(tmp_path / "extended")), "the first run validated"
+    again = engine(tmp_path / "extended", *run)
+    assert again.resume(again.ckpt.dir) is not None and again.state.step == 5
+    fit(again)
+    for a, b in zip(params(straight), params(again), strict=True):
+        assert torch.equal(a, b)
