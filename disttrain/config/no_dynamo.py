@@ -25,13 +25,17 @@ class _Standin(types.ModuleType):
         self.answered: list[Any] = []
         self.asked_more = False
 
-    def disable(self, fn: Any, recursive: bool = True, wrapping: bool = True) -> Any:
+    def disable(self, fn: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """torch._dynamo.disable(fn=None, recursive=True, *, reason=None, wrapping=True): `fn`
+        itself, or (no fn: `@torch.compiler.disable(reason=...)`) a decorator returning its `fn`."""
+        if fn is None:
+            return self.disable
         self.answered.append(fn)
         return fn
 
     def __getattr__(self, name: str) -> Any:
-        if not (name.startswith("__") and name.endswith("__")):  # introspection (inspect.getmodule
-            self.asked_more = True  # asks every module for __file__) is no use of dynamo
+        if name != "__file__":  # inspect.getmodule asks every module for it: no use of dynamo; but
+            self.asked_more = True  # `__path__` is an import of a torch._dynamo submodule
         raise AttributeError(f"{NAME}.{name} (deferred during the pre-launch checks)")
 
 

@@ -3,6 +3,7 @@ torch._dynamo, fall back to the real module when the stand-in is not enough, and
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -63,3 +64,24 @@ def test_an_error_the_stand_in_did_not_cause_is_raised_once(monkeypatch: pytest.
         no_dynamo.without_dynamo(bad)
     assert calls == [1]
     assert no_dynamo.NAME not in sys.modules or type(sys.modules[no_dynamo.NAME]).__name__ == "module"
+
+
+def test_disable_with_a_reason_and_a_submodule_import_are_handled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers decorates with `@torch.compiler.disable(reason=...)` at import, and imports
+    torch._dynamo submodules: the first is answered by the stand-in, the second (`__path__`, not a
+    package) marks the attempt, and the check runs again with the real module instead of failing."""
+    import torch
+
+    from disttrain.config import no_dynamo
+
+    monkeypatch.delitem(sys.modules, no_dynamo.NAME, raising=False)
+    calls = []
+
+    def check() -> str:
+        calls.append(1)
+        torch.compiler.disable(recursive=False, reason="views")(lambda: None)
+        importlib.import_module("torch._dynamo.utils")
+        return "ok"
+
+    assert no_dynamo.without_dynamo(check) == "ok"
+    assert calls == [1, 1]
