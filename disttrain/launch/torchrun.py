@@ -76,12 +76,24 @@ class TorchrunLauncher(Launcher):
         launch_torchrun(cfg, run_dir, entry)
 
 
+def _quiet_failure_traceback(record: Any) -> bool:
+    """torch's agent logs a failed function-started rank with its traceback (`logger.exception`,
+    "failed (exitcode: N) local_rank: ..."); the CLI names the failing rank and its error in one
+    paragraph (LaunchError) and the rank's log holds the traceback, so that record is dropped."""
+    return not str(record.msg).startswith("failed (exitcode")
+
+
 def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.worker") -> None:
+    import logging
+
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
 
+    api_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    if _quiet_failure_traceback not in api_log.filters:
+        api_log.addFilter(_quiet_failure_traceback)
     started = time.time()
     store = None
     if cfg["nodes"] > 1:
