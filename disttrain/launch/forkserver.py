@@ -21,10 +21,12 @@ modules named in its preload list, then forks every child from that warm state:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import multiprocessing
 import os
+import time
 from typing import Any
 
 # What the server imports before forking: the rank's whole import graph (torch, the engine, the
@@ -58,6 +60,42 @@ def warm_up() -> None:
     # be imported. PYTHONSAFEPATH keeps it out; each rank gets the launcher's sys.path when forked.
     with patched_environ({"PYTHONSAFEPATH": "1"}):
         forkserver.ensure_running()
+    if not _STOP_AT_EXIT:
+        atexit.register(stop)
+        _STOP_AT_EXIT.append(stop)
+
+
+_STOP_AT_EXIT: list[Any] = []
+
+
+def stop(timeout: float = 5.0) -> None:
+    """End the fork server and multiprocessing's resource tracker now, and reap them (at exit).
+
+    Each exits by itself once the pipe this process holds closes, but only after this process is
+    gone: a caller that waits for the CLI would see them linger a moment. Closed and reaped here,
+    the CLI leaves no process when it exits. The stdlib's own `_stop` methods wait without a bound
+    (a hung holder of the tracker's pipe would block the exit), hence these private attributes,
+    kept here; a server that has not exited within `timeout` is left to exit by itself."""
+    from multiprocessing import forkserver, resource_tracker
+
+    holders: tuple[tuple[Any, str, str], ...] = (
+        (getattr(forkserver, "_forkserver", None), "_forkserver_alive_fd", "_forkserver_pid"),
+        (getattr(resource_tracker, "_resource_tracker", None), "_fd", "_pid"),
+    )
+    for obj, fd_name, pid_name in holders:
+        fd, pid = getattr(obj, fd_name, None), getattr(obj, pid_name, None)
+        if fd is None or pid is None:
+            continue
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        setattr(obj, fd_name, None)
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        setattr(obj, pid_name, None)
+        if fd_name == "_forkserver_alive_fd":
+            setattr(obj, "_forkserver_address", None)  # noqa: B010 (private: see above)
 
 
 def detach_from_server() -> None:
