@@ -177,7 +177,11 @@ def run_once(kind: str, opts: dict[str, Any], work: Path, tag: str) -> dict[str,
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with PeakRss() as rss:
         launched = time.time()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+        try:  # a hung side fails its row (named) instead of blocking the whole benchmark
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=180)
+        except subprocess.TimeoutExpired as exc:
+            tail = exc.stderr[-1500:] if isinstance(exc.stderr, str) else (exc.stderr or b"")[-1500:]
+            raise RuntimeError(f"{kind} did not finish in 180 s: {tail!r}") from None
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} exited {proc.returncode}: {proc.stderr[-1500:]}")
     if kind == "disttrain":
@@ -221,13 +225,22 @@ def main() -> None:
     for p in set(PEERS) - set(peers):
         print(f"note: {p} skipped ({PACKAGES[p]} is not installed: pip install {PACKAGES[p]})")
     results: dict[str, list[dict[str, float]]] = {p: [] for p in peers}
+    failed: dict[str, list[str]] = {}
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench_peers_") as tmp:
         for r in range(args.repeats):
             order = peers[r % len(peers) :] + peers[: r % len(peers)]  # rotate: no side always first
             for kind in order:
-                results[kind].append(run_once(kind, opts, Path(tmp), f"{r}"))
+                try:
+                    results[kind].append(run_once(kind, opts, Path(tmp), f"{r}"))
+                except RuntimeError as exc:  # a peer that failed or hung this repeat: noted, skipped
+                    failed.setdefault(kind, []).append(str(exc).splitlines()[0][:200])
+                    print(f"repeat {r + 1}/{args.repeats} {kind}: FAILED {exc}", file=sys.stderr)
+                    continue
                 print(f"repeat {r + 1}/{args.repeats} {kind}: {results[kind][-1]}", file=sys.stderr)
+    for p, why in failed.items():
+        print(f"note: {p} failed {len(why)} of {args.repeats} repeats (medians over the rest): {why[0]}")
+    peers = [p for p in peers if results[p]]
     med = {p: {k: statistics.median(run[k] for run in results[p]) for k in results[p][0]} for p in peers}
     base = med["bare"]
     print(
