@@ -12,7 +12,8 @@ What each side does, so that the comparison is fair:
 - torch.save: `checkpoint.save_atomic` (temp file, fsync, rename, directory fsync) of
   model.state_dict() + optimizer.state_dict(); it replaces the previous file (freeing it).
 - DCP save: what the engine's Checkpointer does: get_state_dict, then `checkpoint.save` (every
-  file fsynced, sha256 of every file with verify=hash, manifest, atomic rename, `latest`, keep=1
+  file fsynced, xxh3_64 of every file with verify=hash (summed as DCP writes each buffer: no second
+  read), manifest, atomic rename, `latest`, keep=1
   so the previous checkpoint is deleted, as the torch.save side replaces its file).
 - async: as the engine: `checkpoint.save(async_save=True, overlap_staging=True)` returns while DCP's
   staging thread copies the state; one forward/backward of the model (--batch rows: the next
@@ -24,7 +25,9 @@ What each side does, so that the comparison is fair:
   state a DCP load leaves (the verdict uses plain torch.load, the stricter baseline).
 - DCP load: what a resume does: `checkpoint.choose` (manifest and sizes) and
   `checkpoint.load_sharded` into the live state dict, which with verify=hash checks every file's
-  checksum (crc32) in the pass that reads it (a mismatch fails the load: the engine falls back).
+  checksum in the pass that reads it (a mismatch fails the load: the engine falls back). The
+  checksum is the one the manifest names, printed in the header: xxh3_64 for manifests written now
+  (zlib.crc32 before it, sha256 before that: an older checkout's "before" run shows its own).
 CPU seconds (all threads) are printed too: on a busy machine wall times measure the queue for
 the cores more than the work. Loads read files just written: warm page cache, unless --cold (posix_fadvise DONTNEED on both
 sides' files before each load: evicts only those files' pages; the disk or host cache serves them).
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import os
 import shutil
 import statistics
@@ -91,6 +95,15 @@ def evict(paths: list[Path]) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def hashed_with(path: Path) -> str:
+    """The checksum a committed checkpoint's manifest records (what verify=hash checks)."""
+    try:
+        entry = json.loads((path / "manifest.json").read_text())["files"][".metadata"]
+        return next((k for k in entry if k != "size"), "none (sizes only)")
+    except (OSError, ValueError, KeyError, TypeError):
+        return "n/a"
 
 
 def loadavg() -> str:
@@ -188,6 +201,7 @@ def main() -> int:
     cpu_s: dict[str, list[float]] = {}  # process CPU seconds (all threads) per case
     fwd_bwd: list[float] = []  # the overlapped step's forward/backward, seconds
     load_before = loadavg()
+    algo = "n/a"
     times: dict[str, list[float]] = {k: [] for k in ("ts", "ds", "da", "stall", "tl", "tr", "dl", "dls")}
     try:
         for r in range(args.repeats + 1):  # round 0 warms up (imports, allocator, page cache)
@@ -197,6 +211,7 @@ def main() -> int:
             ds = dcp_save(False)[1]
             stall, da = dcp_save(True)
             dcp_files = [p for p in checkpoint.committed(ckpts)[-1].iterdir()]
+            algo = hashed_with(checkpoint.committed(ckpts)[-1])
             tl = timed(plain_load, [plain])
             tr = timed(plain_resume, [plain])
             dl = timed(dcp_load("hash"), dcp_files)
@@ -211,7 +226,7 @@ def main() -> int:
     print(
         f"state {mb:.0f} MiB (params + AdamW moments), {args.repeats} interleaved repeats, medians; "
         f"disk of {Path(args.dir).resolve()}; loads {'cold (files evicted)' if args.cold else 'warm page cache'}; "
-        f"loadavg {load_before} -> {loadavg()}"
+        f"loadavg {load_before} -> {loadavg()}; verify=hash checksum: {algo}"
     )
     rows = [
         ("torch.save (fsync + rename)", "ts", "plain_save"),

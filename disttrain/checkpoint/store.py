@@ -5,9 +5,9 @@
         .metadata __0_0.distcp __1_0.distcp ...   DCP: model, optimizer, scheduler; shards per rank
         rng_rank0.pt ...     RNG states of each rank (torch.save; loaded with weights_only=True)
         meta.json            step, epoch, position inside the epoch, world size, config and its hash
-        manifest.json        size and crc32 of every file above (summed as each was written, by the
+        manifest.json        size and xxh3_64 of every file above (summed as each was written, by the
                              rank that wrote it; gathered on rank 0): written last, marks a whole save;
-                             older manifests carry sha256 instead, still verified
+                             older versions' manifests carry crc32 or sha256 instead, still verified
       .tmp-step_00000020/    a save in progress (or one a crash interrupted: ignored, later removed)
       latest                 the newest committed checkpoint's name, replaced with os.replace
       final.pt               the consolidated model for plain PyTorch (checkpoint.export_final)
@@ -40,7 +40,15 @@ from typing import Any
 
 import torch
 
-from disttrain.checkpoint.reading import CRC32, Checksum, CorruptCheckpoint, algo_of, file_digest, mismatch
+from disttrain.checkpoint.reading import (
+    XXH3,
+    Checksum,
+    CorruptCheckpoint,
+    algo_of,
+    entries_problem,
+    file_digest,
+    mismatch,
+)
 from disttrain.rundir import RunDir
 
 log = logging.getLogger("disttrain")
@@ -89,35 +97,35 @@ def _write_synced(path: Path, data: bytes) -> None:
 
 
 def _file_digest(path: Path, with_hash: bool) -> dict[str, Any]:
-    """Size (and crc32) of a file as it is on disk: a manifest entry."""
-    return file_digest(path, CRC32 if with_hash else None)
+    """Size (and xxh3_64) of a file as it is on disk: a manifest entry."""
+    return file_digest(path, XXH3 if with_hash else None)
 
 
 def _bytes_digest(data: bytes, with_hash: bool) -> dict[str, Any]:
     """The manifest entry of a file whose bytes are `data` (summed in memory, never re-read)."""
     entry: dict[str, Any] = {"size": len(data)}
     if with_hash:
-        c = Checksum(CRC32)
+        c = Checksum(XXH3)
         c.update(data)
-        entry[CRC32] = c.hexdigest()
+        entry[XXH3] = c.hexdigest()
     return entry
 
 
 class _HashingFile:
-    """A file DCP writes through, summing each buffer on its way to disk: the manifest's crc32
+    """A file DCP writes through, summing each buffer on its way to disk: the manifest's xxh3_64
     costs no second read of the checkpoint. Writes are strictly sequential (no seek: a writer that
     tried one would fail, never record a wrong hash); `commit_dir` checks each size on disk too."""
 
     def __init__(self, f: Any, with_hash: bool) -> None:
         self._f = f
-        self._h = Checksum(CRC32) if with_hash else None
+        self._h = Checksum(XXH3) if with_hash else None
         self.size = 0
 
     def write(self, data: Any) -> int:
         n: int = self._f.write(data)
         view = memoryview(data)
         if self._h is not None:
-            self._h.update(view)  # zlib drops the GIL on big buffers: DCP's threads sum in parallel
+            self._h.update(view)  # xxhash drops the GIL on big buffers: DCP's threads sum in parallel
         self.size += view.nbytes
         return n
 
@@ -136,7 +144,7 @@ class _HashingFile:
     def digest(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"size": self.size}
         if self._h is not None:
-            entry[CRC32] = self._h.hexdigest()
+            entry[XXH3] = self._h.hexdigest()
         return entry
 
 
@@ -371,7 +379,7 @@ def _write_and_commit(
     writer = _writer(tmp, with_hash)
     no_dist = not dist.is_initialized()
     # torch.save's zip CRC32 of every tensor record is a second checksum of the same bytes: the
-    # manifest's crc32 (verify=hash) or size (verify=size) is what a load checks, and torch.load
+    # manifest's xxh3_64 (verify=hash) or size (verify=size) is what a load checks, and torch.load
     # never reads the CRC. The option is process-wide; it is restored as soon as the write ends.
     crc = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(False)
@@ -490,7 +498,12 @@ def commit_dir(
     entries = {}
     for p in sorted(p for p in tmp.iterdir() if p.is_file() and p.name != MANIFEST):
         entry = known.get(p.name)
-        if entry is None or entry["size"] != p.stat().st_size or with_hash != (algo_of(entry) is not None):
+        # a digest is trusted only when it is this version's (xxh3_64) and of the size on disk
+        if (
+            entry is None
+            or entry["size"] != p.stat().st_size
+            or algo_of(entry) != (XXH3 if with_hash else None)
+        ):
             with p.open("rb") as f:
                 os.fsync(f.fileno())
             entry = _file_digest(p, with_hash)
@@ -579,6 +592,8 @@ def problem(path: Path, verify: str = "hash") -> str | None:
         return f"{path / MANIFEST} is missing (the save never committed)"
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"{path / MANIFEST} is unreadable ({exc})"
+    if why := entries_problem(path / MANIFEST, files):
+        return why
     for fname in (".metadata", META):
         if fname not in files:
             return f"{path / MANIFEST} lists no {fname}"
@@ -589,7 +604,7 @@ def problem(path: Path, verify: str = "hash") -> str | None:
         if why := mismatch(f, want, f.stat().st_size, None):
             return why
     hashed = [fname for fname, want in files.items() if verify == "hash" and algo_of(want)]
-    # One thread per file (zlib, hashlib and reads release the GIL): the shards sum in parallel.
+    # One thread per file (xxhash, zlib, hashlib and reads release the GIL): the shards sum in parallel.
     with ThreadPoolExecutor(max_workers=max(1, min(len(hashed), os.cpu_count() or 1, 8))) as pool:
         got = pool.map(lambda n: file_digest(path / n, algo_of(files[n])), hashed)
         for fname, entry in zip(hashed, got, strict=True):
@@ -650,7 +665,7 @@ def load_sharded(
 ) -> dict[str, Any] | None:
     """Fill `app_state` in place from the DCP checkpoint at `path` (resharding as needed).
 
-    verify="hash": every rank checks the checksum (crc32; sha256 in older manifests) of each file
+    verify="hash": every rank checks the checksum (xxh3_64; crc32 or sha256 in older manifests) of each file
     it reads, in the same pass that reads it, and rank 0 checks the files it does not read
     (.metadata, meta.json, rng files, other ranks' shards) beside; a mismatch raises
     CorruptCheckpoint (a load error: the caller falls back). A caller that chose `path` with
@@ -666,6 +681,8 @@ def load_sharded(
             expected = json.loads((path / MANIFEST).read_text())["files"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CorruptCheckpoint(f"{path / MANIFEST} is unreadable ({exc})") from exc
+        if why := entries_problem(path / MANIFEST, expected):
+            raise CorruptCheckpoint(why)
     reader = _reader(path, expected, check_unread=rank == 0)
     try:
         dcp.load(app_state, storage_reader=reader, planner=_planner(), no_dist=no_dist)

@@ -504,7 +504,7 @@ class CheckpointConfig:
         None,
     )
     keep: int = _h("committed checkpoints to keep (the newest N; older ones are deleted)", 3)
-    verify: str = _h("check at load: size (file sizes vs manifest) or hash (+ crc32 of every byte)", "hash")
+    verify: str = _h("check at load: size (file sizes vs manifest) or hash (+ xxh3_64 of every byte)", "hash")
     on_signal: bool = _h("SIGTERM/SIGINT: every rank saves a checkpoint, then exits", True)
     on_error: bool = _h("an exception on every rank at the same step saves an emergency checkpoint", True)
     export_final: bool = _h("also write checkpoints/final.pt: the consolidated model for plain PyTorch", True)

@@ -68,7 +68,7 @@ def test_commit_writes_a_whole_folder_and_points_latest(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".tmp-*")), "the temporary folder was renamed into place"
     manifest = json.loads((path / "manifest.json").read_text())
     assert {".metadata", "meta.json", "rng_rank0.pt"} <= set(manifest["files"])
-    assert all(len(f["crc32"]) == 8 for f in manifest["files"].values())
+    assert all(set(f) == {"size", "xxh3_64"} and len(f["xxh3_64"]) == 16 for f in manifest["files"].values())
     assert checkpoint.problem(path) is None
     loaded, _ = _load_into(path)
     assert all(
@@ -105,7 +105,7 @@ def test_corrupted_bytes_same_size_are_caught_by_the_hash(tmp_path: Path) -> Non
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    assert "wrong crc32" in (checkpoint.problem(tmp_path / "step_00000002") or "")
+    assert "wrong xxh3_64" in (checkpoint.problem(tmp_path / "step_00000002") or "")
     assert checkpoint.problem(tmp_path / "step_00000002", verify="size") is None  # size alone can't tell
     assert checkpoint.choose(tmp_path) == tmp_path / "step_00000001"
 
@@ -464,8 +464,8 @@ def test_resume_from_an_older_step_supersedes_the_abandoned_timeline(tmp_path: P
 
 
 def test_checksums_computed_while_writing_equal_each_files_checksum(tmp_path: Path) -> None:
-    """The manifest's crc32 comes from the bytes DCP wrote (no second read): it must equal a
-    fresh crc32 of every file on disk, for DCP's shards, .metadata, rng and meta.json alike."""
+    """The manifest's xxh3_64 comes from the bytes DCP wrote (no second read): it must equal a
+    fresh xxh3_64 of every file on disk, for DCP's shards, .metadata, rng and meta.json alike."""
     model, opt = _trained()
     msd, osd = get_state_dict(model, opt)
     writer = store._writer(tmp_path / "w", with_hash=True)
@@ -496,14 +496,19 @@ def test_a_write_through_the_hashing_file_never_follows_a_planted_symlink(tmp_pa
 def test_commit_hashes_from_disk_a_file_whose_digest_is_missing_or_stale(tmp_path: Path) -> None:
     tmp = tmp_path / ".tmp-step_00000001"
     tmp.mkdir()
-    for name in (".metadata", "a", "b"):
+    for name in (".metadata", "a", "b", "c"):
         (tmp / name).write_bytes(name.encode() * 100)
-    stale = {"a": {"size": 100, "crc32": "0" * 8}, "b": {"size": 7, "crc32": "0" * 8}}
+    stale = {
+        "a": {"size": 100, "xxh3_64": "0" * 16},
+        "b": {"size": 7, "xxh3_64": "0" * 16},
+        "c": {"size": 100, "crc32": "0" * 8},
+    }
     checkpoint.commit_dir(tmp_path, tmp, "step_00000001", {"step": 1}, "hash", 3, stale)
     path = tmp_path / "step_00000001"
     files = json.loads((path / "manifest.json").read_text())["files"]
-    assert files["a"]["crc32"] == "0" * 8, "a digest of the right size is trusted (it came from the write)"
+    assert files["a"]["xxh3_64"] == "0" * 16, "a digest of the right size is trusted (it came from the write)"
     assert files["b"] == store._file_digest(path / "b", True), "a wrong size is re-hashed from disk"
+    assert files["c"] == store._file_digest(path / "c", True), "new manifests carry xxh3_64 only"
     assert files[".metadata"] == store._file_digest(path / ".metadata", True)
 
 
@@ -543,7 +548,7 @@ def test_async_save_commits_in_the_background_and_reuses_its_staging_buffers(tmp
 
 
 def test_a_load_verifying_hashes_fails_on_a_flipped_byte_and_names_the_file(tmp_path: Path) -> None:
-    """verify=hash at load: crc32 checked in the pass that reads each file; a same-size corruption raises (the
+    """verify=hash at load: xxh3_64 checked in the pass that reads each file; a same-size corruption raises (the
     engine's resume then falls back), and the untouched checkpoint loads."""
     model, opt = _trained()
     _save(tmp_path, 1, model, opt)
@@ -556,7 +561,7 @@ def test_a_load_verifying_hashes_fails_on_a_flipped_byte_and_names_the_file(tmp_
     assert checkpoint.choose(tmp_path, "size") == path, "sizes alone cannot see it"
     state = {"model": get_state_dict(*_trained(seed=99))[0]}
     with pytest.raises(
-        checkpoint.CorruptCheckpoint, match=f"{shard.name} has the right size but the wrong crc32"
+        checkpoint.CorruptCheckpoint, match=f"{shard.name} has the right size but the wrong xxh3_64"
     ):
         checkpoint.load_sharded(path, state, rank=0, no_dist=True, verify="hash")
     assert checkpoint.load_errors()[0] is Exception  # the engine's resume catches it and falls back

@@ -5,6 +5,7 @@ checkpoint does not hold."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,31 @@ def test_a_checkpoint_that_does_not_load_falls_back_to_the_previous_one(tmp_path
     fresh, *_ = manager(tmp_path)
     restored = fresh.resume(tmp_path)
     assert restored is not None and restored.path.name == "step_00000001"
+
+
+def test_a_flipped_byte_of_the_same_size_fails_the_load_and_the_previous_checkpoint_is_restored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """verify=hash: the manager chooses by sizes, and the load's own xxh3_64 pass finds the flip:
+    the restore falls back to the step before, with that step's weights."""
+    ckpt, model, opt, state, _ = manager(tmp_path)
+    train(model, opt, ckpt.states["scheduler"], state, 1)
+    ckpt.save("periodic")
+    first = {k: v.clone() for k, v in model.state_dict().items()}
+    train(model, opt, ckpt.states["scheduler"], state, 1)
+    ckpt.save("periodic")
+    newest = committed(tmp_path)[-1]
+    assert "xxh3_64" in json.loads((newest / "manifest.json").read_text())["files"][".metadata"]
+    shard = next(newest.glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    fresh, model2, *_ = manager(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="disttrain"):
+        restored = fresh.resume(tmp_path)
+    assert restored is not None and restored.path.name == "step_00000001"
+    assert f"{shard.name} has the right size but the wrong xxh3_64" in caplog.text
+    assert all(torch.equal(model2.state_dict()[k], v) for k, v in first.items())
 
 
 def test_a_state_the_checkpoint_does_not_hold_keeps_its_value(tmp_path: Path) -> None:

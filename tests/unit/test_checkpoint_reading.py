@@ -1,15 +1,19 @@
 """disttrain.checkpoint.reading: the load path that reads each file once, straight into the live
-tensors, checking it against the manifest in the same pass (crc32; sha256 in older manifests)."""
+tensors, checking it against the manifest in the same pass (xxh3_64; crc32 or sha256 in the
+manifests of older versions), and refusing a manifest that names any other checksum."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+import zlib
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+import xxhash
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -50,11 +54,17 @@ def _flip(path: Path, at: float = 0.5) -> None:
     path.write_bytes(bytes(data))
 
 
-def _to_sha256(path: Path) -> None:
-    """Rewrite the manifest as the previous version wrote it: size and sha256 of every file."""
+OLDER = {  # what earlier versions wrote into a manifest, written here by hand (not through disttrain)
+    "crc32": lambda data: f"{zlib.crc32(data):08x}",
+    "sha256": lambda data: hashlib.sha256(data).hexdigest(),
+}
+
+
+def _to_older(path: Path, algo: str) -> None:
+    """Rewrite the manifest as an older version wrote it: size and `algo` of every file."""
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["files"] = {
-        n: {"size": e["size"], "sha256": hashlib.sha256((path / n).read_bytes()).hexdigest()}
+        n: {"size": e["size"], algo: OLDER[algo]((path / n).read_bytes())}
         for n, e in manifest["files"].items()
     }
     (path / "manifest.json").write_text(json.dumps(manifest))
@@ -102,23 +112,75 @@ def test_a_flip_in_a_tensor_records_zip_header_is_reported_as_corruption(tmp_pat
     shard = next(path.glob("*.distcp"))
     _flip(shard, at=0.0001)
     with pytest.raises(
-        checkpoint.CorruptCheckpoint, match=f"{shard.name} has the right size but the wrong crc32"
+        checkpoint.CorruptCheckpoint, match=f"{shard.name} has the right size but the wrong xxh3_64"
     ):
         checkpoint.load_sharded(path, _fresh_state(), rank=0, no_dist=True, verify="hash")
 
 
-def test_a_checkpoint_with_an_older_sha256_manifest_loads_and_is_still_verified(tmp_path: Path) -> None:
-    """Backward compatibility: run dirs made by the previous version (sha256 manifests) resume."""
+@pytest.mark.parametrize("algo", ["crc32", "sha256"])
+def test_a_checkpoint_with_an_older_manifest_loads_and_is_still_verified(tmp_path: Path, algo: str) -> None:
+    """Backward compatibility: run dirs made by older versions (crc32 or sha256 manifests) resume,
+    and a flipped byte in them is still found, by the load and by the manifest check alike."""
     path, model, _ = _saved(tmp_path)
-    _to_sha256(path)
+    _to_older(path, algo)
     assert checkpoint.problem(path) is None
     state = _fresh_state()
     checkpoint.load_sharded(path, state, rank=0, no_dist=True, verify="hash")
     assert all(torch.equal(state["model"][k], v) for k, v in model.state_dict().items())
-    _flip(next(path.glob("*.distcp")))
-    with pytest.raises(checkpoint.CorruptCheckpoint, match="the wrong sha256"):
+    shard = next(path.glob("*.distcp"))
+    _flip(shard)
+    with pytest.raises(
+        checkpoint.CorruptCheckpoint, match=f"{shard.name} has the right size but the wrong {algo}"
+    ):
         checkpoint.load_sharded(path, _fresh_state(), rank=0, no_dist=True, verify="hash")
-    assert "wrong sha256" in (checkpoint.problem(path) or "")
+    assert f"wrong {algo}" in (checkpoint.problem(path) or "")
+
+
+def test_a_flipped_byte_under_an_older_manifest_falls_back_to_the_previous_checkpoint(tmp_path: Path) -> None:
+    """The newest checkpoint (crc32 manifest) has a flipped byte, the one before (sha256) is whole:
+    the manifest check passes over the newest, naming its file, and the older one loads."""
+    older, model, _ = _saved(tmp_path, step=1)
+    newest, _, _ = _saved(tmp_path, step=2)
+    _to_older(older, "sha256")
+    _to_older(newest, "crc32")
+    _flip(next(newest.glob("*.distcp")))
+    assert checkpoint.choose(tmp_path, "size") == newest, "sizes alone cannot see it"
+    assert checkpoint.choose(tmp_path) == older
+    state = _fresh_state()
+    checkpoint.load_sharded(older, state, rank=0, no_dist=True, verify="hash")
+    assert all(torch.equal(state["model"][k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ({"blake3": "00" * 32}, "carries checksum 'blake3', which this version cannot check"),
+        ({"os.system": "touch pwned"}, "carries checksum 'os.system', which this version cannot check"),
+        ({"xxh3_64": "0" * 16, "crc32": "0" * 8}, "carries 2 checksums"),
+        ({"xxh3_64": 12}, "has xxh3_64 '12', not a hex string"),
+        ({"size": "12", "xxh3_64": "0" * 16}, "has size '12', not a byte count"),
+    ],
+)
+def test_a_manifest_entry_this_version_cannot_check_is_refused_and_the_previous_checkpoint_used(
+    tmp_path: Path, entry: dict, says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checksum not in the fixed table (a newer version's, or a corrupted name) is never taken for
+    a sizes-only entry nor looked up by name: the manifest check and the load both refuse it, and
+    the fallback takes the checkpoint before."""
+    monkeypatch.chdir(tmp_path)
+    older, _, _ = _saved(tmp_path, step=1)
+    newest, _, _ = _saved(tmp_path, step=2)
+    manifest = json.loads((newest / "manifest.json").read_text())
+    shard = next(newest.glob("*.distcp")).name
+    manifest["files"][shard] = {"size": manifest["files"][shard]["size"], **entry}
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    want = f"manifest.json: the entry for '{shard}' {says}"
+    for verify in ("hash", "size"):
+        assert want in (checkpoint.problem(newest, verify) or ""), verify
+        assert checkpoint.choose(tmp_path, verify) == older
+    with pytest.raises(checkpoint.CorruptCheckpoint, match=re.escape(want)):
+        checkpoint.load_sharded(newest, _fresh_state(), rank=0, no_dist=True, verify="hash")
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_verify_size_reads_no_checksum_and_a_truncated_shard_still_fails(tmp_path: Path) -> None:
@@ -130,12 +192,10 @@ def test_verify_size_reads_no_checksum_and_a_truncated_shard_still_fails(tmp_pat
         checkpoint.load_sharded(path, _fresh_state(), rank=0, no_dist=True, verify="size")
 
 
-def test_the_manifest_checksum_is_zlib_crc32_of_the_file(tmp_path: Path) -> None:
-    import zlib
-
+def test_the_manifest_checksum_is_xxh3_64_of_the_file(tmp_path: Path) -> None:
     path, _, _ = _saved(tmp_path)
     files = json.loads((path / "manifest.json").read_text())["files"]
     for name, entry in files.items():
         data = (path / name).read_bytes()
-        assert entry == {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}, name
+        assert entry == {"size": len(data), "xxh3_64": xxhash.xxh3_64(data).hexdigest()}, name
     assert store._file_digest(path / "meta.json", True) == files["meta.json"]
