@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from disttrain.launch.forkserver import live_processes
+
 # The console script installed next to this interpreter (the real entry point users run).
 CLI = (
     shutil.which("disttrain", path=str(Path(sys.executable).parent))
@@ -84,19 +86,7 @@ def _group_members(pgid: int) -> list[int]:
     tag = _TAGS.get(pgid) or _environ_tag(pgid)
     if tag:
         _TAGS[pgid] = tag
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        state, group = fields[0], int(fields[2])
-        if state != "Z" and (group == pgid or (tag and _environ_tag(int(entry.name)) == tag)):
-            pids.append(int(entry.name))
-    return pids
+    return [p.pid for p in live_processes() if p.pgrp == pgid or (tag and _environ_tag(p.pid) == tag)]
 
 
 def _kill_group(pgid: int) -> None:
