@@ -8,7 +8,6 @@ puts each rank in a session of its own, out of reach of `killpg`), never leaving
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -22,6 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# `disttrain ARGS...` in this process, for the commands that start no rank (export, plan, show, a
+# refused train or rerun): the unit tests' runner (tests/in_process.py), re-exported to the test files.
+from in_process import disttrain_in_process as cli_in_process  # noqa: F401
 
 from disttrain.launch.forkserver import live_processes
 
@@ -144,27 +147,6 @@ def run_command(
             f"processes {left} outlived `{' '.join(cmd)}` (killed them)\n--- stderr tail\n{_tail(err)}"
         )
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
-
-
-def cli_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """`disttrain ARGS...` as disttrain.cli.main in this process, in `cwd`: for the commands that
-    start no rank (export, plan, show, a refused train or rerun), which cost a subprocess mostly
-    its interpreter and torch import. The exit code is main()'s return value or SystemExit code;
-    an exception escaping main() is the traceback a user would see, so it fails the test."""
-    from disttrain.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    saved = os.getcwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                rc = main(list(args))
-            except SystemExit as exc:
-                rc = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-    finally:
-        os.chdir(saved)
-    return subprocess.CompletedProcess(["disttrain", *args], rc, out.getvalue(), err.getvalue())
 
 
 def find_run_dirs(root: Path) -> list[Path]:
