@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from disttrain.checkpoint import read_meta
+from disttrain.testing import FAULT_MLP
 
 from .conftest import run_cli, train_in_process, train_records, val_records
 
@@ -27,14 +28,7 @@ TINY_GPT = (
     "data.block_size=32",
     "trainer.batch_size=16",
 )
-# A swapped _target_ starts from a clean node: FaultMLP gets the MLP arguments it forwards.
-FAULT_MLP_WIRING = ("model.in_features=${data.num_features}", "model.num_classes=${data.num_classes}")
-FAULT = (
-    "data=synthetic",
-    "model._target_=disttrain.testing.FaultMLP",
-    *FAULT_MLP_WIRING,
-    "trainer.log_every=1",
-)
+FAULT = ("data=synthetic", *FAULT_MLP, "trainer.log_every=1")
 
 
 def test_fp16_overflow_under_fsdp_skips_that_step_and_lowers_the_scale(tmp_path: Path) -> None:

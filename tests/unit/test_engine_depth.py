@@ -23,6 +23,7 @@ from disttrain.checkpoint import read_meta
 from disttrain.dist import DistEnv
 from disttrain.models.gpt import GPT
 from disttrain.observe.metrics import read_metrics
+from disttrain.testing import FAULT_MLP
 from disttrain.worker import train
 
 pytestmark = pytest.mark.timeout(240)
@@ -36,14 +37,7 @@ TINY_GPT = (
     "model.n_heads=2",
     "data.block_size=32",
 )
-# A swapped _target_ starts from a clean node: FaultMLP gets the MLP arguments it forwards.
-FAULT = (
-    "data=synthetic",
-    "model._target_=disttrain.testing.FaultMLP",
-    "model.in_features=${data.num_features}",
-    "model.num_classes=${data.num_classes}",
-    "trainer.log_every=1",
-)
+FAULT = ("data=synthetic", *FAULT_MLP, "trainer.log_every=1")
 
 
 @pytest.fixture(autouse=True)
