@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 # `disttrain ARGS...` in this process, for the commands that start no rank (export, plan, show, a
-# refused train or rerun): the unit tests' runner (tests/in_process.py), re-exported to the test files.
-from in_process import disttrain_in_process as cli_in_process  # noqa: F401
+# refused train or rerun): the unit tests' runner (tests/shared_support.py), re-exported to the tests.
+from shared_support import disttrain_in_process as cli_in_process  # noqa: F401
 
 from disttrain.launch.forkserver import live_processes
 

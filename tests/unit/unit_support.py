@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from in_process import SCRUB
-from in_process import disttrain_in_process as disttrain_in_process  # the unit tests import it here
+from shared_support import SCRUB
+from shared_support import disttrain_in_process as disttrain_in_process  # the unit tests import it here
 
 from disttrain.config import compose, resolve
 from disttrain.config.validate import check_runtime, check_static

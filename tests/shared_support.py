@@ -1,8 +1,10 @@
-"""`disttrain ARGS...` in the test process: the one in-process CLI runner the unit and the integration
-tests share (tests/unit/unit_support.py and tests/integration/conftest.py import it).
+"""What the unit and the integration tests share: `disttrain ARGS...` run in the test process (the
+one in-process CLI runner), the tiny configurations both suites train, and the checks of a claim
+both suites make (one on one rank in-process, one across ranks).
 
 pytest puts tests/ on sys.path (its default "prepend" import mode adds the folder of tests/conftest.py,
-and tests/ is the root of the tests/integration package), so both suites import this as `in_process`.
+and tests/ is the root of the tests/integration package), so both suites import this module as
+`shared_support` (tests/unit/unit_support.py and tests/integration/conftest.py re-export the runner).
 """
 
 from __future__ import annotations
@@ -21,6 +23,27 @@ SCRUB = (
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
     "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "DISTTRAIN_CONFIG_DIR",
 )  # fmt: skip
+
+# A GPT small enough for a CPU test: one block, width 32, on the shipped text, 32-token context.
+TINY_GPT = (
+    "model=gpt",
+    "data=text",
+    "model.dim=32",
+    "model.n_layers=1",
+    "model.n_heads=2",
+    "data.block_size=32",
+)
+
+
+def check_one_fp16_overflow(records: list[dict[str, Any]]) -> None:
+    """The logged steps of an fp16 run whose step 3 overflows on every rank (FaultMLP
+    inf_grad_at=3): GradScaler's initial scale until then, halved once, that one step skipped, and
+    the loss still falls. (Plain asserts with their values: pytest rewrites only test modules.)"""
+    scales = [r["amp/scale"] for r in records]
+    skipped = [r["amp/skipped_steps"] for r in records]
+    assert scales[1] == 65536.0 and scales[2] == 32768.0 and scales[-1] == 32768.0, scales
+    assert skipped[1] == 0 and skipped[2:] == [1.0] * (len(records) - 2), skipped
+    assert records[-1]["train/loss"] < records[0]["train/loss"], [r["train/loss"] for r in records]
 
 
 def disttrain_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
