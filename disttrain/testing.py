@@ -1,6 +1,10 @@
 """Fault injection for tests and scripts/kill_trials.py: an MLP that is slow, hangs or raises.
 
-    disttrain train model._target_=disttrain.testing.FaultMLP +model.delay=0.02 +model.hang_at=5
+    disttrain train data=synthetic model._target_=disttrain.testing.FaultMLP \
+        'model.in_features=${data.num_features}' 'model.num_classes=${data.num_classes}' \
+        +model.delay=0.02 +model.hang_at=5
+
+(tests: `*FAULT_MLP` for the first three overrides).
 
 Counts training forwards in this process (a restarted or resumed rank counts from 0 again).
 """
@@ -14,6 +18,14 @@ from typing import Any
 import torch
 
 from disttrain.models.mlp import MLP
+
+# The overrides that make FaultMLP the model: a swapped `_target_` starts from a clean node (it
+# inherits no mlp keys), so the MLP arguments FaultMLP forwards are wired to the data here.
+FAULT_MLP = (
+    "model._target_=disttrain.testing.FaultMLP",
+    "model.in_features=${data.num_features}",
+    "model.num_classes=${data.num_classes}",
+)
 
 
 class FaultMLP(MLP):

@@ -84,25 +84,39 @@ class DataConfig:
     shuffle: bool = _h("reshuffle the training set every epoch (seeded)", True)
 
 
+def _digits(split: str) -> Any:
+    """load_digits' node for one split: both splits cut the same shuffle at the same fraction."""
+    return field(
+        default_factory=lambda: {
+            "_target_": "disttrain.data.digits.load_digits",
+            "split": split,
+            "val_fraction": 0.2,
+            "seed": 0,
+        }
+    )
+
+
 @dataclass
 class DigitsDataConfig(DataConfig):
     name: str = "digits"
     num_features: int = 64
     num_classes: int = 10
-    train: Any = field(
+    train: Any = _digits("train")
+    val: Any = _digits("val")
+
+
+def _synthetic(split: str, size: str) -> Any:
+    """make_synthetic's node for one split, wired to the data keys: the splits differ in size only."""
+    return field(
         default_factory=lambda: {
-            "_target_": "disttrain.data.digits.load_digits",
-            "split": "train",
-            "val_fraction": 0.2,
-            "seed": 0,
-        }
-    )
-    val: Any = field(
-        default_factory=lambda: {
-            "_target_": "disttrain.data.digits.load_digits",
-            "split": "val",
-            "val_fraction": 0.2,
-            "seed": 0,
+            "_target_": "disttrain.data.synthetic.make_synthetic",
+            "num_samples": II(f"data.{size}"),
+            "num_features": II("data.num_features"),
+            "num_classes": II("data.num_classes"),
+            "noise": II("data.noise"),
+            "seed": II("data.seed"),
+            "targets": II("data.targets"),
+            "split": split,
         }
     )
 
@@ -116,28 +130,19 @@ class SyntheticDataConfig(DataConfig):
     num_val_samples: int = _h("validation samples", 512)
     noise: float = _h("std of the noise added around each class centre", 1.0)
     seed: int = _h("seed of the generated data (independent of the run seed)", 1234)
-    train: Any = field(
+    train: Any = _synthetic("train", size="num_samples")
+    val: Any = _synthetic("val", size="num_val_samples")
+
+
+def _text(split: str) -> Any:
+    """load_text's node for one split, wired to the data keys."""
+    return field(
         default_factory=lambda: {
-            "_target_": "disttrain.data.synthetic.make_synthetic",
-            "num_samples": II("data.num_samples"),
-            "num_features": II("data.num_features"),
-            "num_classes": II("data.num_classes"),
-            "noise": II("data.noise"),
-            "seed": II("data.seed"),
-            "targets": II("data.targets"),
-            "split": "train",
-        }
-    )
-    val: Any = field(
-        default_factory=lambda: {
-            "_target_": "disttrain.data.synthetic.make_synthetic",
-            "num_samples": II("data.num_val_samples"),
-            "num_features": II("data.num_features"),
-            "num_classes": II("data.num_classes"),
-            "noise": II("data.noise"),
-            "seed": II("data.seed"),
-            "targets": II("data.targets"),
-            "split": "val",
+            "_target_": "disttrain.data.text.load_text",
+            "path": II("data.path"),
+            "block_size": II("data.block_size"),
+            "val_fraction": II("data.val_fraction"),
+            "split": split,
         }
     )
 
@@ -150,22 +155,17 @@ class TextDataConfig(DataConfig):
     val_fraction: float = _h("the file's last fraction validates", 0.1)
     num_features: int = II("data.block_size")
     num_classes: int = 256
-    train: Any = field(
+    train: Any = _text("train")
+    val: Any = _text("val")
+
+
+def _files(path: str) -> Any:
+    """load_files' node for one split: the arrays at data.<path>."""
+    return field(
         default_factory=lambda: {
-            "_target_": "disttrain.data.text.load_text",
-            "path": II("data.path"),
-            "block_size": II("data.block_size"),
-            "val_fraction": II("data.val_fraction"),
-            "split": "train",
-        }
-    )
-    val: Any = field(
-        default_factory=lambda: {
-            "_target_": "disttrain.data.text.load_text",
-            "path": II("data.path"),
-            "block_size": II("data.block_size"),
-            "val_fraction": II("data.val_fraction"),
-            "split": "val",
+            "_target_": "disttrain.data.files.load_files",
+            "path": II(f"data.{path}"),
+            "targets": II("data.targets"),
         }
     )
 
@@ -177,20 +177,8 @@ class FilesDataConfig(DataConfig):
         "training arrays: .npz (keys x, y), .pt (dict x, y or tuple) or .csv (label last)", MISSING
     )
     val_path: str | None = _h("validation arrays in the same format; null: no validation", None)
-    train: Any = field(
-        default_factory=lambda: {
-            "_target_": "disttrain.data.files.load_files",
-            "path": II("data.path"),
-            "targets": II("data.targets"),
-        }
-    )
-    val: Any = field(
-        default_factory=lambda: {
-            "_target_": "disttrain.data.files.load_files",
-            "path": II("data.val_path"),
-            "targets": II("data.targets"),
-        }
-    )
+    train: Any = _files("path")
+    val: Any = _files("val_path")
 
 
 # ------------------------------------------------------------------------------------------- task

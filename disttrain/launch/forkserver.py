@@ -27,7 +27,7 @@ import importlib
 import multiprocessing
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 # What the server imports before forking: the rank's whole import graph (torch, the engine, the
 # strategies' common modules) and torch._dynamo, which every rank's first optimizer step imports
@@ -184,14 +184,40 @@ def launcher_alive(launcher: int) -> bool:
         return True
     if not os.environ.get("DISTTRAIN_RANK_PARENT"):
         return False
-    try:
-        with open(f"/proc/{launcher}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
+    return proc_stat(launcher) is not None
 
 
 # ------------------------------------------------------------------------------ finding the ranks
+class ProcStat(NamedTuple):
+    """The fields of /proc/PID/stat that the launcher and the tests read."""
+
+    pid: int
+    comm: str  # the process name (15 bytes at most; may hold spaces and parentheses)
+    state: str  # R, S, D, T, Z (zombie), X (dead), ...
+    ppid: int
+    pgrp: int  # the process group
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """Process `pid` as Linux /proc/PID/stat shows it; None once it has gone or is a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+        # The name sits in parentheses and may itself hold ") ": the fields follow the last ')'.
+        head, tail = stat.rsplit(")", 1)
+        state, ppid, pgrp = tail.split()[:3]
+        proc = ProcStat(int(pid), head.split("(", 1)[1], state, int(ppid), int(pgrp))
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if proc.state in ("Z", "X") else proc
+
+
+def live_processes() -> list[ProcStat]:
+    """Every process on this machine that is neither a zombie nor dead (Linux /proc)."""
+    pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    return [proc for proc in map(proc_stat, pids) if proc is not None]
+
+
 RANK_NAME = "disttrain r{rank}"  # the process name (Linux comm, 15 bytes) a rank gives itself
 
 
@@ -212,21 +238,9 @@ def name_process(rank: int) -> None:
 
 def rank_pids(launcher: int) -> dict[int, int]:
     """{rank: pid} of the live ranks below process `launcher` (Linux /proc; by their process name)."""
-    from pathlib import Path
-
-    parents: dict[int, int] = {}
-    names: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        comm, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-        if rest[0] in ("Z", "X"):
-            continue
-        parents[int(entry.name)], names[int(entry.name)] = int(rest[1]), comm
+    live = live_processes()
+    parents = {p.pid: p.ppid for p in live}
+    names = {p.pid: p.comm for p in live}
     found = {}
     prefix = RANK_NAME.format(rank="")
     for pid, comm in names.items():

@@ -8,7 +8,6 @@ puts each rank in a session of its own, out of reach of `killpg`), never leaving
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -22,6 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# `disttrain ARGS...` in this process, for the commands that start no rank (export, plan, show, a
+# refused train or rerun): the unit tests' runner (tests/shared_support.py), re-exported to the tests.
+from shared_support import disttrain_in_process as cli_in_process  # noqa: F401
+
+from disttrain.launch.forkserver import live_processes
 
 # The console script installed next to this interpreter (the real entry point users run).
 CLI = (
@@ -84,19 +89,7 @@ def _group_members(pgid: int) -> list[int]:
     tag = _TAGS.get(pgid) or _environ_tag(pgid)
     if tag:
         _TAGS[pgid] = tag
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        state, group = fields[0], int(fields[2])
-        if state != "Z" and (group == pgid or (tag and _environ_tag(int(entry.name)) == tag)):
-            pids.append(int(entry.name))
-    return pids
+    return [p.pid for p in live_processes() if p.pgrp == pgid or (tag and _environ_tag(p.pid) == tag)]
 
 
 def _kill_group(pgid: int) -> None:
@@ -154,27 +147,6 @@ def run_command(
             f"processes {left} outlived `{' '.join(cmd)}` (killed them)\n--- stderr tail\n{_tail(err)}"
         )
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
-
-
-def cli_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """`disttrain ARGS...` as disttrain.cli.main in this process, in `cwd`: for the commands that
-    start no rank (export, plan, show, a refused train or rerun), which cost a subprocess mostly
-    its interpreter and torch import. The exit code is main()'s return value or SystemExit code;
-    an exception escaping main() is the traceback a user would see, so it fails the test."""
-    from disttrain.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    saved = os.getcwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                rc = main(list(args))
-            except SystemExit as exc:
-                rc = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-    finally:
-        os.chdir(saved)
-    return subprocess.CompletedProcess(["disttrain", *args], rc, out.getvalue(), err.getvalue())
 
 
 def find_run_dirs(root: Path) -> list[Path]:

@@ -11,30 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_support import TINY_GPT, check_one_fp16_overflow
 
 from disttrain.checkpoint import read_meta
+from disttrain.testing import FAULT_MLP
 
 from .conftest import run_cli, train_in_process, train_records, val_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
-TINY_GPT = (
-    "model=gpt",
-    "data=text",
-    "model.dim=32",
-    "model.n_layers=1",
-    "model.n_heads=2",
-    "data.block_size=32",
-    "trainer.batch_size=16",
-)
-# A swapped _target_ starts from a clean node: FaultMLP gets the MLP arguments it forwards.
-FAULT_MLP_WIRING = ("model.in_features=${data.num_features}", "model.num_classes=${data.num_classes}")
-FAULT = (
-    "data=synthetic",
-    "model._target_=disttrain.testing.FaultMLP",
-    *FAULT_MLP_WIRING,
-    "trainer.log_every=1",
-)
+FAULT = ("data=synthetic", *FAULT_MLP, "trainer.log_every=1")
 
 
 def test_fp16_overflow_under_fsdp_skips_that_step_and_lowers_the_scale(tmp_path: Path) -> None:
@@ -44,12 +30,7 @@ def test_fp16_overflow_under_fsdp_skips_that_step_and_lowers_the_scale(tmp_path:
         "trainer.ckpt_every=6",
     )  # fmt: skip
     assert run_dir is not None
-    records = train_records(run_dir)
-    scales = [r["amp/scale"] for r in records]
-    skipped = [r["amp/skipped_steps"] for r in records]
-    assert scales[1] == 65536.0 and scales[2] == 32768.0 and scales[-1] == 32768.0, scales
-    assert skipped[1] == 0 and skipped[2:] == [1.0] * (len(records) - 2), skipped
-    assert records[-1]["train/loss"] < records[0]["train/loss"]
+    check_one_fp16_overflow(train_records(run_dir))
     meta = read_meta(run_dir / "checkpoints" / "step_00000012")
     assert meta["has_scaler"] is True
 
@@ -101,8 +82,8 @@ def test_compile_runs(tmp_path: Path) -> None:
 def test_gpt_validates_under_fsdp_and_fsdp_tp_like_single(tmp_path: Path) -> None:
     """Global batch 32 everywhere: single (1 rank), fsdp (16 x 2, size-based units that must keep the
     tied embedding and head together) and fsdp+tp (dp=1, tp=2); clipping on, validation twice."""
-    common = (*TINY_GPT, "trainer.max_steps=6", "trainer.val_every=3", "trainer.log_every=1",
-              "trainer.clip_grad_norm=0.5", "backend.timeout=60")  # fmt: skip
+    common = (*TINY_GPT, "trainer.batch_size=16", "trainer.max_steps=6", "trainer.val_every=3",
+              "trainer.log_every=1", "trainer.clip_grad_norm=0.5", "backend.timeout=60")  # fmt: skip
     runs = {
         "single": ("strategy=single", "nproc_per_node=1", "trainer.batch_size=32"),
         "fsdp": ("strategy=fsdp", "strategy.min_num_params=1000"),

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from disttrain.testing import FAULT_MLP
+
 from .conftest import (
     CLI,
     FAST,
@@ -27,14 +29,7 @@ from .conftest import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
-# A swapped _target_ starts from a clean node: FaultMLP gets the MLP arguments it forwards.
-FAULT_MLP_WIRING = ("model.in_features=${data.num_features}", "model.num_classes=${data.num_classes}")
-FAULT = (
-    "data=synthetic",
-    "trainer.log_every=1",
-    "model._target_=disttrain.testing.FaultMLP",
-    *FAULT_MLP_WIRING,
-)
+FAULT = ("data=synthetic", "trainer.log_every=1", *FAULT_MLP)
 
 
 # Every run that is interrupted and resumed ends bitwise equal to one uninterrupted run of STEPS

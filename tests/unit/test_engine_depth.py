@@ -17,33 +17,20 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from shared_support import TINY_GPT, check_one_fp16_overflow
 from unit_support import checked
 
 from disttrain.checkpoint import read_meta
 from disttrain.dist import DistEnv
 from disttrain.models.gpt import GPT
 from disttrain.observe.metrics import read_metrics
+from disttrain.testing import FAULT_MLP
 from disttrain.worker import train
 
 pytestmark = pytest.mark.timeout(240)
 
 ONE = ("nproc_per_node=1", "trainer.progress=false", "threads_per_rank=1", "observe.sinks=[]")
-TINY_GPT = (
-    "model=gpt",
-    "data=text",
-    "model.dim=32",
-    "model.n_layers=1",
-    "model.n_heads=2",
-    "data.block_size=32",
-)
-# A swapped _target_ starts from a clean node: FaultMLP gets the MLP arguments it forwards.
-FAULT = (
-    "data=synthetic",
-    "model._target_=disttrain.testing.FaultMLP",
-    "model.in_features=${data.num_features}",
-    "model.num_classes=${data.num_classes}",
-    "trainer.log_every=1",
-)
+FAULT = ("data=synthetic", *FAULT_MLP, "trainer.log_every=1")
 
 
 @pytest.fixture(autouse=True)
@@ -92,12 +79,7 @@ def test_gpt_on_text_in_bf16_under_ddp_learns_and_reports_throughput(tmp_path: P
 def test_fp16_overflow_under_ddp_skips_that_step_and_lowers_the_scale(tmp_path: Path) -> None:
     run(tmp_path, *FAULT, "strategy=ddp", "amp=fp16", "+model.inf_grad_at=3", "trainer.max_steps=12",
         "trainer.ckpt_every=6")  # fmt: skip
-    records = train_records(tmp_path)
-    scales = [r["amp/scale"] for r in records]
-    skipped = [r["amp/skipped_steps"] for r in records]
-    assert scales[1] == 65536.0 and scales[2] == 32768.0 and scales[-1] == 32768.0, scales
-    assert skipped[1] == 0 and skipped[2:] == [1.0] * (len(records) - 2), skipped
-    assert records[-1]["train/loss"] < records[0]["train/loss"]
+    check_one_fp16_overflow(train_records(tmp_path))
     assert read_meta(tmp_path / "checkpoints" / "step_00000012")["has_scaler"] is True
 
 

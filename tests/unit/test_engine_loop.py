@@ -7,6 +7,8 @@ from pathlib import Path
 
 from unit_support import disttrain_in_process
 
+from disttrain.testing import FAULT_MLP
+
 ONE = ("nproc_per_node=1", "data=synthetic", "trainer.progress=false", "threads_per_rank=1")
 
 
@@ -25,8 +27,7 @@ def test_an_empty_validation_set_records_no_val_metrics(scratch: Path) -> None:
 
 def test_no_emergency_checkpoint_before_the_first_optimizer_step(scratch: Path) -> None:
     """An exception in the first step leaves no step-0 'emergency checkpoint' of an untrained model."""
-    wired = ("model.in_features=${data.num_features}", "model.num_classes=${data.num_classes}")
-    fault = ("model._target_=disttrain.testing.FaultMLP", *wired, "+model.raise_at=1", "trainer.max_steps=3")
+    fault = (*FAULT_MLP, "+model.raise_at=1", "trainer.max_steps=3")
     proc = disttrain_in_process("train", *ONE, *fault, "hydra.run.dir=run", cwd=scratch)
     assert proc.returncode == 1
     assert "injected failure at training forward 1" in proc.stderr, proc.stderr[-2000:]

@@ -7,7 +7,6 @@ check that wrongly starts ranks can neither hang the suite nor leave processes b
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import shutil
 import signal
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from shared_support import SCRUB
+from shared_support import disttrain_in_process as disttrain_in_process  # the unit tests import it here
 
 from disttrain.config import compose, resolve
 from disttrain.config.validate import check_runtime, check_static
@@ -34,15 +35,9 @@ CLI = (
 # a check that wrongly launched ranks would run into it.
 CLI_TIMEOUT = 60.0
 
-# Variables that would make the CLI believe it is already a launched rank, or move its configs.
-_SCRUB = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "DISTTRAIN_CONFIG_DIR",
-)  # fmt: skip
-
 
 def clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+    env = {k: v for k, v in os.environ.items() if k not in SCRUB}
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -82,123 +77,6 @@ def disttrain(
 ) -> subprocess.CompletedProcess[str]:
     """The real `disttrain ARGS...` console script, run in `cwd`."""
     return run([CLI, *args], cwd, timeout, env)
-
-
-def disttrain_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """`disttrain ARGS...` as `disttrain.cli.main` in this process, in `cwd`: what the console script
-    runs, minus an interpreter start-up (and, for `train`, a torch import) per call.
-
-    For checks that end before any rank starts (config mistakes, dry runs), and for one-rank runs,
-    which the CLI trains in its own process anyway (`launch`: world size 1, no child): the exit
-    code is main()'s return value or SystemExit code, stdout/stderr are what it wrote; an
-    exception escaping main() is the traceback a user would see, so it fails the test. The
-    environment is scrubbed as for the console script, and the cwd, sys.path, os.environ and what
-    a rank changes for its process (threads, logging, excepthook, signal handlers, RNGs) are
-    restored afterwards; modules imported from `cwd` (the user's code of this call) are unloaded,
-    so the next call imports its own.
-    """
-    from disttrain.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    saved_cwd, saved_path, saved_env = os.getcwd(), list(sys.path), dict(os.environ)
-    saved_process = _process_state()
-    # A package of the same name that an earlier test imported from its own folder (`mylab`) would
-    # be found in sys.modules instead of this cwd's: set it aside for the call, put it back after.
-    local = _top_level_names(Path(cwd))
-    shadowed = {
-        name: sys.modules.pop(name)
-        for name in list(sys.modules)
-        if name.partition(".")[0] in local and _stale(sys.modules[name])
-    }
-    saved_modules = set(sys.modules)
-    for key in _SCRUB:
-        os.environ.pop(key, None)
-    # The console script's sys.path has no '' (the cwd): only the CLI itself may add the cwd.
-    sys.path[:] = [p for p in sys.path if p not in ("", ".")]
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                rc = main(list(args))
-            except SystemExit as exc:
-                rc = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-    finally:
-        os.chdir(saved_cwd)
-        sys.path[:] = saved_path
-        os.environ.clear()
-        os.environ.update(saved_env)
-        root = str(Path(cwd).resolve())
-        for name in set(sys.modules) - saved_modules:
-            if any(place.startswith(root) for place in _places(sys.modules[name])):
-                del sys.modules[name]
-        sys.modules.update(shadowed)
-        _restore_process_state(saved_process)
-    return subprocess.CompletedProcess(["disttrain", *args], rc, out.getvalue(), err.getvalue())
-
-
-_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-
-
-def _process_state() -> dict[str, Any]:
-    """What a one-rank `train` run in this process changes for the process: the rank's thread
-    count, logging set-up, the excepthook `init_process_group` installs, signal handlers, RNGs."""
-    import logging
-    import random
-
-    import numpy as np
-    import torch
-
-    root = logging.getLogger()
-    return {
-        "threads": torch.get_num_threads(),
-        "handlers": list(root.handlers),
-        "level": root.level,
-        "excepthook": sys.excepthook,
-        "signals": {sig: signal.getsignal(sig) for sig in _SIGNALS},
-        "rng": (random.getstate(), np.random.get_state(), torch.random.get_rng_state()),
-    }
-
-
-def _restore_process_state(saved: dict[str, Any]) -> None:
-    import logging
-    import random
-
-    import numpy as np
-    import torch
-
-    torch.set_num_threads(saved["threads"])
-    root = logging.getLogger()
-    root.handlers[:] = saved["handlers"]
-    root.setLevel(saved["level"])
-    sys.excepthook = saved["excepthook"]
-    for sig, handler in saved["signals"].items():
-        if handler is not None:  # None: a handler not set from Python, which Python cannot put back
-            signal.signal(sig, handler)
-    random.setstate(saved["rng"][0])
-    np.random.set_state(saved["rng"][1])
-    torch.random.set_rng_state(saved["rng"][2])
-
-
-def _top_level_names(cwd: Path) -> set[str]:
-    """The modules and packages that `import NAME` would find in `cwd`."""
-    return {p.stem for p in cwd.glob("*.py")} | {
-        p.name for p in cwd.iterdir() if (p / "__init__.py").is_file()
-    }
-
-
-def _places(module: Any) -> list[str]:
-    """Where a module was loaded from: its file and, for a package, its folders."""
-    path = getattr(module, "__path__", None)
-    folders = list(path) if isinstance(path, (list, tuple)) or type(path).__name__ == "_NamespacePath" else []
-    return [str(p) for p in (getattr(module, "__file__", None), *folders) if isinstance(p, (str, Path))]
-
-
-def _stale(module: Any) -> bool:
-    """True for a module loaded from a folder that is no longer on sys.path (an earlier test's
-    tmp_path); the installed packages (`yaml`, `torch`) never are."""
-    places = _places(module)
-    roots = [str(Path(p).resolve()) for p in sys.path if p]
-    return bool(places) and not any(str(Path(p).resolve()).startswith(r) for p in places for r in roots)
 
 
 def checked(

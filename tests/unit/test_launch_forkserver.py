@@ -1,0 +1,82 @@
+"""launch/forkserver.py's /proc reader: what `rank_pids`, `launcher_alive` and the integration
+harness (its process-group sweep) see of a process, on real child processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from disttrain.launch.forkserver import live_processes, proc_stat, rank_pids
+
+pytestmark = [
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux /proc"),
+    pytest.mark.timeout(60),
+]
+
+# A child that names itself argv[1] (prctl PR_SET_NAME, as a rank does), says so, then waits.
+NAMED = textwrap.dedent(
+    """
+    import ctypes, sys, time
+    ctypes.CDLL("libc.so.6").prctl(15, ctypes.c_char_p(sys.argv[1].encode()), 0, 0, 0)
+    print("named", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+@pytest.fixture
+def named() -> Iterator[Callable[[str], subprocess.Popen[str]]]:
+    """Start children named as asked; kill and reap them afterwards."""
+    children: list[subprocess.Popen[str]] = []
+
+    def start(name: str) -> subprocess.Popen[str]:
+        child = subprocess.Popen([sys.executable, "-c", NAMED, name], stdout=subprocess.PIPE, text=True)
+        children.append(child)
+        assert child.stdout is not None and child.stdout.readline() == "named\n"
+        return child
+
+    yield start
+    for child in children:
+        child.kill()
+        child.wait()
+
+
+def test_proc_stat_of_this_process() -> None:
+    me = proc_stat(os.getpid())
+    assert me is not None
+    assert (me.pid, me.ppid, me.pgrp, me.state) == (os.getpid(), os.getppid(), os.getpgrp(), "R")
+    assert me.pid in {p.pid for p in live_processes()}
+
+
+def test_a_name_with_parentheses_and_spaces_is_read_whole(
+    named: Callable[[str], subprocess.Popen[str]],
+) -> None:
+    child = named("x) (y) z")
+    stat = proc_stat(child.pid)
+    assert stat is not None
+    assert (stat.comm, stat.ppid, stat.pgrp) == ("x) (y) z", os.getpid(), os.getpgrp())
+
+
+def test_a_zombie_or_a_reaped_process_is_not_live() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while proc_stat(child.pid) is not None and time.monotonic() < deadline:  # exited, not yet reaped
+        time.sleep(0.02)
+    assert proc_stat(child.pid) is None and child.pid not in {p.pid for p in live_processes()}
+    child.wait()
+    assert proc_stat(child.pid) is None
+
+
+def test_rank_pids_finds_the_ranks_below_a_launcher_by_their_names(
+    named: Callable[[str], subprocess.Popen[str]],
+) -> None:
+    r0, r1 = named("disttrain r0"), named("disttrain r1")
+    named("disttrain rx")  # not a rank number
+    assert rank_pids(os.getpid()) == {0: r0.pid, 1: r1.pid}
+    assert rank_pids(r0.pid) == {}
