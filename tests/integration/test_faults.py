@@ -108,7 +108,9 @@ def _rank_pid(run_dir: Path, rank: int) -> int:
 def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(
     tmp_path: Path, reference: dict[str, torch.Tensor]
 ) -> None:
-    run = (*RUN, f"trainer.max_steps={STEPS}", "trainer.ckpt_every=10", "+model.delay=0.02")
+    # 0.05 s a step: rank 1 must die (after step 15) well before the run's last step (100) on a
+    # busy CI machine too, or there is nothing to restart.
+    run = (*RUN, f"trainer.max_steps={STEPS}", "trainer.ckpt_every=10", "+model.delay=0.05")
     run_dir = tmp_path / "killed"
     proc = _start(tmp_path, *run, "launcher.max_restarts=1", f"hydra.run.dir={run_dir}")
     _wait_for_step(proc, run_dir, 15)
@@ -189,7 +191,9 @@ def test_sigkill_of_the_launcher_saves_a_signal_checkpoint_and_leaves_no_rank(
     bitwise equal to an uninterrupted run."""
     run = (*RUN, "trainer.ckpt_every=0")
     run_dir = tmp_path / "run"
-    proc = _start(tmp_path, *run, "trainer.max_steps=2000", "+model.delay=0.02", f"hydra.run.dir={run_dir}")
+    # 0.1 s a step: the signal checkpoint must land before STEPS (100) for the resume to compare
+    # with the reference; with 0.02 s, a CI machine at load 10 took 132 steps from step 3 to the stop.
+    proc = _start(tmp_path, *run, "trainer.max_steps=2000", "+model.delay=0.1", f"hydra.run.dir={run_dir}")
     _wait_for_step(proc, run_dir, 3)
     assert _group_members(proc.pid), "the ranks are found by their tag (remembered before the kill)"
     os.kill(proc.pid, signal.SIGKILL)
