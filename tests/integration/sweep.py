@@ -55,10 +55,11 @@ class Sweep(Mapping[str, Path]):
     `add` puts runs made otherwise (in process, or a resume of a job) beside the jobs."""
 
     def __init__(
-        self, jobs: dict[str, Path | None], cmd: list[str], rc: int, stdout: str, stderr: str
+        self, cwd: Path, jobs: dict[str, Path | None], cmd: list[str], rc: int, stdout: str, stderr: str
     ) -> None:
         self._jobs, self._cmd, self._rc, self._stderr = jobs, cmd, rc, stderr
         self.output = stdout + stderr  # the sweep's console
+        self.cwd = cwd  # where the sweep ran
         self._other: dict[str, Path] = {}
 
     def add(self, name: str, run_dir: Path) -> None:
@@ -103,16 +104,21 @@ def _status(run_dir: Path) -> str:
 
 
 def run_sweep(
-    cwd: Path, runs: Mapping[str, Sequence[str]], *common: str, budget: float = JOB_BUDGET
+    cwd: Path,
+    runs: Mapping[str, Sequence[str]],
+    *common: str,
+    budget: float = JOB_BUDGET,
+    config_dir: Path | None = None,
 ) -> Sweep:
     """`disttrain train -m` in `cwd`: one job per entry of `runs` (name -> its own overrides), in that
-    order, each with FAST + `common` too; bounded by `budget` seconds per job."""
+    order, each with FAST + `common` too; bounded by `budget` seconds per job. `config_dir`: the
+    user's own --config-dir, which gets the case/ group (else a new one in `cwd`)."""
     # a key both in `common` and in a run's own overrides would silently take common's value
     shared = {o.lstrip("+~").partition("=")[0] for o in common}
     for name, overrides in runs.items():
         clash = shared & {o.lstrip("+~").partition("=")[0] for o in overrides}
         assert not clash, f"run {name!r} sets {sorted(clash)}, which the sweep's common overrides set too"
-    conf = cwd / "sweep_conf"
+    conf = config_dir or cwd / "sweep_conf"
     (conf / "case").mkdir(parents=True)
     cases = {f"j{i}": name for i, name in enumerate(runs)}
     for case, name in cases.items():
@@ -125,4 +131,4 @@ def run_sweep(
             o.partition("=")[2] for o in read_yaml(run_dir / "overrides.yaml") if o.startswith("+case=")
         )
         jobs[cases[case]] = run_dir
-    return Sweep(jobs, cmd, proc.returncode, proc.stdout, proc.stderr)
+    return Sweep(cwd, jobs, cmd, proc.returncode, proc.stdout, proc.stderr)
