@@ -8,19 +8,23 @@
 - a Dataset returning `(x, y, weight)` with the user's own weighted-loss Task.
 
 Each trains under ddp and fsdp on 2 gloo ranks through the CLI; one with amp=bf16, one resumed from
-a mid-run checkpoint into a new run with bitwise-equal losses. Losses fall.
+a mid-run checkpoint into a new run with bitwise-equal losses. Losses fall. The runs are the jobs of
+one `disttrain train -m` sweep in one user folder (tests/integration/sweep.py: one start-up for all,
+each job a complete run with its own run dir); the resume is a run of its own.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from pathlib import Path
 
 import pytest
 
 from .conftest import read_yaml, run_cli, train_losses, train_records, val_records, write_module
+from .sweep import Sweep, run_sweep
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # the sweep: 9 x JOB_BUDGET
 
 CLIENTS = Path(__file__).resolve().parents[1] / "clients"
 
@@ -121,25 +125,65 @@ NANOGPT = ("model=nanogpt", "task.call={idx: x, targets: y}", "task.tokens=idx",
 NANOGPT_DDP = (*NANOGPT, *LM, "strategy=ddp", "trainer.log_every=1", "trainer.ckpt_every=5", "seed=3")
 
 
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+HF_CALL = ("data=text", "task=model_loss", "task.call={input_ids: x, labels: x}")  # HF shifts labels
+HF_MODEL = "model._target_=hfmodels.tiny_gpt2"
+WEIGHTED_DATA = (
+    "data.train._target_=mylab.weighted.WeightedDigits",
+    "data.val._target_=mylab.weighted.WeightedDigitsVal",
+    "task._target_=mylab.weighted.WeightedCE",
+)
+# The runs of this module that depend on no other: one job each in one sweep (name -> overrides).
+RUNS: dict[str, tuple[str, ...]] = {
+    "nanogpt-ddp": (*NANOGPT_DDP, "name=full"),
+    "nanogpt-fsdp-bf16": (*NANOGPT, "strategy=fsdp", "strategy.wrap_classes=[Block]", "amp=bf16", *LM),
+    # The DIGITS run without smoothing, on one rank with the 2 ranks' global batch (2 x 32): its
+    # step-1 loss is the same under every strategy (same seed, model and global batch: the parity
+    # tests), so one plain run serves both smoothed ones.
+    "plain": (
+        *DIGITS,
+        "strategy=single",
+        "nproc_per_node=1",
+        "trainer.batch_size=64",
+        "seed=1",
+        "name=plain",
+    ),
+    **{
+        f"smooth-{s}": (
+            *DIGITS,
+            f"strategy={s}",
+            "seed=1",
+            "name=smooth",
+            "+task.criterion.label_smoothing=0.2",
+        )
+        for s in ("ddp", "fsdp")
+    },
+    **{f"weighted-{s}": (*WEIGHTED_DATA, f"strategy={s}", *DIGITS) for s in ("ddp", "fsdp")},
+    **{
+        f"hf-{s}": (*HF_CALL, HF_MODEL, *strategy, *LM)
+        for s, strategy in (
+            ("ddp", ("strategy=ddp",)),
+            ("fsdp", ("strategy=fsdp", "strategy.wrap_classes=[GPT2Block]")),
+        )
+        if HAS_TRANSFORMERS
+    },
+}
+
+
 @pytest.fixture(scope="module")
-def nanogpt_ddp(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """nanoGPT under ddp: (the user's folder with its conf/, the run dir)."""
-    cwd = tmp_path_factory.mktemp("nanogpt")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
+    """Every run of RUNS as the jobs of one sweep (one parent process and fork server for all), in one
+    user folder: nanoGPT's model.py and conf/, the HF model factory, the weighted data and task."""
+    cwd = tmp_path_factory.mktemp("clients")
     conf = _nanogpt(cwd)
-    _, run_dir = run_cli(cwd, *NANOGPT_DDP, "name=full", flags=("--config-dir", str(conf)))
-    assert run_dir is not None
-    return cwd, run_dir
+    write_module(cwd, "hfmodels", HF)
+    write_module(cwd, "mylab.weighted", WEIGHTED)
+    return run_sweep(cwd, RUNS, config_dir=conf)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp-bf16"])
-def test_nanogpt_as_written(tmp_path: Path, strategy: str, request: pytest.FixtureRequest) -> None:
-    if strategy == "ddp":
-        run_dir = request.getfixturevalue("nanogpt_ddp")[1]
-    else:
-        conf = _nanogpt(tmp_path)
-        fsdp = ("strategy=fsdp", "strategy.wrap_classes=[Block]", "amp=bf16")
-        _, run_dir = run_cli(tmp_path, *NANOGPT, *fsdp, *LM, flags=("--config-dir", str(conf)))
-    assert run_dir is not None
+def test_nanogpt_as_written(strategy: str, runs: Sweep) -> None:
+    run_dir = runs[f"nanogpt-{strategy}"]
     _falls(run_dir)
     last = train_records(run_dir)[-1]
     assert last["tokens_per_s"] == pytest.approx(last["samples_per_s"] * 32)  # task.tokens=idx: B x T
@@ -148,8 +192,8 @@ def test_nanogpt_as_written(tmp_path: Path, strategy: str, request: pytest.Fixtu
     assert read_yaml(run_dir / "config.yaml")["task"]["call"] == {"idx": "x", "targets": "y"}
 
 
-def test_nanogpt_resumes_bitwise_into_a_new_run(nanogpt_ddp: tuple[Path, Path]) -> None:
-    cwd, full = nanogpt_ddp
+def test_nanogpt_resumes_bitwise_into_a_new_run(runs: Sweep) -> None:
+    cwd, full = runs.cwd, runs["nanogpt-ddp"]
     ckpt = full / "checkpoints" / "step_00000005"
     conf = ("--config-dir", str(cwd / "conf"))
     _, resumed = run_cli(cwd, *NANOGPT_DDP, "name=resumed", f"resume={ckpt}", flags=conf)
@@ -160,45 +204,17 @@ def test_nanogpt_resumes_bitwise_into_a_new_run(nanogpt_ddp: tuple[Path, Path]) 
     assert all(got[s] == ref[s] for s in got), (got, ref)  # bitwise, not approximately
 
 
-@pytest.mark.parametrize(
-    "strategy",
-    [("strategy=ddp",), ("strategy=fsdp", "strategy.wrap_classes=[GPT2Block]")],
-    ids=["ddp", "fsdp"],
-)
-def test_hugging_face_gpt2(tmp_path: Path, strategy: tuple[str, ...]) -> None:
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_hugging_face_gpt2(strategy: str, runs: Sweep) -> None:
     pytest.importorskip("transformers")
-    write_module(tmp_path, "hfmodels", HF)
-    _, run_dir = run_cli(
-        tmp_path,
-        "data=text",
-        "task=model_loss",
-        "task.call={input_ids: x, labels: x}",  # HF shifts labels itself: the unshifted ids
-        "model._target_=hfmodels.tiny_gpt2",
-        *strategy,
-        *LM,
-    )
-    assert run_dir is not None
-    _falls(run_dir)
-
-
-@pytest.fixture(scope="module")
-def plain_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The DIGITS run without smoothing, on one rank with the 2 ranks' global batch (2 x 32): its
-    step-1 loss is the same under every strategy (same seed, model and global batch: the parity
-    tests), so one plain run serves both smoothed ones."""
-    one = ("strategy=single", "nproc_per_node=1", "trainer.batch_size=64")
-    _, run_dir = run_cli(tmp_path_factory.mktemp("plain"), *DIGITS, *one, "seed=1", "name=plain")
-    assert run_dir is not None
-    return run_dir
+    _falls(runs[f"hf-{strategy}"])
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_label_smoothing_criterion(tmp_path: Path, strategy: str, plain_digits: Path) -> None:
-    args = (*DIGITS, f"strategy={strategy}", "seed=1")
-    _, smooth = run_cli(tmp_path, *args, "name=smooth", "+task.criterion.label_smoothing=0.2")
-    assert smooth is not None
+def test_label_smoothing_criterion(strategy: str, runs: Sweep) -> None:
+    smooth = runs[f"smooth-{strategy}"]
     _falls(smooth)
-    first_plain, first_smooth = train_losses(plain_digits)[0], train_losses(smooth)[0]
+    first_plain, first_smooth = train_losses(runs["plain"])[0], train_losses(smooth)[0]
     # Step 1 sees the same untrained model and batch: smoothing only changes the loss's formula
     # (by more than the <= 2.4e-7 that single, ddp and fsdp differ by, test_strategies_dp).
     assert abs(first_smooth - first_plain) > 1e-5, (first_smooth, first_plain)
@@ -206,17 +222,8 @@ def test_label_smoothing_criterion(tmp_path: Path, strategy: str, plain_digits: 
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_weighted_three_tuple_dataset_with_a_user_task(tmp_path: Path, strategy: str) -> None:
-    write_module(tmp_path, "mylab.weighted", WEIGHTED)
-    _, run_dir = run_cli(
-        tmp_path,
-        "data.train._target_=mylab.weighted.WeightedDigits",
-        "data.val._target_=mylab.weighted.WeightedDigitsVal",
-        "task._target_=mylab.weighted.WeightedCE",
-        f"strategy={strategy}",
-        *DIGITS,
-    )
-    assert run_dir is not None
+def test_weighted_three_tuple_dataset_with_a_user_task(strategy: str, runs: Sweep) -> None:
+    run_dir = runs[f"weighted-{strategy}"]
     _falls(run_dir)
     val = val_records(run_dir)[-1]
     assert val["step"] == 12 and 0.3 < val["val/acc"] <= 1.0 and val["val/loss"] > 0

@@ -4,7 +4,8 @@ Same data order, fp32, same seed: every step's loss and grad norm, every validat
 weights agree within 1e-5. This holds only if gradients are averaged (not summed) across ranks, the
 DistributedSampler splits each global batch between the ranks (and reshuffles per epoch), and
 `no_sync` accumulation still all-reduces the sum of all micro-batches on the last one.
-The 2-rank ddp runs go through the CLI; the 1-process `single` reference trains in this process
+The 2-rank ddp runs go through the CLI, as the jobs of one `disttrain train -m` sweep (one start-up
+for all: tests/integration/sweep.py); the 1-process `single` reference trains in this process
 (conftest.train_in_process: the rank's code at world size 1).
 """
 
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import final_weights, read_yaml, run_cli, train_in_process, train_records, val_records
+from .conftest import final_weights, read_yaml, train_in_process, train_records, val_records
+from .sweep import Sweep, run_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -41,19 +43,30 @@ CASES = {
 }
 
 
-def _pair(tmp_path: Path, optim: str, accum: int, clip: str) -> tuple[Path, Path]:
-    shared = (*COMMON, f"optim={optim}", f"trainer.grad_accum={accum}", f"trainer.clip_grad_norm={clip}")
-    _, ddp = run_cli(tmp_path, *shared, "strategy=ddp", "nproc_per_node=2", f"trainer.batch_size={B}")
+def _shared(optim: str, accum: int, clip: str) -> tuple[str, ...]:
+    return (f"optim={optim}", f"trainer.grad_accum={accum}", f"trainer.clip_grad_norm={clip}")
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
+    """The 2-rank ddp run of every case: the jobs of one sweep (one parent process and fork server)."""
+    ddp = ("strategy=ddp", "nproc_per_node=2", f"trainer.batch_size={B}")
+    cases = {name: (*_shared(*case), *ddp) for name, case in CASES.items()}
+    return run_sweep(tmp_path_factory.mktemp("ddp"), cases, *COMMON)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_ddp_matches_single_process(tmp_path: Path, name: str, ddp_runs: Sweep) -> None:
+    optim, accum, clip = CASES[name]
+    ddp = ddp_runs[name]
     single = train_in_process(
-        tmp_path / "single", *shared, "strategy=single", "nproc_per_node=1", f"trainer.batch_size={2 * B}"
+        tmp_path / "single",
+        *COMMON,
+        *_shared(optim, accum, clip),
+        "strategy=single",
+        "nproc_per_node=1",
+        f"trainer.batch_size={2 * B}",
     )
-    assert ddp is not None
-    return ddp, single
-
-
-@pytest.mark.parametrize(("optim", "accum", "clip"), list(CASES.values()), ids=list(CASES))
-def test_ddp_matches_single_process(tmp_path: Path, optim: str, accum: int, clip: str) -> None:
-    ddp, single = _pair(tmp_path, optim, accum, clip)
     assert read_yaml(ddp / "env.json")["world_size"] == 2
     assert read_yaml(ddp / "summary.json")["samples"] == read_yaml(single / "summary.json")["samples"]
 

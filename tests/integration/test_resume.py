@@ -1,5 +1,9 @@
 """Exact resume through the real CLI: bitwise equal to an uninterrupted run, across world sizes,
-with `disttrain resume` and `disttrain export` (2 gloo ranks, synthetic data, 40 steps)."""
+with `disttrain resume` and `disttrain export` (2 gloo ranks, synthetic data, 40 steps).
+
+The uninterrupted runs are the jobs of one `disttrain train -m` sweep and the `resume=` runs of a
+second one (tests/integration/sweep.py: one start-up per sweep, each job a complete run with its
+own run dir); `disttrain resume` and the rerun are commands of their own."""
 
 from __future__ import annotations
 
@@ -12,13 +16,16 @@ import pytest
 import torch
 import xxhash
 
-from .conftest import CLI, cli_in_process, final_weights, run_cli, run_command, train_losses
+from .conftest import CLI, cli_in_process, final_weights, read_yaml, run_cli, run_command, train_losses
+from .sweep import Sweep, run_sweep
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # two sweeps: 3 + 5 x JOB_BUDGET
 
 STEPS = 40
 RUN = ("data=synthetic", f"trainer.max_steps={STEPS}", "trainer.ckpt_every=17", "trainer.log_every=1")
 STEP17 = "checkpoints/step_00000017"
+# The runs that need no other run's checkpoint (test_resume's sweep jobs: name -> own overrides).
+FIRST = {"straight": (), "async": ("checkpoint.async=true",), "fsdp_straight": ("strategy=fsdp",)}
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
@@ -44,10 +51,31 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def straight(root: Path) -> Path:
-    _, run_dir = run_cli(root, *RUN, "hydra.run.dir=straight")
-    assert run_dir is not None
-    return run_dir
+def first(root: Path) -> Sweep:
+    """The uninterrupted runs, as the jobs of one sweep (one parent process and fork server)."""
+    return run_sweep(root / "first", FIRST, *RUN)
+
+
+@pytest.fixture(scope="module")
+def straight(first: Sweep) -> Path:
+    return first["straight"]
+
+
+@pytest.fixture(scope="module")
+def resumes(first: Sweep, root: Path) -> Sweep:
+    """The runs that resume from the first runs' step-17 checkpoints, as the jobs of a second sweep."""
+    s, a, f = (first[n] / STEP17 for n in ("straight", "async", "fsdp_straight"))
+    return run_sweep(
+        root / "resumes",
+        {
+            "resumed": (f"resume={s}",),
+            "one": (f"resume={s}", "nproc_per_node=1"),
+            "async_resumed": (f"resume={a}",),
+            "fsdp_resumed": ("strategy=fsdp", f"resume={f}"),
+            "fsdp_one": ("strategy=fsdp", f"resume={f}", "nproc_per_node=1"),
+        },
+        *RUN,
+    )
 
 
 def test_checkpoints_committed_with_latest_and_retention(straight: Path) -> None:
@@ -59,19 +87,17 @@ def test_checkpoints_committed_with_latest_and_retention(straight: Path) -> None
     assert meta["world_size"] == 2 and len(list((ckpts / "step_00000017").glob("rng_rank*.pt"))) == 2
 
 
-def test_resume_mid_epoch_is_bitwise_identical(root: Path, straight: Path) -> None:
-    _, resumed = run_cli(root, *RUN, f"resume={straight / STEP17}", "hydra.run.dir=resumed")
-    assert resumed is not None
+def test_resume_mid_epoch_is_bitwise_identical(straight: Path, resumes: Sweep) -> None:
+    resumed = resumes["resumed"]
     a, b = _losses(straight), _losses(resumed)
     assert sorted(b) == list(range(18, STEPS + 1)), "the resumed run starts at step 18: no replayed batch"
     assert all(a[s] == b[s] for s in b), "losses differ after resuming"
     assert _same_weights(straight, resumed)
 
 
-def test_resume_two_ranks_to_one_then_back_to_two(root: Path, straight: Path) -> None:
+def test_resume_two_ranks_to_one_then_back_to_two(root: Path, resumes: Sweep) -> None:
     """2 -> 1: reshard on load; the log says how the data order changed. 1 -> 2 via `disttrain resume`."""
-    _, one = run_cli(root, *RUN, f"resume={straight / STEP17}", "nproc_per_node=1", "hydra.run.dir=one")
-    assert one is not None
+    one = resumes["one"]
     log = _log(one)
     assert "world size 2 -> 1" in log and "continues at global sample 1088" in log, log
     assert "nproc_per_node: 2 -> 1" in log, "the config difference is named"
@@ -88,11 +114,10 @@ def test_resume_two_ranks_to_one_then_back_to_two(root: Path, straight: Path) ->
     assert "nproc_per_node: 2" in cfg, "resume re-freezes the config it ran with"
 
 
-def test_async_saves_match_sync_ones_and_resume_bitwise(root: Path, straight: Path) -> None:
+def test_async_saves_match_sync_ones_and_resume_bitwise(first: Sweep, resumes: Sweep) -> None:
     """checkpoint.async=true: 2 ranks stage, write (hashed on the way, gathered to rank 0) and commit
     in the background; training is unchanged and its step-17 checkpoint resumes bitwise."""
-    _, run = run_cli(root, *RUN, "checkpoint.async=true", "hydra.run.dir=async")
-    assert run is not None
+    straight, run = first["straight"], first["async"]
     assert _same_weights(straight, run) and _losses(straight) == _losses(run)
     ckpts = run / "checkpoints"
     assert (ckpts / "latest").read_text().strip() == "step_00000040"
@@ -101,8 +126,9 @@ def test_async_saves_match_sync_ones_and_resume_bitwise(root: Path, straight: Pa
     for name, entry in manifest.items():
         data = (ckpts / "step_00000017" / name).read_bytes()
         assert entry == {"size": len(data), "xxh3_64": xxhash.xxh3_64(data).hexdigest()}, name
-    _, resumed = run_cli(root, *RUN, f"resume={ckpts / 'step_00000017'}", "hydra.run.dir=async_resumed")
-    assert resumed is not None and _same_weights(straight, resumed)
+    resumed = resumes["async_resumed"]
+    assert read_yaml(resumed / "config.yaml")["resume"] == str(ckpts / "step_00000017")
+    assert _same_weights(straight, resumed)
 
 
 def test_export_loads_into_the_plain_model(root: Path, straight: Path) -> None:
@@ -161,16 +187,13 @@ def test_a_checkpoint_only_one_rank_cannot_load_is_skipped_by_every_rank(root: P
     assert not marker.exists()
 
 
-def test_fsdp_resume_bitwise_and_to_one_rank(root: Path) -> None:
-    fsdp = ("strategy=fsdp", *RUN)
-    _, a = run_cli(root, *fsdp, "hydra.run.dir=fsdp_straight")
-    _, b = run_cli(root, *fsdp, f"resume={root / 'fsdp_straight' / STEP17}", "hydra.run.dir=fsdp_resumed")
-    assert a is not None and b is not None
+def test_fsdp_resume_bitwise_and_to_one_rank(first: Sweep, resumes: Sweep) -> None:
+    a, b = first["fsdp_straight"], resumes["fsdp_resumed"]
     la, lb = _losses(a), _losses(b)
     assert sorted(lb)[0] == 18 and all(la[s] == lb[s] for s in lb)
     assert _same_weights(a, b)
-    _, c = run_cli(root, *fsdp, f"resume={a / STEP17}", "nproc_per_node=1", "hydra.run.dir=fsdp_one")
-    assert c is not None and "world size 2 -> 1" in _log(c)
+    c = resumes["fsdp_one"]
+    assert "world size 2 -> 1" in _log(c)
     assert max(train_losses(c)) < 10
 
 

@@ -9,8 +9,10 @@ SGD (linear in the gradient: averaging parameters every step equals averaging gr
 
 Memory: summary.json's per-rank bytes of parameters + gradients + optimizer state (local shards).
 
-The runs share 2 cores; the CLI runs start three at a time (each is mostly interpreter start-up) while
-the two `single` references train in the test's own process at world size 1 (no start-up at all).
+Each CLI run is mostly start-up (interpreter, torch, compose, fork server), so they are the jobs of
+ONE `disttrain train -m` sweep (tests/integration/sweep.py: one start-up for all, every job still a
+complete 2-rank run with its own run dir), while the two `single` references train in the test's own
+process at world size 1 (no start-up at all).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Any
 import pytest
 
 from .conftest import final_weights, run_cli, train_in_process, train_records, val_records
+from .sweep import Sweep, run_sweep
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the sweep: 9 x JOB_BUDGET, + the resume (300)
 
 TOL = 1e-5  # fp32, same reduction order up to the all-reduce: measured <= 2.4e-7
 FP16_TOL = 1e-3  # gradients sent as fp16 (comm_hook=fp16): measured
@@ -105,28 +108,26 @@ RESUME_AT = 8  # localsgd_n also resumes from its step-8 checkpoint: mid-way bet
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
-    """Every run of RUNS in its own folder, three at a time: run dir and console output."""
-
-    def one(name: str, *extra: str) -> tuple[Path, str]:
-        proc, run_dir = run_cli(tmp_path_factory.mktemp(name), *COMMON, *RUNS[name], *extra, timeout=300)
-        assert run_dir is not None
-        return run_dir, proc.stdout + proc.stderr
-
-    def then_resume() -> tuple[Path, str]:
-        first = futures["localsgd_n"].result()[0] / "checkpoints" / f"step_{RESUME_AT:08d}"
-        return one("localsgd_n", f"resume={first}")
-
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
+    """Every run of RUNS: the CLI runs as the jobs of one sweep (one parent process and fork server
+    for all), localsgd_n's resume after it; the two references train in this process meanwhile."""
     cli = sorted((n for n in RUNS if n not in IN_PROCESS), key=lambda n: n != "localsgd_n")
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {name: pool.submit(one, name) for name in cli}
-        futures["localsgd_resumed"] = pool.submit(then_resume)
-        # The 1-process references train here meanwhile (this thread only waits on the pool).
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        swept = pool.submit(run_sweep, tmp_path_factory.mktemp("sweep"), {n: RUNS[n] for n in cli}, *COMMON)
+        # The 1-process references train here meanwhile (this thread only waits on the sweep).
         done = {
-            name: (train_in_process(tmp_path_factory.mktemp(name), *COMMON, *RUNS[name]), "")
-            for name in IN_PROCESS
+            name: train_in_process(tmp_path_factory.mktemp(name), *COMMON, *RUNS[name]) for name in IN_PROCESS
         }
-        return {**done, **{name: f.result() for name, f in futures.items()}}
+        sweep = swept.result()
+    for name, run_dir in done.items():
+        sweep.add(name, run_dir)
+    if sweep.finished("localsgd_n"):  # else reading either fails naming localsgd_n's job
+        first = sweep["localsgd_n"] / "checkpoints" / f"step_{RESUME_AT:08d}"
+        folder = tmp_path_factory.mktemp("localsgd_resumed")
+        _, resumed = run_cli(folder, *COMMON, *RUNS["localsgd_n"], f"resume={first}", timeout=300)
+        assert resumed is not None
+        sweep.add("localsgd_resumed", resumed)
+    return sweep
 
 
 def summary(run_dir: Path) -> dict[str, Any]:
@@ -135,32 +136,32 @@ def summary(run_dir: Path) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------- parity
 @pytest.mark.parametrize("name", list(PARITY))
-def test_matches_single(runs: dict[str, tuple[Path, str]], name: str) -> None:
+def test_matches_single(runs: Sweep, name: str) -> None:
     base, tol, weight_tol = PARITY[name]
-    a, b = train_records(runs[name][0]), train_records(runs[base][0])
+    a, b = train_records(runs[name]), train_records(runs[base])
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, STEPS + 1))
     for ra, rb in zip(a, b, strict=True):
         assert ra["train/loss"] == pytest.approx(rb["train/loss"], abs=tol), (name, ra["step"])
         if not name.startswith("localsgd"):  # local SGD reports rank 0's LOCAL gradient norm
             norm = pytest.approx(rb["grad_norm"], abs=10 * tol, rel=tol)
             assert ra["grad_norm"] == norm, (name, ra["step"])
-    va, vb = val_records(runs[name][0])[-1], val_records(runs[base][0])[-1]
+    va, vb = val_records(runs[name])[-1], val_records(runs[base])[-1]
     assert va["val/loss"] == pytest.approx(vb["val/loss"], abs=tol)
     assert va["val/acc"] == pytest.approx(vb["val/acc"], abs=1e-9 if tol == TOL else 2e-3)
-    wa, wb = final_weights(runs[name][0]), final_weights(runs[base][0])
+    wa, wb = final_weights(runs[name]), final_weights(runs[base])
     assert sorted(wa) == sorted(wb), "exported names must be the plain model's (no module./FSDP prefixes)"
     for key in wa:
         assert tuple(wa[key].shape) == tuple(wb[key].shape), key
         assert (wa[key] - wb[key]).abs().max().item() <= weight_tol, key
 
 
-def test_clipping_was_active(runs: dict[str, tuple[Path, str]]) -> None:
-    norms = [r["grad_norm"] for r in train_records(runs["single"][0])]
+def test_clipping_was_active(runs: Sweep) -> None:
+    norms = [r["grad_norm"] for r in train_records(runs["single"])]
     assert sum(n > CLIP for n in norms) >= STEPS // 2, f"CLIP={CLIP} clipped too few steps: {norms}"
 
 
-def test_every_run_completed(runs: dict[str, tuple[Path, str]]) -> None:
-    for name, (run_dir, _) in runs.items():
+def test_every_run_completed(runs: Sweep) -> None:
+    for name, run_dir in runs.items():
         s = summary(run_dir)
         assert s["steps"] == STEPS, name
         assert (run_dir / "checkpoints" / "final.pt").is_file(), name
@@ -168,36 +169,37 @@ def test_every_run_completed(runs: dict[str, tuple[Path, str]]) -> None:
         assert len(s["state_bytes_by_rank"]) == world, name
 
 
-def test_fsdp_wrapping_and_mesh(runs: dict[str, tuple[Path, str]]) -> None:
-    assert "fsdp: mesh (2,), root + 4 wrapped units (Linear)" in runs["fsdp"][1]
-    assert "fsdp: mesh (2, 1), root + 2 wrapped units (Linear)" in runs["hsdp"][1]
+def test_fsdp_wrapping_and_mesh(runs: Sweep) -> None:
+    assert "fsdp: mesh (2,), root + 4 wrapped units (Linear)" in runs.log("fsdp")
+    assert "fsdp: mesh (2, 1), root + 2 wrapped units (Linear)" in runs.log("hsdp")
 
 
-def test_dp_on_cpu_says_so_once(runs: dict[str, tuple[Path, str]]) -> None:
-    out = runs["dp"][1]
-    assert out.count("strategy=dp: no CUDA GPUs") == 1, out[-2000:]
+def test_dp_on_cpu_says_so_once(runs: Sweep) -> None:
+    # dp is the sweep's only strategy=dp job: once on the sweep's console, once in its rank log
+    assert runs.output.count("strategy=dp: no CUDA GPUs") == 1, runs.output[-2000:]
+    assert runs.log("dp").count("strategy=dp: no CUDA GPUs") == 1, runs.log("dp")[-2000:]
 
 
 # ---------------------------------------------------------------------------------------- memory
-def test_fsdp_holds_one_shard_per_rank(runs: dict[str, tuple[Path, str]]) -> None:
+def test_fsdp_holds_one_shard_per_rank(runs: Sweep) -> None:
     """fsdp: params + grads + AdamW state per rank <= ddp's / W + 1% (per-tensor step counters and
     dim-0 padding are the only extra); hsdp on (2, 1) replicates, so it holds what ddp holds."""
-    ddp = summary(runs["ddp"][0])["state_bytes_by_rank"]
-    assert ddp == [summary(runs["single"][0])["state_bytes_per_rank"]] * W
-    fsdp = summary(runs["fsdp"][0])["state_bytes_by_rank"]
+    ddp = summary(runs["ddp"])["state_bytes_by_rank"]
+    assert ddp == [summary(runs["single"])["state_bytes_per_rank"]] * W
+    fsdp = summary(runs["fsdp"])["state_bytes_by_rank"]
     for rank_bytes in fsdp:
         assert rank_bytes <= ddp[0] / W * 1.01, (fsdp, ddp)
     assert sum(fsdp) >= ddp[0], "the shards together hold the whole model"
-    hsdp = summary(runs["hsdp"][0])["state_bytes_by_rank"]
+    hsdp = summary(runs["hsdp"])["state_bytes_by_rank"]
     assert all(abs(h - ddp[0]) <= 0.01 * ddp[0] for h in hsdp), (hsdp, ddp)
 
 
-def test_zero_partitions_optimizer_state(runs: dict[str, tuple[Path, str]]) -> None:
+def test_zero_partitions_optimizer_state(runs: Sweep) -> None:
     """ZeRO-1 shards only the optimizer state, by whole tensors (greedy by size): each rank holds
     <= ddp's optimizer bytes / W + the largest tensor's state, none of it twice; params and grads
     stay full (that is ZeRO-1, not ZeRO-3: fsdp above shards those)."""
-    ddp = summary(runs["ddp"][0])["state_bytes_detail_by_rank"][0]
-    zero = summary(runs["zero"][0])["state_bytes_detail_by_rank"]
+    ddp = summary(runs["ddp"])["state_bytes_detail_by_rank"][0]
+    zero = summary(runs["zero"])["state_bytes_detail_by_rank"]
     # AdamW's exp_avg + exp_avg_sq of the largest (64x64) weight, and its step counter
     largest_state = 2 * max(HIDDEN) * max(HIDDEN) * 4 + 4
     for rank in zero:
@@ -208,12 +210,12 @@ def test_zero_partitions_optimizer_state(runs: dict[str, tuple[Path, str]]) -> N
 
 
 # ---------------------------------------------------------------------------------------- local SGD
-def test_localsgd_bytes_fall_by_sync_every(runs: dict[str, tuple[Path, str]]) -> None:
+def test_localsgd_bytes_fall_by_sync_every(runs: Sweep) -> None:
     """Bytes all-reduced, counted in the comm hook (gradients) and the averager (parameters)."""
-    param_bytes = summary(runs["ddp"][0])["state_bytes_detail_by_rank"][0]["params"]
-    every = summary(runs["localsgd_1"][0])["allreduce_bytes"]
+    param_bytes = summary(runs["ddp"])["state_bytes_detail_by_rank"][0]["params"]
+    every = summary(runs["localsgd_1"])["allreduce_bytes"]
     assert every == {"grads": 0, "params": STEPS * param_bytes, "total": STEPS * param_bytes}
-    n = summary(runs["localsgd_n"][0])["allreduce_bytes"]
+    n = summary(runs["localsgd_n"])["allreduce_bytes"]
     averages = len(range(LOCALSGD_WARMUP, STEPS, LOCALSGD_EVERY))
     assert n["grads"] == LOCALSGD_WARMUP * param_bytes  # plain DDP steps first
     assert n["params"] == (averages + 1) * param_bytes  # + the final average (step 20 is not due)
@@ -231,14 +233,12 @@ def _replicas(ckpt: Path, tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any
     return state["model"], state["rank1"]["model"]
 
 
-def test_localsgd_ends_with_the_average_of_the_replicas(
-    runs: dict[str, tuple[Path, str]], tmp_path: Path
-) -> None:
+def test_localsgd_ends_with_the_average_of_the_replicas(runs: Sweep, tmp_path: Path) -> None:
     """Replicas drift between averages (step 8 is not an averaging step); the last step is not one
     either, yet the final checkpoint and final.pt hold one model: the replicas' average."""
     import torch
 
-    ckpts = runs["localsgd_n"][0] / "checkpoints"
+    ckpts = runs["localsgd_n"] / "checkpoints"
     mid0, mid1 = _replicas(ckpts / "step_00000008", tmp_path)
     assert max((mid0[k] - mid1[k]).abs().max().item() for k in mid0) > 1e-4, "replicas differ mid-way"
     end0, end1 = _replicas(ckpts / f"step_{STEPS:08d}", tmp_path)
@@ -247,18 +247,18 @@ def test_localsgd_ends_with_the_average_of_the_replicas(
         assert torch.equal(end0[k], end1[k]) and torch.equal(final[k], end0[k]), k
 
 
-def test_localsgd_still_learns(runs: dict[str, tuple[Path, str]]) -> None:
-    first = train_records(runs["localsgd_n"][0])[0]["train/loss"]
-    final, ref = val_records(runs["localsgd_n"][0])[-1], val_records(runs["single_sgd"][0])[-1]
+def test_localsgd_still_learns(runs: Sweep) -> None:
+    first = train_records(runs["localsgd_n"])[0]["train/loss"]
+    final, ref = val_records(runs["localsgd_n"])[-1], val_records(runs["single_sgd"])[-1]
     assert final["val/loss"] < 0.5 * first
     assert final["val/loss"] <= 1.5 * ref["val/loss"] + 0.05, (final, ref)
     assert final["val/acc"] >= ref["val/acc"] - 0.05
 
 
-def test_localsgd_resumes_exactly(runs: dict[str, tuple[Path, str]]) -> None:
+def test_localsgd_resumes_exactly(runs: Sweep) -> None:
     """Replicas differ between averages; each rank's own state must come back, not one copy."""
-    resumed = {r["step"]: r["train/loss"] for r in train_records(runs["localsgd_resumed"][0])}
-    original = {r["step"]: r["train/loss"] for r in train_records(runs["localsgd_n"][0])}
+    resumed = {r["step"]: r["train/loss"] for r in train_records(runs["localsgd_resumed"])}
+    original = {r["step"]: r["train/loss"] for r in train_records(runs["localsgd_n"])}
     assert sorted(resumed) == list(range(RESUME_AT + 1, STEPS + 1))
     for step, loss in resumed.items():
         assert loss == pytest.approx(original[step], abs=TOL), step

@@ -8,7 +8,9 @@ norm (clipping active), each validation and the final weights (consolidated with
 names) agree within TOL in fp32 (measured: <= 1.2e-7 on losses and grad norms, <= 3.2e-6 on weights
 after 20 AdamW steps).
 
-The runs share 2 cores; they start two at a time (each is mostly start-up) to keep the file short.
+Each CLI run is mostly start-up, so they are the jobs of ONE `disttrain train -m` sweep
+(tests/integration/sweep.py: one parent process and fork server for all, every job still a complete
+multi-rank run with its own run dir).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from typing import Any
 import pytest
 
 from .conftest import final_weights, read_yaml, run_cli, train_in_process, train_records, val_records
+from .sweep import Sweep, run_sweep
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]  # the sweep: 5 x JOB_BUDGET
 
 TOL = 1e-5
 B = 16
@@ -65,20 +68,16 @@ RUNS: dict[str, tuple[str, ...]] = {
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Every run of RUNS, each in its own folder, two at a time."""
-
-    def one(name: str) -> Path:
-        folder = tmp_path_factory.mktemp(name.replace("+", "_"))
-        _, run_dir = run_cli(folder, *COMMON, *RUNS[name], timeout=240)
-        assert run_dir is not None
-        return run_dir
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(one, name) for name in RUNS if name != "single"}
-        # The 1-process reference trains here meanwhile (the rank's code at world size 1).
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
+    """Every run of RUNS: the CLI runs as the jobs of one sweep (one parent process and fork server
+    for all); the 1-process reference trains in this process meanwhile (world size 1)."""
+    cli = {name: overrides for name, overrides in RUNS.items() if name != "single"}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        swept = pool.submit(run_sweep, tmp_path_factory.mktemp("sweep"), cli, *COMMON)
         single = train_in_process(tmp_path_factory.mktemp("single"), *COMMON, *RUNS["single"])
-        return {"single": single, **{name: f.result() for name, f in futures.items()}}
+        sweep = swept.result()
+    sweep.add("single", single)
+    return sweep
 
 
 def _max_diff(a: list[float], b: list[float]) -> float:
@@ -86,7 +85,7 @@ def _max_diff(a: list[float], b: list[float]) -> float:
 
 
 @pytest.mark.parametrize("name", [n for n in RUNS if n != "single"])
-def test_matches_single(runs: dict[str, Path], name: str) -> None:
+def test_matches_single(runs: Sweep, name: str) -> None:
     got, ref = runs[name], runs["single"]
     assert read_yaml(got / "summary.json")["samples"] == read_yaml(ref / "summary.json")["samples"]
     a, b = train_records(got), train_records(ref)
@@ -106,7 +105,7 @@ def test_matches_single(runs: dict[str, Path], name: str) -> None:
     assert acc == 0.0
 
 
-def test_pipeline_reports_bubble(runs: dict[str, Path]) -> None:
+def test_pipeline_reports_bubble(runs: Sweep) -> None:
     stats: dict[str, Any] = read_yaml(runs["pipeline-1f1b"] / "summary.json")["pipeline"]
     assert stats["schedule"] == "1f1b" and stats["stages"] == 2 and stats["timed_steps"] == STEPS - 1
     assert stats["bubble_theory"] == pytest.approx(1 / 5)  # (p-1)/(m+p-1), p=2, m=4
@@ -115,7 +114,7 @@ def test_pipeline_reports_bubble(runs: dict[str, Path]) -> None:
     assert inter["stages"] == 4 and inter["bubble_theory"] == pytest.approx(1 / 9)
 
 
-def test_pipeline_resume_continues_exactly(runs: dict[str, Path], tmp_path: Path) -> None:
+def test_pipeline_resume_continues_exactly(runs: Sweep, tmp_path: Path) -> None:
     """The stages' sharded checkpoint (original names, flattened optimizer state) resumes bitwise."""
     first = runs["pipeline-1f1b"]
     ckpt = first / "checkpoints" / "step_00000010"
