@@ -30,7 +30,8 @@ import time
 from typing import Any, NamedTuple
 
 # What the server imports before forking: the rank's whole import graph (torch, the engine, the
-# strategies' common modules) and DCP, which a rank imports at its first save or load
+# strategies' common modules), hydra.utils (every rank's `_target_` builds instantiate through it:
+# ~50 ms per rank, paid here once) and DCP, which a rank imports at its first save or load
 # (checkpoint.manager defers it: a rank forked from here has it already); never the user's modules.
 # This module first: SERVER_ENV is the server's own environment. Not torch._dynamo (~0.5 CPU-s, as
 # much again as the rest of the graph beyond torch): a forked rank defers it (`defer_dynamo`) and
@@ -38,6 +39,7 @@ from typing import Any, NamedTuple
 PRELOAD = [
     "disttrain.launch.forkserver",
     "disttrain.worker",
+    "hydra.utils",
     "torch.distributed.checkpoint",
 ]
 DYNAMO = "torch._dynamo"
