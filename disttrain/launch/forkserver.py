@@ -31,15 +31,18 @@ from typing import Any, NamedTuple
 
 # What the server imports before forking: the rank's whole import graph (torch, the engine, the
 # strategies' common modules), hydra.utils (every rank's `_target_` builds instantiate through it:
-# ~50 ms per rank, paid here once) and DCP, which a rank imports at its first save or load
+# ~50 ms per rank, paid here once), numpy.random (seed_everything; torch does not import it),
+# config.no_dynamo (`defer_dynamo`) and DCP, which a rank imports at its first save or load
 # (checkpoint.manager defers it: a rank forked from here has it already); never the user's modules.
-# This module first: SERVER_ENV is the server's own environment. Not torch._dynamo (~0.5 CPU-s, as
-# much again as the rest of the graph beyond torch): a forked rank defers it (`defer_dynamo`) and
-# imports it only if something compiles; a run with trainer.compile=true has it preloaded.
+# This module first: SERVER_ENV is the server's own environment. Not torch._dynamo (~0.5 CPU-s, a
+# sixth of the server's): a forked rank defers it (`defer_dynamo`) and imports it only if
+# something compiles; a run with trainer.compile=true has it preloaded.
 PRELOAD = [
     "disttrain.launch.forkserver",
     "disttrain.worker",
     "hydra.utils",
+    "numpy.random",
+    "disttrain.config.no_dynamo",
     "torch.distributed.checkpoint",
 ]
 DYNAMO = "torch._dynamo"
