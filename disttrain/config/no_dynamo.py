@@ -46,7 +46,7 @@ class _Standin(types.ModuleType):
 
 def without_dynamo(check: Callable[[], T]) -> T:
     """`check()` with torch._dynamo's import deferred; again with it if the stand-in fell short."""
-    import torch
+    import torch  # noqa: F401 (torch itself imports before the stand-in goes in)
 
     if NAME in sys.modules:  # imported already (an earlier job of a sweep, a test process): free
         return check()
@@ -61,13 +61,21 @@ def without_dynamo(check: Callable[[], T]) -> T:
         if not standin.asked_more:
             return result
     finally:
-        if sys.modules.get(NAME) is standin:
-            del sys.modules[NAME]
-        if torch.__dict__.get("_dynamo") is standin:
-            del torch._dynamo
-        for fn in standin.answered:
-            fn.__dict__.pop("__dynamo_disable", None)
+        _remove(standin, standin.answered)
     return check()  # the stand-in was asked for more than disable(): the real thing decides
+
+
+def _remove(standin: types.ModuleType, answered: list[Any]) -> None:
+    """No trace of `standin`: out of sys.modules and torch, and the `_disable_dynamo` wrappers it
+    answered forget their cached answer (their next call asks whatever torch._dynamo is then)."""
+    import torch
+
+    if sys.modules.get(NAME) is standin:
+        del sys.modules[NAME]
+    if torch.__dict__.get("_dynamo") is standin:
+        del torch._dynamo
+    for fn in answered:
+        fn.__dict__.pop("__dynamo_disable", None)
 
 
 class _Deferred(types.ModuleType):
@@ -99,14 +107,7 @@ class _Deferred(types.ModuleType):
             if self.real is None:
                 import importlib
 
-                import torch
-
-                if sys.modules.get(NAME) is self:
-                    del sys.modules[NAME]
-                if torch.__dict__.get("_dynamo") is self:
-                    del torch._dynamo
-                for fn in self.answered:
-                    fn.__dict__.pop("__dynamo_disable", None)
+                _remove(self, self.answered)
                 self.answered.clear()
                 self.real = importlib.import_module(NAME)
         return self.real
