@@ -34,9 +34,9 @@ from typing import Any, NamedTuple
 # ~50 ms per rank, paid here once), numpy.random (seed_everything; torch does not import it),
 # config.no_dynamo (`defer_dynamo`) and DCP, which a rank imports at its first save or load
 # (checkpoint.manager defers it: a rank forked from here has it already); never the user's modules.
-# This module first: SERVER_ENV is the server's own environment. Not torch._dynamo (~0.5 CPU-s, a
-# sixth of the server's): a forked rank defers it (`defer_dynamo`) and imports it only if
-# something compiles; a run with trainer.compile=true has it preloaded.
+# This module first: SERVER_ENV is the server's own environment. torch._dynamo (~0.5 CPU-s, a sixth
+# of the server's) only where the ranks need it (`needs_dynamo`): elsewhere a forked rank defers it
+# (`defer_dynamo`) and imports it only if something compiles after all.
 PRELOAD = [
     "disttrain.launch.forkserver",
     "disttrain.worker",
@@ -55,14 +55,13 @@ START_METHOD = "forkserver"
 
 def warm_up(cfg: dict[str, Any] | None = None) -> None:
     """Start this process's fork server with the rank modules preloaded (idempotent, returns at once);
-    with torch._dynamo too when `cfg` compiles (trainer.compile: every rank imports it then)."""
+    with torch._dynamo too unless `cfg`'s ranks do without it (`needs_dynamo`)."""
     from multiprocessing import forkserver
 
     from disttrain.launch.environ import patched_environ
 
     ctx = multiprocessing.get_context(START_METHOD)
-    compiles = bool(cfg and cfg["trainer"]["compile"])
-    ctx.set_forkserver_preload([*PRELOAD, DYNAMO] if compiles else PRELOAD)
+    ctx.set_forkserver_preload([*PRELOAD, DYNAMO] if cfg is None or needs_dynamo(cfg) else PRELOAD)
     # The server runs `python -c ...`, which would put the cwd first on sys.path (Python 3.11 does
     # not apply the parent's sys.path to the server): a stray torch.py or yaml.py in the cwd would
     # be imported. PYTHONSAFEPATH keeps it out; each rank gets the launcher's sys.path when forked.
@@ -71,6 +70,14 @@ def warm_up(cfg: dict[str, Any] | None = None) -> None:
     if not _STOP_AT_EXIT:
         atexit.register(stop)
         _STOP_AT_EXIT.append(stop)
+
+
+def needs_dynamo(cfg: dict[str, Any]) -> bool:
+    """Whether every rank of `cfg` imports torch._dynamo: it compiles, or its strategy's spec says
+    so (DTensor and pipelining import it); then the server imports it once instead."""
+    from disttrain.strategies.specs import get
+
+    return bool(cfg["trainer"]["compile"]) or get(cfg["strategy"]["name"]).dynamo
 
 
 _STOP_AT_EXIT: list[Any] = []
