@@ -149,11 +149,12 @@ def git_state(directory: Path) -> dict[str, Any]:
             return None
         return out.stdout.strip()
 
-    sha = git("rev-parse", "HEAD")
-    if sha is None:
+    found = git("rev-parse", "--show-toplevel", "HEAD")  # one process: the top level, then the SHA
+    if found is None or len(found.splitlines()) != 2:
         return {"repo": None, "sha": None, "dirty": None}
+    repo, sha = found.splitlines()
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"repo": git("rev-parse", "--show-toplevel"), "sha": sha, "dirty": bool(status)}
+    return {"repo": repo, "sha": sha, "dirty": bool(status)}
 
 
 def program() -> list[str]:

@@ -30,16 +30,22 @@ import time
 from typing import Any, NamedTuple
 
 # What the server imports before forking: the rank's whole import graph (torch, the engine, the
-# strategies' common modules) and torch._dynamo, which every rank's first optimizer step imports
-# (torch wraps optimizer internals in `_disable_dynamo`), and DCP, which a rank imports at its first
-# save or load (checkpoint.manager defers it: a rank forked from here has it already); never the
-# user's modules. This module first: SERVER_ENV is the server's own environment.
+# strategies' common modules), hydra.utils (every rank's `_target_` builds instantiate through it:
+# ~50 ms per rank, paid here once), numpy.random (seed_everything; torch does not import it),
+# config.no_dynamo (`defer_dynamo`) and DCP, which a rank imports at its first save or load
+# (checkpoint.manager defers it: a rank forked from here has it already); never the user's modules.
+# This module first: SERVER_ENV is the server's own environment. torch._dynamo (~0.5 CPU-s, a sixth
+# of the server's) only where the ranks need it (`needs_dynamo`): elsewhere a forked rank defers it
+# (`defer_dynamo`) and imports it only if something compiles after all.
 PRELOAD = [
     "disttrain.launch.forkserver",
     "disttrain.worker",
-    "torch._dynamo",
+    "hydra.utils",
+    "numpy.random",
+    "disttrain.config.no_dynamo",
     "torch.distributed.checkpoint",
 ]
+DYNAMO = "torch._dynamo"
 
 # The server's environment when it imported this module (in a rank: before the agent's keys).
 SERVER_ENV = dict(os.environ)
@@ -47,14 +53,15 @@ SERVER_ENV = dict(os.environ)
 START_METHOD = "forkserver"
 
 
-def warm_up() -> None:
-    """Start this process's fork server with the rank modules preloaded (idempotent, returns at once)."""
+def warm_up(cfg: dict[str, Any] | None = None) -> None:
+    """Start this process's fork server with the rank modules preloaded (idempotent, returns at once);
+    with torch._dynamo too unless `cfg`'s ranks do without it (`needs_dynamo`)."""
     from multiprocessing import forkserver
 
     from disttrain.launch.environ import patched_environ
 
     ctx = multiprocessing.get_context(START_METHOD)
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx.set_forkserver_preload([*PRELOAD, DYNAMO] if cfg is None or needs_dynamo(cfg) else PRELOAD)
     # The server runs `python -c ...`, which would put the cwd first on sys.path (Python 3.11 does
     # not apply the parent's sys.path to the server): a stray torch.py or yaml.py in the cwd would
     # be imported. PYTHONSAFEPATH keeps it out; each rank gets the launcher's sys.path when forked.
@@ -63,6 +70,14 @@ def warm_up() -> None:
     if not _STOP_AT_EXIT:
         atexit.register(stop)
         _STOP_AT_EXIT.append(stop)
+
+
+def needs_dynamo(cfg: dict[str, Any]) -> bool:
+    """Whether every rank of `cfg` imports torch._dynamo: it compiles, or its strategy's spec says
+    so (DTensor and pipelining import it); then the server imports it once instead."""
+    from disttrain.strategies.specs import get
+
+    return bool(cfg["trainer"]["compile"]) or get(cfg["strategy"]["name"]).dynamo
 
 
 _STOP_AT_EXIT: list[Any] = []
@@ -138,6 +153,7 @@ def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str]) -> None:
     from disttrain.config.errors import ConfigError
 
     detach_from_server()
+    defer_dynamo()
     environ = rank_environment(launcher_env)
     os.environ.clear()
     os.environ.update(environ)
@@ -146,6 +162,14 @@ def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str]) -> None:
         record(importlib.import_module(entry).run)(run_dir)
     except ConfigError:
         raise SystemExit(2) from None
+
+
+def defer_dynamo() -> None:
+    """In a forked rank: torch._dynamo imported only if something needs more than `disable`
+    (config/no_dynamo.py); nothing to do where the server preloaded it."""
+    from disttrain.config.no_dynamo import defer_dynamo as defer
+
+    defer()
 
 
 def launcher_env() -> dict[str, Any]:

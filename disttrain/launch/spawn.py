@@ -10,7 +10,7 @@ from disttrain.config.errors import ConfigError
 from disttrain.launch.base import Launcher
 from disttrain.launch.environ import patched_environ
 from disttrain.launch.errors import LaunchError, exit_code_message, last_error_line
-from disttrain.launch.forkserver import START_METHOD, detach_from_server, launcher_env, warm_up
+from disttrain.launch.forkserver import START_METHOD, defer_dynamo, detach_from_server, launcher_env, warm_up
 from disttrain.launch.registry import launcher_config
 
 
@@ -30,7 +30,7 @@ class SpawnLauncher(Launcher):
             )
 
     def prestart(self, cfg: dict[str, Any]) -> None:
-        warm_up()
+        warm_up(cfg)
 
     def launch(self, cfg: dict[str, Any], run_dir: Path, entry: str) -> None:
         launch_spawn(cfg, run_dir, entry)
@@ -39,6 +39,7 @@ class SpawnLauncher(Launcher):
 def _rank_main(local_rank: int, run_dir: str, entry: str, environ: dict[str, str]) -> None:
     """A rank forked from the fork server: the launcher's environment (the server's is older)."""
     detach_from_server()
+    defer_dynamo()
     os.environ.clear()
     os.environ.update(environ)
     os.environ.update(
@@ -67,7 +68,7 @@ def launch_spawn(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.wor
         "LOCAL_WORLD_SIZE": str(nproc),
     }
     try:
-        warm_up()  # started after the static checks already, unless the caller skipped prestart
+        warm_up(cfg)  # started after the static checks already, unless the caller skipped prestart
         with patched_environ(updates):
             args = (str(run_dir), entry, launcher_env())
             mp.start_processes(_rank_main, args=args, nprocs=nproc, join=True, start_method=START_METHOD)

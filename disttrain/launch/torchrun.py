@@ -70,7 +70,7 @@ class TorchrunLauncher(Launcher):
     """torch's elastic agent starts this node's ranks (one agent per node; c10d rendezvous)."""
 
     def prestart(self, cfg: dict[str, Any]) -> None:
-        warm_up()
+        warm_up(cfg)
 
     def launch(self, cfg: dict[str, Any], run_dir: Path, entry: str) -> None:
         launch_torchrun(cfg, run_dir, entry)
@@ -101,7 +101,7 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
 
         store = roll_call(cfg, run_dir)  # config check + wait for the nodes; node 0 hosts the store
     try:
-        warm_up()  # started after the static checks already, unless the caller skipped prestart
+        warm_up(cfg)  # started after the static checks already, unless the caller skipped prestart
         elastic_launch(launch_config(cfg, run_dir), rank_entry)(entry, str(run_dir), launcher_env())
     except RendezvousError as exc:
         from disttrain.launch.multinode import RendezvousFailure, endpoint

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -80,3 +81,17 @@ def test_rank_pids_finds_the_ranks_below_a_launcher_by_their_names(
     named("disttrain rx")  # not a rank number
     assert rank_pids(os.getpid()) == {0: r0.pid, 1: r1.pid}
     assert rank_pids(r0.pid) == {}
+
+
+def test_the_server_preloads_dynamo_only_where_every_rank_imports_it() -> None:
+    """torch._dynamo (~0.5 CPU-s) goes in the fork server's preload for a compiled run or a strategy
+    whose spec says its ranks import it (DTensor, pipelining); a ddp rank defers it instead."""
+    from disttrain.launch.forkserver import needs_dynamo
+    from disttrain.strategies import specs
+
+    def cfg(name: str, compile: bool = False) -> dict[str, Any]:
+        return {"trainer": {"compile": compile}, "strategy": {"name": name}}
+
+    assert needs_dynamo(cfg("ddp")) is False and needs_dynamo(cfg("ddp", compile=True)) is True
+    assert needs_dynamo(cfg("fsdp")) is True and needs_dynamo(cfg("pipeline")) is True
+    assert all(needs_dynamo(cfg(spec.name)) == spec.dynamo for spec in specs.all())

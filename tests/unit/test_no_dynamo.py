@@ -82,3 +82,63 @@ def test_the_stand_in_answers_disable_forms_and_counts_a_submodule_import() -> N
     with pytest.raises(AttributeError):
         _ = standin.__path__
     assert standin.asked_more
+
+
+RANK_SCRIPT = r"""
+import json, sys
+import torch
+import torch.distributed as dist
+from disttrain.config.no_dynamo import NAME, defer_dynamo
+
+defer_dynamo()
+deferred = sys.modules[NAME]
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)
+for _ in range(2):
+    opt.zero_grad()
+    model(torch.ones(3, 4)).sum().backward()
+    opt.step()
+    sched.step()
+from torch.distributed.checkpoint.state_dict import get_state_dict
+get_state_dict(model, opt)
+out = {"trained_without_dynamo": deferred.real is None and sys.modules[NAME] is deferred}
+add = torch.optim.Optimizer.add_param_group.__wrapped__
+out["answered"] = "__dynamo_disable" in add.__dict__
+out["compiled"] = float(torch.compile(lambda x: x * 2, backend="eager")(torch.ones(1))[0])
+out["real_after"] = type(sys.modules[NAME]).__name__
+out["cache_forgotten"] = add.__dict__.get("__dynamo_disable") is not add
+out["forwards"] = deferred.is_compiling is sys.modules[NAME].is_compiling
+opt.zero_grad()
+out["step_after"] = bool(model(torch.ones(1, 4)).sum().backward() is None and opt.step() is None)
+out["known"] = {
+    "get_optimize_ddp_mode": torch._dynamo.utils.get_optimize_ddp_mode(),
+    "clear_lru_cache": callable(torch._dynamo.trace_rules.clear_lru_cache),
+    "OptimizedModule": isinstance(torch._dynamo.eval_frame.OptimizedModule, type),
+    "graph_break": torch._dynamo.graph_break() is None,
+}
+dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+def test_a_rank_trains_without_dynamo_and_imports_it_when_something_compiles() -> None:
+    """defer_dynamo (forked ranks): DDP, an optimizer step, a scheduler and DCP's get_state_dict
+    need no torch._dynamo; torch.compile imports the real one, the cached `disable` answers are
+    forgotten, and the known answers equal the real module's."""
+    proc = subprocess.run([sys.executable, "-c", RANK_SCRIPT], capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["trained_without_dynamo"] is True
+    assert out["answered"] is True  # the stand-in answered the optimizer's wrappers
+    assert out["compiled"] == 2.0 and out["real_after"] == "module"
+    assert out["cache_forgotten"] is True and out["forwards"] is True and out["step_after"] is True
+    from disttrain.config.no_dynamo import _KNOWN
+
+    assert out["known"] == {
+        "get_optimize_ddp_mode": _KNOWN["utils"]["get_optimize_ddp_mode"](),
+        "clear_lru_cache": True,
+        "OptimizedModule": True,
+        "graph_break": True,
+    }

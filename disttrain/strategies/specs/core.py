@@ -113,6 +113,9 @@ class StrategySpec:
     compile: bool = True  # trainer.compile works with it
     needs: frozenset[str] = frozenset()  # model abilities: TP_PLAN, PIPELINE_LAYERS
     one_tensor_batches: bool = False  # stages pass one tensor: model(inputs), one target (pipeline)
+    # Its ranks import torch._dynamo even without trainer.compile (DTensor, pipelining do): the fork
+    # server preloads it once (launch/forkserver.py); False lets each rank skip the ~0.5 CPU-s import.
+    dynamo: bool = True
     check_static: StaticCheck | None = None
     check_model: ModelCheck | None = None
     dp_degree: Callable[[Any, int], int] = _whole_world

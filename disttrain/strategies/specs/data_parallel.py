@@ -155,6 +155,7 @@ SINGLE = register(
         about="one process, one device: the reference every other strategy is checked against",
         replicated=True,
         check_static=check_single,
+        dynamo=False,
     )
 )
 DDP = register(
@@ -167,6 +168,7 @@ DDP = register(
         check_static=check_ddp,
         check_model=check_ddp_model,
         plan=plan_ddp,
+        dynamo=False,
     )
 )
 DP = register(
@@ -178,6 +180,7 @@ DP = register(
         amp=frozenset(),
         replicated=True,
         check_static=check_dp,
+        dynamo=False,
     )
 )
 ZERO = register(
@@ -191,6 +194,7 @@ ZERO = register(
         check_static=check_zero,
         check_model=check_ddp_model,
         plan=plan_zero,
+        dynamo=False,
     )
 )
 LOCALSGD = register(
@@ -202,5 +206,6 @@ LOCALSGD = register(
         amp=frozenset({"bf16"}),
         check_static=check_localsgd,
         check_model=check_ddp_model,
+        dynamo=False,
     )
 )
