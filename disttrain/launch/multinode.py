@@ -9,6 +9,7 @@ node that never arrives is named after `launcher.rdzv_timeout` — before any ra
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -115,10 +116,36 @@ def roll_call(cfg: dict[str, Any], run_dir: Path) -> Any:
     return store
 
 
+MISMATCH_LINGER_S = 5.0  # how long node 0 keeps its store up for a node whose config differs
+
+
 def _wait_for_nodes(
     store: Any, prefix: str, mine: dict[str, Any], cfg: dict[str, Any], run_dir: Path, need: int
 ) -> list[int]:
-    """Poll the roll call until `need` nodes are present; every newcomer's config is compared."""
+    """Poll the roll call until `need` nodes are present; every newcomer's config is compared.
+
+    Node 0 hosts the store: on a mismatch it waits (up to MISMATCH_LINGER_S) until the other node
+    has read node 0's config, so that both name the differing keys; a node that loses the store
+    anyway (node 0 stopped for another reason) says so in one paragraph."""
+    host, port = endpoint(cfg)
+    try:
+        return _roll_call(store, prefix, mine, cfg, run_dir, need)
+    except RendezvousFailure:
+        raise
+    except RuntimeError as exc:  # DistNetworkError, DistStoreError: the store's host went away
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise RendezvousFailure(
+            f"rendezvous failed: node {cfg['node_rank']} lost the roll call's store at master "
+            f"{host}:{port} ({type(exc).__name__}: {first})\n  HINT: node 0 stopped before the nodes "
+            "assembled; its own error says why (a config mismatch, a bad input): fix it and start "
+            "every node again.",
+            run_dir,
+        ) from None
+
+
+def _roll_call(
+    store: Any, prefix: str, mine: dict[str, Any], cfg: dict[str, Any], run_dir: Path, need: int
+) -> list[int]:
     host, port = endpoint(cfg)
     me, nodes = int(cfg["node_rank"]), int(cfg["nodes"])
     timeout = launcher_config(cfg).rdzv_timeout
@@ -128,8 +155,12 @@ def _wait_for_nodes(
         present = [k for k in range(nodes) if k in checked or store.check([f"{prefix}/node{k}"])]
         for k in sorted(set(present) - checked):
             theirs = json.loads(store.get(f"{prefix}/node{k}"))
+            if k == 0:
+                store.set(f"{prefix}/read{me}", "1")  # node 0 may stop now: its config is read
             diff = config_diff(mine, theirs, k)
             if diff:
+                if me == 0:
+                    _linger(store, f"{prefix}/read{k}")
                 lines = "\n    ".join(diff)
                 raise RendezvousFailure(
                     f"config mismatch: node {me} (hash {config_hash(cfg)[:12]}) and node {k} "
@@ -153,6 +184,14 @@ def _wait_for_nodes(
                 run_dir,
             )
         time.sleep(0.2)
+
+
+def _linger(store: Any, key: str) -> None:
+    """Node 0, before it stops on a mismatch: wait (bounded) until the other node has read node 0's
+    config (`key`), so that the store it hosts does not vanish under that node's read."""
+
+    with contextlib.suppress(RuntimeError):  # DistStoreError on timeout: stop anyway
+        store.wait([key], timedelta(seconds=MISMATCH_LINGER_S))
 
 
 def _plain(flat: dict[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import pytest
@@ -169,3 +171,64 @@ def test_several_nodes_on_loopback_are_a_rehearsal_with_a_warning() -> None:
     assert rehearsal_warning(checked(["nodes=2", "master_addr=10.1.2.3"])) is None
     assert rehearsal_warning(checked([])) is None  # one node: nothing to rehearse
     assert rehearsal_warning(checked(["nodes=2", "launcher=slurm"])) is None
+
+
+def _roll_call_cfg(node_rank: int, port: int, *extra: str) -> dict:
+    return checked(
+        ["nodes=2", f"node_rank={node_rank}", "master_addr=127.0.0.1", f"master_port={port}", *extra]
+    )
+
+
+def test_node_that_loses_node_0s_store_says_so_in_a_paragraph(tmp_path: Path) -> None:
+    """Node 0 stopped (for its own reason) while another node polled its store: a RendezvousFailure
+    paragraph naming the master, not a DistNetworkError traceback."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    client = TCPStore("127.0.0.1", host.port, is_master=False, timeout=timedelta(seconds=5))
+    cfg = _roll_call_cfg(1, host.port)
+    del host  # node 0's process is gone: its store with it
+    with pytest.raises(multinode.RendezvousFailure) as err:
+        multinode._wait_for_nodes(client, "p", {}, cfg, tmp_path, need=2)
+    message = str(err.value)
+    assert f"node 1 lost the roll call's store at master 127.0.0.1:{cfg['master_port']}" in message
+    assert "node 0 stopped before the nodes assembled" in message
+
+
+def test_config_mismatch_node_0_waits_until_the_other_node_read_its_config(tmp_path: Path) -> None:
+    """Both nodes name the differing key: node 0, which hosts the store, stops only once the other
+    node has read node 0's config (before this, node 1 could find the store gone and print a
+    traceback instead of the mismatch)."""
+    import threading
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    client = TCPStore("127.0.0.1", host.port, is_master=False, timeout=timedelta(seconds=5))
+    cfg0, cfg1 = _roll_call_cfg(0, host.port), _roll_call_cfg(1, host.port, "optim.lr=0.5")
+    mine0, mine1 = (multinode._plain(multinode.flatten(c)) for c in (cfg0, cfg1))
+    host.set("p/node1", json.dumps(mine1))  # node 1 arrived first; it reads node 0's config later
+    errors: dict[int, str] = {}
+    read_when_node_0_stopped: list[bool] = []
+
+    def node0() -> None:
+        host.set("p/node0", json.dumps(mine0))
+        try:
+            multinode._wait_for_nodes(host, "p", mine0, cfg0, tmp_path, need=2)
+        except multinode.RendezvousFailure as exc:
+            errors[0] = str(exc)
+            read_when_node_0_stopped.append(host.check(["p/read1"]))
+
+    thread = threading.Thread(target=node0)
+    thread.start()
+    time.sleep(0.5)  # node 0 has found the mismatch and waits for node 1's read
+    assert thread.is_alive() and 0 not in errors
+    with pytest.raises(multinode.RendezvousFailure) as err:
+        multinode._wait_for_nodes(client, "p", mine1, cfg1, tmp_path, need=2)
+    thread.join(timeout=10)
+    assert read_when_node_0_stopped == [True]
+    for message in (errors[0], str(err.value)):
+        assert "config mismatch" in message and "optim.lr" in message, message
