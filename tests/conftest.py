@@ -8,25 +8,29 @@ import pytest
 # measured 2026-11-23), longest first. xdist hands each worker one module at a time in collection
 # order (--no-loadscope-reorder in pyproject.toml): starting these first keeps a long module from
 # running alone at the end while the other workers idle. Slurm's and the fault tests' waits
-# overlap the CPU-bound modules. A module not listed runs after these, in the usual order.
+# overlap the CPU-bound modules (at -n 4, two workers wait while two keep the cores busy). A
+# module not listed runs after these, in the usual order.
 LONGEST_FIRST = (
-    "integration/test_multinode.py",
-    "integration/test_slurm.py",
-    "integration/test_clients.py",
     "integration/test_faults.py",
-    "integration/test_resume.py",
-    "integration/test_engine_depth.py",
+    "integration/test_slurm.py",
     "integration/test_observe.py",
-    "integration/test_strategies_mp.py",
-    "integration/test_user_code.py",
-    "integration/test_strategies_dp.py",
-    "integration/test_parity.py",
-    "integration/test_tools.py",
+    "integration/test_multinode_private.py",
+    "integration/test_multinode.py",
+    "integration/test_clients.py",
+    "integration/test_resume.py",
     "unit/test_cli.py",
+    "integration/test_engine_depth.py",
     "unit/test_config.py",
+    "integration/test_strategies_dp.py",
+    "integration/test_user_code.py",
+    "integration/test_tools.py",
+    "integration/test_strategies_mp.py",
     "integration/test_k8s_pods.py",
-    "integration/test_train_e2e.py",
     "integration/test_error_report.py",
+    "unit/test_config_instantiate.py",
+    "integration/test_wheel.py",
+    "integration/test_train_e2e.py",
+    "integration/test_parity.py",
 )
 
 
