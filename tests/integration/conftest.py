@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -300,3 +300,13 @@ def init_git_repo(path: Path) -> str:
     git("add", "README")
     git("commit", "-q", "-m", "init")
     return git("rev-parse", "HEAD")
+
+
+@pytest.fixture
+def netns_pair() -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
+    """Two network namespaces joined by a veth (tests/integration/netns.py): ((namespace, veth) of
+    node 0, (namespace, veth) of node 1); removed afterwards. Skips where they cannot be made."""
+    from .netns import namespaces
+
+    with namespaces() as pair:
+        yield pair

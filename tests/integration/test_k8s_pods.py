@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from .conftest import BASELINE, CLI, FAST, _kill_group, clean_env, run_command, train_losses
-from .test_multinode import MASTER, _assert_like_one_node, _report, netns_pair  # noqa: F401 (the fixture)
+from .netns import MASTER, assert_like_one_node, report
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -120,7 +120,7 @@ def hosts_file(namespaces: list[str], name: str) -> Any:
 @pytest.mark.parametrize("api", ["trainjob", "pytorchjob"])
 def test_the_jobs_pods_train_like_one_node(
     tmp_path: Path,
-    netns_pair: tuple[tuple[str, str], tuple[str, str]],  # noqa: F811 (the fixture imported above)
+    netns_pair: tuple[tuple[str, str], tuple[str, str]],
     api: str,
     baseline: tuple[subprocess.CompletedProcess[str], Path],
 ) -> None:
@@ -170,8 +170,8 @@ def test_the_jobs_pods_train_like_one_node(
             with contextlib.suppress(OSError):
                 _kill_group(proc.pid)
             proc.wait(timeout=30)
-    assert all(r.returncode == 0 for r in results), _report(results)
+    assert all(r.returncode == 0 for r in results), report(results)
     run_dir = tmp_path / "pvc" / "runs" / job["metadata"]["name"]
     assert sorted(p.name for p in (run_dir / "logs").glob("rank*.log")) == ["rank0.log", "rank1.log"]
     assert (run_dir / "rendezvous_node1.json").is_file()
-    _assert_like_one_node(train_losses(run_dir), train_losses(baseline[1]))  # the baseline's config, one node
+    assert_like_one_node(train_losses(run_dir), train_losses(baseline[1]))  # the baseline's config, one node

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,13 +34,6 @@ from .netns import (
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-@pytest.fixture
-def netns_pair() -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
-    """((namespace, veth) of node 0, (namespace, veth) of node 1); removed afterwards."""
-    with namespaces() as pair:
-        yield pair
 
 
 @pytest.fixture(scope="module")

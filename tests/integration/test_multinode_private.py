@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +24,12 @@ from .netns import (
     MASTER,
     Baseline,
     assert_like_one_node,
-    namespaces,
     node_args,
     report,
     run_commands,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-@pytest.fixture
-def netns_pair() -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
-    """((namespace, veth) of node 0, (namespace, veth) of node 1); removed afterwards."""
-    with namespaces() as pair:
-        yield pair
 
 
 # --------------------------------------------------------------------------- no shared file system
