@@ -106,14 +106,9 @@ def _tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def run_command(
-    cmd: Sequence[str], cwd: Path, timeout: float = DEFAULT_TIMEOUT, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run `cmd` in its own session; on timeout (or any interruption) kill the whole group.
-
-    After a normal exit, fail if any process of the group (a rank, a torchrun agent) outlived it.
-    """
-    env = env or clean_env()
+def start_in_session(cmd: Sequence[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """`cmd` started in its own session (its process group is the command's), output piped; its
+    tag remembered, so that `_kill_group` finds what it started even after the group is gone."""
     proc = subprocess.Popen(
         list(cmd),
         cwd=cwd,
@@ -125,6 +120,18 @@ def run_command(
     )
     if _TAG in env:
         _TAGS[proc.pid] = env[_TAG]
+    return proc
+
+
+def run_command(
+    cmd: Sequence[str], cwd: Path, timeout: float = DEFAULT_TIMEOUT, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` in its own session; on timeout (or any interruption) kill the whole group.
+
+    After a normal exit, fail if any process of the group (a rank, a torchrun agent) outlived it.
+    """
+    env = env or clean_env()
+    proc = start_in_session(cmd, cwd, env)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -26,6 +26,7 @@ from .conftest import (
     _kill_group,
     _tail,
     clean_env,
+    start_in_session,
 )
 
 MASTER = "192.168.77.1"
@@ -83,32 +84,31 @@ def run_nodes(
 def run_commands(
     cwd: Path, commands: list[tuple[str, list[str]]], timeout: float = TIMEOUT
 ) -> list[subprocess.CompletedProcess[str]]:
-    """Start each (veth, command) at once; wait for all; kill every process group afterwards."""
+    """Start each (veth, command) in `cwd` at once; wait for all; kill every process group afterwards."""
+    # gloo: the veth, not the host's interface
+    return run_all([(cmd, cwd, clean_env(GLOO_SOCKET_IFNAME=veth)) for veth, cmd in commands], timeout)
+
+
+def run_all(
+    processes: list[tuple[list[str], Path, dict[str, str]]], timeout: float = TIMEOUT, what: str = "node"
+) -> list[subprocess.CompletedProcess[str]]:
+    """Start each (command, cwd, env) at once, each in its own session; wait for all; kill every
+    process group afterwards (a no-op for one that exited; the ranks of a hung one too)."""
     procs = []
     try:
-        for veth, cmd in commands:
-            procs.append(
-                subprocess.Popen(
-                    cmd,
-                    cwd=cwd,
-                    env=clean_env(GLOO_SOCKET_IFNAME=veth),  # gloo: the veth, not the host's interface
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    start_new_session=True,
-                )
-            )
+        for cmd, cwd, env in processes:
+            procs.append(start_in_session(cmd, cwd, env))
         results = []
         for proc in procs:
             out, err = proc.communicate(timeout=timeout)
             results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
         return results
     except subprocess.TimeoutExpired:
-        pytest.fail(f"a node did not finish in {timeout:.0f} s (killed every node's process group)")
+        pytest.fail(f"a {what} did not finish in {timeout:.0f} s (killed every {what}'s process group)")
     finally:
         for proc in procs:
             with contextlib.suppress(OSError):
-                _kill_group(proc.pid)  # no-op for a node that exited; ranks of a hung one too
+                _kill_group(proc.pid)
             proc.wait(timeout=30)
 
 

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import BASELINE, CLI, FAST, _kill_group, clean_env, run_command, train_losses
-from .netns import MASTER, assert_like_one_node, report
+from .conftest import BASELINE, CLI, FAST, clean_env, run_command, train_losses
+from .netns import MASTER, assert_like_one_node, report, run_all
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -133,43 +133,22 @@ def test_the_jobs_pods_train_like_one_node(
     assert submit.returncode == 0, submit.stderr
     config_map, job = [d for d in yaml.safe_load_all((tmp_path / "submit/k8s/job.yaml").read_text()) if d]
     pod = pod_spec(job)
-    procs: list[subprocess.Popen[str]] = []
     master, _ = operator_env(job, 0)
-    try:
-        with hosts_file([ns0, ns1], master):
-            for rank, (ns, veth) in enumerate(((ns0, veth0), (ns1, veth1))):
-                root = tmp_path / f"pod{rank}"
-                paths = mount(pod, config_map, root, tmp_path / "pvc")
-                workdir = root / "work"
-                workdir.mkdir()
-                command = [in_host_paths(a, paths) for a in pod["container"]["command"]]
-                assert command[:2] == ["disttrain", "train"]
-                _, injected = operator_env(job, rank)
-                env = clean_env(GLOO_SOCKET_IFNAME=veth)
-                env.update({e["name"]: e["value"] for e in pod["container"]["env"]})
-                env.update(injected)
-                procs.append(
-                    subprocess.Popen(
-                        ["ip", "netns", "exec", ns, CLI, *command[1:]],
-                        cwd=workdir,
-                        env=env,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE,
-                        text=True,
-                        start_new_session=True,
-                    )
-                )
-            results = []
-            for proc in procs:
-                out, err = proc.communicate(timeout=TIMEOUT)
-                results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"a pod did not finish in {TIMEOUT:.0f} s (killed every pod's processes)")
-    finally:
-        for proc in procs:
-            with contextlib.suppress(OSError):
-                _kill_group(proc.pid)
-            proc.wait(timeout=30)
+    with hosts_file([ns0, ns1], master):
+        pods: list[tuple[list[str], Path, dict[str, str]]] = []
+        for rank, (ns, veth) in enumerate(((ns0, veth0), (ns1, veth1))):
+            root = tmp_path / f"pod{rank}"
+            paths = mount(pod, config_map, root, tmp_path / "pvc")
+            workdir = root / "work"
+            workdir.mkdir()
+            command = [in_host_paths(a, paths) for a in pod["container"]["command"]]
+            assert command[:2] == ["disttrain", "train"]
+            _, injected = operator_env(job, rank)
+            env = clean_env(GLOO_SOCKET_IFNAME=veth)
+            env.update({e["name"]: e["value"] for e in pod["container"]["env"]})
+            env.update(injected)
+            pods.append((["ip", "netns", "exec", ns, CLI, *command[1:]], workdir, env))
+        results = run_all(pods, TIMEOUT, what="pod")
     assert all(r.returncode == 0 for r in results), report(results)
     run_dir = tmp_path / "pvc" / "runs" / job["metadata"]["name"]
     assert sorted(p.name for p in (run_dir / "logs").glob("rank*.log")) == ["rank0.log", "rank1.log"]
