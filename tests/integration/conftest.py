@@ -280,11 +280,31 @@ BASELINE = (*QUICK, "seed=5", "model.dropout=0.1")
 
 @pytest.fixture(scope="session")
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """`disttrain train launcher=torchrun BASELINE...` in a fresh folder that is a git repo."""
-    cwd = tmp_path_factory.mktemp("baseline")
-    init_git_repo(cwd)
-    proc, run_dir = run_cli(cwd, "launcher=torchrun", *BASELINE)
-    assert run_dir is not None
+    """`disttrain train launcher=torchrun BASELINE...` in a fresh folder that is a git repo.
+
+    Once per test session, not once per xdist worker (eight modules on four workers read it): the
+    first worker to ask runs it under a file lock in the session's shared temp folder and records
+    the process; the others wait for that lock and read the record (pytest-xdist's recipe for a
+    session fixture). Its readers only read the run dir and write new folders beside it."""
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # popen-gwN/.. : the folder every worker of this session shares
+    cwd, record = shared / "baseline", shared / "baseline.json"
+    with FileLock(str(shared / "baseline.lock")):
+        if record.is_file():
+            done = json.loads(record.read_text())
+            proc = subprocess.CompletedProcess(done["args"], 0, done["stdout"], done["stderr"])
+            return proc, Path(done["run_dir"])
+        if cwd.exists():  # a worker that failed to make it left a half: start again
+            shutil.rmtree(cwd)
+        cwd.mkdir()
+        init_git_repo(cwd)
+        proc, run_dir = run_cli(cwd, "launcher=torchrun", *BASELINE)
+        assert run_dir is not None
+        done = {"args": proc.args, "stdout": proc.stdout, "stderr": proc.stderr, "run_dir": str(run_dir)}
+        record.write_text(json.dumps(done))
     return proc, run_dir
 
 
