@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from disttrain.config import compose
 
-from . import test_engine_depth, test_resume, test_strategies_dp, test_strategies_mp
+from . import test_engine_depth, test_resume, test_strategies_dp, test_strategies_mp, test_user_code
 from .sweep import case_yaml
 
 RUNS = {
@@ -22,6 +22,8 @@ RUNS = {
     "depth-fp16_overflow": test_engine_depth.RUNS["fp16_overflow"],
     "depth-gpt-fsdp+tp": test_engine_depth.RUNS["gpt-fsdp+tp"],
     "resume-async": (*test_resume.RUN, *test_resume.FIRST["async"]),
+    "user-net-spawn": test_user_code.RUNS["net-spawn"],
+    "user-groups-zero": test_user_code.RUNS["groups-zero"],
 }
 
 

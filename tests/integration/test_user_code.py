@@ -1,5 +1,10 @@
 """The user's own code and configs: a model from the cwd, an experiment from --config-dir, and a
-`${now:}` resolved once in the parent so that every rank reads the same frozen value."""
+`${now:}` resolved once in the parent so that every rank reads the same frozen value.
+
+The runs from the user's folder (the model under torchrun and spawn, the param groups under zero)
+are the jobs of one `disttrain train -m` sweep in that folder (tests/integration/sweep.py: one
+start-up for all, each job a complete run with its own run dir); the experiment, whose name names
+its run dir, is a run of its own."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import QUICK, final_weights, read_yaml, run_cli, train_losses, train_records, write_module
+from .sweep import Sweep, run_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -20,15 +26,16 @@ from torch import nn
 
 
 class Net(nn.Module):
-    """A user model with its own width argument; each rank records the `stamp` it was built with."""
+    """A user model with its own width argument; each rank records the `stamp` it was built with
+    (in a folder named after it: the runs of one sweep share the cwd)."""
 
     def __init__(self, in_features: int, num_classes: int, width: int, stamp: str = "") -> None:
         super().__init__()
         self.body = nn.Sequential(nn.Linear(in_features, width), nn.Tanh(), nn.Linear(width, num_classes))
         rank = os.environ.get("RANK")
         if rank is not None:  # a training rank, not the parent's meta-device check
-            out = Path("seen") / f"rank{rank}.txt"
-            out.parent.mkdir(exist_ok=True)
+            out = Path("seen") / stamp / f"rank{rank}.txt"
+            out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(stamp)
 
     def forward(self, x):
@@ -53,20 +60,45 @@ trainer:
 """
 
 
+GROUPS = """
+def freeze_positions(model):
+    # A user's grouping: the position embedding gets lr 0 (so it must not move), the rest trains.
+    pos = [p for n, p in model.named_parameters() if n.endswith("embed.pos.weight")]
+    rest = [p for n, p in model.named_parameters() if not n.endswith("embed.pos.weight")]
+    return [{"params": rest}, {"params": pos, "lr": 0.0}]
+"""
+
+USER_NET = (
+    *QUICK,
+    "model._target_=mylab.nets.Net",  # a clean node: no mlp keys, no `+` needed
+    "model.in_features=${data.num_features}",
+    "model.num_classes=${data.num_classes}",
+    "model.width=16",
+    "model.stamp=${now:%H-%M-%S-%f}",
+)
+ZERO = ("model=gpt", "model.dim=16", "model.n_layers=1", "strategy=zero", "trainer.max_steps=4",
+        "trainer.log_every=1", "trainer.batch_size=8", "optim.lr=0.01",
+        "optim.param_groups._target_=mylab.groups.freeze_positions",
+        "sched._target_=torch.optim.lr_scheduler.StepLR", "sched.step_size=2", "sched.gamma=0.5")  # fmt: skip
+RUNS = {
+    "net-torchrun": ("launcher=torchrun", *USER_NET),
+    "net-spawn": ("launcher=spawn", *USER_NET),
+    "groups-zero": ZERO,
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
+    """Every run of RUNS as a job of one sweep in one user folder holding the user's package."""
+    cwd = tmp_path_factory.mktemp("user_code")
+    write_module(cwd, "mylab.nets", NETS)
+    write_module(cwd, "mylab.groups", GROUPS)
+    return run_sweep(cwd, RUNS)
+
+
 @pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
-def test_model_from_cwd_and_now_frozen_once(tmp_path: Path, launcher: str) -> None:
-    write_module(tmp_path, "mylab.nets", NETS)
-    _, run_dir = run_cli(
-        tmp_path,
-        f"launcher={launcher}",
-        *QUICK,
-        "model._target_=mylab.nets.Net",  # a clean node: no mlp keys, no `+` needed
-        "model.in_features=${data.num_features}",
-        "model.num_classes=${data.num_classes}",
-        "model.width=16",
-        "model.stamp=${now:%H-%M-%S-%f}",
-    )
-    assert run_dir is not None
+def test_model_from_cwd_and_now_frozen_once(runs: Sweep, launcher: str) -> None:
+    run_dir = runs[f"net-{launcher}"]
     weights = final_weights(run_dir)
     assert {k: tuple(v.shape) for k, v in weights.items()} == {
         "body.0.weight": (16, 32),
@@ -80,8 +112,13 @@ def test_model_from_cwd_and_now_frozen_once(tmp_path: Path, launcher: str) -> No
     cfg = read_yaml(run_dir / "config.yaml")
     stamp = cfg["model"]["stamp"]
     assert re.fullmatch(r"\d\d-\d\d-\d\d-\d{6}", stamp), stamp
-    seen = {p.name: p.read_text() for p in (tmp_path / "seen").iterdir()}
+    seen = {p.name: p.read_text() for p in (runs.cwd / "seen" / stamp).iterdir()}
     assert seen == {"rank0.txt": stamp, "rank1.txt": stamp}, "each rank must read the parent's frozen value"
+    # No rank resolved `${now:}` itself: the only stamps are the two runs' frozen ones.
+    frozen = {
+        read_yaml(runs[f"net-{name}"] / "config.yaml")["model"]["stamp"] for name in ("torchrun", "spawn")
+    }
+    assert {p.name for p in (runs.cwd / "seen").iterdir()} == frozen and len(frozen) == 2
 
 
 def test_experiment_from_config_dir(tmp_path: Path) -> None:
@@ -105,29 +142,13 @@ def test_experiment_from_config_dir(tmp_path: Path) -> None:
     assert [(r["step"], r["lr"]) for r in train] == [(2, 0.0123), (4, 0.0123)]
 
 
-GROUPS = """
-def freeze_positions(model):
-    # A user's grouping: the position embedding gets lr 0 (so it must not move), the rest trains.
-    pos = [p for n, p in model.named_parameters() if n.endswith("embed.pos.weight")]
-    rest = [p for n, p in model.named_parameters() if not n.endswith("embed.pos.weight")]
-    return [{"params": rest}, {"params": pos, "lr": 0.0}]
-"""
-
-
-def test_user_param_groups_and_a_torch_scheduler_under_zero(tmp_path: Path) -> None:
+def test_user_param_groups_and_a_torch_scheduler_under_zero(runs: Sweep) -> None:
     """The factory gets the DDP-wrapped model, ZeRO rebuilds its groups, StepLR steps per step."""
     import torch
 
     from disttrain.models import build_model
 
-    write_module(tmp_path, "mylab.groups", GROUPS)
-    model_keys = ("model=gpt", "model.dim=16", "model.n_layers=1")
-    _, run_dir = run_cli(
-        tmp_path, *model_keys, "strategy=zero", "trainer.max_steps=4", "trainer.log_every=1",
-        "trainer.batch_size=8", "optim.lr=0.01", "optim.param_groups._target_=mylab.groups.freeze_positions",
-        "sched._target_=torch.optim.lr_scheduler.StepLR", "sched.step_size=2", "sched.gamma=0.5",
-    )  # fmt: skip
-    assert run_dir is not None
+    run_dir = runs["groups-zero"]
     assert [r["lr"] for r in train_records(run_dir)] == pytest.approx([0.01, 0.01, 0.005, 0.005])
     cfg = read_yaml(run_dir / "config.yaml")
     torch.manual_seed(cfg["seed"])  # the worker's init: same seed, same model
