@@ -375,3 +375,48 @@ def refuse_if_running(run_dir: Path, key: str) -> None:
             f"process {pid} on this host is still training it (status.json: running); wait for it, "
             f"or stop it (kill -TERM {pid} saves a checkpoint) and then `disttrain resume {run_dir}`.",
         )
+
+
+# The folders disttrain writes into, prunes or cleans inside a run dir (rank logs, checkpoint
+# shards and keep-N, TensorBoard events, profiler traces, `export`'s default output).
+OWN_FOLDERS = ("checkpoints", "logs", "tensorboard", "profile", "export")
+
+
+def planted_links(run_dir: Path, cfg: dict[str, Any] | None = None) -> dict[str, str]:
+    """{folder: link target} for each of the run dir's own folders that is a symbolic link.
+
+    A run dir someone sent, or one copied with `cp -a`, may carry a link such as
+    `checkpoints -> ../other_run/checkpoints`: followed, keep-N and the `.tmp-*` cleanup would
+    delete the other run's checkpoints. `checkpoints` is exempt when `checkpoint.dir` names a
+    folder explicitly: the run then never uses `<run dir>/checkpoints`.
+    """
+    explicit = bool(cfg and (cfg.get("checkpoint") or {}).get("dir"))
+    found = {}
+    for name in OWN_FOLDERS:
+        path = run_dir / name
+        if path.is_symlink() and not (explicit and name == "checkpoints"):
+            found[name] = os.readlink(path)
+    return found
+
+
+def refuse_planted_links(run_dir: Path, key: str, cfg: dict[str, Any] | None = None) -> None:
+    """A ConfigError naming the first of the run dir's own folders that is a symbolic link."""
+    from disttrain.config.errors import ConfigError
+
+    links = planted_links(run_dir, cfg)
+    if not links:
+        return
+    name, target = next(iter(links.items()))
+    keep = (
+        f" To keep checkpoints there on purpose, set checkpoint.dir={target}."
+        if name == "checkpoints"
+        else ""
+    )
+    raise ConfigError(
+        key,
+        str(run_dir),
+        f"a run dir whose {', '.join(f'{n}/' for n in OWN_FOLDERS)} are real folders",
+        f"{name}/ is a symbolic link to {target}: disttrain writes, prunes and deletes inside these "
+        f"folders and never follows a link planted there; replace the link with a folder "
+        f"(rm {shlex.quote(str(run_dir / name))}).{keep}",
+    )

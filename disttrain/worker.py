@@ -33,7 +33,7 @@ from disttrain.observe.log import get_logger, setup_logging, teardown_logging
 from disttrain.observe.metrics import NullMetrics, make_metrics
 from disttrain.observe.profiler import make_profiler
 from disttrain.observe.summary import record_summary
-from disttrain.rundir import RunDir, read_config, record_orphaned
+from disttrain.rundir import RunDir, read_config, record_orphaned, refuse_planted_links
 from disttrain.shared_dir import check_shared, checkpoint_dir
 from disttrain.strategies import build_strategy
 from disttrain.strategies.base import Strategy
@@ -51,6 +51,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     cfg = read_config(run_dir)
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # the user's own modules, as in the parent; never ahead of torch
+    refuse_planted_links(run_dir, "RUN_DIR", cfg)  # before the first write into logs/ or checkpoints/
     env = DistEnv.from_env(cfg["backend"]["name"])
     name_process(env.rank)
     setup_logging(RunDir(run_dir).logs, env.rank, to_console=env.is_zero)

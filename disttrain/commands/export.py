@@ -33,20 +33,40 @@ def cmd_export(rest: list[str]) -> int:
         raise ConfigError(
             "RUN_DIR", args.location, "an existing run dir or checkpoint folder", EXPORT_USAGE.splitlines()[0]
         )
-    run_dir = location
-    while not (run_dir / "config.yaml").is_file() and run_dir != run_dir.parent:
-        run_dir = run_dir.parent  # a checkpoint folder: its run dir holds the config
-    if not (run_dir / "config.yaml").is_file():  # name what the user gave, not the root it reached
-        raise ConfigError(
-            "RUN_DIR",
-            args.location,
-            "a run dir (it holds config.yaml) or a checkpoint folder inside one",
-            EXPORT_USAGE.splitlines()[0],
-        )
+    run_dir = owning_run_dir(location, args.location)
     run_dir = run_dir_arg(str(run_dir), EXPORT_USAGE)
+    if not args.out:
+        from disttrain.rundir import refuse_planted_links
+
+        refuse_planted_links(run_dir, "RUN_DIR")  # export/model.pt must land in this run dir
     out = Path(args.out) if args.out else run_dir / "export" / "model.pt"
     check_out(out, "--out" if args.out else "RUN_DIR")
     return export(run_dir, location, out)
+
+
+def owning_run_dir(location: Path, given: str) -> Path:
+    """The run dir whose config.yaml describes the checkpoints at `location`: the location itself,
+    or, for `<run dir>/checkpoints` and `<run dir>/checkpoints/step_N`, the run dir above it.
+
+    Never a config.yaml further up: a folder of checkpoints elsewhere (`checkpoint.dir` on a shared
+    file system) would otherwise take any parent's config.yaml, up to `/`, and build its
+    `_target_`s as the model (someone else's file run as code).
+    """
+    candidates = [location]
+    if location.name == "checkpoints":
+        candidates.append(location.parent)
+    elif location.parent.name == "checkpoints":
+        candidates.append(location.parent.parent)
+    for run_dir in candidates:
+        if (run_dir / "config.yaml").is_file():
+            return run_dir
+    raise ConfigError(  # name what the user gave, not a folder it looked in
+        "RUN_DIR",
+        given,
+        "a run dir (it holds config.yaml), its checkpoints/ folder or a checkpoint folder in it",
+        "for checkpoints kept elsewhere (checkpoint.dir), export the run dir that wrote them: "
+        "disttrain export RUN_DIR exports the newest checkpoint of its checkpoint.dir.",
+    )
 
 
 def check_out(out: Path, key: str) -> None:

@@ -194,12 +194,13 @@ def cmd_resume(rest: list[str]) -> int:
     from disttrain.commands.train import freeze_and_launch
     from disttrain.config.validate import check_runtime, check_static
     from disttrain.launch.registry import launcher_for
-    from disttrain.rundir import command_line, read_config, refuse_if_running
+    from disttrain.rundir import command_line, read_config, refuse_if_running, refuse_planted_links
 
     run_dir = run_dir_arg(rest[0], RESUME_USAGE)
     refuse_if_running(run_dir, "RUN_DIR")  # two launchers in one run dir write the same checkpoints
     overrides = rest[1:]
     cfg = apply_overrides(read_config(run_dir), overrides)
+    refuse_planted_links(run_dir, "RUN_DIR", cfg)  # keep-N inside a linked folder deletes another run's
     if not any(o.lstrip("+").startswith("resume=") for o in overrides):
         cfg["resume"] = "auto"
     check_static(cfg)
