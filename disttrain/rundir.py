@@ -124,6 +124,9 @@ def freeze(run_dir: Path, cfg: dict[str, Any], overrides: list[str], argv: list[
         _write_text(rd.command, shlex.join(argv) + "\n")
     with open_append(rd.history) as f:  # every command that froze into it, resumes included
         f.write(shlex.join(argv) + "\n")
+    from disttrain.trust import sign
+
+    sign(run_dir)  # resume and rerun later build this config only if it is still the one written here
     git = git_state(Path.cwd())
     write_json(rd.git, git)
     if git.get("dirty"):  # the uncommitted changes the run used, for `git apply` after a checkout
@@ -137,13 +140,18 @@ def _write_text(path: Path, text: str) -> None:
     write_atomic(path, text.encode("utf-8"))
 
 
+# git reads the repo's own config: a repo someone else prepared could name a program to run as its
+# fsmonitor or hooks. disttrain only asks for the SHA, the dirty flag and the diff: none of that.
+GIT = ("git", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null")
+
+
 def git_state(directory: Path) -> dict[str, Any]:
     """SHA and dirty flag of the repo containing `directory`, if any."""
 
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(
-                ["git", *args], cwd=directory, capture_output=True, text=True, timeout=10, check=True
+                [*GIT, *args], cwd=directory, capture_output=True, text=True, timeout=10, check=True
             )
         except (OSError, subprocess.SubprocessError):
             return None
@@ -167,7 +175,12 @@ def git_diff(directory: Path) -> str:
     """`git diff HEAD` (tracked files, staged or not) of the repo containing `directory`."""
     try:
         out = subprocess.run(
-            ["git", "diff", "HEAD"], cwd=directory, capture_output=True, text=True, timeout=30, check=True
+            [*GIT, "diff", "--no-ext-diff", "--no-textconv", "HEAD"],
+            cwd=directory,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         )
     except (OSError, subprocess.SubprocessError):
         return ""

@@ -13,7 +13,7 @@ from disttrain.commands.resume import run_dir_arg
 from disttrain.config.errors import ConfigError
 
 EXPORT_USAGE = """\
-usage: disttrain export RUN_DIR|CHECKPOINT_DIR [--out model.pt|model.safetensors]
+usage: disttrain export RUN_DIR|CHECKPOINT_DIR [--out model.pt|model.safetensors] [--trust]
 
 Write the newest whole checkpoint's model as one consolidated state dict that plain PyTorch loads
 into the unwrapped model: torch.load(path, weights_only=True), or safetensors.torch.load_model(model,
@@ -27,6 +27,7 @@ def cmd_export(rest: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="disttrain export", usage=EXPORT_USAGE)
     parser.add_argument("location")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--trust", action="store_true", help="build a run dir someone else made")
     args = parser.parse_args(rest)
     location = Path(args.location).resolve()
     if not location.is_dir():
@@ -41,6 +42,10 @@ def cmd_export(rest: list[str]) -> int:
         refuse_planted_links(run_dir, "RUN_DIR")  # export/model.pt must land in this run dir
     out = Path(args.out) if args.out else run_dir / "export" / "model.pt"
     check_out(out, "--out" if args.out else "RUN_DIR")
+    from disttrain.rundir import read_config
+    from disttrain.trust import check_trusted
+
+    check_trusted(run_dir, read_config(run_dir), args.trust)  # its model _target_ is code
     return export(run_dir, location, out)
 
 

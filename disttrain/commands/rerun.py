@@ -17,11 +17,13 @@ from typing import Any
 from disttrain.config.errors import ConfigError
 
 RERUN_USAGE = """\
-usage: disttrain rerun RUN_DIR [key=value ...] [--run-dir NEW]
+usage: disttrain rerun RUN_DIR [key=value ...] [--run-dir NEW] [--trust]
 
 Run RUN_DIR's frozen config.yaml again into a new run dir (default: RUN_DIR-rerun-DATE_TIME):
 bitwise equal on the same hardware and thread count. Overrides change single keys
 (`trainer.max_steps=100`, `seed=1`); group options cannot change (the config is resolved).
+A run dir someone else made is built only if its `_target_`s are disttrain's and torch's own, or
+with --trust (its config is code).
 """
 
 
@@ -86,9 +88,13 @@ def cmd_rerun(rest: list[str]) -> int:
     from disttrain.commands.train import freeze_and_launch
     from disttrain.config.validate import check_runtime, check_static
     from disttrain.rundir import read_config
+    from disttrain.trust import check_trusted, take_trust_flag
 
+    rest, trusted = take_trust_flag(rest)
     run_dir, overrides, target = parse(rest)
-    cfg = apply_overrides(read_config(run_dir), overrides)
+    saved_cfg = read_config(run_dir)
+    check_trusted(run_dir, saved_cfg, trusted)  # someone else's _target_s: only with --trust
+    cfg = apply_overrides(saved_cfg, overrides)
     check_static(cfg)
     check_runtime(cfg)
     for warning in code_warnings(run_dir, Path.cwd()):

@@ -13,14 +13,16 @@ from typing import Any
 from disttrain.config.errors import ConfigError
 
 RESUME_USAGE = """\
-usage: disttrain resume RUN_DIR [key=value ...]
+usage: disttrain resume RUN_DIR [key=value ...] [--trust]
 
 Continue the run in RUN_DIR from its latest whole checkpoint, with its saved config.yaml.
 Overrides change single keys, typed as `disttrain train` types them, e.g. `nproc_per_node=1`
 (the checkpoint reshards) or `trainer.max_steps=2000`; `strategy=fsdp` switches a group's option
 (not model, data or experiment); `+key=value` adds a key under a `_target_` (model, optim, data).
 config.yaml changes only after every check passed; command.txt keeps the first command and
-commands.txt lists every command that ran in the run dir.
+commands.txt lists every command that ran in the run dir. A run dir someone else made (or whose
+config.yaml changed since disttrain wrote it) is built only if its `_target_`s are disttrain's and
+torch's own, or with --trust: its config is code.
 """
 
 
@@ -195,11 +197,15 @@ def cmd_resume(rest: list[str]) -> int:
     from disttrain.config.validate import check_runtime, check_static
     from disttrain.launch.registry import launcher_for
     from disttrain.rundir import command_line, read_config, refuse_if_running, refuse_planted_links
+    from disttrain.trust import check_trusted, take_trust_flag
 
-    run_dir = run_dir_arg(rest[0], RESUME_USAGE)
+    rest, trusted = take_trust_flag(rest)
+    run_dir = run_dir_arg(rest[0] if rest else "", RESUME_USAGE)
     refuse_if_running(run_dir, "RUN_DIR")  # two launchers in one run dir write the same checkpoints
     overrides = rest[1:]
-    cfg = apply_overrides(read_config(run_dir), overrides)
+    saved_cfg = read_config(run_dir)
+    check_trusted(run_dir, saved_cfg, trusted)  # someone else's _target_s: only with --trust
+    cfg = apply_overrides(saved_cfg, overrides)
     refuse_planted_links(run_dir, "RUN_DIR", cfg)  # keep-N inside a linked folder deletes another run's
     if not any(o.lstrip("+").startswith("resume=") for o in overrides):
         cfg["resume"] = "auto"

@@ -1,4 +1,4 @@
-"""Run dirs made by others are data (review 2026-11-25-reliability, D2 and D4).
+"""Run dirs made by others are data (review 2026-11-25-reliability, D1, D2 and D4).
 
 D4: a folder of a run dir that is a symbolic link (`checkpoints -> ../victim/checkpoints`) was
 followed: keep-N and the `.tmp-*` cleanup deleted another run's checkpoints, `export` overwrote an
@@ -8,6 +8,7 @@ outside model. D2: `export` of a checkpoint folder took the config.yaml of any p
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ from unit_support import checked, disttrain_in_process
 
 from disttrain.commands.export import owning_run_dir
 from disttrain.config.errors import ConfigError
-from disttrain.rundir import OWN_FOLDERS, planted_links, refuse_planted_links
+from disttrain.rundir import OWN_FOLDERS, git_state, planted_links, refuse_planted_links
+from disttrain.trust import check_trusted, foreign_targets, made_by_me, sign, take_trust_flag
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +114,134 @@ def test_export_finds_the_run_of_its_own_checkpoints(saved: dict, tmp_path: Path
     nested.mkdir()
     with pytest.raises(ConfigError):
         owning_run_dir(nested, str(nested))
+
+
+# ------------------------------------------------------------------------------------------------ D1
+# `rerun`, `resume` and `export` of a run dir someone else made built its config's `_target_`s:
+# `sympy.sympify` (not on Hydra's blocklist; sympy ships with torch) evaluates a string.
+
+
+def _payload(marker: Path) -> dict:
+    code = f"__import__('pathlib').Path({str(marker)!r}).write_text('ran')*0"
+    return {"_target_": "builtins.float", "_args_": [{"_target_": "sympy.sympify", "a": code}]}
+
+
+@pytest.fixture
+def own_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This user's signing key in a folder of the test's own."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    return tmp_path / "xdg" / "disttrain" / "run-key"
+
+
+def _foreign_copy(tmp_path: Path, saved: dict, edit: Callable[[dict], None]) -> Path:
+    """A run dir as someone sends it: a config.yaml disttrain never signed for this user."""
+    cfg = json.loads(json.dumps(saved))
+    edit(cfg)
+    return _run(tmp_path, cfg, "foreign")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["rerun", "{run}", "--run-dir", "{tmp}/rr"],
+        ["resume", "{run}"],
+        ["export", "{run}", "--out", "{tmp}/m.pt"],
+    ],
+)
+def test_a_foreign_config_payload_never_runs(
+    saved: dict, tmp_path: Path, own_key: Path, command: list
+) -> None:
+    marker = tmp_path / "PWNED"
+    run = _foreign_copy(
+        tmp_path, saved, lambda c: c["task"]["criterion"].__setitem__("label_smoothing", _payload(marker))
+    )
+    args = [a.format(run=run, tmp=tmp_path) for a in command]
+    proc = disttrain_in_process(*args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert not marker.exists()
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert (
+        "task.criterion.label_smoothing._args_[0]=sympy.sympify" in proc.stderr and "--trust" in proc.stderr
+    )
+    assert not (tmp_path / "rr").exists() and not (tmp_path / "m.pt").exists()
+
+
+# Gadgets the review did not list: each would write or run something if built.
+HELD_OUT = {
+    "open_w": lambda c, m: c.__setitem__("model", {"_target_": "builtins.open", "file": str(m), "mode": "w"}),
+    "copyfile": lambda c, m: c["data"].__setitem__(
+        "train", {"_target_": "shutil.copyfile", "src": "/etc/hostname", "dst": str(m)}
+    ),
+    "in_a_list": lambda c, m: c["optim"].__setitem__(
+        "betas", [0.9, {"_target_": "builtins.exec", "_args_": [f"open({str(m)!r}, 'w')"]}]
+    ),
+    "torch_hub": lambda c, m: c.__setitem__(
+        "model", {"_target_": "torch.hub.load", "repo_or_dir": str(m), "model": "x", "source": "local"}
+    ),
+    "runpy": lambda c, m: c["sched"].__setitem__("_target_", "runpy.run_path"),
+}
+
+
+@pytest.mark.parametrize("gadget", sorted(HELD_OUT))
+def test_held_out_gadgets_are_refused_before_anything_is_built(
+    saved: dict, tmp_path: Path, own_key: Path, gadget: str
+) -> None:
+    marker = tmp_path / "PWNED"
+    run = _foreign_copy(tmp_path, saved, lambda c: HELD_OUT[gadget](c, marker))
+    proc = disttrain_in_process("rerun", str(run), "--run-dir", str(tmp_path / "rr"), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "--trust" in proc.stderr and not marker.exists()
+
+
+def test_builtin_targets_need_no_trust(saved: dict, tmp_path: Path, own_key: Path) -> None:
+    run = _foreign_copy(tmp_path, saved, lambda c: None)
+    assert foreign_targets(saved) == []
+    check_trusted(run, saved, trusted=False)  # disttrain's and torch's own classes only
+
+
+def test_own_runs_are_signed_and_an_edit_breaks_the_signature(
+    saved: dict, tmp_path: Path, own_key: Path
+) -> None:
+    cfg = {**saved, "model": {"_target_": "mylab.models.Net", "width": 8}}
+    run = _run(tmp_path, cfg)
+    assert not made_by_me(run)
+    sign(run)
+    assert own_key.stat().st_mode & 0o777 == 0o600
+    assert made_by_me(run)
+    check_trusted(run, cfg, trusted=False)  # the user's own code, in the user's own run
+    (run / "config.yaml").write_text((run / "config.yaml").read_text().replace("width: 8", "width: 9"))
+    assert not made_by_me(run)
+    with pytest.raises(ConfigError, match=r"model=mylab\.models\.Net"):
+        check_trusted(run, cfg, trusted=False)
+    check_trusted(run, cfg, trusted=True)  # --trust: the user's explicit consent
+
+
+def test_trust_flag_lets_a_foreign_rerun_through_the_check(
+    saved: dict, tmp_path: Path, own_key: Path
+) -> None:
+    marker = tmp_path / "PWNED"
+    run = _foreign_copy(tmp_path, saved, lambda c: c.__setitem__("seed", _payload(marker)))
+    args, trusted = take_trust_flag(["rerun", str(run), "--trust", "seed=1"])
+    assert trusted and args == ["rerun", str(run), "seed=1"]
+
+
+def test_git_never_runs_the_repos_fsmonitor(tmp_path: Path) -> None:
+    import subprocess
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    marker = tmp_path / "FSMONITOR"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "a.txt").write_text("a")
+    subprocess.run(["git", "-C", str(repo), "add", "a.txt"], check=True)
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+        check=True,
+    )
+    hook = repo / "monitor.sh"
+    hook.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    hook.chmod(0o755)
+    subprocess.run(["git", "-C", str(repo), "config", "core.fsmonitor", str(hook)], check=True)
+    (repo / "a.txt").write_text("b")
+    state = git_state(repo)
+    assert state["dirty"] is True and not marker.exists()
