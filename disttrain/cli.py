@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("disttrain: interrupted\n")
         return 130
+    finally:
+        if "disttrain.owner" in sys.modules:  # the run dir / checkpoint dir locks this command took
+            sys.modules["disttrain.owner"].release_all()
 
 
 if __name__ == "__main__":

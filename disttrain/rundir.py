@@ -264,6 +264,9 @@ def claim(run_dir: Path) -> Path:
             except FileExistsError:
                 continue
             _probe_writable(candidate, created=True)
+            from disttrain.owner import hold
+
+            hold(candidate, candidate, "hydra.run.dir", "run dir")  # a resume racing this run waits its turn
             return candidate
     except OSError as exc:
         raise _unusable(run_dir, exc) from None
@@ -276,7 +279,18 @@ def reuse(run_dir: Path, cfg: dict[str, Any], shared: bool = False) -> Path:
     from disttrain.config.errors import ConfigError
 
     check_path(run_dir)
-    if (run_dir / CONFIG).is_file() and not shared:
+    created = not run_dir.exists()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _probe_writable(run_dir, created)
+    except OSError as exc:
+        raise _unusable(run_dir, exc) from None
+    if shared:
+        return run_dir  # several nodes launch into one shared run dir: each node's launcher owns it
+    from disttrain.owner import hold
+
+    hold(run_dir, run_dir, "hydra.run.dir", "run dir")  # before the checks: no check-then-act race
+    if (run_dir / CONFIG).is_file():
         refuse_if_running(run_dir, "hydra.run.dir")
         saved = read_config(run_dir)
         changed = changed_keys(saved, cfg)
@@ -290,12 +304,6 @@ def reuse(run_dir: Path, cfg: dict[str, Any], shared: bool = False) -> Path:
                 f"match config.yaml. Continue it with `disttrain resume {run_dir} KEY=VALUE`, or train "
                 "into a new folder (leave hydra.run.dir unset).",
             )
-    created = not run_dir.exists()
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _probe_writable(run_dir, created)
-    except OSError as exc:
-        raise _unusable(run_dir, exc) from None
     return run_dir
 
 

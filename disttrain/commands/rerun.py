@@ -78,6 +78,21 @@ def parse(rest: list[str]) -> tuple[Path, list[str], Path]:
     return run_dir, args[1:], target
 
 
+def own_checkpoints(cfg: dict[str, Any], target: Path, overrides: list[str]) -> str:
+    """A rerun starts fresh in checkpoints of its own: the original's `checkpoint.dir` (kept in its
+    frozen config with resume=auto) would be resumed, continued and pruned. One node: the new run
+    dir's checkpoints/; several nodes (which need a shared folder): a sibling of the original's.
+    An explicit `checkpoint.dir=` override wins. Returns a note for the console."""
+    original = cfg["checkpoint"]["dir"]
+    if not original or any(o.lstrip("+").startswith("checkpoint.dir=") for o in overrides):
+        return ""
+    nodes = cfg["nodes"]
+    shared = str(nodes) != "1"
+    cfg["checkpoint"]["dir"] = str(Path(str(original)).absolute().with_name(target.name)) if shared else None
+    where = cfg["checkpoint"]["dir"] or f"{target}/checkpoints"
+    return f" (checkpoints: {where}; the original's {original} stays as it is)"
+
+
 def cmd_rerun(rest: list[str]) -> int:
     if not rest or rest[0] in ("-h", "--help"):
         sys.stdout.write(RERUN_USAGE)
@@ -95,6 +110,7 @@ def cmd_rerun(rest: list[str]) -> int:
     saved_cfg = read_config(run_dir)
     check_trusted(run_dir, saved_cfg, trusted)  # someone else's _target_s: only with --trust
     cfg = apply_overrides(saved_cfg, overrides)
+    note = own_checkpoints(cfg, target, overrides)
     check_static(cfg)
     check_runtime(cfg)
     for warning in code_warnings(run_dir, Path.cwd()):
@@ -104,6 +120,9 @@ def cmd_rerun(rest: list[str]) -> int:
         if (run_dir / "overrides.yaml").exists()
         else []
     )
-    sys.stderr.write(f"disttrain rerun: {run_dir} -> {target}\n")
+    sys.stderr.write(f"disttrain rerun: {run_dir} -> {target}{note}\n")
+    from disttrain.owner import hold
+
+    hold(target, target, "--run-dir", "run dir")  # two reruns into one folder: the second is refused
     freeze_and_launch(cfg, target, [*(saved or []), *overrides])
     return 0

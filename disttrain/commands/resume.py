@@ -196,12 +196,14 @@ def cmd_resume(rest: list[str]) -> int:
     from disttrain.commands.train import freeze_and_launch
     from disttrain.config.validate import check_runtime, check_static
     from disttrain.launch.registry import launcher_for
+    from disttrain.owner import hold
     from disttrain.rundir import command_line, read_config, refuse_if_running, refuse_planted_links
     from disttrain.trust import check_trusted, take_trust_flag
 
     rest, trusted = take_trust_flag(rest)
     run_dir = run_dir_arg(rest[0] if rest else "", RESUME_USAGE)
-    refuse_if_running(run_dir, "RUN_DIR")  # two launchers in one run dir write the same checkpoints
+    hold(run_dir, run_dir, "RUN_DIR", "run dir")  # held until the command ends: one launcher per run dir
+    refuse_if_running(run_dir, "RUN_DIR")  # another host's launcher (status.json: running)
     overrides = rest[1:]
     saved_cfg = read_config(run_dir)
     check_trusted(run_dir, saved_cfg, trusted)  # someone else's _target_s: only with --trust

@@ -219,6 +219,7 @@ def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str])
     from disttrain.timing import mark
 
     mark("hydra_task")
+    own_checkpoint_dir(cfg, run_dir)
     freeze(run_dir, cfg, overrides, _COMMAND or command_line())
     if submit(cfg, run_dir, _COMMAND or command_line()):
         return None  # a scheduler's nodes train (sbatch, a Kubeflow job); status.json is theirs
@@ -229,6 +230,22 @@ def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str])
         sys.stderr.write(f"disttrain: {exc}\n")
         raise SystemExit(exc.exit_code) from None
     return print_summary(run_dir)
+
+
+def own_checkpoint_dir(cfg: dict[str, Any], run_dir: Path) -> None:
+    """An explicit `checkpoint.dir`: one launcher at a time (its lock, held until this command
+    ends), and never another run's checkpoints unless `resume=` names them. Node 0 speaks for a
+    multi-node run (every node shares the folder). A scheduler's job (Slurm, Kubernetes) is not
+    checked here: no launcher of it lives in this process, and its requeues reuse one run dir."""
+    from disttrain import owner
+    from disttrain.launch.registry import launcher_for
+    from disttrain.shared_dir import checkpoint_dir
+
+    if not cfg["checkpoint"]["dir"] or cfg["node_rank"] != 0 or launcher_for(cfg).scheduler:
+        return
+    directory = checkpoint_dir(cfg, run_dir)
+    owner.hold(directory, run_dir, "checkpoint.dir", "checkpoint folder")
+    owner.claim_checkpoints(directory, run_dir, cfg["resume"])
 
 
 def print_summary(run_dir: Path) -> dict[str, Any] | None:

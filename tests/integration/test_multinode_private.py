@@ -113,7 +113,8 @@ def test_private_run_dirs_train_and_resume_through_a_shared_checkpoint_dir(
         tmp_path, netns_pair, 29537, *common, "trainer.max_steps=3", "hydra.run.dir=a", base=base
     )
     assert all(r.returncode == 0 for r in first), report(first)
-    second = _by_hand(tmp_path, netns_pair, 29538, *common, "hydra.run.dir=b", base=base)
+    # a new run dir continues another run's checkpoints only when resume= names them (D6)
+    second = _by_hand(tmp_path, netns_pair, 29538, *common, f"resume={shared}", "hydra.run.dir=b", base=base)
     assert all(r.returncode == 0 for r in second), report(second)
     summary = json.loads((tmp_path / "node0" / "b" / "summary.json").read_text())
     assert summary["resumed_from"].startswith(str(shared)), summary

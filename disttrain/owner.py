@@ -1,0 +1,146 @@
+"""One owner per run dir and per checkpoint dir, for the launcher's whole life.
+
+A status.json `running` record is written only after the checks and the freeze (1-2 s), so two
+launchers started together both passed the old check and trained into one run dir; two runs
+sharing a `checkpoint.dir` resumed and overwrote each other's checkpoints. Here the launcher takes
+an exclusive `flock` on `<folder>/.lock` before its checks and holds it until it exits (the kernel
+drops it when the process dies, even by SIGKILL: no stale lock). The lock file names its holder
+(pid, host, run dir) for the error message.
+
+A checkpoint dir also records its owner (`owner.json`: the run dir whose checkpoints it holds), so
+a new run never resumes or prunes another run's checkpoints unless `resume=` names them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from disttrain.config.errors import ConfigError
+
+LOCK = ".lock"
+OWNER = "owner.json"
+
+_HELD: dict[Path, int] = {}  # folder -> the open, locked file: held until release_all or exit
+
+
+def holder(folder: Path) -> dict[str, Any]:
+    """What the lock file says about its holder ({} when unreadable)."""
+    try:
+        fd = os.open(folder / LOCK, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return {}
+    try:
+        data = json.loads(os.read(fd, 4096) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    finally:
+        os.close(fd)
+    return data if isinstance(data, dict) else {}
+
+
+def hold(folder: Path, run_dir: Path, key: str, what: str) -> None:
+    """Lock `folder` for this process (idempotent), or a ConfigError naming the live holder."""
+    folder = folder.absolute()
+    if folder in _HELD:
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            key, str(folder), f"a {what} this user can create", f"{exc.strerror or exc}: choose another."
+        ) from None
+    fd = _locked(folder / LOCK, key, what)
+    if fd is None:
+        owner = holder(folder)
+        who = (
+            f"process {owner.get('pid')} on {owner.get('host')} ({owner.get('run_dir')})"
+            if owner
+            else "another disttrain process"
+        )
+        raise ConfigError(
+            key,
+            str(folder),
+            f"a {what} no other disttrain launcher is using",
+            f"{who} holds it now; two launchers there would overwrite each other's checkpoints and "
+            "records. Wait for it to end, or stop it (kill -TERM PID saves a checkpoint), or choose "
+            "another folder.",
+        )
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "run_dir": str(run_dir), "since": time.time()}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(record).encode(), 0)
+    _HELD[folder] = fd
+
+
+def _locked(path: Path, key: str, what: str) -> int | None:
+    """An open, flock-ed `path` (None: someone else holds it). The lock file is removed on release,
+    so a file just opened may be one its holder is removing: lock, then check that the path still
+    names the locked file, else take the new one (the usual pattern for removable lock files)."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    for _ in range(100):
+        try:
+            fd = os.open(path, flags, 0o666)
+        except OSError as exc:
+            raise ConfigError(
+                key,
+                str(path.parent),
+                f"a {what} this user can write",
+                f"{exc.strerror or exc}: choose another.",
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
+        except OSError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+    raise ConfigError(key, str(path.parent), f"a {what} with a stable {LOCK}", "retry the command.")
+
+
+def release_all() -> None:
+    """Drop every lock this process holds, and its lock file: a finished command leaves nothing in
+    the folder (the CLI's end; in-process tests run several commands in one process)."""
+    for folder, fd in _HELD.items():
+        with contextlib.suppress(OSError):
+            os.unlink(folder / LOCK)  # while still locked: nobody can hold a file about to vanish
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+def claim_checkpoints(directory: Path, run_dir: Path, resume: Any) -> None:
+    """A new run into `checkpoint.dir`: refuse another run's checkpoints unless `resume=` names them;
+    then record this run dir as their owner. Called with the folder's lock held."""
+    path = directory / OWNER
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        owner = str(saved["run_dir"]) if isinstance(saved, dict) else None
+    except (OSError, ValueError, KeyError):
+        owner = None
+    explicit = resume not in (None, "auto", "never")
+    foreign = owner is not None and Path(owner) != run_dir and not explicit
+    if foreign and any(p.name.startswith("step_") for p in directory.iterdir()):
+        raise ConfigError(
+            "checkpoint.dir",
+            str(directory),
+            "a folder whose checkpoints this run wrote, or a new one",
+            f"it holds the checkpoints of {owner}; this run would resume and prune them. Continue "
+            f"that run with `disttrain resume {owner}`, start from its weights with "
+            f"resume={directory} (its checkpoints then become this run's), or choose another "
+            "checkpoint.dir.",
+        )
+    if owner is None or Path(owner) != run_dir:
+        from disttrain.safefile import write_atomic
+
+        write_atomic(path, (json.dumps({"run_dir": str(run_dir)}) + "\n").encode())

@@ -1,0 +1,143 @@
+"""One owner per run dir and per checkpoint dir (review 2026-11-25-reliability D3, D6, D7).
+
+D7: two `disttrain resume` of one run (or two `train hydra.run.dir=X`) started together both passed
+the status.json check and trained into one run dir. D6: two runs sharing `checkpoint.dir` resumed
+and overwrote each other's checkpoints. D3: `rerun` of a run with `checkpoint.dir` resumed the
+original's checkpoints (0 steps trained) and, with overrides, pruned them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from unit_support import checked, disttrain_in_process
+
+from disttrain import owner
+from disttrain.commands.rerun import own_checkpoints
+from disttrain.config.errors import ConfigError
+from disttrain.rundir import reuse
+
+
+@pytest.fixture
+def other_launcher(tmp_path: Path) -> Iterator[callable]:
+    """Start a process that holds a folder's lock as a live launcher would; killed at the end."""
+    procs: list[subprocess.Popen] = []
+
+    def start(folder: Path, run_dir: Path) -> int:
+        code = textwrap.dedent(f"""
+            import sys, time
+            from pathlib import Path
+            from disttrain.owner import hold
+            hold(Path({str(folder)!r}), Path({str(run_dir)!r}), "k", "folder")
+            print("held", flush=True)
+            time.sleep(60)
+        """)
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        return proc.pid
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def _finished(root: Path, cfg: dict, name: str = "run") -> Path:
+    run = root / name
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    (run / "status.json").write_text(json.dumps({"status": "finished", "pid": 1, "host": "elsewhere"}))
+    return run
+
+
+def test_a_second_resume_of_a_live_run_is_refused_naming_the_owner(tmp_path: Path, other_launcher) -> None:
+    run = _finished(tmp_path, checked(["data=synthetic", "trainer.max_steps=30"]))
+    pid = other_launcher(run, run)  # the first `resume`, still checking (status.json not yet `running`)
+    proc = disttrain_in_process("resume", str(run), "optim.lr=0.5", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"process {pid} on" in proc.stderr and str(run) in proc.stderr
+    assert yaml.safe_load((run / "config.yaml").read_text())["optim"]["lr"] != 0.5  # nothing frozen
+
+
+def test_two_trains_into_one_run_dir_race_no_more(tmp_path: Path, other_launcher) -> None:
+    run = tmp_path / "X"
+    cfg = checked(["data=synthetic"])
+    pid = other_launcher(run, run)
+    with pytest.raises(ConfigError, match=f"process {pid}"):
+        reuse(run, cfg)
+    assert sorted(p.name for p in run.iterdir()) == [owner.LOCK]
+
+
+def test_the_lock_goes_with_its_holder(tmp_path: Path, other_launcher) -> None:
+    """A launcher killed with SIGKILL leaves no stale lock: the kernel drops a flock with its process."""
+    run = tmp_path / "X"
+    other_launcher(run, run)
+    with pytest.raises(ConfigError):
+        owner.hold(run, run, "k", "folder")
+    assert owner.holder(run)["run_dir"] == str(run)
+
+
+def test_a_shared_checkpoint_dir_in_use_is_refused(tmp_path: Path, other_launcher) -> None:
+    from disttrain.commands.train import own_checkpoint_dir
+
+    ck = tmp_path / "ck"
+    pid = other_launcher(ck, tmp_path / "A")
+    cfg = checked(["data=synthetic", f"checkpoint.dir={ck}"])
+    with pytest.raises(ConfigError, match=f"checkpoint.dir={ck} is not valid.*process {pid}.*/A"):
+        own_checkpoint_dir(cfg, tmp_path / "B")
+
+
+def test_a_new_run_never_takes_another_runs_checkpoints_unless_resume_names_them(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    owner.claim_checkpoints(ck, tmp_path / "A", "auto")
+    (ck / "step_00000010").mkdir()
+    owner.claim_checkpoints(ck, tmp_path / "A", "auto")  # A itself continues (resume, restart)
+    with pytest.raises(ConfigError, match=r"checkpoint.dir=.*of .*/A; this run would resume and prune"):
+        owner.claim_checkpoints(ck, tmp_path / "B", "auto")
+    owner.claim_checkpoints(ck, tmp_path / "B", str(ck))  # resume= names them: B's from now on
+    assert json.loads((ck / owner.OWNER).read_text()) == {"run_dir": str(tmp_path / "B")}
+
+
+def test_rerun_moves_checkpoints_off_the_originals_folder(tmp_path: Path) -> None:
+    cfg = checked(["data=synthetic", f"checkpoint.dir={tmp_path / 'ck'}"])
+    note = own_checkpoints(cfg, tmp_path / "again", [])
+    assert cfg["checkpoint"]["dir"] is None and "stays as it is" in note  # <new run dir>/checkpoints
+    cfg = checked(["data=synthetic", f"checkpoint.dir={tmp_path / 'ck'}", "nodes=2", "master_addr=10.0.0.1"])
+    own_checkpoints(cfg, tmp_path / "again", [])
+    assert cfg["checkpoint"]["dir"] == str(tmp_path / "again")  # several nodes: a shared sibling
+    cfg = checked(["data=synthetic", f"checkpoint.dir={tmp_path / 'ck'}"])
+    own_checkpoints(cfg, tmp_path / "again", [f"checkpoint.dir={tmp_path / 'mine'}"])
+    assert cfg["checkpoint"]["dir"] == str(tmp_path / "ck")  # the override (applied before) wins
+
+
+ONE = ("nproc_per_node=1", "trainer.progress=false", "threads_per_rank=1", "observe.sinks=[]")
+
+
+def test_rerun_of_a_run_with_checkpoint_dir_trains_again_and_leaves_the_original(tmp_path: Path) -> None:
+    """The review's reproduction, one rank in process: the rerun trains its 6 steps from step 0
+    into its own checkpoints; the original's checkpoint.dir is untouched."""
+    ck = tmp_path / "ck"
+    args = ("data=synthetic", "trainer.max_steps=6", "trainer.ckpt_every=2", "trainer.log_every=1")
+    proc = disttrain_in_process(
+        "train", *ONE, *args, f"checkpoint.dir={ck}", f"hydra.run.dir={tmp_path / 'orig'}", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    before = {p.name: p.stat().st_mtime_ns for p in ck.iterdir()}
+    proc = disttrain_in_process(
+        "rerun", str(tmp_path / "orig"), "optim.lr=0.5", "--run-dir", str(tmp_path / "again"), cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in ck.iterdir()} == before
+    records = [json.loads(line) for line in (tmp_path / "again" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert (tmp_path / "again" / "checkpoints" / "final.pt").is_file()
