@@ -16,10 +16,34 @@ from pathlib import Path
 from typing import IO, Any
 
 
+def umask() -> int:
+    """The process's umask, read without changing it (os.umask sets it: a race with any thread
+    creating files meanwhile, such as DCP's writers). Linux >= 4.7 reports it in /proc."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_mode() -> int:
+    """What `open(path, "w")` would give a new file: 0666 less the umask. mkstemp makes 0600 files,
+    and an atomic rename keeps that mode: teammates on a shared cluster could not read the config,
+    the status or final.pt of a run they can see."""
+    return 0o666 & ~umask()
+
+
 def write_atomic(path: Path, data: bytes | Callable[[IO[bytes]], Any], sync: bool = False) -> Path:
     """Write `data` (bytes, or a function writing to the open file) to a fresh temp file beside
-    `path`, then rename it over `path`: readers see the old or the new file, whole."""
+    `path`, then rename it over `path`: readers see the old or the new file, whole, with the mode a
+    plain write would give it (umask), unless the writer sets one itself."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, default_mode())
     try:
         with os.fdopen(fd, "wb") as f:
             if callable(data):

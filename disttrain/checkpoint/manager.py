@@ -11,10 +11,12 @@ it without opening the shards.
 from __future__ import annotations
 
 import copy
+import errno
 import logging
 import os
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -64,6 +66,65 @@ def run_info(
         "config_hash": config_hash(cfg),
         "config": shaping_config(cfg),
     }
+
+
+class DiskFull(OSError):
+    """A save failed because checkpoint.dir has no room left: said in those words."""
+
+
+@contextmanager
+def named_disk_full(directory: Path) -> Iterator[None]:
+    """A save that fails for lack of space says so, with the space free and the space a save needs.
+
+    torch's zip writer turns ENOSPC into `RuntimeError: [enforce fail at inline_container.cc] .
+    unexpected pos N vs M` (a short write), which names neither the disk nor the folder. The last good
+    checkpoint stays: commits are atomic renames.
+    """
+    try:
+        yield
+    except DiskFull:
+        raise
+    except Exception as exc:
+        if why := disk_full(exc, directory):
+            raise DiskFull(errno.ENOSPC, why) from exc
+        raise
+
+
+def disk_full(exc: BaseException, directory: Path) -> str | None:
+    """The message for a save that failed on a full disk, or None when `exc` is something else."""
+    import shutil
+
+    text = str(exc)
+    full = getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in text
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return None
+    need = last_checkpoint_bytes(directory)
+    short_write = "unexpected pos" in text or "PytorchStreamWriter failed" in text
+    if not full and not (short_write and need and free < need):
+        return None
+    return (
+        f"checkpoint.dir {directory} is full: {_size(free)} free, a save needs ~{_size(need) if need else 'more'} "
+        "(the last checkpoint's size). The previous checkpoint is intact. HINT: free space there, lower "
+        "checkpoint.keep, or set checkpoint.dir to a larger volume, then `disttrain resume`."
+    )
+
+
+def last_checkpoint_bytes(directory: Path) -> int:
+    """The size of the newest committed checkpoint (0 when none)."""
+    saved = checkpoint.committed(directory)
+    if not saved:
+        return 0
+    return sum(f.stat().st_size for f in saved[-1].iterdir() if f.is_file())
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
 
 
 def resume_location(cfg: dict[str, Any], run_dir: Path) -> Path | None:
@@ -160,20 +221,21 @@ class Checkpointer:
             # The staging copy overlaps the next step (see `staged`); the small states besides the
             # model and optimizer (scheduler, scaler, the user's own) are copied now, as they are.
             app.update({k: copy.deepcopy(app[k]) for k in self.states if k != MODEL})
-        self.pending = checkpoint.save(
-            self.dir,
-            step,
-            app,
-            rng_state(),
-            meta,
-            rank=self.env.rank,
-            keep=self.cfg.keep,
-            verify=self.cfg.verify,
-            async_save=async_save,
-            overlap_staging=True,
-            process_group=self.group,
-            barrier=self.barrier,
-        )
+        with named_disk_full(self.dir):
+            self.pending = checkpoint.save(
+                self.dir,
+                step,
+                app,
+                rng_state(),
+                meta,
+                rank=self.env.rank,
+                keep=self.cfg.keep,
+                verify=self.cfg.verify,
+                async_save=async_save,
+                overlap_staging=True,
+                process_group=self.group,
+                barrier=self.barrier,
+            )
         stall = time.perf_counter() - t0
         self.stalls.append(stall)
         self.last_saved_step = step
@@ -204,7 +266,8 @@ class Checkpointer:
         """Wait for an in-flight async save and commit it."""
         if self.pending is not None:
             t0 = time.perf_counter()
-            self.pending.wait()
+            with named_disk_full(self.dir):
+                self.pending.wait()
             waited = time.perf_counter() - t0
             if waited > 0.05:
                 log.info("waited %.3f s for the previous async checkpoint to finish", waited)
@@ -221,7 +284,8 @@ class Checkpointer:
         if self.env.is_zero:
             train = self.train.state_dict()
             state = {"model": model_state, "step": train["step"], "epoch": train["epoch"]}
-            checkpoint.save_atomic(state, self.dir / "final.pt")
+            with named_disk_full(self.dir):
+                checkpoint.save_atomic(state, self.dir / "final.pt")
         self.barrier()
 
     # ------------------------------------------------------------------------------------ emergency

@@ -107,9 +107,47 @@ def entries_problem(manifest: Path, files: Any) -> str | None:
     if not isinstance(files, dict):
         return f'{manifest} is unreadable ("files" is {type(files).__name__}, not an object)'
     for fname, entry in files.items():
-        if why := entry_problem(entry):
+        if why := name_problem(fname) or entry_problem(entry):
             return f"{manifest}: the entry for {str(fname)[:100]!r} {why}"
     return None
+
+
+def name_problem(fname: Any) -> str | None:
+    """A manifest names files of its own folder only: `../x`, `/proc/kmsg` or `a/b` would make the
+    loader stat, hash or read (and block on) a file anywhere."""
+    if not isinstance(fname, str) or not fname or fname in (".", ".."):
+        return "is not a file name"
+    if "/" in fname or "\\" in fname or "\0" in fname:
+        return "names a file outside the checkpoint folder"
+    return None
+
+
+def refuse_compressed(data: Any, what: str) -> None:
+    """torch.save stores its zip records uncompressed; `torch.load` inflates a deflated one in full,
+    so a 3 MB file could ask for 3 GB (a "zip bomb" in a checkpoint someone sent). Refuse any
+    compressed record, or one larger than the whole file, before `torch.load` (`data`: a path or a
+    seekable binary file, left at its start)."""
+    import zipfile
+
+    try:
+        if isinstance(data, Path | str):
+            size = os.path.getsize(data)
+        else:
+            size = data.seek(0, io.SEEK_END)
+            data.seek(0)
+        with zipfile.ZipFile(data) as z:
+            infos = z.infolist()
+    except zipfile.BadZipFile:
+        return  # not a zip archive: torch.load's own (legacy) format has no compression
+    finally:
+        if not isinstance(data, Path | str):
+            data.seek(0)
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED or info.file_size > size:
+            raise CorruptCheckpoint(
+                f"{what}: its record {info.filename[:80]!r} is compressed ({info.file_size} bytes from "
+                f"{info.compress_size}); torch.save never compresses, so the file was not written by it"
+            )
 
 
 def algo_of(entry: dict[str, Any] | None) -> str | None:
@@ -274,6 +312,7 @@ def _read_generic(reader: Any, f: _File, info: Any, req: Any, planner: Any, lock
     data = io.BytesIO(f.read_at(info.offset, info.length))
     stream = reader.transforms.transform_load_stream(req, info.transform_descriptors or (), data)
     value = io.BytesIO(stream.read(-1))
+    refuse_compressed(value, f"{info.relative_path} item {req.storage_index.fqn}")
     if req.type == LoadItemType.BYTE_IO:
         with lock:
             planner.load_bytes(req, value)

@@ -25,6 +25,7 @@ allow-list of DCP's own classes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -48,8 +49,10 @@ from disttrain.checkpoint.reading import (
     entries_problem,
     file_digest,
     mismatch,
+    refuse_compressed,
 )
 from disttrain.rundir import RunDir
+from disttrain.safefile import default_mode
 
 log = logging.getLogger("disttrain")
 
@@ -75,6 +78,7 @@ def save_atomic(state: dict[str, Any], path: Path) -> Path:
 
 
 def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    refuse_compressed(path, str(path))  # a deflated record would inflate in full
     state: dict[str, Any] = torch.load(path, map_location=map_location, weights_only=True)
     return state
 
@@ -237,6 +241,7 @@ def _planner() -> Any:
         def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
             from torch.distributed.checkpoint._traverse import set_element
 
+            refuse_compressed(value, f"item {read_item.dest_index.fqn}")
             obj = torch.load(value, weights_only=True)
             if self.flatten_state_dict:
                 set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
@@ -337,7 +342,7 @@ def save(
     if rank == 0:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         for stale in ckpt_dir.glob(f"{TMP}*"):  # saves a crash interrupted: never committed
-            shutil.rmtree(stale, ignore_errors=True)
+            remove_stale(stale)
         tmp.mkdir()
     barrier()
     write = functools.partial(
@@ -355,6 +360,28 @@ def save(
     pending = PendingSave(executor.submit(lambda: write(staged.result())), lambda: None, started, staged)
     _Background.in_flight = pending
     return pending
+
+
+def remove_stale(stale: Path) -> None:
+    """Remove a `.tmp-*` entry a crash left, never following a link; one that cannot be removed
+    (another user's, a planted link in a sticky folder) is renamed aside, so the save goes on."""
+    import uuid
+
+    if stale.is_symlink() or not stale.is_dir():
+        with contextlib.suppress(OSError):
+            stale.unlink()
+    else:
+        shutil.rmtree(stale, ignore_errors=True)
+    if os.path.lexists(stale):
+        aside = stale.with_name(f".stale-{uuid.uuid4().hex[:12]}")
+        try:
+            os.rename(stale, aside)
+        except OSError as exc:
+            raise OSError(
+                f"cannot remove or move {stale} ({exc.strerror or exc}), left by an interrupted save: "
+                "delete it, then resume"
+            ) from exc
+        log.warning("moved %s (it could not be removed) aside to %s", stale.name, aside.name)
 
 
 def _write_and_commit(
@@ -599,8 +626,8 @@ def problem(path: Path, verify: str = "hash") -> str | None:
             return f"{path / MANIFEST} lists no {fname}"
     for fname, want in files.items():
         f = path / fname
-        if not f.is_file():
-            return f"{f} is missing"
+        if f.is_symlink() or not f.is_file():  # a link or FIFO planted there is never read
+            return f"{f} is missing" if not os.path.lexists(f) else f"{f} is not a regular file"
         if why := mismatch(f, want, f.stat().st_size, None):
             return why
     hashed = [fname for fname, want in files.items() if verify == "hash" and algo_of(want)]
@@ -740,6 +767,7 @@ def export_model(
         tmp = Path(name)
         try:
             save_model(model.cpu(), str(tmp), metadata={"checkpoint": str(path), **(metadata or {})})
+            os.chmod(tmp, default_mode())  # mkstemp's 0600 would make the export owner-only
             os.replace(tmp, out)
         finally:
             tmp.unlink(missing_ok=True)

@@ -72,15 +72,20 @@ class StopFlag:
         from disttrain.dist import default_store
 
         main = threading.current_thread() is threading.main_thread()
-        if main:
-            for sig in self.SIGNALS:
-                self._saved[sig] = signal.signal(sig, self._handle)
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        distributed = dist.is_initialized() and dist.get_world_size() > 1
+        if distributed:
             self._store = default_store()
             self._rank, self._world = dist.get_rank(), dist.get_world_size()
             if int(os.environ.get("LOCAL_WORLD_SIZE", self._world) or 0) == self._world:
                 # One node: every rank gets its parent-death signal when the launcher dies.
+                # Made BEFORE the handlers exist: a rank signalled earlier dies at once (nothing
+                # trained yet), and a peer waiting here for it must die as well on its SIGTERM, not
+                # sit in C++ (where a Python handler cannot run) until stop_grace_s ends in SIGKILL.
                 self._group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self._timeout_s))
+        if main:
+            for sig in self.SIGNALS:
+                self._saved[sig] = signal.signal(sig, self._handle)
+        if distributed:
             if main:
                 self._wake = socket.socketpair()
                 for end in self._wake:

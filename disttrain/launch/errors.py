@@ -68,7 +68,23 @@ def stopped_message(signame: str, run_dir: Path, since: float) -> str:
             f"continue with `disttrain resume {run_dir}`"
         )
     previous = f"the latest checkpoint is {name}" if name else "there is no checkpoint"
-    return (
-        f"stopped by {signame}: the ranks saved NO checkpoint on the signal ({previous}). HINT: "
-        "checkpoint.on_signal=true saves one; raise launcher.stop_grace_s if a step plus a save takes longer."
-    )
+    if on_signal(run_dir):
+        hint = (
+            "a signal before the first step stops the ranks at once (nothing trained since the start or "
+            "the resumed checkpoint); later, raise launcher.stop_grace_s if a step plus a save takes longer."
+        )
+    else:
+        hint = "checkpoint.on_signal=true saves one."
+    return f"stopped by {signame}: the ranks saved NO checkpoint on the signal ({previous}). HINT: {hint}"
+
+
+def on_signal(run_dir: Path) -> bool:
+    """The run's checkpoint.on_signal (True, the default, when config.yaml does not say)."""
+    import yaml
+
+    try:
+        cfg = yaml.safe_load(RunDir(run_dir).config.read_text(encoding="utf-8"))
+        value = cfg["checkpoint"]["on_signal"]
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+        return True
+    return value is not False

@@ -113,15 +113,25 @@ def make_metrics(run_dir: Path, is_zero: bool, cfg: dict[str, Any] | None = None
 def tracker_resume(run_dir: Path, meta: dict[str, Any] | None) -> tuple[dict[str, Any] | None, int]:
     """Which tracker runs to continue and from which step: the checkpoint's, else (a restart before
     the first checkpoint) the run dir's own trackers.json from step 0, else none (a fresh run)."""
+    own = _own_trackers(run_dir)
     if meta is not None:
-        return meta.get("trackers") or None, int(meta["step"])
-    own = RunDir(run_dir).trackers
-    if own.is_file():
-        try:
-            return json.loads(own.read_text()) or None, 0
-        except ValueError:
-            return None, 0
-    return None, 0
+        # Only this run dir's own tracker runs: a new run started from another run's checkpoint
+        # (`train resume=PATH`) opens runs of its own instead of rewinding and taking over those.
+        saved = meta.get("trackers")
+        mine = {k: v for k, v in saved.items() if own.get(k) == v} if isinstance(saved, dict) else {}
+        return mine or None, int(meta["step"])
+    return own or None, 0
+
+
+def _own_trackers(run_dir: Path) -> dict[str, Any]:
+    """The run dir's trackers.json ({} when absent or not an object of objects)."""
+    try:
+        data = json.loads(RunDir(run_dir).trackers.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, dict)}
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -180,7 +180,9 @@ class MLflow:
         for path in (p for p in metrics.rglob("*") if p.is_file()) if metrics.is_dir() else []:
             lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
             kept = [ln for ln in lines if ln.split() and int(ln.split()[2]) <= step]
-            if len(kept) != len(lines):
+            if not kept:  # an empty metric file is "malformed" to MLflow's file store: every later
+                path.unlink()  # update_run/get_run of the run would fail
+            elif len(kept) != len(lines):
                 path.write_text("".join(kept), encoding="utf-8")
 
     def log_hparams(self, params: dict[str, str]) -> None:
