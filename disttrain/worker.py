@@ -35,7 +35,7 @@ from disttrain.observe.profiler import make_profiler
 from disttrain.observe.summary import record_summary
 from disttrain.rundir import RunDir, read_config, record_orphaned
 from disttrain.shared_dir import check_shared, checkpoint_dir
-from disttrain.strategies import build_strategy
+from disttrain.strategies import build_strategy, specs
 from disttrain.strategies.base import Strategy
 from disttrain.tasks import build_task
 from disttrain.timing import mark, mark_process_start
@@ -59,7 +59,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     if "RANK" in os.environ:
         die_with_parent(launcher)
     try:
-        init_process_group(env, cfg["backend"]["timeout"])
+        init_process_group(env, cfg["backend"]["timeout"], cpu_collectives=specs.cpu_collectives(cfg))
         mark("process_group")
         if env.is_zero:
             log.info(
