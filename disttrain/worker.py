@@ -128,8 +128,8 @@ def build_parts(cfg: dict[str, Any], env: DistEnv) -> tuple[Strategy, Parts]:
     seed_everything(cfg["seed"])  # identical model init on every rank
     train_set, val_set = build_datasets(cfg["data"])
     model = build_model(cfg["model"])
-    seed_everything(cfg["seed"] + env.rank)  # per-rank randomness from here on (dropout, ...)
     strategy = build_strategy(cfg["strategy"], env, typed(AmpConfig, cfg["amp"]))
+    seed_everything(cfg["seed"] + strategy.rng_rank())  # per-rank randomness from here on (dropout, ...)
     set_activation_checkpointing(model, trainer.activation_checkpointing)
     model = strategy.setup_module(model)
     if trainer.compile:
