@@ -173,6 +173,7 @@ class Checkpointer:
             overlap_staging=True,
             process_group=self.group,
             barrier=self.barrier,
+            device=self.env.device,
         )
         stall = time.perf_counter() - t0
         self.stalls.append(stall)
