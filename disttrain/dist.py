@@ -73,8 +73,15 @@ def init_process_group(env: DistEnv, timeout_s: float, cpu_collectives: bool = F
         and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     ):
         kwargs["store"] = attempt_store(timeout_s)
+    backend = group_backend(env.backend, cpu_collectives)
+    if backend != env.backend and env.local_rank == 0:
+        from disttrain.observe.traps import warn_gloo_across_nodes
+
+        warn_gloo_across_nodes(
+            "the default group's gloo part (CPU tensors)", env.world_size, env.local_world_size
+        )
     dist.init_process_group(
-        backend=group_backend(env.backend, cpu_collectives),
+        backend=backend,
         rank=env.rank,
         world_size=env.world_size,
         timeout=timedelta(seconds=timeout_s),
