@@ -72,3 +72,26 @@ def test_any_rank_guards_and_summary_use_the_device(monkeypatch: pytest.MonkeyPa
         assert (
             past_collectives(lambda: strategy.all_reduce(torch.ones((), device=env.device)), monkeypatch) == 1
         )
+
+
+def test_model_parallel_collectives_use_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsdp+tp's data-parallel all-reduce (on its dp sub-mesh), the pipeline's sum over stages and
+    its point-to-point header and payload: all on the device."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from disttrain.strategies import build_strategy
+    from disttrain.strategies.pipeline import _recv, _send
+
+    with strict_world(4, rank=3, monkeypatch=monkeypatch) as env:
+        tp = build_strategy({"name": "fsdp+tp", "tp_degree": 2}, env)
+        tp.mesh = init_device_mesh(env.device.type, (2, 2), mesh_dim_names=("dp", "tp"))  # type: ignore[attr-defined]
+        assert past_collectives(lambda: tp.all_reduce(torch.ones((), device=env.device)), monkeypatch) == 1
+        with pytest.raises(RuntimeError, match=NCCL_CPU_ERROR):
+            tp.all_reduce(torch.ones(()))  # what the harness exists for, on a sub-mesh too
+        pipe = build_strategy({"name": "pipeline"}, env)
+        assert past_collectives(lambda: pipe.all_reduce(torch.ones((), device=env.device)), monkeypatch) == 1
+        _send(torch.ones(2, 3, device=env.device), 0)
+        with pytest.raises(
+            RuntimeError, match="meta"
+        ):  # the header arrived on the device; reading it stops here
+            _recv(2, env.device)
