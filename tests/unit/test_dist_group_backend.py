@@ -15,9 +15,8 @@ from disttrain.dist import DistEnv, group_backend, init_process_group
 from disttrain.strategies import specs
 
 
-def _backend(monkeypatch: pytest.MonkeyPatch, backend: str, *overrides: str) -> str:
+def _backend(monkeypatch: pytest.MonkeyPatch, backend: str, cfg: dict[str, Any]) -> str:
     """The backend string init_process_group hands torch for a rank of this run config."""
-    cfg = resolve(compose(list(overrides)), list(overrides))
     seen: dict[str, Any] = {}
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", lambda **kw: seen.update(kw))
@@ -31,14 +30,16 @@ def _backend(monkeypatch: pytest.MonkeyPatch, backend: str, *overrides: str) -> 
 def test_cpu_offload_on_nccl_gets_gloo_for_cpu_tensors(
     monkeypatch: pytest.MonkeyPatch, strategy: str
 ) -> None:
-    offload = _backend(monkeypatch, "nccl", f"strategy={strategy}", "strategy.cpu_offload=true")
-    assert offload == "cuda:nccl,cpu:gloo"
-    assert _backend(monkeypatch, "nccl", f"strategy={strategy}") == "nccl"
-    assert _backend(monkeypatch, "gloo", f"strategy={strategy}", "strategy.cpu_offload=true") == "gloo"
+    overrides = [f"strategy={strategy}", "strategy.cpu_offload=true"]
+    offload = resolve(compose(overrides), overrides)  # the composed run config, as a rank reads it
+    assert _backend(monkeypatch, "nccl", offload) == "cuda:nccl,cpu:gloo"
+    assert _backend(monkeypatch, "gloo", offload) == "gloo"
+    kept = {**offload, "strategy": {**offload["strategy"], "cpu_offload": False}}
+    assert _backend(monkeypatch, "nccl", kept) == "nccl"
 
 
 def test_other_strategies_keep_plain_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
-    for strategy in ("ddp", "tp", "pipeline"):
-        assert _backend(monkeypatch, "nccl", f"strategy={strategy}") == "nccl"
+    for strategy in ("ddp", "zero", "tp", "fsdp+tp", "pipeline"):
+        assert _backend(monkeypatch, "nccl", {"strategy": {"name": strategy}}) == "nccl"
     assert group_backend("nccl", cpu_collectives=True) == "cuda:nccl,cpu:gloo"
     assert group_backend("gloo", cpu_collectives=True) == "gloo"
