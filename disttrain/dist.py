@@ -52,8 +52,17 @@ class DistEnv:
         return cls(rank, local_rank, world, local_world, backend, device)
 
 
-def init_process_group(env: DistEnv, timeout_s: float) -> None:
-    """Join the group described by MASTER_ADDR/MASTER_PORT (env://), unless already joined."""
+def group_backend(backend: str, cpu_collectives: bool = False) -> str:
+    """The backend string of the default group: NCCL serves CUDA tensors only, so ranks that also
+    run collectives on CPU tensors (`cpu_collectives`, the strategy spec decides) get gloo for those
+    beside it, torch's `"cuda:nccl,cpu:gloo"`; gloo alone already serves both."""
+    return "cuda:nccl,cpu:gloo" if backend == "nccl" and cpu_collectives else backend
+
+
+def init_process_group(env: DistEnv, timeout_s: float, cpu_collectives: bool = False) -> None:
+    """Join the group described by MASTER_ADDR/MASTER_PORT (env://), unless already joined.
+
+    `cpu_collectives`: the strategy runs collectives on CPU tensors too (see `group_backend`)."""
     if dist.is_initialized():
         return
     kwargs: dict[str, object] = {"device_id": env.device} if env.backend == "nccl" else {}
@@ -64,8 +73,15 @@ def init_process_group(env: DistEnv, timeout_s: float) -> None:
         and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     ):
         kwargs["store"] = attempt_store(timeout_s)
+    backend = group_backend(env.backend, cpu_collectives)
+    if backend != env.backend and env.local_rank == 0:
+        from disttrain.observe.traps import warn_gloo_across_nodes
+
+        warn_gloo_across_nodes(
+            "the default group's gloo part (CPU tensors)", env.world_size, env.local_world_size
+        )
     dist.init_process_group(
-        backend=env.backend,
+        backend=backend,
         rank=env.rank,
         world_size=env.world_size,
         timeout=timedelta(seconds=timeout_s),

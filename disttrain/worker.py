@@ -35,7 +35,7 @@ from disttrain.observe.profiler import make_profiler
 from disttrain.observe.summary import record_summary
 from disttrain.rundir import RunDir, read_config, record_orphaned, refuse_planted_links
 from disttrain.shared_dir import check_shared, checkpoint_dir
-from disttrain.strategies import build_strategy
+from disttrain.strategies import build_strategy, specs
 from disttrain.strategies.base import Strategy
 from disttrain.tasks import build_task
 from disttrain.timing import mark, mark_process_start
@@ -60,7 +60,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     if "RANK" in os.environ:
         die_with_parent(launcher)
     try:
-        init_process_group(env, cfg["backend"]["timeout"])
+        init_process_group(env, cfg["backend"]["timeout"], cpu_collectives=specs.cpu_collectives(cfg))
         mark("process_group")
         if env.is_zero:
             log.info(
@@ -129,8 +129,8 @@ def build_parts(cfg: dict[str, Any], env: DistEnv) -> tuple[Strategy, Parts]:
     seed_everything(cfg["seed"])  # identical model init on every rank
     train_set, val_set = build_datasets(cfg["data"])
     model = build_model(cfg["model"])
-    seed_everything(cfg["seed"] + env.rank)  # per-rank randomness from here on (dropout, ...)
     strategy = build_strategy(cfg["strategy"], env, typed(AmpConfig, cfg["amp"]))
+    seed_everything(cfg["seed"] + strategy.rng_rank())  # per-rank randomness from here on (dropout, ...)
     set_activation_checkpointing(model, trainer.activation_checkpointing)
     model = strategy.setup_module(model)
     if trainer.compile:

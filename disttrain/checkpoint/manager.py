@@ -30,6 +30,7 @@ from disttrain.config.fingerprint import config_diff, config_hash, shaping_confi
 from disttrain.config.schema import CheckpointConfig
 from disttrain.dist import DistEnv, default_store
 from disttrain.engine.rng import rng_state
+from disttrain.observe.traps import warn_gloo_across_nodes
 from disttrain.shared_dir import checkpoint_dir
 
 if TYPE_CHECKING:  # DCP (and DTensor with it) is imported at the first save or load, not at rank start
@@ -181,6 +182,8 @@ class Checkpointer:
         )
         if self.async_save and dist.is_initialized() and env.world_size > 1:
             # A background save runs collectives; its own gloo group keeps them apart from training's.
+            if env.local_rank == 0:
+                warn_gloo_across_nodes("checkpoint.async's group", env.world_size, env.local_world_size)
             self.group = dist.new_group(backend="gloo")
 
     @property
@@ -235,6 +238,7 @@ class Checkpointer:
                 overlap_staging=True,
                 process_group=self.group,
                 barrier=self.barrier,
+                device=self.env.device,
             )
         stall = time.perf_counter() - t0
         self.stalls.append(stall)

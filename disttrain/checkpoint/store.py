@@ -291,21 +291,13 @@ class _Background:
     in_flight: PendingSave | None = None
 
     @classmethod
-    def start(cls) -> tuple[ThreadPoolExecutor, Any]:
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    def start(cls, device: torch.device) -> tuple[ThreadPoolExecutor, Any]:
+        """The writer thread and the stager for tensors on `device` (one device per rank process)."""
+        from torch.distributed.checkpoint.staging import DefaultStager
 
         if cls.executor is None:
             cls.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="disttrain-ckpt")
-            # CPU staging (no pinned/shared memory, no CUDA stream: what a CPU or GPU run can use),
-            # in DCP's staging thread: the copy can overlap the next step's forward and backward.
-            cls.stager = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=False,
-                    use_shared_memory=False,
-                    use_async_staging=True,
-                    use_non_blocking_copy=False,
-                )
-            )
+            cls.stager = DefaultStager(staging_options(device))
         return cls.executor, cls.stager
 
     @classmethod
@@ -313,6 +305,28 @@ class _Background:
         if cls.in_flight is not None:
             pending, cls.in_flight = cls.in_flight, None
             pending.wait()
+
+
+def staging_options(device: torch.device) -> Any:
+    """How an async save copies the state off `device`, in DCP's staging thread (the copy overlaps
+    the next step's forward and backward either way).
+
+    CUDA: into pinned host buffers with non-blocking copies on DCP's own staging stream, so the
+    device-to-host copy runs beside the training kernels; a pageable, blocking copy would run in
+    line with them on the default stream (review 2026-11-25-gpu-readiness #13). Elsewhere: plain
+    host memory and blocking copies (torch refuses non-blocking staging without an accelerator,
+    and its `StateDictStager` ignores `pin_memory` without CUDA). Shared memory never: one writer
+    process per rank.
+    """
+    from torch.distributed.checkpoint.staging import StagingOptions
+
+    cuda = device.type == "cuda"
+    return StagingOptions(
+        use_pinned_memory=cuda,
+        use_shared_memory=False,
+        use_async_staging=True,
+        use_non_blocking_copy=cuda,
+    )
 
 
 def save(
@@ -329,12 +343,14 @@ def save(
     overlap_staging: bool = False,
     process_group: Any = None,
     barrier: Callable[[], None] = lambda: None,
+    device: torch.device | None = None,
 ) -> PendingSave:
     """Every rank calls this at the same step. Returns when the state is safe to modify again:
     sync, once committed; async, once staged (copied into CPU buffers kept from the previous async
     save), while a background thread writes and (rank 0) commits; `PendingSave.wait()` joins it.
     With `overlap_staging`, an async save returns while the copy is still running: the caller must
-    call `PendingSave.wait_staged()` before anything in `app_state` changes (the optimizer step)."""
+    call `PendingSave.wait_staged()` before anything in `app_state` changes (the optimizer step).
+    `device`: where the rank's tensors live (async staging copies from there; None: the CPU)."""
     started = time.time()
     name = step_name(step)
     tmp = ckpt_dir / f"{TMP}{name}"
@@ -353,7 +369,7 @@ def save(
         pending = PendingSave(None, lambda: None, started)
         pending.wait()
         return pending
-    executor, stager = _Background.start()
+    executor, stager = _Background.start(device or torch.device("cpu"))
     staged: Future = stager.stage(app_state)  # a Future: DCP's staging thread copies
     if not overlap_staging:
         staged.result()

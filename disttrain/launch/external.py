@@ -127,6 +127,7 @@ def train_as_launched_rank(args: Any) -> int:
     from disttrain.config.validate import check_runtime, check_static
     from disttrain.dist import DistEnv, exit_rank, init_process_group
     from disttrain.rundir import freeze, run_status
+    from disttrain.strategies import specs
 
     fill_local_env()
     cfg = resolve(compose(args.overrides, args.config_dir, args.config_name or "config"), args.overrides)
@@ -134,7 +135,7 @@ def train_as_launched_rank(args: Any) -> int:
     launched_shape(cfg, env)  # before the checks: data size vs the real world size
     check_static(cfg)
     check_runtime(cfg)
-    init_process_group(env, cfg["backend"]["timeout"])
+    init_process_group(env, cfg["backend"]["timeout"], cpu_collectives=specs.cpu_collectives(cfg))
     problem = agree(cfg, env)
     if problem:
         sys.stderr.write(f"disttrain: {problem}\n")

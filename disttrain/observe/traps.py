@@ -5,8 +5,10 @@ Each warning names the setting, what is wrong with the numbers, and ends with th
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +125,37 @@ def check_traps(report: dict[str, Any], env: dict[str, str], in_rank: bool = Fal
             "it times out. HINT: use an IP address or a name in /etc/hosts."
         )
     return out
+
+
+def gloo_across_nodes(what: str, nodes: int, env: Mapping[str, str], interfaces: list[str]) -> str | None:
+    """A warning when `what` (a gloo group) spans `nodes` nodes but only NCCL was told its interface.
+
+    Clusters tune NCCL_SOCKET_IFNAME; gloo reads GLOO_SOCKET_IFNAME only and otherwise binds to the
+    address the hostname resolves to, often a management or container network the other nodes
+    cannot reach, so creating the group hangs or fails at start (review 2026-11-25-gpu-readiness #18).
+    """
+    nccl = env.get("NCCL_SOCKET_IFNAME", "")
+    if nodes < 2 or not nccl or "GLOO_SOCKET_IFNAME" in env:
+        return None
+    selected, _ = ifname_matches(nccl, interfaces)
+    # gloo takes exact names, comma-separated: NCCL's prefixes and exclusions resolved on this host
+    names = ",".join(selected) if selected and (nccl.startswith(("^", "=")) or selected != [nccl]) else nccl
+    return (
+        f"NCCL_SOCKET_IFNAME={nccl} is set but GLOO_SOCKET_IFNAME is not: {what} spans {nodes} nodes over "
+        "gloo, which ignores NCCL's setting and uses the interface the hostname resolves to; if the "
+        "nodes cannot reach each other there, the group hangs or fails at start. HINT: export "
+        f"GLOO_SOCKET_IFNAME={names} on every node (gloo wants exact interface names)."
+    )
+
+
+def warn_gloo_across_nodes(what: str, world_size: int, local_world_size: int) -> str | None:
+    """Log `gloo_across_nodes` for this process's environment (once per node: local rank 0 calls)."""
+    nodes = world_size // max(1, local_world_size)
+    names = [i["name"] for i in network_interfaces()] if nodes > 1 else []
+    warning = gloo_across_nodes(what, nodes, os.environ, names)
+    if warning:
+        logging.getLogger("disttrain").warning(warning)
+    return warning
 
 
 def _threads(env: dict[str, str], cores: int, cpu_count: int) -> list[str]:

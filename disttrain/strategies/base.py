@@ -53,6 +53,13 @@ class Strategy:
         """
         return self.env.rank, self.env.world_size
 
+    def rng_rank(self) -> int:
+        """Which random stream this rank draws from (dropout masks, ...): the worker seeds it with
+        `seed + rng_rank()` once the model is built. Ranks that apply random ops to the same
+        replicated activations must draw the same numbers, or their replicated parameters drift
+        apart; here every rank holds its own replica and draws its own."""
+        return self.env.rank
+
     def end_of_training(self, model: nn.Module) -> None:
         """After the last optimizer step, before the final validation and checkpoint (not on a stop)."""
 

@@ -68,8 +68,8 @@ class PipelineStrategy(Strategy):
         self._schedule: Any = None
         self._task: Task | None = None
         self._scale = 1.0
-        self.busy_s = 0.0  # time inside this rank's stage compute (forward/backward chunks)
-        self.wall_s = 0.0  # time inside schedule.step
+        self.busy = DeviceClock(env.device)  # this rank's stage compute (forward/backward chunks)
+        self.wall = DeviceClock(env.device)  # schedule.step
         self.timed_steps = 0
         self._warm = False
 
@@ -138,11 +138,11 @@ class PipelineStrategy(Strategy):
 
     def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
+            started = self.busy.start()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.busy_s += time.perf_counter() - started
+                self.busy.stop(started)
 
         return wrapper
 
@@ -158,14 +158,15 @@ class PipelineStrategy(Strategy):
         if self._schedule is None:
             self._schedule = self._build_schedule()
         losses: list[torch.Tensor] = []
-        busy, started = self.busy_s, time.perf_counter()
+        started = self.wall.start()
         args = (x,) if self.has_first else ()
         self._schedule.step(*args, target=y, losses=losses, return_outputs=False)
         if self._warm:
-            self.wall_s += time.perf_counter() - started
+            self.wall.stop(started)
             self.timed_steps += 1
         else:  # the first step infers shapes and builds buffers: not counted
-            self.busy_s, self._warm = busy, True
+            self.busy.reset()
+            self._warm = True
         if self.has_last:
             return torch.stack([loss.detach() for loss in losses]).sum()
         return torch.zeros((), device=self.env.device)
@@ -281,7 +282,7 @@ class PipelineStrategy(Strategy):
     def summary_stats(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """State bytes, plus the measured idle (bubble) fraction per rank next to the theory."""
         stats = super().summary_stats(model, optimizer)
-        mine = (self.busy_s, self.wall_s)
+        mine = (self.busy.seconds(), self.wall.seconds())
         per_rank: list[Any] = [mine]
         if dist.is_initialized() and self.env.world_size > 1:
             per_rank = [None] * self.env.world_size
@@ -303,6 +304,64 @@ class PipelineStrategy(Strategy):
             "compute_ms_per_microbatch": [1000 * busy / steps / m for busy, _ in per_rank],
         }
         return stats
+
+
+# ------------------------------------------------------------------------------------------ timing
+class DeviceClock:
+    """Seconds the device spends inside timed regions (start() ... stop(token)), summed.
+
+    On CPU ops run when called, so host time is compute time. On CUDA a call only queues kernels:
+    host time would be launch time, not compute (review 2026-11-25-gpu-readiness #11). There a pair
+    of CUDA events brackets each region on the current stream and the elapsed times are read once
+    the events have completed: at `seconds()` (the end of training), or from the oldest pairs as
+    they complete, without waiting, when many are pending. No synchronisation inside the step, so
+    timing does not change the overlap it measures.
+    """
+
+    MAX_PENDING = 4096  # event pairs held before settling the completed ones
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self._total = 0.0
+        self._pending: list[tuple[Any, Any]] = []
+
+    def start(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def stop(self, started: Any) -> None:
+        if not self.cuda:
+            self._total += time.perf_counter() - started
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self._pending.append((started, end))
+        if len(self._pending) > self.MAX_PENDING:
+            self._settle(wait=False)
+
+    def _settle(self, wait: bool) -> None:
+        if wait and self._pending:
+            torch.cuda.synchronize(self.device)
+        done = 0
+        for begin, end in self._pending:
+            if not (wait or end.query()):
+                break
+            self._total += begin.elapsed_time(end) / 1000.0  # ms
+            done += 1
+        del self._pending[:done]
+
+    def seconds(self) -> float:
+        """The total so far (on CUDA: waits for the timed kernels to finish)."""
+        if self.cuda:
+            self._settle(wait=True)
+        return self._total
+
+    def reset(self) -> None:
+        self._total, self._pending = 0.0, []
 
 
 # ------------------------------------------------------------------------------------------ p2p

@@ -49,6 +49,12 @@ class TPStrategy(Strategy):
     def data_parallel_rank_size(self) -> tuple[int, int]:
         return self.env.rank // self.tp, self.dp  # mesh (dp, tp) is row-major: tp ranks are neighbours
 
+    def rng_rank(self) -> int:
+        """The data-parallel rank: the ranks of one tp group share one dropout mask. Activations after
+        RowwiseParallel (and the embeddings') are plain replicated tensors, so a mask per rank
+        would make the replicated parameters (norms, embeddings) drift apart across the group."""
+        return self.data_parallel_rank_size()[0]
+
     def setup_module(self, model: nn.Module) -> nn.Module:
         from torch.distributed.tensor.parallel import parallelize_module
 

@@ -120,18 +120,17 @@ def bench(env: DistEnv, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
                 continue
             rows.append(measure(env, op, nbytes, spec, timeout))
             log.info("%s %s B: %s", op, rows[-1]["bytes"], rows[-1]["status"])
-    times = torch.tensor(
-        [r["time_s"] if r["time_s"] is not None else math.nan for r in rows], dtype=torch.float64
-    )
+    times = [r["time_s"] if r["time_s"] is not None else math.nan for r in rows]
     wrong = [(i, r["wrong"]) for i, r in enumerate(rows) if r.get("wrong")]
-    every_time = [torch.zeros_like(times) for _ in range(env.world_size)]
-    every_wrong: list[Any] = [None] * env.world_size
+    every: list[Any] = [(times, wrong)]
     if env.world_size > 1:  # one exchange at the end: nothing extra inside the timed loops
-        dist.all_gather(every_time, times)
-        dist.all_gather_object(every_wrong, wrong)
-    else:
-        every_time, every_wrong = [times], [wrong]
-    return _merge(env, spec, rows, torch.stack(every_time), every_wrong, time.perf_counter() - started)
+        # An object collective: torch moves the bytes on the group's device (NCCL: the bound GPU).
+        # A tensor built here would be a CPU tensor, which an NCCL group refuses.
+        every = [None] * env.world_size
+        dist.all_gather_object(every, (times, wrong))
+    every_time = torch.tensor([t for t, _ in every], dtype=torch.float64)
+    every_wrong = [w for _, w in every]
+    return _merge(env, spec, rows, every_time, every_wrong, time.perf_counter() - started)
 
 
 def _merge(

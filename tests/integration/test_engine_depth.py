@@ -1,6 +1,6 @@
 """Engine depth through the real CLI on 2 gloo CPU ranks, where ranks must agree: fp16 loss scaling
-under fsdp, NaN on one rank, the parameter-sync check, gpt under fsdp and fsdp+tp, uneven
-validation shards; and compile (1 rank). The runs that succeed are the jobs of one `disttrain train
+under fsdp, NaN on one rank, the parameter-sync check, gpt under fsdp and fsdp+tp, tp with dropout,
+uneven validation shards; and compile (1 rank). The runs that succeed are the jobs of one `disttrain train
 -m` sweep (tests/integration/sweep.py: one start-up for all, each job a complete run with its own
 run dir); the two that must fail are runs of their own.
 What one rank shows (bf16 gpt, fp16 under ddp, FSDP's bf16 policy, activation checkpointing,
@@ -18,10 +18,10 @@ from shared_support import TINY_GPT, check_one_fp16_overflow
 from disttrain.checkpoint import read_meta
 from disttrain.testing import FAULT_MLP
 
-from .conftest import run_cli, train_in_process, train_records, val_records
+from .conftest import run_cli, train_in_process, train_losses, train_records, val_records, write_module
 from .sweep import Sweep, run_sweep
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # the sweep: 6 x JOB_BUDGET
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(660)]  # the sweep: 7 x JOB_BUDGET
 
 FAULT = ("data=synthetic", *FAULT_MLP, "trainer.log_every=1")
 GPT = (*TINY_GPT, "trainer.batch_size=16", "trainer.max_steps=6", "trainer.val_every=3",
@@ -31,6 +31,44 @@ GPT_RUNS = {
     "fsdp": ("strategy=fsdp", "strategy.min_num_params=1000"),
     "fsdp+tp": ("strategy=fsdp+tp", "trainer.batch_size=32"),
 }
+# tp with dropout (issue 27): a GPT of the test's own (tpdump.DumpGPT, written into the sweep's
+# folder) saves each rank's replicated parameters at every validation forward, so the test compares
+# them across the two tp ranks after the last step.
+TP_DROPOUT = ("model=gpt", "data=text", "model._target_=tpdump.DumpGPT", "model.vocab_size=${data.num_classes}",
+              "model.block_size=${data.num_features}", "model.dim=32", "model.n_layers=1", "model.n_heads=2",
+              "data.block_size=32", "model.dropout=0.1", "model.dump_dir=tp_dumps", "strategy=tp",
+              "trainer.batch_size=16", "trainer.max_steps=20", "trainer.val_every=20", "trainer.log_every=1",
+              "backend.timeout=60")  # fmt: skip
+DUMP_GPT = """
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate
+
+from disttrain.models.gpt import GPT, gpt_tp_plan
+
+
+class DumpGPT(GPT):
+    def __init__(self, *args, dump_dir="", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.dump_dir = dump_dir
+
+    def tp_plan(self):
+        return gpt_tp_plan(self)
+
+    def forward(self, idx):
+        if not self.training and dist.is_initialized():  # validation: after the step's update
+            mine = {}
+            for name, p in self.named_parameters():
+                if not isinstance(p, DTensor):
+                    mine[name] = p.detach().clone()
+                elif all(isinstance(pl, Replicate) for pl in p.placements):
+                    mine[name] = p.to_local().detach().clone()
+            os.makedirs(self.dump_dir, exist_ok=True)
+            torch.save(mine, os.path.join(self.dump_dir, f"rank{dist.get_rank()}.pt"))
+        return super().forward(idx)
+"""
 UNEVEN = ("data=synthetic", "data.num_val_samples=9", "trainer.max_steps=4", "trainer.val_every=2",
           "backend.timeout=30")  # fmt: skip
 # The runs that succeed and need no other run: the jobs of one sweep (name -> overrides). The runs
@@ -44,6 +82,7 @@ RUNS = {
                 "trainer.max_steps=3", "model.hidden=[16]", "trainer.log_every=1"),
     "gpt-fsdp": (*GPT, *GPT_RUNS["fsdp"]),
     "gpt-fsdp+tp": (*GPT, *GPT_RUNS["fsdp+tp"]),
+    "gpt-tp-dropout": TP_DROPOUT,
     "uneven_val": (*UNEVEN, "strategy=fsdp", "strategy.min_num_params=100", "trainer.batch_size=4"),
 }  # fmt: skip
 JOB_BUDGET = 90  # compile's first step compiles
@@ -52,7 +91,9 @@ JOB_BUDGET = 90  # compile's first step compiles
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     """Every run of RUNS as the jobs of one sweep (one parent process and fork server for all)."""
-    return run_sweep(tmp_path_factory.mktemp("sweep"), RUNS, budget=JOB_BUDGET)
+    cwd = tmp_path_factory.mktemp("sweep")
+    write_module(cwd, "tpdump", DUMP_GPT)
+    return run_sweep(cwd, RUNS, budget=JOB_BUDGET)
 
 
 def test_fp16_overflow_under_fsdp_skips_that_step_and_lowers_the_scale(runs: Sweep) -> None:
@@ -130,3 +171,26 @@ def test_validation_shards_of_unequal_batch_counts_do_not_hang_fsdp(tmp_path: Pa
             (("fsdp", fsdp), ("single", single))}  # fmt: skip
     assert len(vals["single"]) == 4
     assert vals["fsdp"] == pytest.approx(vals["single"], abs=1e-6)
+
+
+def test_tp_dropout_keeps_replicated_parameters_identical_and_trains(tmp_path: Path, runs: Sweep) -> None:
+    """tp on 2 ranks with dropout 0.1: the ranks of the tp group draw one dropout mask, so after 20
+    steps the replicated parameters (embeddings, norms, replicated biases) are bitwise identical on
+    both ranks; and the loss falls about as far as with dropout 0 (single, same batch, in process)."""
+    run_dir = runs["gpt-tp-dropout"]
+    dumps = [torch.load(runs.cwd / "tp_dumps" / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert {"embed.tok.weight", "blocks.0.ln1.weight", "head.ln.bias", "blocks.0.fc_out.bias"} <= set(
+        dumps[0]
+    )
+    differ = [k for k in dumps[0] if not torch.equal(dumps[0][k], dumps[1][k])]
+    assert differ == [], f"replicated parameters differ across the tp ranks: {differ}"
+    dropout = train_losses(run_dir)
+    plain_args = [o for o in TP_DROPOUT if not o.startswith(("model._target_", "model.dump_dir", "model.dropout",
+                  "model.vocab_size", "model.block_size", "strategy="))]  # fmt: skip
+    plain = train_losses(
+        train_in_process(tmp_path / "single", *plain_args, "strategy=single", "nproc_per_node=1")
+    )
+    assert len(dropout) == len(plain) == 20
+    fell, fell_plain = dropout[0] - sum(dropout[-5:]) / 5, plain[0] - sum(plain[-5:]) / 5
+    print(f"loss fell {fell:.3f} with dropout 0.1 (tp), {fell_plain:.3f} with dropout 0 (single)")
+    assert fell > 0.5 * fell_plain > 0, (dropout, plain)

@@ -107,3 +107,36 @@ def test_while_an_overlapped_save_is_in_flight_the_last_committed_one_stays_choo
         assert checkpoint.choose(tmp_path) is not None
     ckpt.finish()
     assert checkpoint.choose(tmp_path) == tmp_path / checkpoint.step_name(2)
+
+
+def test_async_staging_is_pinned_and_non_blocking_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review #13: on CUDA an async save stages into pinned memory with non-blocking copies (on DCP's
+    staging stream, beside the training kernels); on CPU plain memory and blocking copies (torch
+    refuses non-blocking staging without an accelerator). The rank's device decides."""
+    import torch.distributed.checkpoint.staging as staging
+
+    from disttrain.checkpoint import store
+
+    cuda, cpu = store.staging_options(torch.device("cuda", 3)), store.staging_options(torch.device("cpu"))
+    assert (cuda.use_pinned_memory, cuda.use_non_blocking_copy, cuda.use_async_staging) == (True, True, True)
+    assert (cpu.use_pinned_memory, cpu.use_non_blocking_copy, cpu.use_async_staging) == (False, False, True)
+    assert not cuda.use_shared_memory and not cpu.use_shared_memory
+
+    built: list[staging.StagingOptions] = []
+    monkeypatch.setattr(staging, "DefaultStager", lambda options: built.append(options))
+    monkeypatch.setattr(store._Background, "executor", None)
+    executor, _ = store._Background.start(torch.device("cuda", 3))
+    executor.shutdown()
+    assert built == [cuda]
+
+
+def test_the_manager_stages_from_the_ranks_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[torch.device | None] = []
+    real = checkpoint.save
+    monkeypatch.setattr(
+        checkpoint, "save", lambda *a, **kw: (seen.append(kw.get("device")), real(*a, **kw))[1]
+    )
+    ckpt, *_ = _manager(tmp_path, nn.Linear(4, 2))
+    ckpt.save("test")
+    ckpt.finish()
+    assert seen == [ENV.device]

@@ -3,6 +3,8 @@ reference simulation of the collective (an independent definition of what each r
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -111,3 +113,28 @@ def test_one_rank_runs_every_op_in_process(tmp_path, monkeypatch) -> None:
     for (op, _), r in rows.items():
         if op != "send_recv":
             assert r["status"] == "ok" and r["correct"] is True and r["time_us"] > 0, r
+
+
+def test_merge_exchange_passes_a_strict_device_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review #3: the end-of-bench exchange must not put a CPU tensor on the default group (NCCL
+    refuses it after every measurement is done); the merged times are every rank's, per row."""
+    from strict_device import strict_world
+
+    from disttrain.tools import commbench
+
+    spec = {"ops": ["all_reduce", "barrier"], "sizes": [8, 64]}
+    fake = iter([0.5, 0.25, 0.125])
+
+    def measure(env: Any, op: str, nbytes: int, spec: Any, timeout: float) -> dict[str, Any]:
+        return {"op": op, "bytes": nbytes, "status": "ok", "wrong": None, "iters": 3, "time_s": next(fake)}
+
+    monkeypatch.setattr(commbench, "measure", measure)
+    with strict_world(2, rank=1, monkeypatch=monkeypatch) as env:
+        report = commbench.bench(env, {**spec, "dtype": "float32"}, timeout=5.0)
+    assert [(r["op"], r["bytes"]) for r in report["results"]] == [
+        ("all_reduce", 8),
+        ("all_reduce", 64),
+        ("barrier", 0),
+    ]
+    assert [r["time_us"] for r in report["results"]] == [5e5, 2.5e5, 1.25e5]
+    assert report["errors"] == [] and report["world_size"] == 2

@@ -90,6 +90,10 @@ def _whole_world(s: Any, world: int) -> int:
     return world
 
 
+def _never(s: Any) -> bool:
+    return False
+
+
 StaticCheck = Callable[[dict[str, Any], Any], None]
 ModelCheck = Callable[[dict[str, Any], Any, Any, int], None]
 
@@ -102,6 +106,9 @@ class StrategySpec:
     check_model(cfg, s, meta_model, gpus): rules that need the model (built on the meta device).
     dp_degree(s, world): data-parallel replicas (ranks that read different data) at `world` ranks;
     the strategy's `data_parallel_rank_size()` returns the same size.
+    cpu_collectives(s): its ranks run collectives on CPU tensors with this config (FSDP's
+    cpu_offload: gradient norms and full state dicts of CPU shards); on GPUs the process group then
+    needs gloo for CPU next to NCCL (`group_backend`).
     """
 
     name: str
@@ -119,6 +126,7 @@ class StrategySpec:
     check_static: StaticCheck | None = None
     check_model: ModelCheck | None = None
     dp_degree: Callable[[Any, int], int] = _whole_world
+    cpu_collectives: Callable[[Any], bool] = _never
     plan: Callable[[PlanShape], list[dict[str, Any]]] | None = None
 
     def __post_init__(self) -> None:
@@ -245,6 +253,12 @@ def dp_degree(cfg: dict[str, Any]) -> int:
     """Data-parallel replicas of a resolved run config: the spec's answer at this world size."""
     spec, s = of(cfg)
     return int(spec.dp_degree(s, world_size(cfg)))
+
+
+def cpu_collectives(cfg: dict[str, Any]) -> bool:
+    """Whether the ranks of a resolved run config run collectives on CPU tensors (the spec says)."""
+    spec, s = of(cfg)
+    return bool(spec.cpu_collectives(s))
 
 
 def at_least(key: str, value: Any, low: int, hint: str) -> int:

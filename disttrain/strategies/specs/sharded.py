@@ -126,6 +126,12 @@ def plan_zero2(shape: PlanShape) -> list[dict[str, Any]]:
     return [data_parallel_row("zero2", shape, preference=30, zero=2, note=note)]
 
 
+def offloads(s: FSDPStrategyConfig) -> bool:
+    """cpu_offload: grads are CPU DTensors, so the grad norm and full state dicts all-reduce and
+    all-gather CPU tensors (pytorch#148532)."""
+    return bool(s.cpu_offload)
+
+
 FSDP = register(
     StrategySpec(
         name="fsdp",
@@ -134,6 +140,7 @@ FSDP = register(
         about="FSDP2 (fully_shard): parameters, gradients and optimizer state sharded; HSDP with replicate",
         check_static=check_fsdp,
         check_model=check_wrap_classes,
+        cpu_collectives=offloads,
         plan=plan_fsdp,
     )
 )
@@ -145,6 +152,7 @@ ZERO2 = register(
         about="FSDP2 without resharding after forward: ZeRO-2's memory with ddp's traffic",
         check_static=check_zero2,
         check_model=check_wrap_classes,
+        cpu_collectives=offloads,
         plan=plan_zero2,
     )
 )
