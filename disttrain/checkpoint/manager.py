@@ -164,7 +164,7 @@ class Checkpointer:
             self.dir,
             step,
             app,
-            rng_state(),
+            rng_state(self.env.device),
             meta,
             rank=self.env.rank,
             keep=self.cfg.keep,
