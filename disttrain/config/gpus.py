@@ -75,7 +75,7 @@ def check_nccl_ranks(cfg: dict[str, Any]) -> int:
             f"auto or gloo on this machine (torch.cuda.is_available() is False, torch {torch.__version__})",
             "nccl needs CUDA GPUs; use backend=gloo or backend=auto.",
         )
-    if nproc > gpus:
+    if nproc > gpus and not _bound_per_task(nproc, gpus):
         via = "" if name == "nccl" else f" (backend={name} becomes nccl on this CUDA machine)"
         raise ConfigError(
             "nproc_per_node",
@@ -85,6 +85,14 @@ def check_nccl_ranks(cfg: dict[str, Any]) -> int:
             f"or backend=gloo to run {nproc} CPU ranks.",
         )
     return gpus
+
+
+def _bound_per_task(nproc: int, gpus: int) -> bool:
+    """Inside ranks an outside launcher started (srun --gpus-per-task=1): each sees only its own
+    GPU(s), fewer than the local ranks; DistEnv.from_env (dist.cuda_index) already chose its device."""
+    from disttrain.launch import launched_externally
+
+    return launched_externally() and nproc % gpus == 0
 
 
 def check_bf16(cfg: dict[str, Any], gpus: int) -> None:

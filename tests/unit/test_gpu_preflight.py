@@ -125,6 +125,20 @@ def test_more_local_ranks_than_gpus_without_binding_is_a_clear_error(
     assert chosen == []
 
 
+def test_ranks_bound_one_gpu_per_task_pass_the_rank_count_check(
+    gpus: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`srun ... disttrain train`: 8 launched ranks on a node, each seeing its own single GPU."""
+    gpus(1)
+    _rank_env(monkeypatch, 3, 8)
+    cfg = resolve(compose(["nproc_per_node=8"]))
+    assert check_nccl_ranks(cfg) == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    gpus(3)  # 8 ranks over 3 visible GPUs each: not a per-task binding
+    with pytest.raises(ConfigError):
+        check_nccl_ranks(cfg)
+
+
 # ------------------------------------------------------------------ #9 the rank's own CUDA RNG
 def test_rng_saves_only_the_ranks_own_device(gpus: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from disttrain.engine import rng
