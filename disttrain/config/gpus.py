@@ -30,6 +30,14 @@ def nccl_gpus(backend: str) -> int:
     return int(torch.cuda.device_count())
 
 
+def _requested_gpus(cfg: dict[str, Any]) -> int:
+    """A scheduler's job (launcher=slurm/k8s) asks for `launcher.gpus_per_node` on nodes that are not
+    this (login) machine: `auto` means one rank per GPU asked for there."""
+    launcher = cfg.get("launcher")
+    asked = launcher.get("gpus_per_node") if isinstance(launcher, dict) else None
+    return asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 else 0
+
+
 def _cpu_only_torch() -> bool:
     """The installed torch is a CPU-only wheel (`2.13.0+cpu`): it can never see a GPU."""
     from importlib.metadata import PackageNotFoundError, version
@@ -45,7 +53,7 @@ def resolve_nproc(cfg: dict[str, Any]) -> None:
     a number stays (as an int). Called by `resolve`, so every later reader sees an int."""
     value: Any = cfg.get("nproc_per_node")
     if value == AUTO:
-        cfg["nproc_per_node"] = nccl_gpus(str(cfg["backend"]["name"])) or CPU_RANKS
+        cfg["nproc_per_node"] = _requested_gpus(cfg) or nccl_gpus(str(cfg["backend"]["name"])) or CPU_RANKS
         return
     if isinstance(value, bool) or not str(value).strip().isdigit() or int(value) < 1:
         raise ConfigError(

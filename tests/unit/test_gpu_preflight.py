@@ -55,6 +55,15 @@ def test_auto_with_gloo_on_a_gpu_machine_is_two_cpu_ranks(gpus: Any) -> None:
     assert check_nccl_ranks(cfg) == 8
 
 
+@pytest.mark.parametrize("launcher", ["slurm", "k8s"])
+def test_auto_for_a_scheduler_job_is_the_gpus_it_asks_per_node(gpus: Any, launcher: str) -> None:
+    """Submitted from a login node without GPUs: the ranks run on the job's nodes."""
+    gpus(0)
+    cfg = resolve(compose([f"launcher={launcher}", "launcher.gpus_per_node=4"]))
+    assert cfg["nproc_per_node"] == 4
+    assert resolve(compose([f"launcher={launcher}"]))["nproc_per_node"] == 2  # no GPU asked for
+
+
 @pytest.mark.parametrize(("count", "nproc"), [(1, 2), (8, 16)])
 def test_more_ranks_than_gpus_with_auto_backend_is_refused_before_launch(
     gpus: Any, count: int, nproc: int
