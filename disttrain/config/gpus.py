@@ -133,6 +133,6 @@ def check_bf16(cfg: dict[str, Any], gpus: int) -> None:
         "amp",
         "bf16",
         f"off or fp16 on {name} (compute capability {major}.{minor}; bf16 tensor cores need 8.0, Ampere)",
-        "use amp=fp16 (loss scaling, native on this GPU), or amp.bf16_emulation=true to run bf16 emulated "
-        "(slowly) anyway.",
+        "use amp=fp16 (native on this GPU, with loss scaling; where the strategy allows it) or amp=off, or "
+        "amp.bf16_emulation=true to run bf16 emulated (slowly) anyway.",
     )
