@@ -45,11 +45,32 @@ class DistEnv:
         if backend == "nccl":
             if not torch.cuda.is_available():
                 raise RuntimeError("backend nccl needs CUDA GPUs, but torch.cuda.is_available() is False")
-            device = torch.device("cuda", local_rank)
+            device = torch.device("cuda", cuda_index(local_rank, local_world))
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
         return cls(rank, local_rank, world, local_world, backend, device)
+
+
+def cuda_index(local_rank: int, local_world: int) -> int:
+    """This rank's CUDA device: its local rank, when the node shows every GPU to every rank. Where
+    the scheduler binds GPUs per task (`srun --gpus-per-task=1`, `--gpu-bind`), each task sees only
+    its own device(s), so fewer than the local ranks: `local_rank % count` picks among them."""
+    count = torch.cuda.device_count()
+    if local_rank < count:
+        return local_rank
+    if 0 < count < local_world and local_world % count == 0:
+        return local_rank % count
+    from disttrain.config.errors import ConfigError
+
+    raise ConfigError(
+        "LOCAL_RANK",
+        local_rank,
+        f"< {count} (the CUDA devices this process sees; CUDA_VISIBLE_DEVICES="
+        f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}) for {local_world} local rank(s)",
+        "give each rank its own GPU: at most one rank per visible GPU (nproc_per_node), or bind "
+        "the same number of GPUs to every task (srun --gpus-per-task=1).",
+    )
 
 
 def group_backend(backend: str, cpu_collectives: bool = False) -> str:

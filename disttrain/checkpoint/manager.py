@@ -229,7 +229,7 @@ class Checkpointer:
                 self.dir,
                 step,
                 app,
-                rng_state(),
+                rng_state(self.env.device),
                 meta,
                 rank=self.env.rank,
                 keep=self.cfg.keep,

@@ -258,9 +258,11 @@ def print_summary(run_dir: Path) -> dict[str, Any] | None:
         return None
     s = json.loads(path.read_text())
     vals = " ".join(f"{k}={s[k]:.4f}" for k in sorted(s) if k.startswith("val/"))
+    gpu = s.get("gpu_mem_allocated_peak_gib")  # CUDA runs only: the CPU line stays as it was
+    mem = f", peak GPU memory {gpu:.2f} GiB ({s['gpu_mem_reserved_peak_gib']:.2f} reserved)" if gpu else ""
     sys.stdout.write(
         f"done: {s['steps']} steps, {vals or 'no validation'}, {s['samples_per_s']:.0f} samples/s, "
-        f"{s['train_time_s']:.1f} s training | run dir: {run_dir}\n"
+        f"{s['train_time_s']:.1f} s training{mem} | run dir: {run_dir}\n"
     )
     return dict(s)
 
@@ -285,7 +287,14 @@ def _print_cfg(args: Any) -> int:
         args.overrides, args.config_dir, args.config_name or "config", with_hydra=args.cfg == "hydra"
     )
     if args.cfg == "job":
-        sys.stdout.write(OmegaConf.to_yaml(cfg, resolve=args.resolve))
+        if not args.resolve:
+            sys.stdout.write(OmegaConf.to_yaml(cfg))
+            return 0
+        from disttrain.config.gpus import resolve_nproc
+
+        job = OmegaConf.to_container(cfg, resolve=True)
+        resolve_nproc(job)  # type: ignore[arg-type]  # nproc_per_node=auto as the run freezes it
+        sys.stdout.write(OmegaConf.to_yaml(job))
         return 0
     from hydra.core.hydra_config import HydraConfig
 

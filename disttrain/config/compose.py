@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from disttrain.config.errors import ConfigError, _fields, translate, translated, unknown_key_hint
+from disttrain.config.gpus import resolve_nproc
 from disttrain.config.launch_checks import elastic_nodes
 
 if TYPE_CHECKING:
@@ -162,6 +163,7 @@ def resolve(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, An
         raise err from None
     assert isinstance(container, dict)
     elastic_nodes(container)  # type: ignore[arg-type]
+    resolve_nproc(container)  # type: ignore[arg-type]  # auto -> a number, before anything reads it
     return container  # type: ignore[return-value]
 
 

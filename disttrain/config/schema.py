@@ -240,6 +240,16 @@ class AmpConfig:
     dtype: str = _h("compute dtype under autocast: float32, bfloat16 or float16", "float32")
     init_scale: float = _h("fp16: initial loss scale", 65536.0)
     growth_interval: int = _h("fp16: steps without overflow before the scale doubles", 2000)
+    tf32: bool = _h(
+        "CUDA: fp32 matmuls (amp=off, and fp32 ops under autocast) on TF32 tensor cores "
+        "(torch.set_float32_matmul_precision('high'); Ampere and newer); false: full fp32",
+        True,
+    )
+    bf16_emulation: bool = _h(
+        "amp=bf16 on a GPU without bf16 tensor cores (before Ampere: V100, T4) runs emulated and "
+        "slowly: refused unless true (then a warning)",
+        False,
+    )
 
 
 # ---------------------------------------------------------------------------------------- optim
@@ -522,7 +532,10 @@ class Config:
     nodes: Any = _h(
         'number of nodes (machines); MIN:MAX for elastic membership (nodes=1:2; in YAML quote it: "1:2")', 1
     )
-    nproc_per_node: int = _h("ranks per node (one per GPU; CPU: any)", 2)
+    nproc_per_node: Any = _h(
+        "ranks per node: auto (one per visible GPU when the backend resolves to nccl, else 2) or a number",
+        "auto",
+    )
     node_rank: int = _h("this node's rank, 0..nodes-1", 0)
     master_addr: str = _h("address of node 0 (multi-node)", "127.0.0.1")
     master_port: int = _h("rendezvous port on master_addr; 0: pick a free one (single node)", 0)

@@ -340,6 +340,7 @@ def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     mark("runtime_checks_start")
     import torch
 
+    from disttrain.config.gpus import check_bf16, check_nccl_ranks
     from disttrain.data import build_datasets
     from disttrain.models import build_model
     from disttrain.tasks import build_task
@@ -348,22 +349,8 @@ def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     mark("runtime_imports")
     launch_checks.check_runtime(cfg)
     _check_resume_path(cfg)
-    backend = cfg["backend"]["name"]
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if backend == "nccl" and gpus == 0:
-        raise ConfigError(
-            "backend",
-            "nccl",
-            f"auto or gloo on this machine (torch.cuda.is_available() is False, torch {torch.__version__})",
-            "nccl needs CUDA GPUs; use backend=gloo or backend=auto.",
-        )
-    if backend == "nccl" and cfg["nproc_per_node"] > gpus:
-        raise ConfigError(
-            "nproc_per_node",
-            cfg["nproc_per_node"],
-            f"<= {gpus} (GPUs on this node) with nccl",
-            f"set nproc_per_node={gpus}, one rank per GPU.",
-        )
+    gpus = check_nccl_ranks(cfg)  # compares what `auto` becomes, not the literal backend name
+    check_bf16(cfg, gpus)
     train, val = build_datasets(cfg["data"])
     if len(train) == 0:
         _empty_training_set(cfg["data"], train)

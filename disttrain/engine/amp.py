@@ -25,8 +25,13 @@ class Precision:
     ) -> None:
         amp = typed(AmpConfig, cfg) if cfg else AmpConfig()  # the schema holds the defaults
         self.name = amp.name
+        self.tf32 = amp.tf32
         self.dtype = DTYPES[amp.dtype]
         self.device_type = device.type
+        if device.type == "cuda":
+            # fp32 matmuls on TF32 tensor cores (torch's default is full fp32: several times slower on
+            # Ampere and newer); CUDA only: the setting also reaches CPU matmuls through oneDNN.
+            torch.set_float32_matmul_precision("high" if amp.tf32 else "highest")
         self.enabled = self.name != "off"
         kwargs: dict[str, Any] = {
             "init_scale": float(amp.init_scale),

@@ -23,6 +23,7 @@ from disttrain.engine.optim import total_steps as total_steps  # its home: the s
 from disttrain.engine.rng import set_rng_state
 from disttrain.engine.signals import FAILED_KEY, StopFlag, StopUnagreed
 from disttrain.engine.state import TrainState
+from disttrain.observe import gpu_memory
 from disttrain.observe.metrics import NullMetrics
 from disttrain.observe.profiler import NullProfiler
 from disttrain.observe.progress import make_progress
@@ -99,7 +100,13 @@ class Engine:
         self.timeout_s = timeout_s
         self.precision: Precision = strategy.precision
         self.split = 1  # trainer.oom=auto_microbatch: each loader batch is cut into this many parts
-        self.throughput = Throughput(strategy.unwrap(self.model), env)
+        self.throughput = Throughput(
+            strategy.unwrap(self.model),
+            env,
+            amp=self.precision.name,
+            tf32=self.precision.tf32,
+            gpus_per_rank=strategy.gpus_per_rank(),
+        )
         self.data_wait_s = 0.0  # time spent waiting for batches (reset per log window)
         self.step_tokens = 0
         self.in_update = False  # inside optimizer/scheduler step: state not consistent across ranks
@@ -125,6 +132,7 @@ class Engine:
         resumed_done = s.step >= self.total_steps and s.step > 0
         self.metrics.start(None)  # opened by resume() already, unless the caller skipped it
         progress = make_progress(self.env.is_zero, t.progress, self.total_steps, "train")
+        gpu_memory.reset_peaks(self.env)
         with self.stop, self.profiler, progress as bar:
             bar.update(s.step)
             try:
@@ -363,7 +371,7 @@ class Engine:
         """The rest of this epoch's optimizer steps, each `grad_accum` micro-batches."""
         batches = iter(self.train_loader)
         if self.pending_rng is not None:  # after iter(): the interrupted run drew from the RNG there too
-            set_rng_state(self.pending_rng)
+            set_rng_state(self.pending_rng, self.env.device)
             self.pending_rng = None
         for _ in range(len(self.train_loader) // self.accum):
             t0 = time.perf_counter()
@@ -404,6 +412,7 @@ class Engine:
         values.update(self.task.derived(values))
         values.update(self.throughput.rates(window.tokens * self.dp_size, elapsed, window.steps))
         values.update(self.guards.metrics())
+        values.update(gpu_memory.peaks(self.env))  # a collective on CUDA (every rank logs this step)
         self.metrics.log(self.state.step, values, epoch=self.state.epoch)
         log.debug("step %d %s", self.state.step, values)
         return values
@@ -419,6 +428,7 @@ class Engine:
             "first_step_at": s.first_step_at,
             "checkpoint_stall_s": [round(x, 4) for x in self.ckpt.stalls],
             **self.guards.metrics(),
+            **gpu_memory.peaks(self.env),  # every rank builds the summary: a collective on CUDA
             **s.last_val,
         }
 

@@ -23,6 +23,8 @@ ROWS = (
     ("amp/skipped_steps", "fp16 skipped steps", "{:.0f}"),
     ("anomaly_skipped_steps", "non-finite skipped steps", "{:.0f}"),
     ("state_bytes_per_rank", "state bytes (rank 0)", "{:,d}"),
+    ("gpu_mem_allocated_peak_gib", "peak GPU memory allocated (max rank)", "{:.2f} GiB"),
+    ("gpu_mem_reserved_peak_gib", "peak GPU memory reserved (max rank)", "{:.2f} GiB"),
 )
 
 

@@ -3,45 +3,76 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
 
 from disttrain.dist import DistEnv
 
-# dense bf16/fp16 tensor-core peak FLOP/s per device (vendor data sheets, without sparsity)
-PEAK_FLOPS = {
-    "H200": 989e12,
-    "H100": 989e12,
-    "A100": 312e12,
-    "A10G": 125e12,
-    "A10": 125e12,
-    "L40S": 362e12,
-    "L4": 121e12,
-    "V100": 125e12,
-    "T4": 65e12,
-    "RTX 4090": 165e12,
-    "RTX 3090": 71e12,
-}
+# Dense (no sparsity) bf16/fp16 tensor-core peak FLOP/s of one device, from the vendors' data sheets:
+# (model, variant, peak). A device name matches by its words, never by substring ("NVIDIA L40" is
+# not an "L4"); a name carrying a variant word (PCIe, NVL) matches only that variant's entry, so an
+# "H100 PCIe" never gets the SXM part's peak ("NVIDIA H100 80GB HBM3" is the SXM5 part).
+PEAK_FLOPS: tuple[tuple[str, str | None, float], ...] = (
+    ("GH200", None, 989e12),  # Grace Hopper: an H100 (96/144 GB HBM3/3e) at SXM clocks
+    ("H200", None, 989e12),
+    ("H100", "PCIE", 756e12),
+    ("H100", "NVL", 835e12),
+    ("H100", None, 989e12),
+    ("A100", "PCIE", 312e12),
+    ("A100", None, 312e12),
+    ("A10G", None, 125e12),
+    ("A10", None, 125e12),
+    ("L40S", None, 362e12),
+    ("L40", None, 181e12),
+    ("L4", None, 121e12),
+    ("V100", None, 125e12),
+    ("T4", None, 65e12),
+    ("4090", None, 165e12),  # GeForce RTX 4090 (fp32 accumulate)
+    ("3090", None, 71e12),
+)
+VARIANTS = ("PCIE", "NVL")
+AMPERE = (8, 0)  # TF32 tensor cores from here on; their dense TF32 peak is half the bf16 one
 
 
-def device_peak_flops(device: torch.device) -> float | None:
-    """Peak FLOP/s of one device, or None when it is not in the table (and always on CPU)."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, peak in PEAK_FLOPS.items():
-        if key in name:
+def _words(name: str) -> set[str]:
+    return set(re.split(r"[\s\-_/]+", name.upper()))
+
+
+def bf16_peak(name: str) -> float | None:
+    """Dense bf16 peak FLOP/s of the device called `name` (torch.cuda.get_device_name), or None."""
+    words = _words(name)
+    variant = next((v for v in VARIANTS if v in words), None)
+    for model, kind, peak in PEAK_FLOPS:
+        if model in words and kind == variant:
             return peak
     return None
 
 
+def device_peak_flops(device: torch.device, amp: str = "bf16", tf32: bool = True) -> float | None:
+    """Peak FLOP/s of one device for the run's precision, or None (MFU n/a): unknown device, CPU,
+    or fp32 matmuls without TF32 tensor cores (amp=off with amp.tf32=false, or before Ampere)."""
+    if device.type != "cuda":
+        return None
+    peak = bf16_peak(torch.cuda.get_device_name(device))
+    if peak is None or amp != "off":
+        return peak
+    if not tf32 or torch.cuda.get_device_capability(device) < AMPERE:
+        return None
+    return peak / 2
+
+
 class Throughput:
-    def __init__(self, model: Any, env: DistEnv) -> None:
+    def __init__(
+        self, model: Any, env: DistEnv, amp: str = "bf16", tf32: bool = True, gpus_per_rank: int = 1
+    ) -> None:
+        """`gpus_per_rank`: devices one rank drives (strategy=dp: every visible GPU), so MFU
+        divides by the GPUs the run uses, not by its ranks."""
         fpt = getattr(model, "flops_per_token", None)
         self.flops_per_token: int | None = int(fpt()) if callable(fpt) else None
-        self.peak = device_peak_flops(env.device)
-        self.world = env.world_size
+        self.peak = device_peak_flops(env.device, amp, tf32)
+        self.world = env.world_size * max(gpus_per_rank, 1)
 
     def rates(self, tokens: int, elapsed: float, steps: int) -> dict[str, float]:
         """`tokens`: global tokens processed in the window of `steps` optimizer steps."""

@@ -96,6 +96,10 @@ class Strategy:
             return torch.nn.utils.get_total_norm([p.grad for p in params])  # type: ignore[misc]
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
+    def gpus_per_rank(self) -> int:
+        """Devices one rank computes on (MFU divides by the GPUs a run drives, not its ranks)."""
+        return 1
+
     # ---------------------------------------------------------------- collectives
     def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         if not dist.is_initialized() or self.env.world_size == 1:

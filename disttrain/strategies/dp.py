@@ -17,6 +17,10 @@ log = logging.getLogger("disttrain")
 
 
 class DPStrategy(Strategy):
+    def gpus_per_rank(self) -> int:
+        """nn.DataParallel splits each batch over every visible GPU from this one rank."""
+        return max(torch.cuda.device_count(), 1) if self.env.device.type == "cuda" else 1
+
     def setup_module(self, model: nn.Module) -> nn.Module:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if self.env.device.type != "cuda" or gpus == 0:

@@ -94,24 +94,15 @@ def make_spec(args: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
 
 def compose_checked(args: argparse.Namespace) -> dict[str, Any]:
     """The same composition and static checks as `train`, plus the GPU checks the backend needs."""
-    import torch
-
     from disttrain.config import compose, resolve
-    from disttrain.config.errors import ConfigError
+    from disttrain.config.gpus import check_nccl_ranks
     from disttrain.config.validate import check_static
 
     cfg = resolve(compose(args.overrides, args.config_dir), args.overrides)
     if args.timeout is not None:
         cfg["backend"]["timeout"] = args.timeout
     check_static(cfg)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if cfg["backend"]["name"] == "nccl" and cfg["nproc_per_node"] > gpus:
-        raise ConfigError(
-            "backend",
-            "nccl",
-            f"nproc_per_node <= {gpus} GPUs on this node",
-            "nccl needs one CUDA GPU per rank; use backend=gloo on CPU.",
-        )
+    check_nccl_ranks(cfg)
     return cfg
 
 

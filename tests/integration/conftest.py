@@ -38,6 +38,26 @@ CLI = (
 # Every run: no progress bar, a fixed thread count (2 ranks x 1 thread on the 2-core CI machine).
 FAST = ("trainer.progress=false", "threads_per_rank=1")
 
+# On a CUDA machine `backend=auto` becomes nccl (one rank per GPU): the suite's runs stay on gloo
+# CPU ranks, as on CI, unless the test is marked `gpu` (tests/integration/test_gpu.py) or picks a
+# backend itself. Set per test by the autouse fixture below.
+_GPU_TEST = [False]
+
+
+@pytest.fixture(autouse=True)
+def _gpu_marked(request: pytest.FixtureRequest) -> Iterator[None]:
+    _GPU_TEST[0] = request.node.get_closest_marker("gpu") is not None
+    yield
+    _GPU_TEST[0] = False
+
+
+def pinned_backend(*overrides: str) -> tuple[str, ...]:
+    """("backend=gloo",) for a CLI run of this test, or () in a `gpu` test or when `overrides`
+    choose the backend."""
+    chosen = any(o.lstrip("+~").partition("=")[0] in ("backend", "backend.name") for o in overrides)
+    return () if _GPU_TEST[0] or chosen else ("backend=gloo",)
+
+
 # A short synthetic run: a few optimizer steps, every one logged, one validation at the end.
 QUICK = ("data=synthetic", "trainer.max_steps=6", "trainer.log_every=1")
 
@@ -167,6 +187,7 @@ def run_cli(
     flags: Sequence[str] = (),
     expect_rc: int = 0,
     timeout: float = DEFAULT_TIMEOUT,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], Path | None]:
     """`disttrain train [flags] FAST... overrides...` in `tmp_path`: the process and the run dir it made.
 
@@ -174,8 +195,8 @@ def run_cli(
     success). The run dir is None when none was created.
     """
     before = set(find_run_dirs(tmp_path))
-    cmd = [CLI, "train", *flags, *FAST, *overrides]
-    proc = run_command(cmd, tmp_path, timeout)
+    cmd = [CLI, "train", *flags, *FAST, *pinned_backend(*overrides), *overrides]
+    proc = run_command(cmd, tmp_path, timeout, env)
     if proc.returncode != expect_rc:
         pytest.fail(
             f"`{' '.join(cmd)}` exited {proc.returncode}, expected {expect_rc}\n"
@@ -203,7 +224,7 @@ def train_in_process(run_dir: Path, *overrides: str) -> Path:
     from disttrain.dist import DistEnv
     from disttrain.worker import train
 
-    args = [*FAST, *overrides]
+    args = [*FAST, *pinned_backend(*overrides), *overrides]
     cfg = resolve(compose(args), args)
     check_static(cfg)
     assert cfg["nodes"] * cfg["nproc_per_node"] == 1, "a reference in this process is one rank"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CLI, FAST, _tail, find_run_dirs, read_yaml, run_command
+from .conftest import CLI, FAST, _tail, find_run_dirs, pinned_backend, read_yaml, run_command
 
 JOB_BUDGET = 60.0  # seconds per job (a 20-step 2-rank run trains in ~3 s); a sweep gets the sum
 
@@ -123,7 +123,10 @@ def run_sweep(
     cases = {f"j{i}": name for i, name in enumerate(runs)}
     for case, name in cases.items():
         (conf / "case" / f"{case}.yaml").write_text(case_yaml(runs[name]))
-    cmd = [CLI, "train", "-m", "--config-dir", str(conf), f"+case={','.join(cases)}", *FAST, *common]
+    pin = pinned_backend(
+        *common, *(o for overrides in runs.values() for o in overrides)
+    )  # gloo, unless `gpu`
+    cmd = [CLI, "train", "-m", "--config-dir", str(conf), f"+case={','.join(cases)}", *FAST, *pin, *common]
     proc = run_command(cmd, cwd, timeout=budget * len(runs))
     jobs: dict[str, Path | None] = dict.fromkeys(runs)
     for run_dir in find_run_dirs(cwd):
