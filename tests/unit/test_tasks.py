@@ -184,7 +184,8 @@ RECORDED = Path(__file__).resolve().parents[1] / "data" / "builtin_task_losses.j
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("case", ["cls", "reg", "lm", "cls_ddp"])
 def test_builtin_tasks_give_the_losses_recorded_before_the_task_group(case: str, scratch: Path) -> None:
-    """Bitwise the train and val losses main gave at 967d3b0 (data.task then; the task group now)."""
+    """The train and val losses main gave at 967d3b0 (data.task then; the task group now), to float
+    rounding: bitwise on the machine that recorded them, not across CPU instruction sets."""
     recorded = json.loads(RECORDED.read_text())[case]
     args = [
         "train",
@@ -211,8 +212,13 @@ def test_builtin_tasks_give_the_losses_recorded_before_the_task_group(case: str,
         for r in records
         if "val/loss" in r
     }
-    assert train == recorded["train"]
-    assert val == recorded["val"]
+    # Recorded on another CPU: oneDNN/MKL pick kernels by instruction set (AVX-512, AMX), and the
+    # float64 validation sums then differ in the last bits (~1e-8 relative on a Sapphire Rapids
+    # machine, where train losses still matched bitwise). A task that changed would differ by far more.
+    assert train == pytest.approx(recorded["train"], rel=1e-6, abs=1e-9)
+    assert val.keys() == recorded["val"].keys()
+    for step, values in val.items():
+        assert values == pytest.approx(recorded["val"][step], rel=1e-6, abs=1e-9), step
 
 
 # --------------------------------------------------------------------------------- the dry step
