@@ -157,3 +157,13 @@ def test_cli_simulate_json_and_a_tp_degree_that_divides_nothing(capsys: pytest.C
     assert main([*args, "strategy.tp_degree=6"]) == 2
     out = capsys.readouterr()
     assert out.out == "" and "strategy.tp_degree=6 is not valid" in out.err and "Traceback" not in out.err
+
+
+def test_the_model_checks_run_after_the_setups_tp_heads() -> None:
+    """16-way tp of 8 heads sets up (DTensor splits 128 columns 16 ways) but cannot run attention:
+    the pre-launch model check names model.n_heads once every sampled rank has set up."""
+    cfg = _cfg("nproc_per_node=16", "strategy=fsdp+tp", "amp=bf16")
+    cfg["strategy"]["tp_degree"] = 16
+    with pytest.raises(ConfigError) as err:
+        simulate(cfg, plan(cfg), step=False)
+    assert err.value.key == "model.n_heads" and err.value.value == 8
