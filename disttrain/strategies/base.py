@@ -173,6 +173,28 @@ class Strategy:
         }
 
 
+def place_unsharded(model: nn.Module, device: torch.device) -> nn.Module:
+    """Move, tensor by tensor, what sharding left off `device`: plain (not DTensor) parameters and
+    buffers, such as the norms and embeddings tensor parallelism keeps replicated.
+
+    Never `model.to(device)` before sharding: that puts the whole fp32 model on every GPU, the one
+    thing FSDP exists to avoid (`fully_shard` and `distribute_tensor` move each unit or weight
+    themselves). Meta tensors stay on meta, so a model built there can be materialised later with
+    `to_empty`. `.data` is swapped in place, so tied parameters stay one tensor.
+    """
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        for module in model.modules():
+            for p in module.parameters(recurse=False):
+                if not isinstance(p, DTensor) and not p.is_meta and p.device != device:
+                    p.data = p.data.to(device)
+            for name, b in module.named_buffers(recurse=False):
+                if not isinstance(b, DTensor) and not b.is_meta and b.device != device:
+                    module._buffers[name] = b.to(device)
+    return model
+
+
 def _local_bytes(t: torch.Tensor) -> int:
     """Bytes of the part of `t` stored on this rank (a DTensor's local shard, not its global shape)."""
     from torch.distributed.tensor import DTensor  # not at module top: single/ddp never need it

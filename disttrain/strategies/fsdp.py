@@ -24,7 +24,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 from disttrain.engine.amp import DTYPES
-from disttrain.strategies.base import Strategy
+from disttrain.strategies.base import Strategy, place_unsharded
 from disttrain.strategies.specs.sharded import FSDPStrategyConfig
 
 log = logging.getLogger("disttrain")
@@ -80,7 +80,8 @@ class FSDPStrategy(Strategy):
     sharded_scaler = True
 
     def setup_module(self, model: nn.Module) -> nn.Module:
-        model = model.to(self.env.device)
+        """Shard unit by unit: each `fully_shard` moves only its own unit to the mesh's device, so
+        the peak at setup is one unit, not the whole model (and a meta model stays on meta)."""
         mesh = self.device_mesh()
         kwargs: dict[str, Any] = {
             "mesh": mesh,
@@ -95,6 +96,7 @@ class FSDPStrategy(Strategy):
         for module in units:
             fully_shard(module, **kwargs)
         fully_shard(model, **kwargs)
+        place_unsharded(model, self.env.device)  # what no unit manages (nothing today), one by one
         if self.env.is_zero:
             log.info("fsdp: mesh %s, root + %d wrapped units (%s)", tuple(mesh.shape), len(units), names)
         return model

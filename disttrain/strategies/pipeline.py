@@ -30,7 +30,7 @@ from torch import nn
 from disttrain.config.schema import AmpConfig
 from disttrain.dist import DistEnv
 from disttrain.models.parallel import pipeline_layers, stage_bounds
-from disttrain.strategies.base import Strategy
+from disttrain.strategies.base import Strategy, place_unsharded
 from disttrain.strategies.specs.model_parallel import PipelineStrategyConfig
 from disttrain.tasks import Task
 
@@ -94,7 +94,8 @@ class PipelineStrategy(Strategy):
         for s in self.local_ids:
             chunk = layers[bounds[s] : bounds[s + 1]]
             self.names[s] = [n for n, _ in chunk]
-            self.modules[s] = nn.Sequential(*[m for _, m in chunk]).to(self.env.device)
+            # this rank's stages only, tensor by tensor; a meta model (plan --simulate) stays meta
+            self.modules[s] = place_unsharded(nn.Sequential(*[m for _, m in chunk]), self.env.device)
         if self.env.is_zero:
             plan = " | ".join(
                 f"{names[bounds[s]]}..{names[bounds[s + 1] - 1]}" for s in range(self.num_stages)

@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor
 from disttrain.config.schema import AmpConfig
 from disttrain.dist import DistEnv
 from disttrain.models.parallel import class_path, tp_plan_fn
-from disttrain.strategies.base import Strategy
+from disttrain.strategies.base import Strategy, place_unsharded
 from disttrain.strategies.specs.model_parallel import FSDPTPStrategyConfig, TPStrategyConfig, fsdp_tp_degrees
 
 log = logging.getLogger("disttrain")
@@ -56,6 +56,12 @@ class TPStrategy(Strategy):
         return self.data_parallel_rank_size()[0]
 
     def setup_module(self, model: nn.Module) -> nn.Module:
+        """Planned weights are sharded onto the device by `distribute_tensor`; the replicated rest
+        follows tensor by tensor. The whole model is never moved at once (a meta model stays meta)."""
+        return place_unsharded(self._parallelize(model), self.env.device)
+
+    def _parallelize(self, model: nn.Module) -> nn.Module:
+        """`parallelize_module` with the model's plan on the tp sub-mesh, the model left where it is."""
         from torch.distributed.tensor.parallel import parallelize_module
 
         factory = tp_plan_fn(model)
@@ -63,7 +69,7 @@ class TPStrategy(Strategy):
             raise ValueError(f"model {class_path(model)} has no tensor-parallel plan (tp_plan())")
         self.mesh = init_device_mesh(self.env.device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
         plan = factory()
-        model = parallelize_module(model.to(self.env.device), self.mesh["tp"], plan)
+        model = parallelize_module(model, self.mesh["tp"], plan)
         if self.env.is_zero:
             log.info("tp: mesh (dp=%d, tp=%d), plan %s", self.dp, self.tp, _describe(plan))
         return model
@@ -110,10 +116,11 @@ class FSDPTPStrategy(TPStrategy):
     def setup_module(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
 
-        model = super().setup_module(model)
+        model = self._parallelize(model)
         assert self.mesh is not None
+        # fully_shard moves the replicated (non-DTensor) params itself, then shards them over dp
         fully_shard(model, mesh=self.mesh["dp"], reshard_after_forward=self.cfg.reshard_after_forward)
-        return model
+        return place_unsharded(model, self.env.device)
 
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> Any:
         """FSDP2 skips the reduce-scatter on non-final accumulation micro-steps."""

@@ -237,9 +237,22 @@ def recommend(rows: list[dict[str, Any]], usable: float) -> dict[str, Any]:
 
 
 def cmd_plan(rest: list[str]) -> int:
-    """`disttrain plan [--json] [overrides]`: memory per rank for each layout, and a recommendation."""
+    """`disttrain plan [--json] [--simulate] [overrides]`: memory per rank for each layout, and a
+    recommendation; --simulate rehearses the configured strategy's real setup on a fake world."""
     p = argparse.ArgumentParser(prog="disttrain plan", description=cmd_plan.__doc__)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument(
+        "--simulate",
+        action="store_true",
+        help="run the configured strategy's real setup (device mesh, fully_shard, parallelize_module, "
+        "pipeline split) for sampled ranks of nodes x nproc_per_node (<= 1024) on torch's fake process "
+        "group with a meta-device model; report each rank's shards against the plan, the collectives of "
+        "one step (FakeTensorMode), and every failure by rank and key (exit 2). plan.gpu_mem_gb is the "
+        "simulated device's memory",
+    )
+    p.add_argument(
+        "--no-step", action="store_true", help="with --simulate: skip the one-step collective count"
+    )
     p.add_argument("--config-dir", default=None, help="your own config folder, as for train")
     p.add_argument(
         "overrides", nargs="*", help="config overrides, e.g. model.hidden=[4096,4096] plan.gpu_mem_gb=40"
@@ -251,10 +264,16 @@ def cmd_plan(rest: list[str]) -> int:
     cfg = resolve(compose(args.overrides, args.config_dir), args.overrides)
     check_static(cfg)
     result = plan(cfg)
+    if args.simulate:
+        from disttrain.tools import simulate
+
+        result["simulate"] = simulate.simulate(cfg, result, step=not args.no_step)
     if args.json:
         from disttrain.tools.render import print_json
 
         print_json(result)
+    elif args.simulate:
+        simulate.render(result["simulate"])
     else:
         render(result)
     return 0

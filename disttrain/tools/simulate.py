@@ -1,0 +1,536 @@
+"""`disttrain plan --simulate`: rehearse the configured layout on a laptop, rank by rank.
+
+`plan` does shape arithmetic; this runs the strategy's real setup (`build_strategy` + `setup_module`:
+DeviceMesh, `fully_shard`, `parallelize_module`, the pipeline split) for sampled ranks of the
+configured world on torch's fake process group, with the model built on the meta device, so no
+weight is ever allocated. Per sampled rank it measures the local shards and compares them with
+`plan`'s per-rank bytes; for one rank it then runs one training step under `FakeTensorMode` (shapes
+only) and counts the collectives torch issues.
+
+In process, not in a child: the `plan` parent starts no ranks and holds no other process group,
+each rank's fake group is destroyed before the next, and a child would pay a second torch import
+(seconds) to isolate nothing.
+
+Which ranks: rank 0, the last rank, and along each dimension of the (dp, tp, pp) layout the
+coordinates first, second, middle, second-to-last and last (their cross product, at most 25 ranks
+in 2D). Those are the classes whose shards can differ: `torch.chunk` gives earlier ranks the larger
+shard of an uneven dimension (the last may hold less or nothing), and earlier pipeline stages take
+the extra layers.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from disttrain.config.errors import ConfigError
+
+MAX_WORLD = 1024
+TOLERANCE = 0.05  # simulated vs plan's per-rank state bytes
+COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+TP_DIM = "tp"  # the mesh dimension tensor parallelism shards over (disttrain's meshes name it so)
+
+
+@dataclass
+class Problem:
+    """One thing that would fail at this layout: on which ranks, and the config key to change."""
+
+    key: str
+    message: str
+    ranks: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RankResult:
+    rank: int
+    coords: dict[str, int]
+    local_params: int  # parameters (elements) this rank holds: local shards
+    stored_bytes: int  # those parameters as stored (fp32 master weights under FSDP's mixed precision)
+    bytes: dict[str, float]  # plan's accounting: params, grads, optimizer, total
+    plan_total: float
+    largest_unit: float = 0.0  # bytes of the largest FSDP unit once all-gathered (compute dtype)
+    on_meta: bool = True
+
+    @property
+    def deviation(self) -> float:
+        return self.bytes["total"] / self.plan_total - 1 if self.plan_total else 0.0
+
+
+# ------------------------------------------------------------------------------------ layout
+def configured_layout(cfg: dict[str, Any], plan_result: dict[str, Any]) -> dict[str, Any]:
+    """The layout row (degrees, ZeRO stage, plan bytes) of the strategy the config runs.
+
+    The degrees come from the spec (its `dp_degree`, the model abilities it needs), the ZeRO stage
+    from the spec's own plan rows, so no strategy name is compared here.
+    """
+    from disttrain.config.common import world_size
+    from disttrain.strategies import specs
+    from disttrain.strategies.specs.core import PIPELINE_LAYERS, TP_PLAN, PlanShape
+    from disttrain.tools.planner import per_rank
+
+    spec, s = specs.of(cfg)
+    world = world_size(cfg)
+    dp = spec.dp_degree(s, world)
+    tp = pp = 1
+    if PIPELINE_LAYERS in spec.needs:
+        pp = world // dp
+    elif TP_PLAN in spec.needs:
+        tp = world // dp
+    m = plan_result["model"]
+    shape = PlanShape(
+        world=world, per_node=cfg["nproc_per_node"], nodes=cfg["nodes"], layers=m["layers"], heads=None
+    )
+    rows = spec.plan(shape) if spec.plan is not None else []
+    zero = rows[0]["zero"] if rows else 0
+    replicate = int(getattr(s, "replicate", 1) or 1)
+    row = {
+        "layout": spec.name,
+        "dp": dp,
+        "tp": tp,
+        "pp": pp,
+        "zero": zero,
+        "shard": dp // replicate if zero else 1,
+    }
+    act = plan_result["activations"]["bytes"]
+    row["bytes"] = per_rank(row, m["params"], plan_result["precision"], act)
+    return row
+
+
+def sample_ranks(layout: dict[str, Any]) -> list[tuple[int, dict[str, int]]]:
+    """(rank, mesh coordinates) for the sampled ranks; rank = (d * tp + t) * pp + p (row-major)."""
+    dims = {"dp": layout["dp"], "tp": layout["tp"], "pp": layout["pp"]}
+
+    def picks(n: int) -> list[int]:
+        return sorted({c for c in (0, 1, n // 2, n - 2, n - 1) if 0 <= c < n})
+
+    out = {}
+    for d, t, p in itertools.product(picks(dims["dp"]), picks(dims["tp"]), picks(dims["pp"])):
+        rank = (d * dims["tp"] + t) * dims["pp"] + p
+        out[rank] = {"dp": d, "tp": t, "pp": p}
+    return sorted(out.items())
+
+
+# ------------------------------------------------------------------------------------ fake world
+@contextmanager
+def fake_world(rank: int, world: int) -> Iterator[None]:
+    """torch's fake process group for one rank of `world`: collectives return at once, no peers."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def fake_env(rank: int, world: int, per_node: int) -> Any:
+    """The rank's DistEnv: a CPU mesh device (meta tensors stay on meta through setup), backend fake."""
+    import torch
+
+    from disttrain.dist import DistEnv
+
+    return DistEnv(rank, rank % per_node, world, per_node, "fake", torch.device("cpu"))
+
+
+def setup_rank(cfg: dict[str, Any], rank: int, world: int) -> tuple[Any, Any]:
+    """(strategy, model after its real setup_module) for `rank`, the model built on meta."""
+    import torch
+
+    from disttrain.config.schema import AmpConfig
+    from disttrain.config.typed import typed
+    from disttrain.models import build_model
+    from disttrain.strategies import build_strategy
+
+    env = fake_env(rank, world, cfg["nproc_per_node"])
+    with torch.device("meta"):
+        model = build_model(cfg["model"])
+    strategy = build_strategy(cfg["strategy"], env, typed(AmpConfig, cfg["amp"]))
+    return strategy, strategy.setup_module(model)
+
+
+# ------------------------------------------------------------------------------------ measuring
+def local_numel(model: Any) -> tuple[int, int, int, bool]:
+    """(elements, trainable elements, stored bytes, all on meta) of this rank's unique parameters."""
+    from torch.distributed.tensor import DTensor
+
+    seen: set[int] = set()
+    n = trainable = stored = 0
+    meta = True
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        t = p.to_local() if isinstance(p, DTensor) else p
+        n += t.numel()
+        trainable += t.numel() if p.requires_grad else 0
+        stored += t.numel() * t.element_size()
+        meta = meta and t.is_meta
+    return n, trainable, stored, meta
+
+
+def gathered_numel(p: Any) -> int:
+    """Elements of `p` once FSDP all-gathers it: its global size, less what tensor parallelism
+    keeps sharded (a mesh dimension named tp)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(p, DTensor):
+        return int(p.numel())
+    n = int(p.numel())
+    names = p.device_mesh.mesh_dim_names or ()
+    for dim, placement in enumerate(p.placements):
+        if placement.is_shard() and dim < len(names) and names[dim] == TP_DIM:
+            n //= p.device_mesh.size(dim)
+    return n
+
+
+def largest_unit_numel(model: Any) -> int:
+    """Elements of the largest FSDP unit after its all-gather: what one rank holds in full at once
+    on top of its shards (a unit manages its parameters not inside a nested unit)."""
+    from torch import nn
+    from torch.distributed.fsdp import FSDPModule
+
+    def is_unit(m: nn.Module) -> bool:  # a predicate, not isinstance inline: units stay nn.Modules
+        return isinstance(m, FSDPModule)
+
+    units = [m for m in model.modules() if is_unit(m)]
+    best = 0
+    for u in units:
+        inner = {id(p) for c in u.modules() if c is not u and is_unit(c) for p in c.parameters()}
+        seen: set[int] = set()
+        size = 0
+        for p in u.parameters():
+            if id(p) in inner or id(p) in seen:
+                continue
+            seen.add(id(p))
+            size += gathered_numel(p)
+        best = max(best, size)
+    return best
+
+
+def measure(
+    rank: int, coords: dict[str, int], model: Any, prec: dict[str, Any], plan_total: float
+) -> RankResult:
+    """The rank's state in plan's accounting (elements x plan's bytes per element), so the two agree
+    exactly when the shards are what the plan assumed and differ by what it leaves out (replicated
+    norms under tp, uneven shards, unbalanced pipeline stages)."""
+    n, trainable, stored, meta = local_numel(model)
+    b = {
+        "params": float(n * prec["params"]),
+        "grads": float(trainable * prec["grads"]),
+        "optimizer": float(trainable * prec["optimizer_bytes"]),
+    }
+    b["total"] = b["params"] + b["grads"] + b["optimizer"]
+    unit = float(largest_unit_numel(model) * prec["params"])
+    return RankResult(rank, coords, n, stored, b, plan_total, unit, meta)
+
+
+# ------------------------------------------------------------------------------------ problems
+def _get(cfg: dict[str, Any], key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def setup_key(cfg: dict[str, Any]) -> str:
+    """The key a failed setup points at: the strategy's own degree knob, else the world shape."""
+    s = cfg["strategy"]
+    if s.get("split_points"):
+        return "strategy.split_points"
+    for key in ("stages_per_rank", "tp_degree", "wrap_classes"):
+        if key in s:
+            return f"strategy.{key}"
+    return "strategy.replicate" if (s.get("replicate") or 1) > 1 else "strategy"
+
+
+def fit_problem(cfg: dict[str, Any], r: RankResult, act: float, usable: float) -> Problem | None:
+    """Does the rank fit the device: shards + the largest gathered unit + activations <= usable?"""
+    from disttrain.tools.render import human_bytes as gb
+
+    s = cfg["strategy"]
+    if r.largest_unit > usable:
+        key = "strategy.wrap_classes" if "wrap_classes" in s else "strategy.tp_degree"
+        fix = (
+            "wrap smaller units: strategy.wrap_classes=[Block] (a transformer block's class) or a lower "
+            "strategy.min_num_params"
+            if "wrap_classes" in s
+            else "a larger strategy.tp_degree splits the unit further"
+        )
+        return Problem(
+            key,
+            f"one FSDP unit all-gathers to {gb(r.largest_unit)} > {gb(usable)} usable on the device "
+            f"(plan.gpu_mem_gb x plan.usable_fraction); {fix}",
+        )
+    need = r.bytes["total"] + r.largest_unit + act
+    if need > usable:
+        return Problem(
+            "nodes",
+            f"shards {gb(r.bytes['total'])} + largest gathered unit {gb(r.largest_unit)} + activations "
+            f"{gb(act)} = {gb(need)} > {gb(usable)} usable; more ranks shard further (nodes, "
+            "nproc_per_node), or set plan.activation_checkpointing / a smaller plan.micro_batch",
+        )
+    return None
+
+
+def raise_problems(cfg: dict[str, Any], problems: list[Problem]) -> None:
+    """All problems as one paragraph, keyed by the first; exit 2 through the CLI."""
+    if not problems:
+        return
+    first = problems[0]
+    lines = [f"rank(s) {_ranks(p.ranks)}: (rank {p.ranks[0]}) {p.message} (key {p.key})" for p in problems]
+    raise ConfigError(
+        first.key,
+        _get(cfg, first.key),
+        "a value for which every simulated rank sets up and fits",
+        "plan --simulate ran the strategy's setup on a fake process group: " + "; ".join(lines),
+    )
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (f" (+{len(ranks) - 8} more)" if len(ranks) > 8 else "")
+
+
+def _merge(problems: list[Problem], new: Problem, rank: int) -> None:
+    """One problem per key: the first rank's numbers, every rank it hits."""
+    for p in problems:
+        if p.key == new.key:
+            p.ranks.append(rank)
+            return
+    new.ranks.append(rank)
+    problems.append(new)
+
+
+# ------------------------------------------------------------------------------------ one step
+class CollectiveCounter:
+    """Counts the collective ops (c10d and functional collectives) torch dispatches in a region."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def mode(self) -> Any:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counts = self.counts
+
+        from torch.distributed.tensor import DTensor
+
+        class _Count(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                if any(issubclass(t, DTensor) for t in types):
+                    # let DTensor desugar the op first, so the collectives it issues pass through
+                    # here (CommDebugMode's trick; its module tracker trips over FSDP's hooks)
+                    return NotImplemented
+                if func.namespace in COLLECTIVE_NAMESPACES and "wait" not in func.__name__:
+                    counts[str(func.overloadpacket).split(".", 1)[-1].strip("_")] += 1
+                return func(*args, **(kwargs or {}))
+
+        return _Count()
+
+
+def step_collectives(cfg: dict[str, Any], rank: int, world: int, batch: int) -> dict[str, Any]:
+    """One training step (forward + backward, clip, optimizer) of `rank` under FakeTensorMode.
+
+    The model is built from fake tensors (shapes, no storage) and set up by the real strategy
+    outside the mode (the DeviceMesh needs real rank lists); the step runs inside it. Returns the
+    collectives by phase, or why there is no step.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from disttrain.config.schema import AmpConfig
+    from disttrain.config.typed import typed
+    from disttrain.engine.optim import build_optimizer
+    from disttrain.models import build_model
+    from disttrain.strategies import build_strategy
+    from disttrain.tasks import build_task
+
+    sample = sample_batch(cfg, batch)
+    if isinstance(sample, str):
+        return {"skipped": sample}
+    env = fake_env(rank, world, cfg["nproc_per_node"])
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    phases: dict[str, dict[str, int] | str] = {}
+    with fake_world(rank, world):
+        with fake:
+            model = build_model(cfg["model"])
+        strategy = build_strategy(cfg["strategy"], env, typed(AmpConfig, cfg["amp"]))
+        model = strategy.setup_module(model)
+        dp = strategy.data_parallel_rank_size()[1]
+        task = build_task(cfg["task"]).setup(env.device)
+        with fake:
+            optimizer = strategy.setup_optimizer(build_optimizer(cfg["optim"], model, dp))
+            inputs, target = task.unpack(sample)
+            for phase, run in (
+                ("forward+backward", lambda: strategy.forward_backward(model, inputs, target, task, 1.0)),
+                ("clip", lambda: strategy.clip_grad_norm(model, 1.0)),
+                ("optimizer", optimizer.step),
+            ):
+                counter = CollectiveCounter()
+                try:
+                    with counter.mode():
+                        run()
+                except Exception as exc:  # a data-dependent branch (.item()) cannot run on shapes only
+                    phases[phase] = f"not simulated ({_said(exc)[:80]})"
+                    continue
+                phases[phase] = dict(sorted(counter.counts.items()))
+    return {"rank": rank, "phases": phases}
+
+
+def sample_batch(cfg: dict[str, Any], batch: int) -> Any:
+    """`batch` real training samples, collated (FakeTensorMode takes them as inputs), or why not."""
+    from torch.utils.data import default_collate
+
+    from disttrain.data import build_datasets
+
+    try:
+        train, _ = build_datasets(cfg["data"])
+        n = len(train)
+    except Exception as exc:
+        return f"the data set could not be read ({type(exc).__name__})"
+    if n == 0:
+        return "the training set is empty"
+    return default_collate([train[i % n] for i in range(batch)])
+
+
+# ------------------------------------------------------------------------------------ main
+def simulate(cfg: dict[str, Any], plan_result: dict[str, Any], step: bool = True) -> dict[str, Any]:
+    """Run the configured strategy's setup for the sampled ranks; ConfigError naming rank and key
+    for whatever would fail (setup, device memory, the model checks)."""
+    from disttrain.config.common import world_size
+    from disttrain.strategies import specs
+
+    world = world_size(cfg)
+    if world > MAX_WORLD:
+        raise ConfigError(
+            "nodes",
+            cfg["nodes"],
+            f"nodes x nproc_per_node <= {MAX_WORLD} for plan --simulate (here {world})",
+            "simulate a smaller world with the same per-node shape, or run plan without --simulate.",
+        )
+    layout = configured_layout(cfg, plan_result)
+    prec, usable = plan_result["precision"], plan_result["usable_bytes"]
+    plan_state = layout["bytes"]["total"] - layout["bytes"]["activations"]
+    act = layout["bytes"]["activations"]
+    replica = layout["zero"] < 2 and layout["tp"] == layout["pp"] == 1
+    ranks = sample_ranks(layout)
+    problems: list[Problem] = []
+    results: list[RankResult] = []
+    if not replica:  # ddp-family wrappers broadcast real weights: nothing to rehearse on meta
+        for rank, coords in ranks:
+            with fake_world(rank, world):
+                try:
+                    _, model = setup_rank(cfg, rank, world)
+                except Exception as exc:
+                    _merge(problems, Problem(setup_key(cfg), f"setup failed: {_said(exc)}"), rank)
+                    continue
+                r = measure(rank, coords, model, prec, plan_state)
+            results.append(r)
+            fit = fit_problem(cfg, r, act, usable)
+            if fit is not None:
+                _merge(problems, fit, rank)
+    raise_problems(cfg, problems)
+    _model_checks(cfg)
+    collectives: dict[str, Any] = {"skipped": "whole replicas: ddp's one gradient all-reduce per step"}
+    if not replica and not step:
+        collectives = {"skipped": "--no-step"}
+    elif not replica and layout["pp"] > 1:
+        collectives = {"skipped": "pipeline schedules (P2P between stages) are not stepped"}
+    elif not replica:
+        collectives = step_collectives(cfg, 0, world, int(plan_result["micro_batch"]))
+    return {
+        "layout": {k: v for k, v in layout.items() if k != "bytes"},
+        "plan_bytes": layout["bytes"],
+        "rehearsed": not replica,
+        "ranks": [
+            {
+                "rank": r.rank,
+                "coords": r.coords,
+                "bytes": r.bytes,
+                "plan_total": r.plan_total,
+                "deviation": r.deviation,
+                "agrees": abs(r.deviation) <= TOLERANCE,
+                "largest_unit_bytes": r.largest_unit,
+                "stored_param_bytes": r.stored_bytes,
+                "on_meta": r.on_meta,
+            }
+            for r in results
+        ],
+        "collectives": collectives,
+        "spec": specs.of(cfg)[0].name,
+    }
+
+
+def _model_checks(cfg: dict[str, Any]) -> None:
+    """The pre-launch model checks (tp heads, pipeline layers) on a meta model, after the setups
+    so a failing setup is named by its rank first."""
+    import torch
+
+    from disttrain.models import build_model
+    from disttrain.strategies import specs
+
+    spec, s = specs.of(cfg)
+    if spec.check_model is None:
+        return
+    with torch.device("meta"):
+        model = build_model(cfg["model"])
+    spec.check_model(cfg, s, model, 0)
+
+
+def _said(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else "(no message)"
+    return f"{type(exc).__name__}: {text}"
+
+
+def render(sim: dict[str, Any]) -> None:
+    from disttrain.tools.render import console, human_bytes, table
+
+    out = console()
+    lay = sim["layout"]
+    out.print(
+        f"simulated {sim['spec']}: dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']} (ZeRO-{lay['zero']}, "
+        f"shards of {lay['shard']}) on torch's fake process group, model on the meta device"
+    )
+    if not sim["rehearsed"]:
+        out.print("whole replicas on every rank: setup not rehearsed (plan's numbers are exact here)")
+    rows = [
+        (
+            str(r["rank"]),
+            "/".join(str(c) for c in r["coords"].values()),
+            *(human_bytes(r["bytes"][k]) for k in ("params", "grads", "optimizer", "total")),
+            human_bytes(r["plan_total"]),
+            f"{100 * r['deviation']:+.1f}%",
+            human_bytes(r["largest_unit_bytes"]),
+        )
+        for r in sim["ranks"]
+    ]
+    cols = [
+        "rank",
+        "dp/tp/pp",
+        ">params",
+        ">grads",
+        ">optimizer",
+        ">total",
+        ">plan",
+        ">vs plan",
+        ">largest unit",
+    ]
+    out.print(table("per sampled rank: local shards x plan's bytes per element", cols, rows))
+    off = [r["rank"] for r in sim["ranks"] if not r["agrees"]]
+    if off:
+        out.print(
+            f"ranks {_ranks(off)} differ from plan by more than {TOLERANCE:.0%} (plan assumes even splits)"
+        )
+    coll = sim["collectives"]
+    if "skipped" in coll:
+        out.print(f"collectives of one step: not simulated ({coll['skipped']})")
+    else:
+        parts = [
+            f"{phase}: "
+            + (ops if isinstance(ops, str) else ", ".join(f"{n} x {op}" for op, n in ops.items()) or "none")
+            for phase, ops in coll["phases"].items()
+        ]
+        out.print(f"collectives of one step on rank {coll['rank']} (FakeTensorMode): " + "; ".join(parts))

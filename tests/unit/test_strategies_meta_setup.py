@@ -1,0 +1,111 @@
+"""Review 2026-11-25 gpu-readiness #5: the sharding strategies never move the whole model before
+sharding it, and a model built on the meta device passes through their real setup untouched.
+
+One rank of a 16-rank world in this process: torch's fake process group and a CPU device mesh
+(`init_device_mesh("cpu", ...)` inside the strategies), as torchtitan's fake-backend dry run does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from disttrain.config import compose, resolve
+from disttrain.dist import DistEnv
+from disttrain.models.gpt import GPT
+from disttrain.strategies import build_strategy
+
+WORLD = 16
+# every sharded dimension divides by 16 (and tp_degree 4), so each rank's share is exact
+GPT_ARGS = {"vocab_size": 64, "block_size": 16, "dim": 64, "n_layers": 2, "n_heads": 16}
+STRATEGIES = {
+    "fsdp": ["strategy=fsdp", "strategy.wrap_classes=[Block]"],
+    "tp": ["strategy=tp"],
+    "fsdp+tp": ["strategy=fsdp+tp", "strategy.tp_degree=4"],
+    "pipeline": ["strategy=pipeline", "model.tie_weights=false"],
+}
+_CFG: dict[str, dict[str, Any]] = {}
+
+
+def strategy_slice(name: str) -> dict[str, Any]:
+    if name not in _CFG:  # Hydra is the slow part: once per strategy
+        _CFG[name] = resolve(compose(STRATEGIES[name]))["strategy"]
+    return _CFG[name]
+
+
+@pytest.fixture
+def rank3() -> Iterator[DistEnv]:
+    """Rank 3 of 16 on the fake process group (collectives return at once, no peers)."""
+    dist.init_process_group("fake", store=FakeStore(), rank=3, world_size=WORLD)
+    try:
+        yield DistEnv(3, 3, WORLD, 8, "fake", torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+
+
+def gpt(device: str, name: str) -> GPT:
+    """The pipeline's GPT has 14 blocks: embed + 14 + head = one layer per stage at 16 ranks."""
+    if name == "pipeline":
+        with torch.device(device):
+            return GPT(**{**GPT_ARGS, "n_layers": 14}, tie_weights=False)
+    with torch.device(device):
+        return GPT(**GPT_ARGS)
+
+
+@pytest.mark.parametrize("name", ["fsdp", "tp", "fsdp+tp"])
+def test_setup_never_moves_the_whole_root(name: str, rank3: DistEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`model.to(device)` before `fully_shard` / `parallelize_module` put the whole fp32 model on every
+    GPU; every `.to()`/`.cuda()` of a module goes through `nn.Module._apply`, so spy on it."""
+    model = gpt("cpu", name)
+    whole: list[str] = []
+    real_apply = nn.Module._apply
+
+    def spy(self: nn.Module, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if self is model:
+            whole.append(type(self).__name__)
+        return real_apply(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(nn.Module, "_apply", spy)
+    out = build_strategy(strategy_slice(name), rank3).setup_module(model)
+    assert whole == [], f"{name}: the root was moved whole ({whole})"
+    planned = [p for n, p in out.named_parameters() if ".attn.q." in n or ".fc." in n]
+    assert planned and all(isinstance(p, DTensor) and p.device.type == "cpu" for p in planned)
+
+
+def _expected_local(name: str, model: GPT) -> int:
+    """Elements rank 3 should hold: FSDP divides everything by 16; tp divides the planned
+    Linears (q, k, v, fc column-wise: weight and bias; proj, fc_out row-wise: weight only)."""
+    total = sum(p.numel() for p in model.parameters())  # the tied head counted once
+    if name == "fsdp":
+        return total // WORLD
+    tp = WORLD if name == "tp" else 4
+    sharded = sum(
+        p.numel()
+        for n, p in model.named_parameters()
+        if any(f".{k}." in n for k in ("attn.q", "attn.k", "attn.v", "fc"))
+        or n.endswith(("attn.proj.weight", "fc_out.weight"))
+    )
+    local = sharded // tp + (total - sharded)
+    return local if name == "tp" else local // (WORLD // tp)
+
+
+@pytest.mark.parametrize("name", ["fsdp", "tp", "fsdp+tp", "pipeline"])
+def test_meta_model_stays_meta_through_real_setup(name: str, rank3: DistEnv) -> None:
+    """A meta-built GPT goes through setup_module unallocated (later `to_empty` materialises it);
+    before the fix `model.to(cpu)` raised "Cannot copy out of meta tensor"."""
+    reference = gpt("meta", name)
+    out = build_strategy(strategy_slice(name), rank3).setup_module(gpt("meta", name))
+    locals_ = [p.to_local() if isinstance(p, DTensor) else p for p in out.parameters()]
+    assert all(t.is_meta for t in locals_)
+    assert all(b.is_meta for b in out.buffers())
+    if name == "pipeline":  # stage 3 of embed, blocks.0..13, head: blocks.2 alone
+        assert sum(t.numel() for t in locals_) == sum(p.numel() for p in reference.blocks[2].parameters())
+        return
+    assert sum(t.numel() for t in locals_) == _expected_local(name, reference)
