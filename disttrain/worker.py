@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from disttrain.checkpoint.geometry import checkpoint_meta, keep_global_batch
 from disttrain.checkpoint.manager import Checkpointer, ModelState, resume_location, run_info
 from disttrain.config.errors import ConfigError
 from disttrain.config.schema import AmpConfig, CheckpointConfig, DebugConfig, ProfilerConfig, TrainerConfig
@@ -94,9 +95,12 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
 
 
 def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
+    resume_from = resume_location(cfg, run_dir)
+    reshaped = keep_global_batch(cfg, checkpoint_meta(resume_from), data_parallel_degree(cfg, env))
+    if reshaped and env.is_zero:  # before the loaders exist: they take the resumed run's batch shape
+        log.warning("resuming at another world size: %s", reshaped)
     strategy, parts = build_parts(cfg, env)
     model, optimizer = parts.model, parts.optimizer
-    resume_from = resume_location(cfg, run_dir)
     metrics = make_metrics(run_dir, env.is_zero, cfg)
     try:
         engine = build_engine(cfg, env, run_dir, strategy, parts, metrics)
@@ -121,6 +125,15 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
             summary, RunDir(run_dir).summary, trained=path is None or summary["steps"] > start_step
         )
     return summary
+
+
+def data_parallel_degree(cfg: dict[str, Any], env: DistEnv) -> int:
+    """The strategy's data-parallel replicas at this world size (elastic membership may differ
+    from the config's nodes x nproc_per_node)."""
+    from disttrain.strategies import specs
+
+    spec, typed_cfg = specs.of(cfg)
+    return int(spec.dp_degree(typed_cfg, env.world_size))
 
 
 def build_parts(cfg: dict[str, Any], env: DistEnv) -> tuple[Strategy, Parts]:

@@ -220,6 +220,9 @@ def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str])
 
     mark("hydra_task")
     own_checkpoint_dir(cfg, run_dir)
+    reshaped = same_global_batch(cfg, run_dir)
+    if reshaped:  # frozen as the ranks will train it: config.yaml and the checkpoints agree
+        sys.stderr.write(f"disttrain: resuming at another world size: {reshaped}\n")
     freeze(run_dir, cfg, overrides, _COMMAND or command_line())
     if submit(cfg, run_dir, _COMMAND or command_line()):
         return None  # a scheduler's nodes train (sbatch, a Kubeflow job); status.json is theirs
@@ -230,6 +233,17 @@ def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str])
         sys.stderr.write(f"disttrain: {exc}\n")
         raise SystemExit(exc.exit_code) from None
     return print_summary(run_dir)
+
+
+def same_global_batch(cfg: dict[str, Any], run_dir: Path) -> str | None:
+    """Resumed at another data-parallel size (`disttrain resume RUN nproc_per_node=1`, `train
+    resume=PATH` on another world): the batch shape that keeps the checkpoint's global batch, set in
+    `cfg`; what changed, or None."""
+    from disttrain.checkpoint.geometry import checkpoint_meta, keep_global_batch
+    from disttrain.checkpoint.manager import resume_location
+    from disttrain.strategies import specs
+
+    return keep_global_batch(cfg, checkpoint_meta(resume_location(cfg, run_dir)), specs.dp_degree(cfg))
 
 
 def own_checkpoint_dir(cfg: dict[str, Any], run_dir: Path) -> None:

@@ -95,13 +95,19 @@ def test_resume_mid_epoch_is_bitwise_identical(straight: Path, resumes: Sweep) -
     assert _same_weights(straight, resumed)
 
 
-def test_resume_two_ranks_to_one_then_back_to_two(root: Path, resumes: Sweep) -> None:
-    """2 -> 1: reshard on load; the log says how the data order changed. 1 -> 2 via `disttrain resume`."""
+def test_resume_two_ranks_to_one_then_back_to_two(root: Path, straight: Path, resumes: Sweep) -> None:
+    """2 -> 1: reshard on load, the same global batch (grad_accum 2: the same 64 samples form each
+    step), so the losses are the uninterrupted run's up to float summation order; the log says how
+    the data order changed. 1 -> 2 via `disttrain resume`."""
     one = resumes["one"]
     log = _log(one)
     assert "world size 2 -> 1" in log and "continues at global sample 1088" in log, log
     assert "nproc_per_node: 2 -> 1" in log, "the config difference is named"
-    assert sorted(_losses(one))[0] == 18 and max(_losses(one)) == STEPS
+    frozen = read_yaml(one / "config.yaml")["trainer"]
+    assert (frozen["batch_size"], frozen["grad_accum"]) == (32, 2), "config.yaml says how the ranks trained"
+    a, b = _losses(straight), _losses(one)
+    assert sorted(b) == list(range(18, STEPS + 1))
+    assert max(abs(a[s] - b[s]) for s in b) < 1e-5, {s: (a[s], b[s]) for s in b}
 
     proc = run_command(
         [CLI, "resume", str(one), "nproc_per_node=2", f"trainer.max_steps={STEPS + 10}"], root, 120
@@ -112,6 +118,20 @@ def test_resume_two_ranks_to_one_then_back_to_two(root: Path, resumes: Sweep) ->
     assert max(_losses(one)) == STEPS + 10
     cfg = (one / "config.yaml").read_text()
     assert "nproc_per_node: 2" in cfg, "resume re-freezes the config it ran with"
+    assert read_yaml(one / "config.yaml")["trainer"]["grad_accum"] == 1, "2 ranks x 32: the global 64 again"
+
+
+def test_a_finished_run_resumed_at_another_world_size_trains_nothing(root: Path, straight: Path) -> None:
+    """One rank, in process (cheap). Counted in epochs (one epoch: 32 steps of 64 at 2 ranks, which
+    the 40 steps passed), the run is finished at 1 rank too; before, the halved global batch made an
+    epoch 64 steps and the resume trained 24 more."""
+    finished = root / "finished_copy"
+    shutil.copytree(straight, finished)
+    before = _losses(finished)
+    epochs = ("trainer.max_steps=-1", "trainer.max_epochs=1")
+    proc = cli_in_process("resume", str(finished), "nproc_per_node=1", *epochs, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _losses(finished) == before and _same_weights(straight, finished)
 
 
 def test_async_saves_match_sync_ones_and_resume_bitwise(first: Sweep, resumes: Sweep) -> None:

@@ -1,0 +1,71 @@
+"""Resuming at another data-parallel size continues the same run (docs-as-written review §2A):
+`disttrain resume RUN nproc_per_node=1` of a finished 2-rank, 10-epoch run trained 220 more steps
+(15 epochs), the global batch halved (64 -> 32) and the learning rate jumped back."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from unit_support import checked
+
+from disttrain.checkpoint.geometry import batch_shape, keep_global_batch
+from disttrain.config.errors import ConfigError
+from disttrain.config.fingerprint import shaping_config
+from disttrain.engine.optim import total_steps
+
+
+@pytest.mark.parametrize(
+    ("batch", "global_batch", "replicas", "shape"),
+    [
+        (32, 64, 1, (32, 2)),  # 2 -> 1 rank: accumulate twice
+        (32, 64, 2, (32, 1)),
+        (32, 32, 2, (16, 1)),  # 1 -> 2 ranks: half the per-rank batch
+        (32, 96, 4, (24, 1)),
+        (32, 64, 3, None),  # 3 replicas cannot split 64 samples evenly
+        (8, 64, 1, (8, 8)),  # never a larger per-rank batch than configured (memory)
+    ],
+)
+def test_batch_shape(batch: int, global_batch: int, replicas: int, shape: tuple | None) -> None:
+    assert batch_shape(batch, global_batch, replicas) == shape
+
+
+def _meta(cfg: dict, replicas: int) -> dict:
+    t = cfg["trainer"]
+    return {
+        "global_batch": t["batch_size"] * t["grad_accum"] * replicas,
+        "dp_world_size": replicas,
+        "config": shaping_config(cfg),
+    }
+
+
+def test_a_finished_two_rank_run_resumed_on_one_rank_has_the_same_horizon() -> None:
+    """The review's numbers: 2 ranks x 32 = 64 per step on the digits; at 1 rank the same steps
+    per epoch and the same total, so a finished run stays finished."""
+    two = checked(["trainer.max_epochs=10"])
+    batches_two = 1437 // 2 // 32  # the digits' training split, per rank (DistributedSampler, drop_last)
+    one = copy.deepcopy(two)
+    one["nproc_per_node"] = 1
+    note = keep_global_batch(one, _meta(two, 2), replicas=1)
+    assert note is not None and "keep the checkpoint's global batch of 64" in note
+    assert (one["trainer"]["batch_size"], one["trainer"]["grad_accum"]) == (32, 2)
+    batches_one = 1437 // 32
+    assert total_steps(one["trainer"], batches_one) == total_steps(two["trainer"], batches_two) == 220
+
+
+def test_nothing_changes_at_the_same_world_or_with_a_batch_the_user_chose() -> None:
+    cfg = checked([])
+    same = copy.deepcopy(cfg)
+    assert keep_global_batch(same, _meta(cfg, 2), replicas=2) is None and same == cfg
+    chosen = copy.deepcopy(cfg)
+    chosen["trainer"]["batch_size"] = 8  # `resume RUN nproc_per_node=1 trainer.batch_size=8`: theirs
+    assert keep_global_batch(chosen, _meta(cfg, 2), replicas=1) is None
+    assert chosen["trainer"]["batch_size"] == 8
+    assert keep_global_batch(copy.deepcopy(cfg), None, replicas=1) is None  # no checkpoint
+
+
+def test_a_world_that_cannot_keep_the_global_batch_is_one_paragraph() -> None:
+    cfg = checked([])
+    three = copy.deepcopy(cfg)
+    with pytest.raises(ConfigError, match="divide the checkpoint's global batch 64"):
+        keep_global_batch(three, _meta(cfg, 2), replicas=3)
