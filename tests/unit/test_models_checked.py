@@ -56,6 +56,15 @@ def net(path):
     return model
 
 
+def create_model(name, checkpoint_path):  # timm's shape: build by name, then load the checkpoint
+    _record("factory")
+    model = {"net": Net}[name]()
+    state = torch.load(checkpoint_path, map_location="cpu")
+    _record("load_file")
+    model.load_state_dict(state)
+    return model
+
+
 def refuses_meta():
     _record("factory")
     if torch.get_default_device().type == "meta":
@@ -122,16 +131,26 @@ def test_a_missing_pretrained_folder_is_one_paragraph(tmp_path: Path) -> None:
     assert "raised OSError: " in err.value.hint and "\n" not in str(err.value)
 
 
-def test_a_factory_that_loads_its_own_safetensors_is_never_built_for_real_in_the_parent(
-    user_dir: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    "factory",
+    [
+        ("model._target_=stlab.factory.net", "model.path=w.safetensors"),
+        ("model._target_=stlab.factory.create_model", "model.name=net", "model.checkpoint_path=w.pt"),
+    ],
+    ids=["safetensors", "timm-style"],
+)
+def test_a_factory_that_loads_its_own_weights_is_never_built_for_real_in_the_parent(
+    user_dir: Path, caplog: pytest.LogCaptureFixture, factory: tuple[str, ...]
 ) -> None:
     """The parent calls it once, under the meta device, and never again on the CPU for the dry step
     (before: a second, real build that read the weights into the parent)."""
     from safetensors.torch import save_file
 
-    save_file({"embed.weight": torch.randn(256, 16), **_head()}, str(user_dir / "w.safetensors"))
+    weights = {"embed.weight": torch.randn(256, 16), **_head()}
+    save_file(weights, str(user_dir / "w.safetensors"))
+    torch.save(weights, user_dir / "w.pt")
     with caplog.at_level(logging.INFO, "disttrain"):
-        checked([*PLAIN_LM, "model._target_=stlab.factory.net", "model.path=w.safetensors"], runtime=True)
+        checked([*PLAIN_LM, *factory], runtime=True)
     assert [c["device"] for c in _calls(user_dir) if c["event"] == "factory"] == ["meta"]
     assert "loads its own weights" in caplog.text
 
