@@ -63,6 +63,13 @@ def model_for_checks(spec: dict[str, Any]) -> CheckedModel:
         cause = exc.__cause__ or exc
         raise (_path_error(spec, hf[0], cause) if hf else factory_error(spec, cause)) from None
     loaded = _replay(caught)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            "model._target_",
+            spec["_target_"],
+            "a class or function that returns a torch.nn.Module",
+            f"it returned {type(model).__name__}; return the model itself (e.g. not a (model, tokenizer) pair).",
+        )
     tensors = list(itertools.chain(model.parameters(), model.buffers()))
     if loaded or any(not t.is_meta for t in tensors):  # the factory read its own weights file
         log.info(
