@@ -107,7 +107,7 @@ def factory_error(spec: dict[str, Any], exc: BaseException) -> ConfigError:
         "model._target_",
         spec.get("_target_"),
         "a class or function that builds the model from the model.* arguments",
-        f"it raised {_said(exc)}. The pre-launch checks call it once with the meta "
+        f"it raised {_said(exc)}{_where(exc)}. The pre-launch checks call it once with the meta "
         "device as the default device (torch.device('meta')); check its arguments (`disttrain config` shows "
         "them) and the files it reads.",
     )
@@ -182,6 +182,14 @@ def _path_error(spec: dict[str, Any], cls: type, exc: BaseException) -> ConfigEr
         "a folder written by save_pretrained (config.json and weights), or a model name in the local cache",
         f"{cls.__name__} raised {_said(exc)}. A relative path is read from the directory you launch in.",
     )
+
+
+def _where(exc: BaseException) -> str:
+    """` (at FILE:LINE)`, the frame that raised: what a traceback would have pointed at."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 
 def _said(exc: BaseException) -> str:

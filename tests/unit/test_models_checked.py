@@ -169,7 +169,8 @@ def test_any_other_exception_from_a_factory_is_one_paragraph(user_dir: Path) -> 
     with pytest.raises(ConfigError) as err:  # before: a traceback (Hydra's InstantiationException)
         checked([*PLAIN_LM, "model._target_=stlab.factory.broken", "model.path=w.safetensors"], runtime=True)
     assert (err.value.key, err.value.value) == ("model._target_", "stlab.factory.broken")
-    assert "it raised FileNotFoundError: no weights at w.safetensors. The" in err.value.hint
+    assert "it raised FileNotFoundError: no weights at w.safetensors (at " in err.value.hint
+    assert f"(at {user_dir / 'stlab' / 'factory.py'}:" in err.value.hint  # where, without a traceback
     assert "second line" not in str(err.value)
 
 
