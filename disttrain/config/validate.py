@@ -342,7 +342,7 @@ def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
 
     from disttrain.config.gpus import check_bf16, check_nccl_ranks
     from disttrain.data import build_datasets
-    from disttrain.models import build_model
+    from disttrain.models.checked import model_for_checks
     from disttrain.tasks import build_task
     from disttrain.tasks.dry_step import dry_step
 
@@ -365,16 +365,17 @@ def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
             f"{cfg['trainer']['batch_size']} x grad_accum {cfg['trainer']['grad_accum']} = {per_step} samples; "
             "lower trainer.batch_size or use fewer ranks.",
         )
-    with torch.device("meta"):
-        model = build_model(cfg["model"])
-        check_optim_runtime(cfg, model, len(train) // per_step)
-    spec, strategy = specs.of(cfg)
-    if spec.check_model is not None:
-        spec.check_model(cfg, strategy, model, gpus)
+    model = model_for_checks(cfg["model"])  # never loads weights: see disttrain.models.checked
+    if model.meta is not None:
+        with torch.device("meta"):
+            check_optim_runtime(cfg, model.meta, len(train) // per_step)
+        spec, strategy = specs.of(cfg)
+        if spec.check_model is not None:
+            spec.check_model(cfg, strategy, model.meta, gpus)
     from disttrain.timing import mark
 
     mark("dry_step_start")
-    dry_step(cfg, lambda: build_task(cfg["task"]), model, lambda: build_model(cfg["model"]), train, val)
+    dry_step(cfg, lambda: build_task(cfg["task"]), model.meta, model.build_cpu, train, val)
     sizes = {"train": len(train)}
     if val is not None:
         sizes["val"] = len(val)

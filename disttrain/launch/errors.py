@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from disttrain.rundir import RunDir
@@ -42,10 +43,36 @@ def is_secondary(message: str) -> bool:
     return any(m in message for m in SECONDARY)
 
 
-def last_error_line(text: str) -> str:
-    """The exception line of a formatted traceback (its last non-empty line)."""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else "an unknown error"
+_HEADER = "Traceback (most recent call last):"
+_EXCEPTION_LINE = re.compile(
+    r"[A-Za-z_][\w.]*(:|$)"
+)  # `ValueError: ...`, `pkg.mod.MyError: ...`, `KeyboardInterrupt`
+_MAX_SUMMARY = 500
+
+
+def error_summary(text: str) -> str:
+    """The exception type and the first meaningful line of its message, from a formatted traceback
+    (a spawned rank's) or an exception's `Type: message` text (torchelastic's error file).
+
+    Not the last line: a message may span lines (`fully_shard` ends its with a module's repr), and
+    its last line is then a lone `)`. In a traceback the exception starts at the first line after
+    the last header's indented frames; in an error file at the first line shaped like `Type: ...`.
+    """
+    lines = [ln.rstrip() for ln in text.strip().splitlines()]
+    if _HEADER in lines:
+        after = lines[len(lines) - 1 - lines[::-1].index(_HEADER) + 1 :]
+        start = next((i for i, ln in enumerate(after) if ln and not ln[0].isspace()), None)
+        exception = after[start:] if start is not None else []
+    else:
+        start = next((i for i, ln in enumerate(lines) if _EXCEPTION_LINE.match(ln)), None)
+        exception = lines[start:] if start is not None else lines
+    meaningful = [ln.strip() for ln in exception if any(c.isalnum() for c in ln)]
+    if not meaningful:
+        return "an unknown error"
+    first = meaningful[0]
+    if first.endswith(":") and len(meaningful) > 1:  # `ValueError:` with the message on the next line
+        first = f"{first} {meaningful[1]}"
+    return first if len(first) <= _MAX_SUMMARY else first[: _MAX_SUMMARY - 3] + "..."
 
 
 def stopped_message(signame: str, run_dir: Path, since: float) -> str:

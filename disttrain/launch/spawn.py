@@ -9,7 +9,7 @@ from typing import Any
 from disttrain.config.errors import ConfigError
 from disttrain.launch.base import Launcher
 from disttrain.launch.environ import patched_environ
-from disttrain.launch.errors import LaunchError, exit_code_message, last_error_line
+from disttrain.launch.errors import LaunchError, error_summary, exit_code_message
 from disttrain.launch.forkserver import START_METHOD, defer_dynamo, detach_from_server, launcher_env, warm_up
 from disttrain.launch.registry import launcher_config
 
@@ -73,7 +73,7 @@ def launch_spawn(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.wor
             args = (str(run_dir), entry, launcher_env())
             mp.start_processes(_rank_main, args=args, nprocs=nproc, join=True, start_method=START_METHOD)
     except mp.ProcessRaisedException as exc:
-        raise LaunchError(exc.error_index, last_error_line(str(exc)), run_dir) from None
+        raise LaunchError(exc.error_index, error_summary(str(exc)), run_dir) from None
     except mp.ProcessExitedException as exc:
         raise LaunchError(exc.error_index, exit_code_message(exc.exit_code), run_dir) from None
     finally:

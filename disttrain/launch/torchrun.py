@@ -13,9 +13,9 @@ from typing import Any
 from disttrain.launch.base import Launcher
 from disttrain.launch.errors import (
     LaunchError,
+    error_summary,
     exit_code_message,
     is_secondary,
-    last_error_line,
     stopped_message,
 )
 from disttrain.launch.forkserver import START_METHOD, launcher_env, rank_entry, warm_up
@@ -191,7 +191,7 @@ def _failure_message(failure: Any) -> str:
         data = json.loads(Path(failure.error_file).read_text())
         message = data.get("message", {})
         if isinstance(message, dict):
-            return last_error_line(message.get("message", "")) or str(message)
-        return last_error_line(str(message))
+            return error_summary(message.get("message", "")) or str(message)
+        return error_summary(str(message))
     except (OSError, ValueError, TypeError):
         return exit_code_message(failure.exitcode)

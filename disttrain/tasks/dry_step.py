@@ -40,12 +40,17 @@ SHAPE_HINT = (
 def dry_step(
     cfg: dict[str, Any],
     build_task: Callable[[], Task],
-    meta_model: nn.Module,
-    build_cpu_model: Callable[[], nn.Module],
+    meta_model: nn.Module | None,
+    build_cpu_model: Callable[[], nn.Module] | None,
     train: Any,
     val: Any | None,
 ) -> None:
-    """Raise ConfigError when the configured task cannot run one step on the data and model."""
+    """Raise ConfigError when the configured task cannot run one step on the data and model.
+
+    `meta_model` None: the model's structure is unknown before launch (its factory refuses the meta
+    device): only the data and the task are checked. `build_cpu_model` None: a CPU build would load
+    the model's weights in the parent: the model runs on the meta device only, and a failure there
+    is logged, not raised (it may be the meta device's, not the config's)."""
     samples = _samples(train, "data.train")
     batch = _collate(samples, "data.train")
     if val is not None and len(val) > 0:
@@ -63,14 +68,24 @@ def dry_step(
         ) from None
     _check_pipeline(cfg, task, inputs, target)
     _check_targets(cfg, task, train, target)
+    if meta_model is None:
+        return
     params = sum(p.numel() for p in meta_model.parameters())
-    if params <= CPU_FIRST_MAX_PARAMS:
+    if params <= CPU_FIRST_MAX_PARAMS and build_cpu_model is not None:
         cpu_first = _run(task.setup(torch.device("cpu")), build_cpu_model(), batch, torch.device("cpu"))
         if cpu_first is not None:
             raise cpu_first
         return
     meta_exc = _run(task.setup(torch.device("meta")), meta_model, batch, torch.device("meta"))
     if meta_exc is None:
+        return
+    if build_cpu_model is None:
+        log.warning(
+            "dry step skipped: %s cannot run on the meta device (%s), and a CPU run would load the "
+            "model's weights in the launcher",
+            _target(cfg),
+            _said(meta_exc),
+        )
         return
     if params > CPU_FALLBACK_MAX_PARAMS:
         log.warning(

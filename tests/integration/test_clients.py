@@ -18,13 +18,14 @@ from __future__ import annotations
 import importlib.util
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from .conftest import read_yaml, run_cli, train_losses, train_records, val_records, write_module
 from .sweep import Sweep, run_sweep
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # the sweep: 9 x JOB_BUDGET
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(780)]  # the sweep: 12 x JOB_BUDGET
 
 CLIENTS = Path(__file__).resolve().parents[1] / "clients"
 
@@ -133,6 +134,27 @@ WEIGHTED_DATA = (
     "data.val._target_=mylab.weighted.WeightedDigitsVal",
     "task._target_=mylab.weighted.WeightedCE",
 )
+# Issue 23: a GPT-2 written by save_pretrained into the sweep's folder (`tiny`, the review's
+# GPT2Config), loaded by the user's own from_pretrained call; dropout off through from_pretrained's
+# config overrides so that step 1's loss is the saved model's loss on the first global batch.
+PRETRAINED_DIR = "tiny"
+PRETRAINED = (
+    *HF_CALL,
+    "model._target_=transformers.AutoModelForCausalLM.from_pretrained",
+    f"model.pretrained_model_name_or_path={PRETRAINED_DIR}",
+    *(f"+model.{k}=0.0" for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")),
+    "data.block_size=32",
+    "trainer.batch_size=8",
+    "trainer.max_steps=2",
+    "trainer.log_every=1",
+    "checkpoint.export_final=false",
+)
+PRETRAINED_RUNS = {
+    "ddp": ("strategy=ddp",),
+    "fsdp": ("strategy=fsdp",),
+    "fsdp-bf16": ("strategy=fsdp", "amp=bf16"),
+}
+
 # The runs of this module that depend on no other: one job each in one sweep (name -> overrides).
 RUNS: dict[str, tuple[str, ...]] = {
     "nanogpt-ddp": (*NANOGPT_DDP, "name=full"),
@@ -167,6 +189,11 @@ RUNS: dict[str, tuple[str, ...]] = {
         )
         if HAS_TRANSFORMERS
     },
+    **{
+        f"pretrained-{s}": (*PRETRAINED, *strategy)
+        for s, strategy in PRETRAINED_RUNS.items()
+        if HAS_TRANSFORMERS
+    },
 }
 
 
@@ -178,6 +205,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     conf = _nanogpt(cwd)
     write_module(cwd, "hfmodels", HF)
     write_module(cwd, "mylab.weighted", WEIGHTED)
+    if HAS_TRANSFORMERS:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(vocab_size=256, n_positions=64, n_embd=32, n_layer=2, n_head=2)
+        GPT2LMHeadModel(config).save_pretrained(cwd / PRETRAINED_DIR)
     return run_sweep(cwd, RUNS, config_dir=conf)
 
 
@@ -208,6 +240,39 @@ def test_nanogpt_resumes_bitwise_into_a_new_run(runs: Sweep) -> None:
 def test_hugging_face_gpt2(strategy: str, runs: Sweep) -> None:
     pytest.importorskip("transformers")
     _falls(runs[f"hf-{strategy}"])
+
+
+@pytest.mark.parametrize("strategy", list(PRETRAINED_RUNS))
+def test_from_pretrained_trains_the_saved_weights(strategy: str, runs: Sweep) -> None:
+    """Issue 23: `model._target_=...from_pretrained` as written (the pre-launch checks used to build
+    it on the meta device, which from_pretrained refuses). Step 1's loss is the saved model's own
+    loss on the first global batch, so the ranks trained the loaded weights, not a random init."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    run_dir = runs[f"pretrained-{strategy}"]
+    first = train_records(run_dir)[0]
+    assert first["step"] == 1
+    drop = dict.fromkeys(("resid_pdrop", "embd_pdrop", "attn_pdrop"), 0.0)
+    saved = transformers.AutoModelForCausalLM.from_pretrained(runs.cwd / PRETRAINED_DIR, **drop)
+    x = _first_global_batch(run_dir)
+    with torch.no_grad():
+        expected = saved(input_ids=x, labels=x).loss.item()
+    # fp32: equal (measured 0.0); bf16 autocast rounds activations to 8 mantissa bits (measured 3e-5)
+    assert first["train/loss"] == pytest.approx(expected, abs=1e-5 if "bf16" not in strategy else 1e-3)
+
+
+def _first_global_batch(run_dir: Path) -> Any:
+    """Step 1's inputs of both ranks, drawn by the run's own data set and loaders from its frozen config."""
+    import torch
+
+    from disttrain.data import build_datasets
+    from disttrain.data.loaders import make_loaders
+
+    cfg = read_yaml(run_dir / "config.yaml")
+    train, _ = build_datasets(cfg["data"])
+    batches = [next(iter(make_loaders(cfg, None, train, None, (r, 2))[0]))[0] for r in range(2)]  # type: ignore[arg-type]
+    return torch.cat(batches)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

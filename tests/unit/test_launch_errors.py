@@ -1,0 +1,79 @@
+"""The console's failure summary names the exception type and its first meaningful line (issue 23 #6)."""
+
+from __future__ import annotations
+
+import json
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from torch import nn
+
+from disttrain.launch.errors import error_summary
+from disttrain.launch.torchrun import first_failure
+
+FIRST = "ValueError: fully_shard does not support containers that do not implement forward: ModuleList("
+
+
+def _raise_multiline() -> None:
+    """fully_shard's refusal as the review saw it: a message that ends with a module's repr."""
+    blocks = nn.ModuleList([nn.ModuleList([nn.Linear(4, 4), nn.GELU()]) for _ in range(2)])
+    raise ValueError(f"fully_shard does not support containers that do not implement forward: {blocks!r}")
+
+
+def _traceback() -> str:
+    try:
+        _raise_multiline()
+    except ValueError:
+        return traceback.format_exc()
+    raise AssertionError("unreachable")
+
+
+def test_a_spawned_ranks_multiline_exception_is_named_by_its_type_and_first_line() -> None:
+    """torch.multiprocessing's ProcessRaisedException text: its header, then the rank's traceback."""
+    import torch.multiprocessing as mp
+
+    text = _traceback()
+    assert text.rstrip().endswith(")")  # the old summary (the last line) was a lone `)`
+    message = f"\n\n-- Process 1 terminated with the following error:\n{text}"
+    assert error_summary(str(mp.ProcessRaisedException(message, 1, 1234))) == FIRST
+
+
+def test_a_torchrun_ranks_multiline_exception_is_named_from_its_error_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The error file as torchelastic's own @record handler writes it for the failing rank."""
+    from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
+
+    error_file = tmp_path / "error1.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    try:
+        _raise_multiline()
+    except ValueError as exc:
+        ErrorHandler().record_exception(exc)
+    assert json.loads(error_file.read_text())["message"]["message"].endswith(")")
+    failures = {1: SimpleNamespace(exitcode=1, timestamp=100, error_file=str(error_file))}
+    assert first_failure(failures) == (1, FIRST)
+
+
+@pytest.mark.parametrize(
+    ("text", "summary"),
+    [
+        (
+            "Traceback (most recent call last):\n  File 'x.py', line 1\n    f()\nKeyError: 'w'\n",
+            "KeyError: 'w'",
+        ),
+        ("RuntimeError:\n\n  the real reason\n)", "RuntimeError: the real reason"),  # message on line 2
+        ("KeyboardInterrupt", "KeyboardInterrupt"),
+        (  # chained: the exception that ended the rank, not the one it was handling
+            "Traceback (most recent call last):\n  File 'a'\nOSError: disk\n\nDuring handling of the "
+            "above exception, another exception occurred:\n\nTraceback (most recent call last):\n"
+            "  File 'b'\nmylab.errors.DataError: shard 3 is empty\n  details (\n)",
+            "mylab.errors.DataError: shard 3 is empty",
+        ),
+        ("", "an unknown error"),
+    ],
+)
+def test_summary_of_other_exception_shapes(text: str, summary: str) -> None:
+    assert error_summary(text) == summary
