@@ -134,6 +134,7 @@ class RunFiles:
 
     path: Path
     problems: list[str] = field(default_factory=list)
+    _records: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict, repr=False)
 
     def note(self, text: str) -> None:
         if text not in self.problems:
@@ -194,6 +195,11 @@ class RunFiles:
         """metrics.jsonl's records: a dict with an integer `step` and numbers. Other lines are skipped
         and named in one problem line; a last line a crash cut mid-write is skipped silently."""
         cap = METRICS_CAP if cap is None else cap
+        if (name, cap) not in self._records:  # show reads them for the row and the final metrics
+            self._records[name, cap] = self._read_metrics(name, cap)
+        return self._records[name, cap]
+
+    def _read_metrics(self, name: str, cap: int) -> list[dict[str, Any]]:
         try:
             data, cut = read_capped(self.path / name, cap)
         except FileNotFoundError:
