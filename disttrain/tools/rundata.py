@@ -140,6 +140,19 @@ class RunFiles:
         if text not in self.problems:
             self.problems.append(text)
 
+    def checked(
+        self, name: str, data: dict[str, Any], checks: dict[str, Any], texts: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """`data` without the values that fail their check (`checks[key]`, or a str for `texts`)."""
+        out = {}
+        for key, value in data.items():
+            check = checks.get(key) or ((lambda v: isinstance(v, str)) if key in texts else None)
+            if check is not None and not check(value):
+                self.note(f"{name}: {key} = {short_repr(value)} is not valid: left out")
+                continue
+            out[key] = value
+        return out
+
     def text(self, name: str, cap: int = SMALL_CAP) -> str | None:
         """The file's text; None (and a problem named) when it is absent, unreadable or too big."""
         try:
@@ -234,10 +247,10 @@ def _record_problem(line: str) -> dict[str, Any] | str:
     if not isinstance(record, dict):
         return f"a {type(record).__name__}, not an object"
     if not is_int(record.get("step")):
-        return f"step {_short(record.get('step'))} is not a step number"
+        return f"step {short_repr(record.get('step'))} is not a step number"
     for key, value in record.items():
         if not is_number(value):
-            return f"{_short(key)} = {_short(value)} is not a number"
+            return f"{short_repr(key)} = {short_repr(value)} is not a number"
     return record
 
 
@@ -245,7 +258,8 @@ def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"
 
 
-def _short(value: Any, width: int = 40) -> str:
+def short_repr(value: Any, width: int = 40) -> str:
+    """repr(value) cut to `width` characters: a crafted value is named, not printed whole."""
     text = repr(value)
     return text if len(text) <= width else text[: width - 1] + "…"
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from disttrain.config.fingerprint import differences, flatten
 from disttrain.rundir import CONFIG, STATUS, RunDir
-from disttrain.tools.rundata import SHA, RunFiles, is_int, is_number, is_time
+from disttrain.tools.rundata import SHA, RunFiles, is_int, is_number, is_time, short_repr
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -47,33 +47,14 @@ def status_of(run_dir: Path, files: RunFiles | None = None) -> dict[str, Any]:
     if not RunDir(run_dir).status.exists() and not RunDir(run_dir).status.is_symlink():
         done = RunDir(run_dir).summary.is_file()
         return {"status": "finished" if done else "unknown", "note": "no status.json (older run)"}
-    st = _checked(files, STATUS, files.mapping(STATUS), STATUS_TYPES, ("status", "error", "note", "host"))
+    st = files.checked(STATUS, files.mapping(STATUS), STATUS_TYPES, texts=("status", "error", "note", "host"))
     if st.get("status") not in STATUSES:
         if "status" in st:
-            files.note(f"{STATUS}: status {st['status']!r} is not one of {', '.join(STATUSES)}")
+            files.note(f"{STATUS}: status {short_repr(st['status'])} is not one of {', '.join(STATUSES)}")
         st["status"] = "unknown"
     if st["status"] == "running" and st.get("host") == socket.gethostname() and not _alive(st.get("pid")):
         return {**st, "status": "interrupted", "note": f"launcher process {st.get('pid')} is gone"}
     return st
-
-
-def _checked(
-    files: RunFiles, name: str, data: dict[str, Any], checks: dict[str, Any], texts: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """`data` with the values that fail their type check left out (and named in files.problems)."""
-    out = {}
-    for key, value in data.items():
-        check = checks.get(key) or ((lambda v: isinstance(v, str)) if key in texts else None)
-        if check is not None and not check(value):
-            files.note(f"{name}: {key} = {_short(value)} is not valid: left out")
-            continue
-        out[key] = value
-    return out
-
-
-def _short(value: Any, width: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _alive(pid: Any) -> bool:
@@ -109,7 +90,7 @@ def run_info(run_dir: Path, files: RunFiles | None = None) -> dict[str, Any]:
     train = [r for r in records if "train/loss" in r]
     env = files.mapping("env.json")
     if "started" in env and not is_time(env["started"]):
-        files.note(f"env.json: started = {_short(env['started'])} is not a time: left out")
+        files.note(f"env.json: started = {short_repr(env['started'])} is not a time: left out")
         env.pop("started")
     started = st.get("started") or env.get("started") or _mtime(RunDir(run_dir).config)
     name = cfg.get("name")
@@ -161,7 +142,7 @@ def _strategy(cfg: dict[str, Any], files: RunFiles) -> str | None:
         return None
     if isinstance(block, dict) and isinstance(block.get("name"), str):
         return str(block["name"])
-    files.note(f"{CONFIG}: strategy = {_short(block)} is not a strategy block with a name: left out")
+    files.note(f"{CONFIG}: strategy = {short_repr(block)} is not a strategy block with a name: left out")
     return None
 
 
@@ -171,7 +152,9 @@ def _world_size(cfg: dict[str, Any], files: RunFiles) -> int | None:
         return None
     nodes, nproc = cfg["nodes"], cfg["nproc_per_node"]
     if not (is_int(nodes, 1, 1 << 20) and is_int(nproc, 1, 1 << 20)):
-        files.note(f"{CONFIG}: nodes = {_short(nodes)}, nproc_per_node = {_short(nproc)}: not a world size")
+        files.note(
+            f"{CONFIG}: nodes = {short_repr(nodes)}, nproc_per_node = {short_repr(nproc)}: not a world size"
+        )
         return None
     return int(nodes * nproc)
 
@@ -233,7 +216,7 @@ def _overrides(run_dir: Path, files: RunFiles) -> list[str]:
     bad = [v for v in value if not isinstance(v, str)]
     if bad:
         files.note(
-            f"overrides.yaml: {len(bad)} entr(ies) not key=value text, e.g. {_short(bad[0])}: left out"
+            f"overrides.yaml: {len(bad)} entr(ies) not key=value text, e.g. {short_repr(bad[0])}: left out"
         )
     return [v for v in value if isinstance(v, str)]
 
@@ -257,9 +240,9 @@ def rerun_command(run_dir: Path, files: RunFiles | None = None) -> str:
     repo, sha = git.get("repo"), git.get("sha")
     steps = []
     if sha is not None and not (isinstance(sha, str) and SHA.fullmatch(sha)):
-        files.note(f"git.json: sha = {_short(sha)} is not a commit SHA (7-40 hex digits): no checkout")
+        files.note(f"git.json: sha = {short_repr(sha)} is not a commit SHA (7-40 hex digits): no checkout")
     elif repo is not None and not (isinstance(repo, str) and os.path.isabs(repo)):
-        files.note(f"git.json: repo = {_short(repo)} is not an absolute path: no checkout")
+        files.note(f"git.json: repo = {short_repr(repo)} is not an absolute path: no checkout")
     elif repo and sha:
         steps.append(shlex.join(["cd", repo]) + " && " + shlex.join(["git", "checkout", sha]))
         if git.get("dirty") is True:
@@ -277,7 +260,9 @@ def checkpoints(run_dir: Path, files: RunFiles | None = None) -> list[dict[str, 
     saved = cfg.get("checkpoint")  # an unreadable or hand-made config: the run dir's own folder
     chosen = saved.get("dir") if isinstance(saved, dict) else None
     if chosen is not None and not isinstance(chosen, str):
-        files.note(f"{CONFIG}: checkpoint.dir = {_short(chosen)} is not a path: the run dir's checkpoints/")
+        files.note(
+            f"{CONFIG}: checkpoint.dir = {short_repr(chosen)} is not a path: the run dir's checkpoints/"
+        )
         chosen = None
     folder = Path(chosen).absolute() if chosen else RunDir(run_dir).checkpoints
     out = []
