@@ -118,10 +118,9 @@ def tracker_resume(run_dir: Path, meta: dict[str, Any] | None) -> tuple[dict[str
     own = RunDir(run_dir).trackers
     if own.is_file():
         try:
-            state = json.loads(own.read_text())
-        except (OSError, ValueError):
+            return json.loads(own.read_text()) or None, 0
+        except ValueError:
             return None, 0
-        return (state or None) if isinstance(state, dict) else None, 0  # a crafted list: no trackers
     return None, 0
 
 
