@@ -105,9 +105,23 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:
-    """The frozen, fully resolved config: plain YAML, no interpolation left to re-resolve."""
-    with (run_dir / CONFIG).open(encoding="utf-8") as f:
-        cfg: dict[str, Any] = yaml.safe_load(f)
+    """The frozen, fully resolved config: plain YAML, no interpolation left to re-resolve.
+    A config.yaml that is not a YAML mapping (edited, truncated, a planted file) is a ConfigError."""
+    from disttrain.config.errors import ConfigError
+
+    try:
+        with (run_dir / CONFIG).open(encoding="utf-8") as f:
+            cfg = yaml.safe_load(f)
+        problem = None if isinstance(cfg, dict) else f"it holds a {type(cfg).__name__}, not a mapping"
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        problem = f"it is not YAML text ({str(exc).splitlines()[0]})"
+    if problem is not None:
+        raise ConfigError(
+            "RUN_DIR",
+            str(run_dir),
+            "a run dir whose config.yaml is the mapping of keys disttrain froze there",
+            f"{problem}: it was edited or is not disttrain's; restore it, or train a new run.",
+        )
     return cfg
 
 
@@ -372,6 +386,13 @@ def running_pid(run_dir: Path) -> int | None:
     status = read_status(run_dir)
     pid = status.get("pid")
     if status.get("status") != "running" or not isinstance(pid, int) or pid == os.getpid():
+        return None
+    if isinstance(pid, bool) or not 0 < pid < 2**31:  # os.kill raised OverflowError on 2**70
+        import logging
+
+        logging.getLogger("disttrain").warning(
+            "%s says running with pid %s, which is no process id: taken as not running", run_dir / STATUS, pid
+        )
         return None
     if status.get("host") != socket.gethostname():
         return None  # another host: its pid means nothing here

@@ -102,6 +102,28 @@ def entry_problem(entry: Any) -> str | None:
     return None
 
 
+# meta.json's counters: whole numbers a run can reach. A float step broke step_name's {:08d} after
+# the load; 10**30 overflowed later (reliability D19): either is refused here, so the load falls back.
+META_COUNTERS = ("step", "epoch", "samples", "epoch_samples")
+META_MAX = 2**53
+
+
+def meta_problem(meta: Any) -> str | None:
+    """Why a checkpoint's meta.json cannot be resumed from (the field and its value), or None."""
+    if not isinstance(meta, dict):
+        return f"is {type(meta).__name__}, not an object"
+    for key in META_COUNTERS:
+        if key not in meta and key != "step":
+            continue  # TrainState names a missing one when it loads
+        value = meta.get(key)
+        if type(value) is not int or not 0 <= value < META_MAX:
+            return f"has {key} {str(value)[:40]!r}, not a count from 0 to 2**53"
+    for key, kind in (("trackers", dict), ("last_val", dict), ("states", list)):
+        if meta.get(key) is not None and not isinstance(meta[key], kind):
+            return f"has {key} of type {type(meta[key]).__name__}, not {kind.__name__}"
+    return None
+
+
 def entries_problem(manifest: Path, files: Any) -> str | None:
     """Why a manifest's "files" cannot be checked (naming the manifest and the entry), or None."""
     if not isinstance(files, dict):

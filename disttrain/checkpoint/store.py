@@ -48,6 +48,7 @@ from disttrain.checkpoint.reading import (
     algo_of,
     entries_problem,
     file_digest,
+    meta_problem,
     mismatch,
     refuse_compressed,
 )
@@ -699,8 +700,11 @@ def why_not(exc: BaseException) -> str:
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    meta: dict[str, Any] = json.loads((path / META).read_text())
-    return meta
+    """meta.json, checked (`meta_problem`): CorruptCheckpoint (a ValueError) names a bad field."""
+    meta = json.loads((path / META).read_text())
+    if why := meta_problem(meta):
+        raise CorruptCheckpoint(f"{path / META} {why}")
+    return dict(meta)
 
 
 def load_sharded(

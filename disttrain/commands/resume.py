@@ -6,6 +6,7 @@ more steps) and continues from its latest whole checkpoint, in the same run dir.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,45 @@ def _switch_group(typed: Any, group: str, option: Any, line: str) -> None:
     typed[group] = OmegaConf.merge(node, values) if node is not None else values
 
 
+# Files the launcher and rank 0 append to (O_NOFOLLOW: a link planted there fails, after training).
+APPENDED = ("commands.txt", "metrics.jsonl")
+
+
+def check_run_files(run_dir: Path) -> None:
+    """The run dir's own files that a resume appends to or reads back are what disttrain wrote: not
+    symbolic links (never written through; the open fails) and a trackers.json mapping (the rank
+    would raise on it). One ConfigError before anything starts, instead of a rank's traceback."""
+    import json
+
+    from disttrain.rundir import RunDir
+
+    links = [n for n in APPENDED if (run_dir / n).is_symlink()]
+    links += [f"logs/{p.name}" for p in sorted(RunDir(run_dir).logs.glob("*.log")) if p.is_symlink()]
+    if links:
+        raise ConfigError(
+            "RUN_DIR",
+            str(run_dir),
+            "a run dir whose commands.txt, metrics.jsonl and logs/*.log are regular files",
+            f"{links[0]} is a symbolic link (to {os.readlink(run_dir / links[0])}): disttrain appends to "
+            f"these files and never through a link planted there; remove it (rm {run_dir / links[0]}).",
+        )
+    trackers = RunDir(run_dir).trackers
+    if trackers.is_file():
+        try:
+            data = json.loads(trackers.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            data = exc
+        if not isinstance(data, dict):
+            raise ConfigError(
+                "RUN_DIR",
+                str(run_dir),
+                "a run dir whose trackers.json is the JSON object disttrain wrote ({sink: tracker run})",
+                f"trackers.json holds {type(data).__name__ if not isinstance(data, Exception) else 'no JSON'}:"
+                f" it was edited or damaged; remove it (rm {trackers}) and the resumed run starts new "
+                "tracker runs (MLflow, W&B) instead of continuing the old ones.",
+            )
+
+
 def cmd_resume(rest: list[str]) -> int:
     if not rest or rest[0] in ("-h", "--help"):
         sys.stdout.write(RESUME_USAGE)
@@ -206,6 +246,7 @@ def cmd_resume(rest: list[str]) -> int:
     refuse_if_running(run_dir, "RUN_DIR")  # another host's launcher (status.json: running)
     overrides = rest[1:]
     saved_cfg = read_config(run_dir)
+    check_run_files(run_dir)
     check_trusted(run_dir, saved_cfg, trusted)  # someone else's _target_s: only with --trust
     cfg = apply_overrides(saved_cfg, overrides)
     refuse_planted_links(run_dir, "RUN_DIR", cfg)  # keep-N inside a linked folder deletes another run's

@@ -6,6 +6,7 @@ API server would refuse is better refused here, with the key, than after a queue
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shutil
 from typing import Any
@@ -22,6 +23,7 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV = ("PET_", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK")
 NAME_MAX = 31  # + "-YYYYMMDD-HHMMSS-abcd" = 52: pod names `<job>-worker-<i>` stay 63-character labels
 APIS = ("trainjob", "pytorchjob")
+CONFIG_MOUNT = "/etc/disttrain"  # where the pods read the frozen config (launch/k8s.py mounts it)
 
 
 def k8s_name(name: str) -> str:
@@ -122,26 +124,38 @@ def _env(values: dict[str, Any]) -> None:
             )
 
 
+def mount_path(text: str) -> str | None:
+    """`text` as the pod sees it (`/data/.`, `/data/` and `//data` are `/data`), or None when it is
+    not an absolute path of plain names, or is `/` or climbs with `..`: the collision checks below
+    compare these normalised forms, so `data:/etc/disttrain/.` cannot slip past as another string."""
+    if not PATH.fullmatch(text) or ".." in text.split("/"):
+        return None
+    path = "/" + posixpath.normpath(text).lstrip("/")
+    return None if path == "/" else path
+
+
 def _volumes(lc: dict[str, Any]) -> None:
-    taken = {"/etc/disttrain", str(lc["run_root"]).rstrip("/")}
-    if not PATH.fullmatch(str(lc["run_root"])) or str(lc["run_root"]).rstrip("/") in ("", "/etc/disttrain"):
+    run_root = mount_path(str(lc["run_root"]))
+    if run_root is None or run_root == CONFIG_MOUNT:
         raise ConfigError(
             "launcher.run_root",
             lc["run_root"],
-            "an absolute path in the pod (not / or /etc/disttrain)",
+            f"an absolute path in the pod, without `..` (not / or {CONFIG_MOUNT})",
             "e.g. /runs.",
         )
+    taken = {CONFIG_MOUNT, run_root}
     for volume in lc["volumes"]:
-        claim, _, path = str(volume).partition(":")
-        if not DNS_SUBDOMAIN.fullmatch(claim) or not PATH.fullmatch(path) or path.rstrip("/") in taken:
+        claim, _, text = str(volume).partition(":")
+        path = mount_path(text)
+        if not DNS_SUBDOMAIN.fullmatch(claim) or path is None or path in taken:
             raise ConfigError(
                 "launcher.volumes",
                 volume,
-                f"CLAIM:MOUNT_PATH, a PersistentVolumeClaim name and an absolute path other than "
-                f"{', '.join(sorted(taken))}",
+                f"CLAIM:MOUNT_PATH, a PersistentVolumeClaim name and an absolute path without `..`, "
+                f"other than / and {', '.join(sorted(taken))}",
                 "e.g. launcher.volumes=[datasets:/data]; `kubectl get pvc` lists the claims.",
             )
-        taken.add(path.rstrip("/"))
+        taken.add(path)
 
 
 def check_runtime(cfg: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ from disttrain.safefile import write_text_atomic
 
 SCRIPT = "slurm/job.sbatch"
 # sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
-SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}")  # fullmatch: `$` also matches before a final \n
 
 
 class SlurmLauncher(Launcher):
@@ -61,7 +61,7 @@ class SlurmLauncher(Launcher):
 
 
 def check_static(lc: SlurmLauncherConfig) -> None:
-    if lc.time is not None and not SLURM_TIME.match(lc.time):
+    if lc.time is not None and not SLURM_TIME.fullmatch(lc.time):
         raise ConfigError(
             "launcher.time",
             lc.time,

@@ -7,23 +7,29 @@ from __future__ import annotations
 from pathlib import Path
 
 from disttrain.config.errors import ConfigError
-from disttrain.tools.runs import read_metrics
+from disttrain.tools.render import clean
+from disttrain.tools.rundata import RunFiles
 
 METRICS = ("train/loss", "val/loss", "val/acc", "val/mse", "val/ppl", "lr")
 
 Series = dict[str, dict[str, tuple[list[int], list[float]]]]  # metric -> run label -> (steps, values)
 
 
-def series(runs: list[Path], metrics: tuple[str, ...] = METRICS) -> Series:
-    """Each metric's (steps, values) per run, in step order, the last record of a step winning."""
+def series(runs: list[Path], metrics: tuple[str, ...] = METRICS, problems: list[str] | None = None) -> Series:
+    """Each metric's (steps, values) per run, in step order, the last record of a step winning.
+    Records that do not check out are skipped and named in `problems` (`rundata.RunFiles.metrics`)."""
     out: Series = {}
     labels = _labels(runs)
     for run, label in zip(runs, labels, strict=True):
+        files = RunFiles(run)
+        records = files.metrics()
+        if problems is not None:
+            problems.extend(f"{run}: {p}" for p in files.problems)
         for metric in metrics:
             points: dict[int, float] = {}
-            for r in read_metrics(run):
-                if isinstance(r.get(metric), int | float):
-                    points[int(r["step"])] = float(r[metric])
+            for r in records:
+                if metric in r:
+                    points[r["step"]] = float(r[metric])
             if points:
                 steps = sorted(points)
                 out.setdefault(metric, {})[label] = (steps, [points[s] for s in steps])
@@ -36,12 +42,20 @@ def _labels(runs: list[Path]) -> list[str]:
     while True:
         labels = ["/".join(r.parts[-depth:]) for r in runs]
         if len(set(labels)) == len(labels) or depth >= max(len(r.parts) for r in runs):
-            return labels
+            return [_label(text) for text in labels]
         depth += 1
 
 
-def plot(runs: list[Path], out: Path) -> Series:
-    """Draw every metric the runs logged into `out` (PNG, SVG, PDF by suffix); return what was drawn."""
+def _label(text: str) -> str:
+    """A legend label shown as written: matplotlib reads `$...$` as mathtext (a crafted `$\\frac{$`
+    raised), and hides labels starting with `_`."""
+    text = clean(text).replace("$", r"\$")
+    return " " + text if text.startswith("_") else text
+
+
+def plot(runs: list[Path], out: Path, problems: list[str] | None = None) -> Series:
+    """Draw every metric the runs logged into `out` (PNG, SVG, PDF by suffix); return what was drawn.
+    Records left out are named in `problems`."""
     try:
         import matplotlib
 
@@ -51,7 +65,7 @@ def plot(runs: list[Path], out: Path) -> Series:
         raise ConfigError(
             "--plot", str(out), "a plot needs matplotlib", "pip install 'disttrain[plot]' (or matplotlib)."
         ) from None
-    data = series(runs)
+    data = series(runs, problems=problems)
     if not data:
         raise ConfigError("RUN_DIR", " ".join(map(str, runs)), "runs with metrics.jsonl", "train first.")
     fig, axes = plt.subplots(len(data), 1, figsize=(8, 3 * len(data)), sharex=True, squeeze=False)

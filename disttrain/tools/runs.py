@@ -4,12 +4,15 @@ Reads only what a run dir holds (config.yaml, status.json, metrics.jsonl, summar
 overrides.yaml, checkpoints/); no torch import. Status comes from status.json, which the launching
 parent writes: running, then finished / failed / interrupted. A `running` run whose launcher process
 is gone from this host is reported as interrupted.
+
+Run dirs may come from anyone: every file is read through `rundata` (regular files, size caps, no
+YAML aliases) and every value is type-checked; what does not check out is left out and named in the
+run's `problems`, and a run that cannot be read at all is listed as `unreadable` with the reason.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import socket
@@ -17,11 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from disttrain.config.fingerprint import differences, flatten
-from disttrain.observe.metrics import read_metrics
-from disttrain.rundir import CONFIG, RunDir
+from disttrain.rundir import CONFIG, STATUS, RunDir
+from disttrain.tools.rundata import SHA, RunFiles, is_int, is_number, is_time, short_repr
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -32,31 +33,38 @@ def find_runs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob(CONFIG) if RunDir(p.parent).is_run())
 
 
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+def read_metrics(run_dir: Path, files: RunFiles | None = None) -> list[dict[str, Any]]:
+    """metrics.jsonl's well-formed records (`rundata.RunFiles.metrics`)."""
+    return (files or RunFiles(run_dir)).metrics()
 
 
-def status_of(run_dir: Path) -> dict[str, Any]:
-    st = _json(RunDir(run_dir).status)
-    if not isinstance(st, dict):
+STATUSES = ("running", "finished", "failed", "interrupted")
+STATUS_TYPES = {"started": is_time, "ended": is_time, "pid": lambda v: is_int(v, 1, 2**31 - 1)}
+
+
+def status_of(run_dir: Path, files: RunFiles | None = None) -> dict[str, Any]:
+    files = files or RunFiles(run_dir)
+    if not RunDir(run_dir).status.exists() and not RunDir(run_dir).status.is_symlink():
         done = RunDir(run_dir).summary.is_file()
         return {"status": "finished" if done else "unknown", "note": "no status.json (older run)"}
-    if st.get("status") == "running" and st.get("host") == socket.gethostname() and not _alive(st.get("pid")):
+    st = files.checked(STATUS, files.mapping(STATUS), STATUS_TYPES, texts=("status", "error", "note", "host"))
+    if st.get("status") not in STATUSES:
+        if "status" in st:
+            files.note(f"{STATUS}: status {short_repr(st['status'])} is not one of {', '.join(STATUSES)}")
+        st["status"] = "unknown"
+    if st["status"] == "running" and st.get("host") == socket.gethostname() and not _alive(st.get("pid")):
         return {**st, "status": "interrupted", "note": f"launcher process {st.get('pid')} is gone"}
     return st
 
 
 def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int):
+    if not is_int(pid, 1, 2**31 - 1):
         return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except OSError:
         return True
     return True
 
@@ -73,43 +81,87 @@ def best_val(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"metric": metric, "value": rec[metric], "step": rec.get("step")}
 
 
-def run_info(run_dir: Path) -> dict[str, Any]:
-    """One row of `disttrain runs`."""
-    cfg = _config(run_dir)
-    records = read_metrics(run_dir)
-    st = status_of(run_dir)
+def run_info(run_dir: Path, files: RunFiles | None = None) -> dict[str, Any]:
+    """One row of `disttrain runs`; `problems` names each value left out because it did not check."""
+    files = files or RunFiles(run_dir)
+    cfg = config(run_dir, files)
+    records = files.metrics()
+    st = status_of(run_dir, files)
     train = [r for r in records if "train/loss" in r]
-    env = _json(RunDir(run_dir).env) or {}
-    started = st.get("started") or env.get("started") or RunDir(run_dir).config.stat().st_mtime
+    env = files.mapping("env.json")
+    if "started" in env and not is_time(env["started"]):
+        files.note(f"env.json: started = {short_repr(env['started'])} is not a time: left out")
+        env.pop("started")
+    started = st.get("started") or env.get("started") or _mtime(RunDir(run_dir).config)
+    name = cfg.get("name")
     return {
         "run_dir": str(run_dir),
-        "name": cfg.get("name"),
+        "name": name if isinstance(name, str | int | float) and not isinstance(name, bool) else None,
         "started": started,
         "status": st["status"],
         "error": st.get("error"),
         "note": st.get("note"),
-        "step": max((r.get("step", 0) for r in records), default=0),
+        "step": max((r["step"] for r in records), default=0),
         "last_loss": train[-1]["train/loss"] if train else None,
         "best_val": best_val(records),
-        "strategy": (cfg.get("strategy") or {}).get("name"),
-        "world_size": _world_size(cfg),
+        "strategy": _strategy(cfg, files),
+        "world_size": _world_size(cfg, files),
         "duration_s": (st["ended"] - st["started"]) if "ended" in st and "started" in st else None,
+        "problems": files.problems,
     }
 
 
-def _world_size(cfg: dict[str, Any]) -> int | None:
+def unreadable(run_dir: Path, exc: BaseException) -> dict[str, Any]:
+    """The row of a run that could not be read at all: listed, with the reason, among the others."""
+    why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc).strip() else ''}".rstrip(": ")
+    keys = (
+        "name",
+        "started",
+        "error",
+        "note",
+        "last_loss",
+        "best_val",
+        "strategy",
+        "world_size",
+        "duration_s",
+    )
+    return {"run_dir": str(run_dir), **dict.fromkeys(keys), "status": "unreadable", "step": 0,
+            "problems": [f"unreadable: {why[:300]}"]}  # fmt: skip
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return None
+
+
+def _strategy(cfg: dict[str, Any], files: RunFiles) -> str | None:
+    block = cfg.get("strategy")
+    if block is None:
+        return None
+    if isinstance(block, dict) and isinstance(block.get("name"), str):
+        return str(block["name"])
+    files.note(f"{CONFIG}: strategy = {short_repr(block)} is not a strategy block with a name: left out")
+    return None
+
+
+def _world_size(cfg: dict[str, Any], files: RunFiles) -> int | None:
     """nodes x nproc_per_node of a saved config; None (unknown) when config.yaml is unreadable."""
     if "nodes" not in cfg or "nproc_per_node" not in cfg:
         return None
-    return int(cfg["nodes"]) * int(cfg["nproc_per_node"])
+    nodes, nproc = cfg["nodes"], cfg["nproc_per_node"]
+    if not (is_int(nodes, 1, 1 << 20) and is_int(nproc, 1, 1 << 20)):
+        files.note(
+            f"{CONFIG}: nodes = {short_repr(nodes)}, nproc_per_node = {short_repr(nproc)}: not a world size"
+        )
+        return None
+    return int(nodes * nproc)
 
 
-def _config(run_dir: Path) -> dict[str, Any]:
-    try:
-        cfg = yaml.safe_load(RunDir(run_dir).config.read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return cfg if isinstance(cfg, dict) else {}
+def config(run_dir: Path, files: RunFiles | None = None) -> dict[str, Any]:
+    """The frozen config.yaml as a mapping; {} (named in problems) when it is unreadable."""
+    return (files or RunFiles(run_dir)).mapping(CONFIG, loader="yaml")
 
 
 # ------------------------------------------------------------------------------------ diffs
@@ -117,11 +169,13 @@ def config_diff(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"key": k, "a": va, "b": vb} for k, va, vb in differences(flatten(a), flatten(b))]
 
 
-def default_config(run_dir: Path) -> dict[str, Any]:
-    """Today's defaults, composed from the config folder the run used (--config-dir in command.txt)."""
+def default_config(run_dir: Path, files: RunFiles | None = None) -> dict[str, Any]:
+    """Today's defaults, composed from the config folder the run used (--config-dir in command.txt);
+    the built-in ones when that folder is gone or does not compose."""
     from disttrain.config import compose, resolve
 
-    argv = _command(run_dir)
+    files = files or RunFiles(run_dir)
+    argv = _command(run_dir, files)
     user_dir = None
     for i, tok in enumerate(argv):
         if tok == "--config-dir" and i + 1 < len(argv):
@@ -130,95 +184,145 @@ def default_config(run_dir: Path) -> dict[str, Any]:
             user_dir = tok.split("=", 1)[1]
     if user_dir and not Path(user_dir).is_dir():
         user_dir = None
-    return resolve(compose([], user_dir))
-
-
-def _command(run_dir: Path) -> list[str]:
     try:
-        return shlex.split(RunDir(run_dir).command.read_text().strip())
-    except (OSError, ValueError):
+        return resolve(compose([], user_dir))
+    except Exception as exc:  # a folder of someone else's YAML: the built-in defaults instead
+        if user_dir is None:
+            raise
+        files.note(f"--config-dir {user_dir} does not compose ({str(exc).splitlines()[0][:200]}): "
+                   "diff against the built-in defaults")  # fmt: skip
+        return resolve(compose([], None))
+
+
+def _command(run_dir: Path, files: RunFiles | None = None) -> list[str]:
+    files = files or RunFiles(run_dir)
+    text = files.text("command.txt")
+    if text is None:
+        return []
+    try:
+        return shlex.split(text.strip())
+    except ValueError as exc:
+        files.note(f"command.txt: not a shell command line ({exc}): left out")
         return []
 
 
-def reproduce(run_dir: Path) -> str:
+def _overrides(run_dir: Path, files: RunFiles) -> list[str]:
+    value = files.yaml("overrides.yaml")
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        files.note(f"overrides.yaml: a {type(value).__name__}, not a list of overrides: left out")
+        return []
+    bad = [v for v in value if not isinstance(v, str)]
+    if bad:
+        files.note(
+            f"overrides.yaml: {len(bad)} entr(ies) not key=value text, e.g. {short_repr(bad[0])}: left out"
+        )
+    return [v for v in value if isinstance(v, str)]
+
+
+def reproduce(run_dir: Path, files: RunFiles | None = None) -> str:
     """`disttrain train` with the run's overrides (one job even when it came from a -m sweep)."""
-    try:
-        overrides = yaml.safe_load(RunDir(run_dir).overrides.read_text()) or []
-    except (OSError, yaml.YAMLError):
-        overrides = []
-    argv = _command(run_dir)
+    files = files or RunFiles(run_dir)
+    overrides = _overrides(run_dir, files)
+    argv = _command(run_dir, files)
     extra = [
         t for i, t in enumerate(argv) if t.startswith("--config-dir") or (i and argv[i - 1] == "--config-dir")
     ]
     return shlex.join(["disttrain", "train", *extra, *overrides])
 
 
-def rerun_command(run_dir: Path) -> str:
-    """The exact rerun: the run's code (`git checkout SHA` in its repo), then its frozen config."""
-    git = _json(run_dir / "git.json") or {}
+def rerun_command(run_dir: Path, files: RunFiles | None = None) -> str:
+    """The exact rerun: the run's code (`git checkout SHA` in its repo), then its frozen config.
+    Every word is shell-quoted, and a `sha` that is not a commit SHA is left out (and named)."""
+    files = files or RunFiles(run_dir)
+    git = files.mapping("git.json")
+    repo, sha = git.get("repo"), git.get("sha")
     steps = []
-    if git.get("repo") and git.get("sha"):
-        steps.append(f"cd {shlex.quote(str(git['repo']))} && git checkout {git['sha']}")
-        if git.get("dirty"):
-            steps.append(f"git apply {shlex.quote(str(run_dir.resolve() / 'git.diff'))}")
+    if sha is not None and not (isinstance(sha, str) and SHA.fullmatch(sha)):
+        files.note(f"git.json: sha = {short_repr(sha)} is not a commit SHA (7-40 hex digits): no checkout")
+    elif repo is not None and not (isinstance(repo, str) and os.path.isabs(repo)):
+        files.note(f"git.json: repo = {short_repr(repo)} is not an absolute path: no checkout")
+    elif repo and sha:
+        steps.append(shlex.join(["cd", repo]) + " && " + shlex.join(["git", "checkout", sha]))
+        if git.get("dirty") is True:
+            steps.append(shlex.join(["git", "apply", str(run_dir.resolve() / "git.diff")]))
     steps.append(shlex.join(["disttrain", "rerun", str(run_dir.resolve())]))
     return " && ".join(steps)
 
 
-def checkpoints(run_dir: Path) -> list[dict[str, Any]]:
-    from disttrain.shared_dir import checkpoint_dir
+CHECKPOINTS_SHOWN = 1000  # a crafted checkpoint.dir may name a huge folder
 
-    cfg = _config(run_dir)
+
+def checkpoints(run_dir: Path, files: RunFiles | None = None) -> list[dict[str, Any]]:
+    files = files or RunFiles(run_dir)
+    cfg = config(run_dir, files)
     saved = cfg.get("checkpoint")  # an unreadable or hand-made config: the run dir's own folder
-    known = isinstance(saved, dict) and "dir" in saved
-    folder = checkpoint_dir(cfg, run_dir) if known else RunDir(run_dir).checkpoints  # checkpoint.dir, if set
-    if not folder.is_dir():
+    chosen = saved.get("dir") if isinstance(saved, dict) else None
+    if chosen is not None and not isinstance(chosen, str):
+        files.note(
+            f"{CONFIG}: checkpoint.dir = {short_repr(chosen)} is not a path: the run dir's checkpoints/"
+        )
+        chosen = None
+    folder = Path(chosen).absolute() if chosen else RunDir(run_dir).checkpoints
+    out = []
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.startswith("."):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                out.append({"path": entry.path, "bytes": st.st_size, "modified": st.st_mtime})
+                if len(out) >= CHECKPOINTS_SHOWN:
+                    files.note(f"{folder}: more than {CHECKPOINTS_SHOWN} entries: the first shown")
+                    break
+    except OSError:
         return []
-    return [
-        {"path": str(p), "bytes": p.stat().st_size, "modified": p.stat().st_mtime}
-        for p in sorted(folder.iterdir())
-        if not p.name.startswith(".")
-    ]
+    return sorted(out, key=lambda c: c["path"])
 
 
-def final_metrics(run_dir: Path) -> dict[str, Any]:
+def final_metrics(run_dir: Path, files: RunFiles | None = None) -> dict[str, Any]:
     """summary.json's numbers; for a run without one, the last logged value of every metric."""
-    summary = _json(RunDir(run_dir).summary)
-    if isinstance(summary, dict):
-        return {k: v for k, v in summary.items() if isinstance(v, int | float) and k != "first_step_at"}
+    files = files or RunFiles(run_dir)
+    summary = files.mapping("summary.json")
+    if summary:
+        return {k: v for k, v in summary.items() if is_number(v) and k != "first_step_at"}
     last: dict[str, Any] = {}
-    for r in read_metrics(run_dir):
+    for r in files.metrics():
         last.update({k: v for k, v in r.items() if k not in ("time", "epoch")})
     return last
 
 
 def show(run_dir: Path) -> dict[str, Any]:
-    cfg = _config(run_dir)
+    files = RunFiles(run_dir)
+    cfg = config(run_dir, files)
     return {
-        "run": run_info(run_dir),
+        "run": run_info(run_dir, files),
         "config_diff_vs_defaults": [
             {"key": d["key"], "default": d["a"], "run": d["b"]}
-            for d in config_diff(default_config(run_dir), cfg)
+            for d in config_diff(default_config(run_dir, files), cfg)
         ],
-        "final_metrics": final_metrics(run_dir),
-        "checkpoints": checkpoints(run_dir),
-        "command": " ".join(_command(run_dir)),
-        "reproduce": reproduce(run_dir),
-        "rerun": rerun_command(run_dir),
+        "final_metrics": final_metrics(run_dir, files),
+        "checkpoints": checkpoints(run_dir, files),
+        "command": shlex.join(_command(run_dir, files)),
+        "reproduce": reproduce(run_dir, files),
+        "rerun": rerun_command(run_dir, files),
+        "problems": files.problems,
     }
 
 
 def compare(a: Path, b: Path) -> dict[str, Any]:
-    ma, mb = final_metrics(a), final_metrics(b)
+    fa, fb = RunFiles(a), RunFiles(b)
+    ma, mb = final_metrics(a, fa), final_metrics(b, fb)
     metrics = []
     for k in sorted(set(ma) | set(mb)):
         va, vb = ma.get(k), mb.get(k)
-        delta = vb - va if isinstance(va, int | float) and isinstance(vb, int | float) else None
+        delta = vb - va if is_number(va) and is_number(vb) else None
         metrics.append({"metric": k, "a": va, "b": vb, "delta": delta})
     return {
-        "a": run_info(a),
-        "b": run_info(b),
-        "config_diff": config_diff(_config(a), _config(b)),
+        "a": run_info(a, fa),
+        "b": run_info(b, fb),
+        "config_diff": config_diff(config(a, fa), config(b, fb)),
         "metrics": metrics,
     }
 
@@ -255,16 +359,16 @@ def cmd_runs(rest: list[str]) -> int:
             "runs are under ./runs of the folder you trained in (or the hydra.run.dir you chose); "
             "`disttrain runs PATH` searches PATH.",
         )
-    rows = [run_info(d) for d in find_runs(Path(args.dir).resolve())]
+    root = Path(args.dir).resolve()
+    rows = [_row(d) for d in find_runs(root)]
     rows.sort(key=lambda r: r["started"] or 0)
     if args.json:
         from disttrain.tools.render import print_json
 
-        print_json({"schema": "disttrain.runs/1", "root": str(Path(args.dir).resolve()), "runs": rows})
+        print_json({"schema": "disttrain.runs/1", "root": str(root), "runs": rows})
         return 0
-    from disttrain.tools.render import console, table
+    from disttrain.tools.render import console, say, table
 
-    root = Path(args.dir).resolve()
     cells = [
         (
             os.path.relpath(r["run_dir"], root),
@@ -280,8 +384,18 @@ def cmd_runs(rest: list[str]) -> int:
         for r in rows
     ]
     cols = ["run", "name", "started", "status", ">step", ">last loss", "best val", "strategy", ">world"]
-    console().print(table(f"{len(rows)} runs under {root}", cols, cells))
+    out = console()
+    out.print(table(f"{len(rows)} runs under {root}", cols, cells))
+    say(out, *(f"{os.path.relpath(r['run_dir'], root)}: {p}" for r in rows for p in r["problems"]))
     return 0
+
+
+def _row(run_dir: Path) -> dict[str, Any]:
+    """run_info, or the `unreadable` row: one bad run never hides the others."""
+    try:
+        return run_info(run_dir)
+    except Exception as exc:
+        return unreadable(run_dir, exc)
 
 
 def _plot_flag(rest: list[str]) -> tuple[list[str], str | None]:
@@ -302,12 +416,18 @@ def _plot_flag(rest: list[str]) -> tuple[list[str], str | None]:
 
 
 def _write_plot(runs: list[Path], out: str) -> None:
-    from disttrain.tools.plot import plot
-
-    drawn = plot(runs, Path(out))
     import sys
 
-    sys.stderr.write(f"plotted {', '.join(drawn)} of {len(runs)} run(s) -> {Path(out).resolve()}\n")
+    from disttrain.tools.plot import plot
+    from disttrain.tools.render import clean
+
+    problems: list[str] = []
+    drawn = plot(runs, Path(out), problems)
+    for line in problems:
+        sys.stderr.write(clean(line) + "\n")
+    sys.stderr.write(
+        clean(f"plotted {', '.join(drawn)} of {len(runs)} run(s) -> {Path(out).resolve()}") + "\n"
+    )
 
 
 def cmd_show(rest: list[str]) -> int:
@@ -321,10 +441,10 @@ def cmd_show(rest: list[str]) -> int:
 
         print_json(data)
         return 0
-    from disttrain.tools.render import console, human_bytes, short, table
+    from disttrain.tools.render import console, human_bytes, say, short, table
 
     out, r = console(), data["run"]
-    out.print(f"{r['run_dir']}  status: {r['status']}" + (f" ({r['error']})" if r["error"] else ""))
+    say(out, f"{r['run_dir']}  status: {r['status']}" + (f" ({r['error']})" if r["error"] else ""))
     diff = [(d["key"], short(d["default"]), short(d["run"])) for d in data["config_diff_vs_defaults"]]
     out.print(
         table("config vs defaults", ["key", "default", "this run"], diff or [("(same as defaults)", "", "")])
@@ -334,7 +454,10 @@ def cmd_show(rest: list[str]) -> int:
     )
     ck = [(Path(c["path"]).name, human_bytes(c["bytes"]), _when(c["modified"])) for c in data["checkpoints"]]
     out.print(table("checkpoints", ["file", ">size", "written"], ck or [("(none)", "", "")]))
-    out.print(f"command:   {data['command']}\nrerun:     {data['rerun']}\nrecompose: {data['reproduce']}")
+    say(out, *(f"left out: {p}" for p in data["problems"]))
+    say(
+        out, f"command:   {data['command']}", f"rerun:     {data['rerun']}", f"recompose: {data['reproduce']}"
+    )
     return 0
 
 
@@ -359,16 +482,19 @@ def cmd_compare(rest: list[str]) -> int:
 
         print_json(data)
         return 0
-    from disttrain.tools.render import console, short, table
+    from disttrain.tools.render import console, say, short, table
 
     out = console()
-    out.print(
-        f"A: {data['a']['run_dir']} ({data['a']['status']})\nB: {data['b']['run_dir']} ({data['b']['status']})"
+    say(
+        out,
+        f"A: {data['a']['run_dir']} ({data['a']['status']})",
+        f"B: {data['b']['run_dir']} ({data['b']['status']})",
     )
     diff = [(d["key"], short(d["a"], 40), short(d["b"], 40)) for d in data["config_diff"]]
     out.print(table("config", ["key", "A", "B"], diff or [("(identical)", "", "")]))
     rows = [(m["metric"], _num(m["a"]), _num(m["b"]), _num(m["delta"], signed=True)) for m in data["metrics"]]
     out.print(table("metrics", ["metric", ">A", ">B", ">B - A"], rows))
+    say(out, *(f"{side}: left out: {p}" for side in ("a", "b") for p in data[side]["problems"]))
     return 0
 
 
@@ -381,4 +507,4 @@ def _num(v: Any, signed: bool = False) -> str:
 
 
 def _when(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if is_time(ts) and ts else "-"

@@ -170,3 +170,31 @@ def test_a_state_the_checkpoint_does_not_hold_keeps_its_value(tmp_path: Path) ->
 def test_no_checkpoint_there_is_none(tmp_path: Path) -> None:
     ckpt, *_ = manager(tmp_path)
     assert ckpt.resume(tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("step", 30.5), ("step", 10**30), ("step", True), ("epoch", -1), ("samples", "x"), ("trackers", [1, 2])],
+)
+def test_a_crafted_meta_value_falls_back_to_the_previous_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, key: str, value: Any
+) -> None:
+    """Reliability D19: meta.json `step: 30.5` loaded, then step_name's {:08d} raised; 10**30
+    overflowed. The manifest is rewritten to match, as a crafter would."""
+    from disttrain.checkpoint.reading import file_digest
+
+    ckpt, model, opt, state, _ = manager(tmp_path)
+    for _ in range(2):
+        train(model, opt, ckpt.states["scheduler"], state, 1)
+        ckpt.save("periodic")
+    newest = committed(tmp_path)[-1]
+    meta = json.loads((newest / "meta.json").read_text())
+    (newest / "meta.json").write_text(json.dumps({**meta, key: value}))
+    manifest = json.loads((newest / "manifest.json").read_text())
+    manifest["files"]["meta.json"] = file_digest(newest / "meta.json", "xxh3_64")
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    fresh, _, _, state2, _ = manager(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="disttrain"):
+        restored = fresh.resume(tmp_path)
+    assert restored is not None and restored.path.name == "step_00000001" and state2.step == 1
+    assert f"meta.json has {key} " in caplog.text or f"meta.json has {key} of type" in caplog.text

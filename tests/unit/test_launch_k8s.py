@@ -147,6 +147,15 @@ def test_job_names_are_dns_labels_from_the_run_name(tmp_path: Path) -> None:
         (("launcher.volumes=[data]",), "launcher.volumes"),
         (("launcher.volumes=[d:/runs]",), "launcher.volumes"),
         (("launcher.run_root=runs",), "launcher.run_root"),
+        # reliability D22: `.`, `..`, `/` and `//` passed the collision checks as other strings
+        (("launcher.volumes=[data:/etc/disttrain/.]",), "launcher.volumes"),
+        (("launcher.volumes=[data://etc/disttrain]",), "launcher.volumes"),
+        (("launcher.volumes=[data:/]",), "launcher.volumes"),
+        (("launcher.volumes=[data:/data/../runs]",), "launcher.volumes"),
+        (("launcher.volumes=[data:/data,more:/data/]",), "launcher.volumes"),
+        (("launcher.run_root=/runs/../etc/disttrain",), "launcher.run_root"),
+        (("launcher.run_root=/etc/disttrain/",), "launcher.run_root"),
+        (("launcher.run_root=//",), "launcher.run_root"),
         (("name=my run",), "name"),
         (("name=9lives",), "name"),
         (("nodes=1:2",), "launcher.min_nodes"),
@@ -157,6 +166,16 @@ def test_bad_k8s_settings_name_the_key(overrides: tuple[str, ...], key: str) -> 
     with pytest.raises(ConfigError) as info:
         checked([*base, *overrides])
     assert info.value.key == key
+
+
+def test_mount_paths_are_compared_normalised() -> None:
+    from disttrain.config.k8s_checks import CONFIG_MOUNT, mount_path
+
+    assert CONFIG_MOUNT == k8s.CONFIG_MOUNT
+    assert [mount_path(p) for p in ("/data/", "/data/./x", "//data", "/", "/a/../b", "data")] == [
+        "/data", "/data/x", "/data", None, None, None,
+    ]  # fmt: skip
+    checked([*K8S, "launcher.volumes=[a:/data/,b:/data/b]", "launcher.run_root=/runs/"])  # no collision
 
 
 def test_dry_run_prints_the_manifest_and_applies_nothing(tmp_path: Path) -> None:

@@ -66,6 +66,18 @@ def test_newline_payload_is_refused_before_anything_is_written(override: str, sc
     assert proc.stdout == ""
 
 
+def test_time_with_a_trailing_newline_is_refused() -> None:
+    """A config file's `launcher.time: "04:00:00\\n"` passed `re.match(...$)` (reliability D23)."""
+    from disttrain.config.schema import SlurmLauncherConfig
+    from disttrain.launch.slurm import check_static
+
+    check_static(SlurmLauncherConfig(time="1-04:00:00"))
+    for bad in ("04:00:00\n", "04:00:00\r", "4h"):
+        with pytest.raises(ConfigError) as err:
+            check_static(SlurmLauncherConfig(time=bad))
+        assert err.value.key == "launcher.time"
+
+
 def test_name_rejects_traversal_and_separators() -> None:
     from disttrain.config.validate import check_name
 

@@ -93,6 +93,51 @@ def test_cli_refuses_a_run_that_is_still_running(saved: dict, tmp_path: Path) ->
     assert json.loads((run / "status.json").read_text())["pid"] == sleeper.pid != os.getpid()
 
 
+@pytest.mark.parametrize(
+    ("name", "plant", "said"),
+    [
+        ("trackers.json", "[1, 2]", "trackers.json holds list"),
+        ("trackers.json", '"x"', "trackers.json holds str"),
+        ("trackers.json", "5", "trackers.json holds int"),
+        ("trackers.json", "{", "trackers.json holds no JSON"),
+        ("config.yaml", "link:notes.txt", "it holds a str, not a mapping"),
+        ("config.yaml", "a: [", "it is not YAML text"),
+        ("commands.txt", "link:notes.txt", "commands.txt is a symbolic link (to notes.txt)"),
+        ("metrics.jsonl", "link:/dev/null", "metrics.jsonl is a symbolic link (to /dev/null)"),
+    ],
+)
+def test_crafted_run_files_are_one_paragraph(
+    saved: dict, tmp_path: Path, name: str, plant: str, said: str
+) -> None:
+    """Reliability D20: each was a traceback (AttributeError on a rank, OSError ELOOP at freeze).
+    `seed=abc` stops the resume before any launch if the file passed."""
+    run = _finished(tmp_path, saved)
+    (run / "notes.txt").write_text("some notes\n")
+    (run / name).unlink(missing_ok=True)
+    if plant.startswith("link:"):
+        (run / name).symlink_to(plant[5:])
+    else:
+        (run / name).write_text(plant)
+    proc = disttrain_in_process("resume", str(run), "seed=abc", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and f"RUN_DIR={run} is not valid" in proc.stderr
+    assert said in proc.stderr
+
+
+def test_a_pid_that_is_no_process_id_is_not_a_running_launcher(saved: dict, tmp_path: Path) -> None:
+    """status.json `running` with pid 2**70 on this host: OverflowError in running_pid (D20)."""
+    from disttrain.rundir import running_pid
+
+    run = _finished(tmp_path, saved)
+    (run / "status.json").write_text(
+        json.dumps({"status": "running", "pid": 2**70, "host": socket.gethostname()})
+    )
+    assert running_pid(run) is None
+    proc = disttrain_in_process("resume", str(run), "seed=abc", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "config error: seed=abc is not valid" in proc.stderr
+
+
 @pytest.mark.parametrize("where", ["/nonexistent/run", "{tmp}"])
 def test_export_names_the_location_it_was_given(where: str, tmp_path: Path) -> None:
     """`export /nonexistent` reported RUN_DIR=/ (it walked up to the root looking for config.yaml)."""
@@ -100,3 +145,13 @@ def test_export_names_the_location_it_was_given(where: str, tmp_path: Path) -> N
     proc = disttrain_in_process("export", location, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(f"disttrain: config error: RUN_DIR={location} is not valid"), proc.stderr
+
+
+def test_a_rank_takes_a_trackers_json_that_is_no_mapping_as_none(tmp_path: Path) -> None:
+    """The rank's own read (a restart before the first checkpoint): a list raised AttributeError."""
+    from disttrain.observe.metrics import tracker_resume
+
+    (tmp_path / "trackers.json").write_text("[1, 2]")
+    assert tracker_resume(tmp_path, None) == (None, 0)
+    (tmp_path / "trackers.json").write_text('{"0:mlflow": {"run_id": "r"}}')
+    assert tracker_resume(tmp_path, None) == ({"0:mlflow": {"run_id": "r"}}, 0)
