@@ -52,6 +52,14 @@ def tp_plan_fn(model: Any) -> Callable[[], dict[str, Any]] | None:
     return lambda: factory(model)
 
 
+def has_forward(module: nn.Module) -> bool:
+    """Whether the module runs a forward of its own (its class overrides `nn.Module.forward`):
+    containers (ModuleList, ModuleDict) do not, and `fully_shard` refuses them."""
+    from torch import nn
+
+    return type(module).forward is not nn.Module.forward
+
+
 def shared_across_layers(layers: list[tuple[str, nn.Module]]) -> list[str]:
     """Parameters that appear in more than one pipeline layer (tied weights): stages on different
     ranks would each train their own copy, so pipeline parallelism refuses them."""
