@@ -52,9 +52,9 @@ class TPStrategy(Strategy):
     def setup_module(self, model: nn.Module) -> nn.Module:
         from torch.distributed.tensor.parallel import parallelize_module
 
-        factory = tp_plan_fn(model)
+        factory = tp_plan_fn(model, self.cfg.tp_plan)  # strategy.tp_plan, else the model's own
         if factory is None:  # the pre-launch check catches this; a direct caller gets the same words
-            raise ValueError(f"model {class_path(model)} has no tensor-parallel plan (tp_plan())")
+            raise ValueError(f"model {class_path(model)} has no tensor-parallel plan (strategy.tp_plan)")
         self.mesh = init_device_mesh(self.env.device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
         plan = factory()
         model = parallelize_module(model.to(self.env.device), self.mesh["tp"], plan)
