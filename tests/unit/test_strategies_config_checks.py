@@ -58,6 +58,20 @@ def test_bad_wrap_class_fails_before_launch(scratch: Path) -> None:
     assert not (scratch / "runs").exists()
 
 
+def test_a_container_wrap_class_fails_before_launch(scratch: Path) -> None:
+    """fully_shard refuses a ModuleList (the gpt's blocks) in every rank; the meta model says so first."""
+    err = config_error(
+        scratch,
+        "model=gpt",
+        "data=text",
+        "strategy=fsdp",
+        "strategy.wrap_classes=[ModuleList]",
+        command="train",
+    )
+    assert "strategy.wrap_classes=['ModuleList']" in err and "containers without forward" in err
+    assert "Block" in err  # the classes it could name instead
+
+
 # ------------------------------------------------------------------------------- model parallel
 @pytest.mark.parametrize(
     ("overrides", "expected"),

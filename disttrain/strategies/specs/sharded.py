@@ -34,10 +34,13 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the keys of disttrain.engine
 class FSDPStrategyConfig(StrategyConfig):
     name: str = "fsdp"
     wrap_classes: list[str] = h(
-        "module class names that each get their own FSDP unit, e.g. [Linear]", factory=list
+        "module class names that each get their own FSDP unit, e.g. [Block]; empty: the model's "
+        "repeated blocks (a class occurring >= 2 times in a ModuleList/Sequential)",
+        factory=list,
     )
     min_num_params: int = h(
-        "also wrap submodules holding >= this many not-yet-wrapped params; 0: off", 100_000
+        "also wrap modules outside those units holding >= this many not-yet-wrapped params; 0: off",
+        100_000,
     )
     reshard_after_forward: bool = h(
         "free gathered params after forward (less memory, one more all-gather)", True
