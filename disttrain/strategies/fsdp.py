@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -24,6 +24,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 from disttrain.engine.amp import DTYPES
+from disttrain.models.parallel import has_forward
 from disttrain.strategies.base import Strategy, place_unsharded
 from disttrain.strategies.specs.sharded import FSDPStrategyConfig
 
@@ -32,33 +33,90 @@ log = logging.getLogger("disttrain")
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
+# Containers hold modules but run none: FSDP2 refuses them (no forward of their own to hook).
+CONTAINERS = (nn.ModuleList, nn.ModuleDict)
+# A repeated class whose instances hold < 1/TINY_SHARE of the largest repeated class's parameters
+# (x-transformers' per-layer norms beside its attention and feed-forward) is no unit of its own.
+TINY_SHARE = 8
+
+
+def _is_list(module: nn.Module) -> bool:
+    """A list of layers: ModuleList, Sequential, or a ModuleDict keyed "0", "1", ... (torchtitan)."""
+    if isinstance(module, nn.ModuleDict):
+        return all(key.isdigit() for key in module)
+    return isinstance(module, (nn.ModuleList, nn.Sequential))
+
+
+def _items(container: nn.Module) -> Iterator[nn.Module]:
+    """The layers of a list, looking through nested lists (x-transformers nests one per layer)."""
+    for child in container.children():
+        if _is_list(child) or isinstance(child, CONTAINERS):
+            yield from _items(child)
+        else:
+            yield child
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's repeated blocks: items of its layer lists whose class occurs >= 2 times among the
+    items of one list, that run a forward and hold parameters (HF `layer`/`h`, timm `blocks`,
+    nanoGPT `h`, torchtitan `layers`, x-transformers' attention and feed-forward). Items of a class
+    much smaller than the largest such class are left out (see TINY_SHARE)."""
+    found: dict[type, dict[int, nn.Module]] = {}
+    for module in model.modules():
+        if not _is_list(module):
+            continue
+        by_class: dict[type, dict[int, nn.Module]] = {}
+        for item in _items(module):
+            if has_forward(item) and any(True for _ in item.parameters()):
+                by_class.setdefault(type(item), {})[id(item)] = item
+        for cls, items in by_class.items():
+            if len(items) >= 2:
+                found.setdefault(cls, {}).update(items)
+    if not found:
+        return []
+    size = {cls: _numel(items.values()) / len(items) for cls, items in found.items()}
+    largest = max(size.values())
+    return [m for cls, items in found.items() if size[cls] * TINY_SHARE >= largest for m in items.values()]
+
+
+def _numel(modules: Iterable[nn.Module]) -> int:
+    return sum(p.numel() for m in modules for p in m.parameters())
+
+
 def modules_to_wrap(model: nn.Module, classes: set[str], min_num_params: int) -> list[nn.Module]:
     """Submodules (not the root) that get their own FSDP unit, children before parents.
 
-    A module is wrapped if its class name is in `classes`, or if the parameters of its subtree not
-    already claimed by a wrapped descendant number at least `min_num_params` (> 0) — the idea of
-    FSDP1's `size_based_auto_wrap_policy`. A parameter tied to a module outside the subtree (the
-    gpt's embedding and head) must sit in one unit with all its holders, so such a subtree is
-    never a unit of its own: its parameters move up until a common ancestor (or the root) takes them.
+    With `classes` (strategy.wrap_classes), a module is wrapped if its class name is in them. Without,
+    the units are the model's repeated blocks (`repeated_blocks`), the outermost where blocks nest.
+    Outside the units, a module whose parameters not already claimed by a wrapped descendant number
+    at least `min_num_params` (> 0) is wrapped too — the idea of FSDP1's `size_based_auto_wrap_policy`,
+    the whole policy for a model without repeated blocks. Never a container without `forward`
+    (ModuleList, ModuleDict): FSDP2 refuses them, so their parameters move up. A parameter tied to a
+    module outside the subtree (the gpt's embedding and head) must sit in one unit with all its
+    holders, so such a subtree is never a unit of its own: its parameters move up until a common
+    ancestor (or the root) takes them.
     """
     holders = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     numel = {id(p): p.numel() for p in model.parameters()}
+    blocks = set() if classes else {id(m) for m in repeated_blocks(model)}
     chosen: list[nn.Module] = []
 
-    def visit(module: nn.Module, is_root: bool) -> Counter[int]:
+    def visit(module: nn.Module, is_root: bool, in_block: bool) -> Counter[int]:
+        block = id(module) in blocks and not in_block
         unclaimed: Counter[int] = Counter(id(p) for p in module.parameters(recurse=False))
         for child in module.children():
-            unclaimed += visit(child, False)
+            unclaimed += visit(child, False, in_block or block)
         tied_outside = any(n < holders[pid] for pid, n in unclaimed.items())
         size = sum(numel[pid] for pid in unclaimed)
-        by_class = type(module).__name__ in classes
-        by_size = min_num_params > 0 and size >= min_num_params
-        if not is_root and unclaimed and not tied_outside and (by_class or by_size):
+        by_class = type(module).__name__ in classes or block
+        by_size = min_num_params > 0 and size >= min_num_params and not in_block
+        wrappable = not is_root and has_forward(module) and unclaimed and not tied_outside
+        if wrappable and (by_class or by_size):
             chosen.append(module)
             return Counter()
         return unclaimed
 
-    visit(model, True)
+    visit(model, True, False)
     return chosen
 
 

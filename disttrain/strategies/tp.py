@@ -64,9 +64,9 @@ class TPStrategy(Strategy):
         """`parallelize_module` with the model's plan on the tp sub-mesh, the model left where it is."""
         from torch.distributed.tensor.parallel import parallelize_module
 
-        factory = tp_plan_fn(model)
+        factory = tp_plan_fn(model, self.cfg.tp_plan)  # strategy.tp_plan, else the model's own
         if factory is None:  # the pre-launch check catches this; a direct caller gets the same words
-            raise ValueError(f"model {class_path(model)} has no tensor-parallel plan (tp_plan())")
+            raise ValueError(f"model {class_path(model)} has no tensor-parallel plan (strategy.tp_plan)")
         self.mesh = init_device_mesh(self.env.device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
         plan = factory()
         model = parallelize_module(model, self.mesh["tp"], plan)

@@ -11,6 +11,11 @@ Each trains under ddp and fsdp on 2 gloo ranks through the CLI; one with amp=bf1
 a mid-run checkpoint into a new run with bitwise-equal losses. Losses fall. The runs are the jobs of
 one `disttrain train -m` sweep in one user folder (tests/integration/sweep.py: one start-up for all,
 each job a complete run with its own run dir); the resume is a run of its own.
+
+fsdp runs with its default units (issue 23): nanoGPT, GPT-2, a Hugging Face BERT and an x-transformers
+LM (blocks nested in ModuleLists, which the size policy once handed to `fully_shard` whole) train
+with their repeated block as the unit and the losses of ddp; the x-transformers LM also trains under
+tp with a plan written in config (`strategy.tp_plan`) for classes nobody here can edit.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import pytest
 from .conftest import read_yaml, run_cli, train_losses, train_records, val_records, write_module
 from .sweep import Sweep, run_sweep
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(780)]  # the sweep: 12 x JOB_BUDGET
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1020)]  # the sweep: 16 x JOB_BUDGET
 
 CLIENTS = Path(__file__).resolve().parents[1] / "clients"
 
@@ -54,6 +59,26 @@ def tiny_gpt2(n_layer: int = 2, n_embd: int = 32, vocab_size: int = 256, n_posit
     config = GPT2Config(n_layer=n_layer, n_head=2, n_embd=n_embd, vocab_size=vocab_size,
                         n_positions=n_positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     return GPT2LMHeadModel(config)
+
+
+def tiny_bert(vocab_size: int = 256):
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    return BertForMaskedLM(config)
+"""
+
+# The review's x-transformers LM, as its author's README builds it.
+XT = """\
+from x_transformers import AutoregressiveWrapper, Decoder, TransformerWrapper
+
+
+def tiny_lm(num_tokens: int = 256, max_seq_len: int = 64):
+    decoder = Decoder(dim=64, depth=2, heads=2)
+    return AutoregressiveWrapper(TransformerWrapper(num_tokens=num_tokens, max_seq_len=max_seq_len,
+                                                    attn_layers=decoder))
 """
 
 WEIGHTED = """\
@@ -127,8 +152,14 @@ NANOGPT_DDP = (*NANOGPT, *LM, "strategy=ddp", "trainer.log_every=1", "trainer.ck
 
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+HAS_XT = importlib.util.find_spec("x_transformers") is not None
+SHORT = (*COMMON, "data.block_size=32", "trainer.batch_size=8", "trainer.max_steps=4", "trainer.log_every=1")
+XT_RUN = ("data=text", "task=model_loss", "task.call={x: x}", "model._target_=mylm.tiny_lm", *SHORT)
+# x-transformers' attention splits heads with a fixed count (Rearrange h=2): only its MLPs are split.
+XT_PLAN = (
+    "strategy.tp_plan={net.attn_layers.layers.*.1.ff.0.0: colwise, net.attn_layers.layers.*.1.ff.2: rowwise}"
+)
 HF_CALL = ("data=text", "task=model_loss", "task.call={input_ids: x, labels: x}")  # HF shifts labels
-HF_MODEL = "model._target_=hfmodels.tiny_gpt2"
 WEIGHTED_DATA = (
     "data.train._target_=mylab.weighted.WeightedDigits",
     "data.val._target_=mylab.weighted.WeightedDigitsVal",
@@ -145,7 +176,7 @@ PRETRAINED = (
     *(f"+model.{k}=0.0" for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")),
     "data.block_size=32",
     "trainer.batch_size=8",
-    "trainer.max_steps=2",
+    "trainer.max_steps=8",
     "trainer.log_every=1",
     "checkpoint.export_final=false",
 )
@@ -158,7 +189,8 @@ PRETRAINED_RUNS = {
 # The runs of this module that depend on no other: one job each in one sweep (name -> overrides).
 RUNS: dict[str, tuple[str, ...]] = {
     "nanogpt-ddp": (*NANOGPT_DDP, "name=full"),
-    "nanogpt-fsdp-bf16": (*NANOGPT, "strategy=fsdp", "strategy.wrap_classes=[Block]", "amp=bf16", *LM),
+    "nanogpt-fsdp-bf16": (*NANOGPT, "strategy=fsdp", "amp=bf16", *LM),
+    "nanogpt-fsdp": (*NANOGPT, *LM, "strategy=fsdp", "trainer.log_every=1", "seed=3"),  # ddp's losses
     # The DIGITS run without smoothing, on one rank with the 2 ranks' global batch (2 x 32): its
     # step-1 loss is the same under every strategy (same seed, model and global batch: the parity
     # tests), so one plain run serves both smoothed ones.
@@ -182,11 +214,8 @@ RUNS: dict[str, tuple[str, ...]] = {
     },
     **{f"weighted-{s}": (*WEIGHTED_DATA, f"strategy={s}", *DIGITS) for s in ("ddp", "fsdp")},
     **{
-        f"hf-{s}": (*HF_CALL, HF_MODEL, *strategy, *LM)
-        for s, strategy in (
-            ("ddp", ("strategy=ddp",)),
-            ("fsdp", ("strategy=fsdp", "strategy.wrap_classes=[GPT2Block]")),
-        )
+        f"bert-{s}": (*HF_CALL, "model._target_=hfmodels.tiny_bert", f"strategy={s}", *SHORT)
+        for s in ("ddp", "fsdp")
         if HAS_TRANSFORMERS
     },
     **{
@@ -194,6 +223,9 @@ RUNS: dict[str, tuple[str, ...]] = {
         for s, strategy in PRETRAINED_RUNS.items()
         if HAS_TRANSFORMERS
     },
+    **{f"xt-{s}": (*XT_RUN, f"strategy={s}") for s in ("ddp", "fsdp") if HAS_XT},
+    # tp over the 2 ranks reads ddp's global batch (2 x 8): the same losses, the FeedForwards split
+    **({"xt-tp": (*XT_RUN, "strategy=tp", XT_PLAN, "trainer.batch_size=16")} if HAS_XT else {}),
 }
 
 
@@ -204,6 +236,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     cwd = tmp_path_factory.mktemp("clients")
     conf = _nanogpt(cwd)
     write_module(cwd, "hfmodels", HF)
+    write_module(cwd, "mylm", XT)
     write_module(cwd, "mylab.weighted", WEIGHTED)
     if HAS_TRANSFORMERS:
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -239,7 +272,7 @@ def test_nanogpt_resumes_bitwise_into_a_new_run(runs: Sweep) -> None:
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_hugging_face_gpt2(strategy: str, runs: Sweep) -> None:
     pytest.importorskip("transformers")
-    _falls(runs[f"hf-{strategy}"])
+    _falls(runs[f"pretrained-{strategy}"])  # the loaded GPT-2 trains on (and fsdp wraps it: below)
 
 
 @pytest.mark.parametrize("strategy", list(PRETRAINED_RUNS))
@@ -273,6 +306,34 @@ def _first_global_batch(run_dir: Path) -> Any:
     train, _ = build_datasets(cfg["data"])
     batches = [next(iter(make_loaders(cfg, None, train, None, (r, 2))[0]))[0] for r in range(2)]  # type: ignore[arg-type]
     return torch.cat(batches)
+
+
+# client -> (its ddp run, its fsdp run with default settings, the fsdp units the log names)
+DEFAULT_UNITS = {
+    "nanogpt": ("nanogpt-ddp", "nanogpt-fsdp", "root + 2 wrapped units (Block)"),
+    "gpt2": ("pretrained-ddp", "pretrained-fsdp", "root + 2 wrapped units (GPT2Block)"),
+    "bert": ("bert-ddp", "bert-fsdp", "root + 2 wrapped units (BertLayer)"),
+    "x-transformers": ("xt-ddp", "xt-fsdp", "root + 4 wrapped units (Attention, FeedForward)"),
+}
+
+
+@pytest.mark.parametrize("client", list(DEFAULT_UNITS))
+def test_fsdp_default_units_are_the_repeated_blocks_with_ddps_losses(client: str, runs: Sweep) -> None:
+    if not (HAS_XT if client == "x-transformers" else HAS_TRANSFORMERS):  # no import: ~3 s
+        pytest.skip(f"{client} is not installed")
+    ddp, fsdp, units = DEFAULT_UNITS[client]
+    assert units in runs.log(fsdp)
+    reference, losses = train_losses(runs[ddp]), train_losses(runs[fsdp])
+    assert len(losses) >= 4 and losses == pytest.approx(reference, abs=1e-4), (losses, reference)
+
+
+@pytest.mark.skipif(not HAS_XT, reason="x-transformers is not installed")
+def test_tp_plan_from_config_splits_a_class_nobody_here_can_edit(runs: Sweep) -> None:
+    log = runs.log("xt-tp")
+    assert "plan net.attn_layers.layers.*.1.ff.0.0=ColwiseParallel" in log, log[-2000:]
+    assert "net.attn_layers.layers.*.1.ff.2=RowwiseParallel" in log
+    losses, reference = train_losses(runs["xt-tp"]), train_losses(runs["xt-ddp"])
+    assert len(losses) == 4 and losses == pytest.approx(reference, abs=1e-4), (losses, reference)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

@@ -63,14 +63,9 @@ RUNS: dict[str, tuple[str, ...]] = {
     "zero": (*ADAM, "strategy=zero", *TWO, "strategy.parameters_as_bucket_view=true"),
     "fsdp": (*ADAM, "strategy=fsdp", *TWO, "strategy.wrap_classes=[Linear]"),
     "zero2": (*ADAM, "strategy=zero2", *TWO, "strategy.wrap_classes=[Linear]"),  # FSDP2, no reshard
-    # replicate=2 on 2 ranks: mesh (2, 1); wrapping by size: the two 64x64 Linears (4160 params)
-    "hsdp": (
-        *ADAM,
-        "strategy=hsdp",
-        *TWO,
-        "strategy.min_num_params=4000",
-        "strategy.reshard_after_forward=false",
-    ),
+    # replicate=2 on 2 ranks: mesh (2, 1); the default units: the repeated block of the MLP's
+    # Sequential, its 4 Linear layers (test_engine_depth's 1-block gpt covers the size policy)
+    "hsdp": (*ADAM, "strategy=hsdp", *TWO, "strategy.reshard_after_forward=false"),
     "dp": (*ADAM, "strategy=dp", *ONE),
     # SGD + momentum, no clipping
     "single_sgd": (*SGD, "strategy=single", *ONE),
@@ -171,7 +166,7 @@ def test_every_run_completed(runs: Sweep) -> None:
 
 def test_fsdp_wrapping_and_mesh(runs: Sweep) -> None:
     assert "fsdp: mesh (2,), root + 4 wrapped units (Linear)" in runs.log("fsdp")
-    assert "fsdp: mesh (2, 1), root + 2 wrapped units (Linear)" in runs.log("hsdp")
+    assert "fsdp: mesh (2, 1), root + 4 wrapped units (Linear)" in runs.log("hsdp")
 
 
 def test_dp_on_cpu_says_so_once(runs: Sweep) -> None:

@@ -12,7 +12,14 @@ from omegaconf import OmegaConf
 
 from disttrain.config import compose
 
-from . import test_engine_depth, test_resume, test_strategies_dp, test_strategies_mp, test_user_code
+from . import (
+    test_clients,
+    test_engine_depth,
+    test_resume,
+    test_strategies_dp,
+    test_strategies_mp,
+    test_user_code,
+)
 from .sweep import case_yaml
 
 RUNS = {
@@ -24,6 +31,8 @@ RUNS = {
     "resume-async": (*test_resume.RUN, *test_resume.FIRST["async"]),
     "user-net-spawn": test_user_code.RUNS["net-spawn"],
     "user-groups-zero": test_user_code.RUNS["groups-zero"],
+    # a mapping whose keys hold dots and wildcards (strategy.tp_plan patterns)
+    **({"clients-xt-tp": test_clients.RUNS["xt-tp"]} if test_clients.HAS_XT else {}),
 }
 
 

@@ -145,9 +145,12 @@ def test_fsdp_units_never_split_the_tied_embedding_and_head() -> None:
     model = GPT(vocab_size=256, block_size=16, dim=32, n_layers=2, n_heads=4)
     tied = model.embed.tok.weight
     assert model.head.out.weight is tied
-    by_size = modules_to_wrap(model, set(), min_num_params=1000)
-    assert by_size and all(all(p is not tied for p in m.parameters()) for m in by_size)
-    assert model.blocks[0].fc in by_size  # untied modules over the threshold still get units
+    # the default: the repeated blocks; the rest (embeddings, head) is under 1000 or tied: the root's
+    assert modules_to_wrap(model, set(), min_num_params=1000) == [model.blocks[0], model.blocks[1]]
+    one = GPT(vocab_size=256, block_size=16, dim=32, n_layers=1, n_heads=4)  # no repeated block
+    by_size = modules_to_wrap(one, set(), min_num_params=1000)
+    assert by_size and all(all(p is not one.embed.tok.weight for p in m.parameters()) for m in by_size)
+    assert one.blocks[0].fc in by_size  # untied modules over the threshold still get units
     by_class = modules_to_wrap(model, {"Embedding", "Block"}, 0)
     assert by_class == [model.embed.pos, model.blocks[0], model.blocks[1]]  # not embed.tok
 

@@ -58,6 +58,20 @@ def test_bad_wrap_class_fails_before_launch(scratch: Path) -> None:
     assert not (scratch / "runs").exists()
 
 
+def test_a_container_wrap_class_fails_before_launch(scratch: Path) -> None:
+    """fully_shard refuses a ModuleList (the gpt's blocks) in every rank; the meta model says so first."""
+    err = config_error(
+        scratch,
+        "model=gpt",
+        "data=text",
+        "strategy=fsdp",
+        "strategy.wrap_classes=[ModuleList]",
+        command="train",
+    )
+    assert "strategy.wrap_classes=['ModuleList']" in err and "containers without forward" in err
+    assert "Block" in err  # the classes it could name instead
+
+
 # ------------------------------------------------------------------------------- model parallel
 @pytest.mark.parametrize(
     ("overrides", "expected"),
@@ -71,6 +85,7 @@ def test_bad_wrap_class_fails_before_launch(scratch: Path) -> None:
         ),
         (("strategy=fsdp+tp", "strategy.tp_degree=3"), "a divisor of the world size 2"),
         (("strategy=tp", "nproc_per_node=1"), ">= 2 ranks with strategy=tp"),
+        (("strategy=tp", "strategy.tp_plan={layers.1: colwize}"), "style names one of colwise, rowwise"),
     ],
 )
 def test_model_parallel_static_config_errors(
@@ -106,3 +121,11 @@ def test_model_without_tp_plan_fails_before_launch(scratch: Path) -> None:
     wired = ("model.in_features=${data.num_features}", "model.num_classes=${data.num_classes}")
     err = config_error(scratch, "strategy=tp", "model._target_=mylab.nets.Net", *wired, command="train")
     assert "model=mylab.nets.Net" in err and "tp_plan()" in err and "ddp" in err
+
+
+def test_tp_plan_pattern_selecting_no_module_fails_before_launch(scratch: Path) -> None:
+    """The MLP's Linears are layers.1, layers.3, layers.5: a plan naming layers.9 splits nothing."""
+    plan = "strategy.tp_plan={layers.1: colwise, layers.9: rowwise}"
+    err = config_error(scratch, "strategy=tp", plan, command="train")
+    assert "strategy.tp_plan={'layers.1': 'colwise', 'layers.9': 'rowwise'}" in err
+    assert "'layers.9' selects none" in err and "'layers' selects layers, whose children are 0, 1, 2" in err

@@ -40,6 +40,12 @@ class PipelineStrategyConfig(StrategyConfig):
 @dataclass
 class TPStrategyConfig(StrategyConfig):
     name: str = "tp"
+    tp_plan: Any = h(
+        "null: the model's own plan (tp_plan(), TP_PLANS, a Hugging Face base_model_tp_plan); or "
+        "{module name pattern: colwise|rowwise|colwise_rep|rowwise_rep|sequence}; or a _target_ "
+        "factory called with the model, returning {pattern: ParallelStyle}",
+        None,
+    )
 
 
 @dataclass
@@ -76,6 +82,37 @@ def needs_two_ranks(cfg: dict[str, Any], s: StrategyConfig) -> None:
             f"{s.name} splits one model across ranks: set nproc_per_node=2 (CPU ranks work), "
             "or use strategy=single on one rank.",
         )
+
+
+def check_tp_plan(s: TPStrategyConfig) -> None:
+    """`strategy.tp_plan`: null, a node with _target_, or a mapping of patterns to known style names."""
+    from disttrain.models.parallel import STYLES, TP_PLAN_KEY
+
+    plan = s.tp_plan
+    if plan is None or (isinstance(plan, dict) and "_target_" in plan):
+        return
+    example = "'strategy.tp_plan={layers.*.fc1: colwise, layers.*.fc2: rowwise}'"
+    if not isinstance(plan, dict) or not plan:
+        raise ConfigError(
+            TP_PLAN_KEY,
+            plan,
+            "null (the model's own plan), a mapping {module name pattern: style name}, or a node with "
+            "_target_ (a factory called with the model)",
+            f"e.g. {example}.",
+        )
+    bad = {k: v for k, v in plan.items() if v not in STYLES}
+    if bad:
+        raise ConfigError(
+            TP_PLAN_KEY,
+            bad,
+            f"style names {one_of(STYLES)} ({'; '.join(f'{k}: {v}' for k, v in STYLES.items())})",
+            f"e.g. {example}; for other ParallelStyles, a _target_ factory returning them.",
+        )
+
+
+def check_tp_static(cfg: dict[str, Any], s: TPStrategyConfig) -> None:
+    needs_two_ranks(cfg, s)
+    check_tp_plan(s)
 
 
 def check_pipeline(cfg: dict[str, Any], s: PipelineStrategyConfig) -> None:
@@ -145,7 +182,7 @@ def check_pipeline(cfg: dict[str, Any], s: PipelineStrategyConfig) -> None:
 
 
 def check_fsdp_tp(cfg: dict[str, Any], s: FSDPTPStrategyConfig) -> None:
-    needs_two_ranks(cfg, s)
+    check_tp_static(cfg, s)
     ws, shape = world_size(cfg), world_shape(cfg)
     tp, dp = s.tp_degree, s.dp_degree
     check_divides(
@@ -170,46 +207,127 @@ def _can_use(lacking: set[str]) -> str:
     return ", ".join(spec.name for spec in core.all() if not spec.needs & lacking)
 
 
-def check_tp_model(cfg: dict[str, Any], name: str, model: Any, tp: int) -> None:
-    """The model has a tensor-parallel plan naming its modules, and heads that split over `tp` ranks."""
-    from disttrain.models.parallel import class_path, pipeline_layers, tp_plan_fn
+def check_tp_model(cfg: dict[str, Any], s: TPStrategyConfig, model: Any, tp: int) -> None:
+    """The model has a tensor-parallel plan whose patterns select modules that its styles can split,
+    that ties no split weight to another module, and heads that split over `tp` ranks."""
+    from disttrain.models.parallel import TP_PLAN_KEY, class_path, pipeline_layers, tp_plan_source
 
-    factory = tp_plan_fn(model)
-    if factory is None:
+    found = tp_plan_source(model, s.tp_plan)
+    if found is None:
         lacking = {TP_PLAN} | (set() if pipeline_layers(model) is not None else {PIPELINE_LAYERS})
         raise ConfigError(
             "model",
             class_path(model),
-            f"a model with a tensor-parallel plan for strategy={name}",
-            f"{class_path(model)} has no tp_plan() method and no entry in "
-            "disttrain.models.parallel.TP_PLANS; give it one (module name -> ColwiseParallel/"
-            f"RowwiseParallel), or use a strategy that needs no plan: {_can_use(lacking)}.",
+            f"a model with a tensor-parallel plan for strategy={s.name}",
+            f"{class_path(model)} has no tp_plan() method, no entry in disttrain.models.parallel.TP_PLANS "
+            "and no Hugging Face base_model_tp_plan; write one in config, e.g. "
+            "'strategy.tp_plan={layers.*.fc1: colwise, layers.*.fc2: rowwise}' (module name patterns -> "
+            f"colwise, rowwise, ...), or use a strategy that needs no plan: {_can_use(lacking)}.",
         )
-    modules = {n for n, _ in model.named_modules()}
-    unknown = sorted(set(factory()) - modules)
-    if unknown:
+    source, factory = found
+    plan = factory()
+    key = TP_PLAN_KEY if source == TP_PLAN_KEY else "model"
+    value = s.tp_plan if source == TP_PLAN_KEY else class_path(model)
+    if not plan:
         raise ConfigError(
-            "model",
-            class_path(model),
-            f"a tp plan naming modules of the model (unknown: {', '.join(unknown)})",
-            "plan keys are module names as in model.named_modules().",
+            key,
+            value,
+            f"a plan naming at least one module ({source})",
+            "write at least one {pattern: style} entry, or use strategy=ddp or fsdp.",
         )
-    heads = getattr(model, "n_heads", None)
-    if heads is not None and heads % tp:
-        raise ConfigError(
-            "model.n_heads",
-            heads,
-            f"a multiple of the tensor-parallel degree {tp}",
-            f"each tp rank holds n_heads / {tp} heads; set model.n_heads={tp * max(1, heads // tp)}.",
-        )
+    _check_plan_modules(plan, source, key, value, model)
+    _check_heads(model, tp)
+
+
+def _check_plan_modules(plan: dict[str, Any], source: str, key: str, value: Any, model: Any) -> None:
+    """Every pattern selects a module; weight-splitting styles only Linear/Embedding; no split weight
+    shared with another module (it would be split once and left whole in the other: untied)."""
+    from torch import nn
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from disttrain.models.parallel import plan_matches
+
+    modules = dict(model.named_modules())
+    holders: dict[int, set[str]] = {}
+    for name, module in modules.items():
+        for p in module.parameters(recurse=False):
+            holders.setdefault(id(p), set()).add(name)
+    for pattern, style in plan.items():
+        matched = plan_matches(model, pattern)
+        if not matched:
+            raise ConfigError(
+                key,
+                value,
+                f"module name patterns that select modules of {type(model).__name__} (in {source}: "
+                f"{pattern!r} selects none)",
+                "one fnmatch pattern per dotted level of child names, as parallelize_module reads "
+                f"them; {_nearest(model, pattern)}.",
+            )
+        for name in matched:
+            module = modules[name]
+            splits = isinstance(style, (ColwiseParallel, RowwiseParallel))
+            if splits and not isinstance(module, (nn.Linear, nn.Embedding)):
+                raise ConfigError(
+                    key,
+                    value,
+                    f"column/row-wise styles on nn.Linear or nn.Embedding modules ({source}: {pattern!r} "
+                    f"selects {name}, a {type(module).__name__})",
+                    "point the pattern at the Linear layers inside it (e.g. layers.*.mlp.fc1).",
+                )
+            shared = sorted({h for p in module.parameters() for h in holders[id(p)]} - {name})
+            if splits and shared:
+                raise ConfigError(
+                    key,
+                    value,
+                    f"no split weight shared with another module ({source}: {name} shares a parameter "
+                    f"with {', '.join(shared)})",
+                    "a tied weight would be split in one module and stay whole in the other: untie it "
+                    "(e.g. tie_word_embeddings=False) or leave both modules out of the plan.",
+                )
+
+
+def _nearest(model: Any, pattern: str) -> str:
+    """Where a pattern stops selecting: the longest prefix that selects modules, and their children."""
+    from disttrain.models.parallel import plan_matches
+
+    parts = pattern.split(".")
+    for n in range(len(parts) - 1, 0, -1):
+        prefix = ".".join(parts[:n])
+        found = plan_matches(model, prefix)
+        if found:
+            modules = dict(model.named_modules())
+            children = sorted({c for f in found for c, _ in modules[f].named_children()})
+            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+            return f"{prefix!r} selects {shown}, whose children are {', '.join(children) or '(none)'}"
+    return f"the model's children are {', '.join(n for n, _ in model.named_children())}"
+
+
+def _check_heads(model: Any, tp: int) -> None:
+    """Attention heads (gpt's n_heads; an HF config's num_attention_heads and num_key_value_heads)
+    must split evenly over the tensor-parallel ranks."""
+    config = getattr(model, "config", None)
+    found = {
+        "model.n_heads": getattr(model, "n_heads", None),
+        "model.config.num_attention_heads": getattr(config, "num_attention_heads", None),
+        "model.config.num_key_value_heads": getattr(config, "num_key_value_heads", None),
+    }
+    for key, heads in found.items():
+        if isinstance(heads, int) and heads % tp:
+            raise ConfigError(
+                key,
+                heads,
+                f"a multiple of the tensor-parallel degree {tp}",
+                f"each tp rank holds {key.rsplit('.', 1)[-1]} / {tp} heads; use {tp * max(1, heads // tp)} "
+                "heads, or a tensor-parallel degree that divides them.",
+            )
 
 
 def check_tp(cfg: dict[str, Any], s: TPStrategyConfig, model: Any, gpus: int) -> None:
-    check_tp_model(cfg, s.name, model, world_size(cfg))
+    check_tp_model(cfg, s, model, world_size(cfg))
 
 
 def check_fsdp_tp_model(cfg: dict[str, Any], s: FSDPTPStrategyConfig, model: Any, gpus: int) -> None:
-    check_tp_model(cfg, s.name, model, s.tp_degree)
+    check_tp_model(cfg, s, model, s.tp_degree)
 
 
 def check_pipeline_model(cfg: dict[str, Any], s: PipelineStrategyConfig, model: Any, gpus: int) -> None:
@@ -319,7 +437,7 @@ TP = register(
         about="tensor parallel over all ranks with the model's tp_plan(); one replica",
         amp=frozenset({"bf16"}),
         needs=frozenset({TP_PLAN}),
-        check_static=needs_two_ranks,
+        check_static=check_tp_static,
         check_model=check_tp,
         dp_degree=_one_replica,
         plan=plan_tp,

@@ -34,10 +34,13 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the keys of disttrain.engine
 class FSDPStrategyConfig(StrategyConfig):
     name: str = "fsdp"
     wrap_classes: list[str] = h(
-        "module class names that each get their own FSDP unit, e.g. [Linear]", factory=list
+        "module class names that each get their own FSDP unit, e.g. [Block]; empty: the model's "
+        "repeated blocks (a class occurring >= 2 times in a ModuleList/Sequential)",
+        factory=list,
     )
     min_num_params: int = h(
-        "also wrap submodules holding >= this many not-yet-wrapped params; 0: off", 100_000
+        "also wrap modules outside those units holding >= this many not-yet-wrapped params; 0: off",
+        100_000,
     )
     reshard_after_forward: bool = h(
         "free gathered params after forward (less memory, one more all-gather)", True
@@ -92,18 +95,57 @@ def check_zero2(cfg: dict[str, Any], s: Zero2StrategyConfig) -> None:
     check_fsdp(cfg, s)
 
 
-def check_wrap_classes(cfg: dict[str, Any], s: FSDPStrategyConfig, model: Any, gpus: int) -> None:
-    """The wrap classes must name modules of this model (built on the meta device)."""
+def check_fsdp_model(cfg: dict[str, Any], s: FSDPStrategyConfig, model: Any, gpus: int) -> None:
+    """What `fully_shard` would refuse in the ranks, found on the model built on the meta device:
+    wrap classes that are not in the model or are containers, scalar parameters, a container root."""
+    from disttrain.models.parallel import class_path, has_forward
+
+    check_wrap_classes(s, model)
+    scalars = [name for name, p in model.named_parameters() if p.dim() == 0]
+    if scalars:
+        raise ConfigError(
+            "model",
+            class_path(model),
+            f"a model without 0-dim (scalar) parameters with strategy={s.name}",
+            f"fully_shard shards every parameter along its first dimension and refuses scalars: "
+            f"{', '.join(scalars[:5])}; make them 1-element tensors (torch.zeros(1), not torch.tensor(0.0)) "
+            "in your model, or use strategy=ddp or zero.",
+        )
+    if not has_forward(model):
+        raise ConfigError(
+            "model",
+            class_path(model),
+            "a module with a forward (the root is always an FSDP unit)",
+            f"{type(model).__name__} is a container; return a module that runs it (e.g. nn.Sequential).",
+        )
+
+
+def check_wrap_classes(s: FSDPStrategyConfig, model: Any) -> None:
+    """The wrap classes must name modules of this model that run a forward of their own."""
+    from disttrain.models.parallel import has_forward
+
     if not s.wrap_classes:
         return
-    present = sorted({type(m).__name__ for m in model.modules()})
+    modules = list(model.modules())
+    present = sorted({type(m).__name__ for m in modules})
+    wrappable = sorted({type(m).__name__ for m in modules if has_forward(m)})
     missing = [c for c in s.wrap_classes if c not in present]
     if missing:
         raise ConfigError(
             "strategy.wrap_classes",
             missing,
             f"class names of modules in this model: {', '.join(present)}",
-            "write the class name only (Linear, not torch.nn.Linear), or use strategy.min_num_params.",
+            "write the class name only (Linear, not torch.nn.Linear), or leave wrap_classes empty: "
+            "the default wraps the model's repeated blocks.",
+        )
+    containers = [c for c in s.wrap_classes if c not in wrappable]
+    if containers:
+        raise ConfigError(
+            "strategy.wrap_classes",
+            containers,
+            f"classes of modules with a forward of their own: {', '.join(wrappable)}",
+            "fully_shard refuses containers without forward (ModuleList, ModuleDict): name the class "
+            "of the layers they hold, or leave wrap_classes empty for the model's repeated blocks.",
         )
 
 
@@ -139,7 +181,7 @@ FSDP = register(
         impl="disttrain.strategies.fsdp:FSDPStrategy",
         about="FSDP2 (fully_shard): parameters, gradients and optimizer state sharded; HSDP with replicate",
         check_static=check_fsdp,
-        check_model=check_wrap_classes,
+        check_model=check_fsdp_model,
         cpu_collectives=offloads,
         plan=plan_fsdp,
     )
@@ -151,7 +193,7 @@ ZERO2 = register(
         impl="disttrain.strategies.fsdp:FSDPStrategy",
         about="FSDP2 without resharding after forward: ZeRO-2's memory with ddp's traffic",
         check_static=check_zero2,
-        check_model=check_wrap_classes,
+        check_model=check_fsdp_model,
         cpu_collectives=offloads,
         plan=plan_zero2,
     )
