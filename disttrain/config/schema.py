@@ -414,7 +414,9 @@ class TrainerConfig:
         "non-finite loss/grad norm: off, stop (fail naming step and rank) or skip", "off"
     )
     oom: str = _h(
-        "out-of-memory in a step: off (fail) or auto_microbatch (halve micro-batch, same math)", "off"
+        "out-of-memory in a step: off (fail) or auto_microbatch (halve micro-batch, same math; "
+        "strategy=single or dp only)",
+        "off",
     )
 
 

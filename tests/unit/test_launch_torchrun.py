@@ -87,7 +87,9 @@ def test_under_nccls_watchdog_the_sigtermed_hung_rank_is_named_not_its_sigabrt_v
     assert first_failure(aborted, watchdog=True) == (0, "was killed by SIGABRT (signal 6)")
 
 
-def test_without_the_watchdog_a_sigabrt_is_a_crash_named_before_the_sigtermed_survivors(tmp_path: Path) -> None:
+def test_without_the_watchdog_a_sigabrt_is_a_crash_named_before_the_sigtermed_survivors(
+    tmp_path: Path,
+) -> None:
     """gloo: a native abort (a C++ assertion) on rank 1 is the cause; rank 0 was only stopped."""
     failures = {0: _failure(tmp_path, 0, -15, None, 101), 1: _failure(tmp_path, 1, -6, None, 100)}
     assert first_failure(failures) == (1, "was killed by SIGABRT (signal 6)")
