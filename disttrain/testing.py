@@ -40,6 +40,8 @@ class FaultMLP(MLP):
         nan_rank: int = 1,
         inf_grad_at: int = 0,
         oom_above: int = 0,
+        oom_in: str = "forward",
+        oom_rank: int = -1,
         perturb_at: int = 0,
         perturb_rank: int = 1,
         **kwargs: Any,
@@ -48,12 +50,18 @@ class FaultMLP(MLP):
         `hang_rank` sleeps for an hour; raise_at: forward number at which every rank raises;
         nan_at: forward number from which rank `nan_rank` outputs NaN; inf_grad_at: forward number
         whose backward sends an infinite gradient (an fp16 overflow) on every rank; oom_above: a
-        training batch larger than this raises torch.OutOfMemoryError; perturb_at: forward number at
+        training batch larger than this raises torch.OutOfMemoryError, at the start of forward or
+        (oom_in=backward) inside backward, after the gradient of the output layer exists, as a real
+        CUDA OOM can (DDP's reducer is then mid-reduction), on every rank or only on rank `oom_rank`;
+        perturb_at: forward number at
         which rank `perturb_rank` nudges its first parameter (a desync for debug.check_sync_every)."""
         super().__init__(*args, **kwargs)
         self.delay, self.hang_at, self.hang_rank, self.raise_at = delay, hang_at, hang_rank, raise_at
         self.nan_at, self.nan_rank, self.inf_grad_at = nan_at, nan_rank, inf_grad_at
         self.oom_above, self.perturb_at, self.perturb_rank = oom_above, perturb_at, perturb_rank
+        if oom_in not in ("forward", "backward"):
+            raise ValueError(f"oom_in={oom_in!r}: forward or backward")
+        self.oom_in, self.oom_rank = oom_in, oom_rank
         self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -67,12 +75,19 @@ class FaultMLP(MLP):
                 time.sleep(3600)
             if self.calls == self.raise_at:
                 raise FloatingPointError(f"injected failure at training forward {self.calls}")
-        if active and self.oom_above and len(x) > self.oom_above:
+        oom = active and self.oom_above and len(x) > self.oom_above and self.oom_rank in (-1, _rank())
+        if oom and self.oom_in == "forward":
             raise torch.OutOfMemoryError(f"injected: batch {len(x)} > {self.oom_above}")
         if active and self.calls == self.perturb_at and _rank() == self.perturb_rank:
             with torch.no_grad():
                 next(self.parameters()).add_(1e-3)
-        out = super().forward(x)
+        if oom and self.oom_in == "backward":
+            # Before the output layer: its gradient exists (under DDP its bucket may be reducing)
+            # when backward runs out of memory.
+            hidden = _OOMInBackward.apply(self.layers[:-1](x), len(x), self.oom_above)
+            out = self.layers[-1](hidden)
+        else:
+            out = super().forward(x)
         if active and self.nan_at and self.calls >= self.nan_at and _rank() == self.nan_rank:
             out = out * float("nan")
         if active and self.calls == self.inf_grad_at:
@@ -94,3 +109,16 @@ class _InfGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         return grad * float("inf")
+
+
+class _OOMInBackward(torch.autograd.Function):
+    """Identity forward; backward raises torch.OutOfMemoryError (what a real CUDA OOM in backward does)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, size: int, limit: int) -> torch.Tensor:
+        ctx.size, ctx.limit = size, limit
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
+        raise torch.OutOfMemoryError(f"injected in backward: batch {ctx.size} > {ctx.limit}")

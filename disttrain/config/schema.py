@@ -415,12 +415,18 @@ class TrainerConfig:
     activation_checkpointing: bool = _h(
         "recompute each block's activations in backward (built-in models)", False
     )
-    compile: bool = _h("torch.compile the model (needs a C compiler on CPU)", False)
+    compile: bool = _h(
+        "torch.compile the model (needs a host C compiler, e.g. gcc: inductor's CPU code on CPU, "
+        "Triton's launcher on GPU; slim CUDA images without one fail at the first compiled step)",
+        False,
+    )
     detect_anomaly: str = _h(
         "non-finite loss/grad norm: off, stop (fail naming step and rank) or skip", "off"
     )
     oom: str = _h(
-        "out-of-memory in a step: off (fail) or auto_microbatch (halve micro-batch, same math)", "off"
+        "out-of-memory in a step: off (fail) or auto_microbatch (halve micro-batch, same math; "
+        "strategy=single or dp only)",
+        "off",
     )
 
 

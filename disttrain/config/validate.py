@@ -221,6 +221,19 @@ def _check_trainer(cfg: dict[str, Any]) -> None:
             f"false with strategy={spec.name}",
             f"compile works with {', '.join(s.name for s in specs.all() if s.compile)}.",
         )
+    if t["oom"] == "auto_microbatch" and not spec.oom_retry:
+        raise ConfigError(
+            "trainer.oom",
+            "auto_microbatch",
+            f"off with strategy={spec.name}; auto_microbatch with "
+            f"{', '.join(s.name for s in specs.all() if s.oom_retry)}",
+            f"{spec.name} runs collectives inside forward/backward (gradient all-reduce, all-gathers, "
+            "activations): a real out-of-memory error there (in backward, or on one rank only) leaves "
+            "DDP's reducer mid-reduction or the other ranks waiting in a collective the failed rank "
+            "never joins, so a retry fails or hangs. Fit memory instead: a smaller trainer.batch_size "
+            "with a larger trainer.grad_accum, trainer.activation_checkpointing=true, amp=bf16, or "
+            "strategy=fsdp.",
+        )
     _check_debug(cfg)
     clip = t["clip_grad_norm"]
     if clip is not None and clip <= 0:

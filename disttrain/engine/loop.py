@@ -303,7 +303,9 @@ class Engine:
 
     def _step_fitting_memory(self, micro_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """trainer.oom=auto_microbatch: after an out-of-memory error, cut every micro-batch in two
-        (micro-batch / 2, grad_accum x 2: the same samples, the same mean gradient) and retry."""
+        (micro-batch / 2, grad_accum x 2: the same samples, the same mean gradient) and retry.
+        Only strategies without collectives inside a step allow it (StrategySpec.oom_retry: single,
+        dp): elsewhere a failed rank would leave DDP's reducer or its peers mid-collective."""
         while True:
             try:
                 return self.train_step(split_batches(micro_batches, self.split))

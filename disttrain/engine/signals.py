@@ -20,6 +20,25 @@ log = logging.getLogger("disttrain")
 FAILED_KEY = "disttrain/failed"  # set by a rank whose collective timed out (engine.loop._stragglers)
 
 
+def nccl_tears_down() -> bool:
+    """Whether NCCL's watchdog ends a rank whose collective timed out (SIGABRT, no Python exception):
+    TORCH_NCCL_ASYNC_ERROR_HANDLING 1 (torchrun's default) or 3 (torch's default)."""
+    return os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3") in ("1", "3")
+
+
+def local_rank_gone(launcher: int) -> bool:
+    """Fewer live ranks below `launcher` than this node runs (Linux /proc; False when unknown)."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 0) or 0)
+    if not launcher or local < 2:
+        return False
+    from disttrain.launch.forkserver import rank_pids
+
+    try:
+        return len(rank_pids(launcher)) < local
+    except OSError:
+        return False
+
+
 class StopFlag:
     """SIGTERM/SIGINT: every rank stops after the same step, within about one step, at any log_every.
 
@@ -65,6 +84,7 @@ class StopFlag:
         self._rank, self._world = 0, 1
         self._launcher = int(os.environ.get("DISTTRAIN_LAUNCHER_PID", 0) or 0)
         self._first_at = 0.0
+        self._watchdog = False  # NCCL's watchdog ends timed-out ranks by SIGABRT (see _run_failed)
 
     def __enter__(self) -> StopFlag:
         import torch.distributed as dist
@@ -76,6 +96,7 @@ class StopFlag:
         if distributed:
             self._store = default_store()
             self._rank, self._world = dist.get_rank(), dist.get_world_size()
+            self._watchdog = "nccl" in str(dist.get_backend()) and nccl_tears_down()
             if int(os.environ.get("LOCAL_WORLD_SIZE", self._world) or 0) == self._world:
                 # One node: every rank gets its parent-death signal when the launcher dies.
                 # Made BEFORE the handlers exist: a rank signalled earlier dies at once (nothing
@@ -135,10 +156,15 @@ class StopFlag:
         log.warning("%s received: stopping after this step", signal.Signals(signum).name)
 
     def _run_failed(self) -> bool:
+        """Another rank failed: one whose collective timed out set FAILED_KEY (engine.loop); or, on
+        NCCL, whose watchdog SIGABRTs the waiting ranks without a Python exception (nothing set), a
+        rank of this node is gone: torchrun's SIGTERM then follows that death, not a user's stop."""
         try:
-            return self._store is not None and bool(self._store.check([FAILED_KEY]))
+            if self._store is not None and self._store.check([FAILED_KEY]):
+                return True
         except Exception:
-            return False
+            pass
+        return self._watchdog and local_rank_gone(self._launcher)
 
     def _poke(self) -> None:
         """Wake the watcher now (a zero byte: no signal)."""

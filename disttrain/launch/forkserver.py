@@ -61,7 +61,7 @@ def warm_up(cfg: dict[str, Any] | None = None) -> None:
     from disttrain.launch.environ import patched_environ
 
     ctx = multiprocessing.get_context(START_METHOD)
-    ctx.set_forkserver_preload([*PRELOAD, DYNAMO] if cfg is None or needs_dynamo(cfg) else PRELOAD)
+    ctx.set_forkserver_preload(preload(cfg))
     # The server runs `python -c ...`, which would put the cwd first on sys.path (Python 3.11 does
     # not apply the parent's sys.path to the server): a stray torch.py or yaml.py in the cwd would
     # be imported. PYTHONSAFEPATH keeps it out; each rank gets the launcher's sys.path when forked.
@@ -70,6 +70,11 @@ def warm_up(cfg: dict[str, Any] | None = None) -> None:
     if not _STOP_AT_EXIT:
         atexit.register(stop)
         _STOP_AT_EXIT.append(stop)
+
+
+def preload(cfg: dict[str, Any] | None) -> list[str]:
+    """The modules the server imports for `cfg`'s ranks (all of them without a config)."""
+    return [*PRELOAD, DYNAMO] if cfg is None or needs_dynamo(cfg) else list(PRELOAD)
 
 
 def needs_dynamo(cfg: dict[str, Any]) -> bool:

@@ -115,7 +115,7 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
             run_dir,
         ) from None
     except ChildFailedError as exc:
-        rank, message = first_failure(exc.failures)
+        rank, message = first_failure(exc.failures, watchdog=nccl_watchdog(cfg))
         raise LaunchError(rank, message, run_dir) from None
     except SignalException as exc:
         raise LaunchError(
@@ -155,16 +155,24 @@ def cheap_event_names() -> None:
     dynamic_rendezvous.get_method_name = get_method_name
 
 
-def first_failure(failures: dict[int, Any]) -> tuple[int, str]:
+def first_failure(failures: dict[int, Any], watchdog: bool = False) -> tuple[int, str]:
     """The rank that caused the failure and its error. A rank's own exception comes first; then a
     death by a signal nobody sent on purpose (SIGSEGV, an OOM killer's or a user's SIGKILL); then
     SIGTERM deaths (the agent stops the survivors with it); last the ranks that only saw a peer
-    die. Ties go by time (one-second resolution), then rank."""
+    die. Ties go by time (one-second resolution), then rank.
+
+    `watchdog`: the ranks ran NCCL with torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING=1. A collective
+    that waits past backend.timeout is then ended by NCCL's watchdog with SIGABRT (no Python
+    exception, no error file) on every rank that waited, and only the rank that never joined it (hung
+    in its own code) is left for the agent's SIGTERM (or SIGKILL after the grace). So a SIGABRT
+    without an error file is a victim, ranked after those: the message names the watchdog."""
 
     def order(item: tuple[int, Any]) -> tuple[int, float, int]:
         rank, failure = item
         message = _failure_message(failure)
         if is_secondary(message):
+            cls = 4
+        elif watchdog and _watchdog_victim(failure):
             cls = 3
         elif failure.exitcode == -signal.SIGTERM or failure.exitcode == 128 + signal.SIGTERM:
             cls = 2
@@ -175,7 +183,33 @@ def first_failure(failures: dict[int, Any]) -> tuple[int, str]:
         return cls, failure.timestamp, rank
 
     rank, failure = min(failures.items(), key=order)
-    return rank, _failure_message(failure)
+    message = _failure_message(failure)
+    victims = sorted(r for r, f in failures.items() if watchdog and r != rank and _watchdog_victim(f))
+    if victims and not _watchdog_victim(failure) and not _has_error_file(failure):  # it hung, no error
+        message += (
+            f"; rank(s) {victims} were aborted (SIGABRT) by NCCL's watchdog after a collective waited "
+            f"backend.timeout for rank {rank}, which never joined it (hung, stuck or much slower). "
+            f"HINT: look at rank {rank}'s log; raise backend.timeout if a step can legitimately take "
+            "that long"
+        )
+    return rank, message
+
+
+def _watchdog_victim(failure: Any) -> bool:
+    """Killed by SIGABRT before Python could record an error: what NCCL's watchdog does."""
+    return failure.exitcode in (-signal.SIGABRT, 128 + signal.SIGABRT) and not _has_error_file(failure)
+
+
+def nccl_watchdog(cfg: dict[str, Any]) -> bool:
+    """Whether the ranks' NCCL watchdog ends a timed-out collective by SIGABRT: nccl (`auto` on a
+    CUDA machine) and torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING default (1; 3 also tears down)."""
+    import os
+
+    from disttrain.dist import choose_backend
+
+    backend = choose_backend(cfg["backend"]["name"])
+    mode = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    return "nccl" in backend and mode in ("1", "3")
 
 
 def _has_error_file(failure: Any) -> bool:

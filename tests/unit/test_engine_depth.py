@@ -108,7 +108,7 @@ def test_oom_halves_the_micro_batch_and_profiler_and_grad_stats_write_their_file
     """Out of memory above 8 samples: the 32-sample micro-batch is cut twice (grad_accum 4, the same
     global batch); the profiler traces steps 3-4 into rank0's file; grad stats every step."""
     run(
-        tmp_path, *FAULT, "strategy=ddp", "+model.oom_above=8", "trainer.oom=auto_microbatch", "trainer.max_steps=6",
+        tmp_path, *FAULT, "strategy=single", "+model.oom_above=8", "trainer.oom=auto_microbatch", "trainer.max_steps=6",
         "profile=true", "profiler.wait=1", "profiler.warmup=1", "profiler.active=2", "debug.log_grad_stats=true",
         "observe.sinks=[tensorboard]",
     )  # fmt: skip
@@ -124,6 +124,18 @@ def test_oom_halves_the_micro_batch_and_profiler_and_grad_stats_write_their_file
     grads = [r for r in read_metrics(tmp_path) if "grad_norm/layers.1.weight" in r]
     assert len(grads) == 6 and all(r["grad_norm/layers.1.weight"] > 0 for r in grads)
     assert list((tmp_path / "tensorboard").iterdir())
+
+
+def test_oom_in_backward_retries_the_step_with_the_same_math(tmp_path: Path) -> None:
+    """Review GPU #7: an OOM raised inside backward (after the output layer's gradient exists) is
+    retried from a fresh forward with half micro-batches; the losses are those of a run that never
+    ran out of memory (the same samples, the same mean gradient)."""
+    common = (*FAULT, "strategy=single", "trainer.oom=auto_microbatch", "trainer.max_steps=4")
+    run(tmp_path / "oom", *common, "+model.oom_above=8", "+model.oom_in=backward")
+    run(tmp_path / "fits", *common)
+    oom, fits = train_records(tmp_path / "oom"), train_records(tmp_path / "fits")
+    assert [r["micro_batch"] for r in oom] == [8.0] * 4 and [r["micro_batch"] for r in fits] == [32.0] * 4
+    assert [r["train/loss"] for r in oom] == pytest.approx([r["train/loss"] for r in fits], rel=1e-5)
 
 
 def test_oom_at_micro_batch_one_gives_up_clearly(tmp_path: Path) -> None:

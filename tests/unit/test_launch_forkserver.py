@@ -95,3 +95,28 @@ def test_the_server_preloads_dynamo_only_where_every_rank_imports_it() -> None:
     assert needs_dynamo(cfg("ddp")) is False and needs_dynamo(cfg("ddp", compile=True)) is True
     assert needs_dynamo(cfg("fsdp")) is True and needs_dynamo(cfg("pipeline")) is True
     assert all(needs_dynamo(cfg(spec.name)) == spec.dynamo for spec in specs.all())
+
+
+# Calls into torch.cuda that read how torch was built, not the driver: `_is_compiled` is
+# `hasattr(torch._C, "_cuda_getDeviceCount")` (torch._dynamo.device_interface asks it at import).
+NOT_PROBES = ("torch/cuda/__init__.py:_is_compiled ",)
+
+
+def test_the_servers_preloads_never_probe_cuda() -> None:
+    """Review GPU #14: the fork server's imports for ddp (no torch._dynamo) and fsdp (with it) call
+    no torch.cuda/torch.accelerator function and no torch._C cuda/accelerator builtin, and leave CUDA
+    uninitialised, so a rank forked from it can still initialise CUDA. In a fresh interpreter
+    (tests/unit/cuda_probe.py: a profile hook from before `import torch`); with the CUDA build of
+    torch (triton imported too) by scripts/check_forkserver_cuda.sh."""
+    import json
+    from pathlib import Path
+
+    probe = Path(__file__).with_name("cuda_probe.py")
+    out = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["strategy"] for r in results] == ["ddp", "fsdp"]
+    assert "torch._dynamo" not in results[0]["modules"] and "torch._dynamo" in results[1]["modules"]
+    for r in results:
+        probes = [p for p in r["probes"] if not p.startswith(NOT_PROBES)]
+        assert probes == [] and r["cuda_initialized"] is False, r

@@ -64,3 +64,53 @@ def test_rendezvous_event_names_are_the_same_without_inspect_stack(monkeypatch: 
     assert [Handler().next_rendezvous(d) for d in (0, 1, 2, 3, 10_000)] == expected
     cheap_event_names()
     assert dynamic_rendezvous.get_method_name is swapped
+
+
+def test_under_nccls_watchdog_the_sigtermed_hung_rank_is_named_not_its_sigabrt_victims(
+    tmp_path: Path,
+) -> None:
+    """Review GPU #8: NCCL's watchdog SIGABRTs the 3 ranks that waited (first, no error file); the
+    agent then SIGTERMs the hung rank 2. Rank 2 is the cause, and the message names the watchdog."""
+    failures = {r: _failure(tmp_path, r, -6, None, 100) for r in (0, 1, 3)}
+    failures[2] = _failure(tmp_path, 2, -15, None, 101)
+    rank, message = first_failure(failures, watchdog=True)
+    assert rank == 2 and message.startswith("was killed by SIGTERM (signal 15)")
+    assert "rank(s) [0, 1, 3] were aborted (SIGABRT) by NCCL's watchdog" in message
+    assert "HINT: look at rank 2's log" in message
+    # A hung rank that ignored SIGTERM is SIGKILLed after the grace, later still: it is the cause too.
+    failures[2] = _failure(tmp_path, 2, -9, None, 230)
+    assert first_failure(failures, watchdog=True)[0] == 2
+    # A rank's own exception still comes first, and all-SIGABRT names the earliest without the hint.
+    failures[3] = _failure(tmp_path, 3, 1, "RuntimeError: CUDA error: an illegal memory access", 101)
+    assert first_failure(failures, watchdog=True) == (3, "RuntimeError: CUDA error: an illegal memory access")
+    aborted = {r: _failure(tmp_path, r, -6, None, 100 + r) for r in (1, 0)}
+    assert first_failure(aborted, watchdog=True) == (0, "was killed by SIGABRT (signal 6)")
+
+
+def test_without_the_watchdog_a_sigabrt_is_a_crash_named_before_the_sigtermed_survivors(
+    tmp_path: Path,
+) -> None:
+    """gloo: a native abort (a C++ assertion) on rank 1 is the cause; rank 0 was only stopped."""
+    failures = {0: _failure(tmp_path, 0, -15, None, 101), 1: _failure(tmp_path, 1, -6, None, 100)}
+    assert first_failure(failures) == (1, "was killed by SIGABRT (signal 6)")
+
+
+@pytest.mark.parametrize(
+    ("name", "cuda", "mode", "expected"),
+    [("auto", True, None, True), ("auto", False, None, False), ("nccl", True, "0", False),
+     ("nccl", True, "3", True), ("gloo", True, None, False)],
+)  # fmt: skip
+def test_the_watchdog_applies_to_nccl_under_torchruns_error_handling(
+    monkeypatch: pytest.MonkeyPatch, name: str, cuda: bool, mode: str | None, expected: bool
+) -> None:
+    import torch
+
+    from disttrain.launch.torchrun import nccl_watchdog
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    if mode is None:
+        monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", mode)
+    assert nccl_watchdog({"backend": {"name": name}}) is expected

@@ -184,3 +184,53 @@ def test_across_nodes_without_the_store_no_rank_saves_a_step_the_others_do_not(t
     results = _run(tmp_path, local_world=1, kill_store=True, signalled=(0, 1), check=False)
     assert not any("stopped" in r for r in results), results
     assert any("could not agree" in r.get("unagreed", "") for r in results), results
+
+
+NAMED = "import ctypes, sys, time; ctypes.CDLL('libc.so.6').prctl(15, sys.argv[1].encode(), 0, 0, 0); print(1, flush=True); time.sleep(60)"
+
+
+@pytest.mark.parametrize(
+    ("local_world", "watchdog", "failed"), [(3, True, True), (2, True, False), (3, False, False)]
+)
+def test_on_nccl_a_sigterm_after_a_local_rank_died_is_a_failed_run(
+    monkeypatch: pytest.MonkeyPatch, local_world: int, watchdog: bool, failed: bool
+) -> None:
+    """Review GPU #8: NCCL's watchdog SIGABRTs the ranks that waited (no exception, no FAILED_KEY);
+    the hung rank's handler then sees fewer live ranks below the launcher than LOCAL_WORLD_SIZE and
+    exits at once instead of waiting out stop_grace_s. Two live ranks (real processes named as
+    ranks are, children of this test, the launcher) of 3: failed; of 2, or on gloo: a plain stop."""
+    import subprocess
+
+    from disttrain.engine.signals import StopFlag
+
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", NAMED, f"disttrain r{r}"], stdout=subprocess.PIPE)
+        for r in (0, 1)
+    ]
+    try:
+        for child in ranks:
+            assert child.stdout is not None and child.stdout.readline() == b"1\n"
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_world))
+        monkeypatch.setenv("DISTTRAIN_LAUNCHER_PID", str(os.getpid()))
+        flag = StopFlag()
+        flag._watchdog = watchdog  # what __enter__ finds on an nccl default group
+        assert flag._run_failed() is failed
+    finally:
+        for child in ranks:
+            child.kill()
+            child.wait()
+
+
+@pytest.mark.parametrize(
+    ("mode", "tears_down"), [(None, True), ("1", True), ("3", True), ("0", False), ("2", False)]
+)
+def test_which_nccl_error_handling_modes_end_the_ranks(
+    monkeypatch: pytest.MonkeyPatch, mode: str | None, tears_down: bool
+) -> None:
+    from disttrain.engine.signals import nccl_tears_down
+
+    if mode is None:
+        monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", mode)
+    assert nccl_tears_down() is tears_down

@@ -171,6 +171,8 @@ BAD_STATIC = [
     Bad("task", ("data.task=ranking",), "data.task", "ranking"),  # moved to the task group: migration
     Bad("targets", ("data.targets=labels",), "data.targets", "labels"),
     Bad("oom-mode", ("trainer.oom=retry",), "trainer.oom", "retry"),
+    Bad("oom-retry-ddp", ("strategy=ddp", "trainer.oom=auto_microbatch"), "trainer.oom", "auto_microbatch"),
+    Bad("oom-retry-fsdp", ("strategy=fsdp", "trainer.oom=auto_microbatch"), "trainer.oom", "auto_microbatch"),
     Bad("sync-check-fsdp", ("strategy=fsdp", "debug.check_sync_every=10"), "debug.check_sync_every", "10"),
     Bad("compile-pipeline", ("strategy=pipeline", "trainer.compile=true"), "trainer.compile", "True"),
     Bad("profiler-active", ("profile=true", "profiler.active=0"), "profiler.active", "0"),

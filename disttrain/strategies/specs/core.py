@@ -118,6 +118,9 @@ class StrategySpec:
     amp: frozenset[str] = AMP_MODES  # mixed precision modes besides off
     replicated: bool = False  # every rank holds the whole, identical model (debug.check_sync_every)
     compile: bool = True  # trainer.compile works with it
+    # trainer.oom=auto_microbatch can retry a step after an out-of-memory error: no collective runs
+    # inside forward/backward, so a rank that fails there leaves no peer waiting in one.
+    oom_retry: bool = False
     needs: frozenset[str] = frozenset()  # model abilities: TP_PLAN, PIPELINE_LAYERS
     one_tensor_batches: bool = False  # stages pass one tensor: model(inputs), one target (pipeline)
     # Its ranks import torch._dynamo even without trainer.compile (DTensor, pipelining do): the fork

@@ -155,6 +155,7 @@ SINGLE = register(
         about="one process, one device: the reference every other strategy is checked against",
         replicated=True,
         check_static=check_single,
+        oom_retry=True,
         dynamo=False,
     )
 )
@@ -180,6 +181,7 @@ DP = register(
         amp=frozenset(),
         replicated=True,
         check_static=check_dp,
+        oom_retry=True,
         dynamo=False,
     )
 )
