@@ -432,7 +432,8 @@ def planted_links(run_dir: Path, cfg: dict[str, Any] | None = None) -> dict[str,
     delete the other run's checkpoints. `checkpoints` is exempt when `checkpoint.dir` names a
     folder explicitly: the run then never uses `<run dir>/checkpoints`.
     """
-    explicit = bool(cfg and (cfg.get("checkpoint") or {}).get("dir"))
+    block = cfg.get("checkpoint") if cfg else None  # a foreign config may lack it: no link exempted
+    explicit = isinstance(block, dict) and bool(block.get("dir"))
     found = {}
     for name in OWN_FOLDERS:
         path = run_dir / name

@@ -166,7 +166,7 @@ def _from_config(spec: dict[str, Any], cls: type, auto: bool, device: torch.devi
             if auto:
                 return cls.from_config(config, **passed)  # type: ignore[attr-defined]
             model: nn.Module = cls(config)
-        dtype = passed.get("dtype", passed.get("torch_dtype"))
+        dtype = passed["dtype"] if "dtype" in passed else passed.get("torch_dtype")  # HF's kwargs
         if isinstance(dtype, str) and dtype != "auto":
             dtype = getattr(torch, dtype)
         return model.to(dtype) if isinstance(dtype, torch.dtype) else model

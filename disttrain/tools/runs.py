@@ -367,7 +367,7 @@ def cmd_runs(rest: list[str]) -> int:
 
         print_json({"schema": "disttrain.runs/1", "root": str(root), "runs": rows})
         return 0
-    from disttrain.tools.render import console, say, table
+    from disttrain.tools.render import console, say, table, text
 
     cells = [
         (
@@ -385,7 +385,9 @@ def cmd_runs(rest: list[str]) -> int:
     ]
     cols = ["run", "name", "started", "status", ">step", ">last loss", "best val", "strategy", ">world"]
     out = console()
-    out.print(table(f"{len(rows)} runs under {root}", cols, cells))
+    # The folder on a line of its own, never wrapped (a table title wraps to the table's width).
+    out.print(text(f"{len(rows)} runs under {root}"), soft_wrap=True)
+    out.print(table(None, cols, cells))
     say(out, *(f"{os.path.relpath(r['run_dir'], root)}: {p}" for r in rows for p in r["problems"]))
     return 0
 

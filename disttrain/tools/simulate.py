@@ -245,7 +245,8 @@ def setup_key(cfg: dict[str, Any]) -> str:
     for key in ("stages_per_rank", "tp_degree", "wrap_classes"):
         if key in s:
             return f"strategy.{key}"
-    return "strategy.replicate" if (s.get("replicate") or 1) > 1 else "strategy"
+    replicate = s.get("replicate")
+    return "strategy.replicate" if isinstance(replicate, int) and replicate > 1 else "strategy"
 
 
 def fit_problem(cfg: dict[str, Any], r: RankResult, act: float, usable: float) -> Problem | None:

@@ -223,6 +223,7 @@ def test_rerun_of_a_finished_run_keeps_its_summary(tmp_path: Path) -> None:
     refused before launch (one world-1 run, in-process: cheap)."""
     one = (
         "strategy=single",
+        "backend=gloo",  # as run_cli pins it: the three commands must compose the same config
         "nproc_per_node=1",
         "data=synthetic",
         "trainer.max_steps=3",

@@ -177,6 +177,7 @@ def test_the_stop_group_exists_before_the_signal_handlers(monkeypatch: pytest.Mo
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "gloo")
     monkeypatch.setattr(dist, "new_group", lambda **kw: seen.append(signal.getsignal(signal.SIGTERM)))
     monkeypatch.setattr("disttrain.dist.default_store", lambda: dist.HashStore())
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")

@@ -89,8 +89,9 @@ def test_pipeline_with_more_stages_than_layers_is_named_by_rank_and_key() -> Non
 
 
 def test_fsdp_unit_larger_than_the_device_is_named_by_rank_and_key() -> None:
-    # min_num_params huge and no wrap classes: the root is the one unit, all of it gathered at once
-    cfg = _cfg("nproc_per_node=16", "strategy=fsdp", "strategy.min_num_params=1000000000")
+    # one block (nothing repeats) and min_num_params huge: the root is the one unit, all of it
+    # gathered at once
+    cfg = _cfg("nproc_per_node=16", "strategy=fsdp", "strategy.min_num_params=1000000000", "model.n_layers=1")
     params = plan(cfg)["model"]["params"]
     cfg["plan"]["gpu_mem_gb"] = params * 4 / 2 / 2**30 / 0.9  # half the gathered model fits
     with pytest.raises(ConfigError) as err:
