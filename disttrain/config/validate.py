@@ -43,20 +43,17 @@ def _choice(cfg: dict[str, Any], key: str, allowed: tuple[Any, ...], hint: str) 
 def _check_monitoring(cfg: dict[str, Any]) -> None:
     """trainer.early_stop and checkpoint.keep_best watch a validation metric: its mode, counts and
     a validation set to measure it on (a run without one would never stop or keep a best)."""
-    if not isinstance((cfg.get("trainer") or {}).get("early_stop"), dict):
-        return  # a config frozen before early stopping existed
     _choice(cfg, "trainer.early_stop.mode", ("min", "max"), "min for a loss, max for accuracy.")
     _at_least(cfg, "trainer.early_stop.patience", 0, "0 never stops early.")
     _at_least(cfg, "trainer.early_stop.min_delta", 0, "0 counts any improvement.")
-    ckpt = cfg.get("checkpoint") or {}
-    if "keep_best" in ckpt:
-        _at_least(cfg, "checkpoint.keep_best", 0, "0 keeps no best checkpoints beside the newest `keep`.")
-        _choice(cfg, "checkpoint.mode", (None, "min", "max"), "null follows trainer.early_stop.mode.")
+    ckpt = cfg["checkpoint"]
+    _at_least(cfg, "checkpoint.keep_best", 0, "0 keeps no best checkpoints beside the newest `keep`.")
+    _choice(cfg, "checkpoint.mode", (None, "min", "max"), "null follows trainer.early_stop.mode.")
     used = [
         key
         for key, on in (
-            ("trainer.early_stop.patience", cfg["trainer"]["early_stop"].get("patience")),
-            ("checkpoint.keep_best", ckpt.get("keep_best")),
+            ("trainer.early_stop.patience", cfg["trainer"]["early_stop"]["patience"]),
+            ("checkpoint.keep_best", ckpt["keep_best"]),
         )
         if on
     ]
