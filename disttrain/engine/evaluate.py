@@ -129,8 +129,9 @@ def predict(
     mine: list[tuple[int, Any]] = []
     batch: Any = None
     for batch in loader:
-        out = _to_cpu(forward(strategy, model, task, batch, env.device))
-        for i in range(batches.leading_size(batch)):
+        n = batches.leading_size(batch)
+        out = _per_sample(_to_cpu(forward(strategy, model, task, batch, env.device)), n)
+        for i in range(n):
             mine.append((indices[len(mine)], _row(out, i)))
     for _ in range(val_batches(loader) - len(loader)):
         if batch is None:
@@ -175,6 +176,27 @@ def _to_cpu(out: Any) -> Any:
         f"predict: the model (or task.predict) returned {type(out).__name__}; it must return a tensor "
         "(first dimension: the batch), a dict or a tuple of them"
     )
+
+
+def _per_sample(out: Any, n: int) -> Any:
+    """The parts of an output that hold one entry per sample (first dimension `n`): a batch-level
+    value beside them (the loss in a model's `(logits, loss)` or Hugging Face output) is dropped."""
+    if isinstance(out, torch.Tensor):
+        if out.dim() == 0 or out.shape[0] != n:
+            raise TypeError(
+                f"predict: the output's shape {tuple(out.shape)} has no first dimension of the batch's "
+                f"{n} samples; give your Task a predict(model, batch) method returning per-sample values"
+            )
+        return out
+    if isinstance(out, dict):
+        kept = {
+            k: v for k, v in out.items() if not isinstance(v, torch.Tensor) or (v.dim() and v.shape[0] == n)
+        }
+        return {k: _per_sample(v, n) for k, v in kept.items()}
+    kept_items = [v for v in out if not isinstance(v, torch.Tensor) or (v.dim() and v.shape[0] == n)]
+    if len(kept_items) == 1:
+        return _per_sample(kept_items[0], n)  # (logits, loss): the logits
+    return type(out)(_per_sample(v, n) for v in kept_items)
 
 
 def _row(out: Any, i: int) -> Any:

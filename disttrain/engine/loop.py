@@ -148,6 +148,8 @@ class Engine:
         if self.stop.agreed:
             return self._stopped(time.perf_counter() - started)
         if not resumed_done:
+            if self.early_stop:  # localsgd: average the replicas, as after the last step
+                self.strategy.end_of_training(self.model)
             if (not t.val_every or s.step % t.val_every != 0) and self.validated_at != s.step:
                 self.validate()  # val_every=0: the last epoch ended here (the loop returns before its end)
             self.ckpt.save("final")

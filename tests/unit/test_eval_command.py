@@ -155,3 +155,14 @@ def test_a_task_predict_hook_and_dict_outputs(tmp_path: Path) -> None:
     write_predictions(rows, out)
     first = json.loads(out.read_text().splitlines()[0])
     assert set(first) == {"index", "label", "score"}
+
+
+def test_a_batch_level_loss_beside_per_sample_outputs_is_dropped() -> None:
+    """`model_loss` models return (logits, loss): predict keeps the logits, one row per sample."""
+    from disttrain.engine.evaluate import _per_sample
+
+    logits, loss = torch.randn(4, 3), torch.tensor(0.5)
+    assert torch.equal(_per_sample((logits, loss), 4), logits)
+    assert set(_per_sample({"logits": logits, "loss": loss}, 4)) == {"logits"}
+    with pytest.raises(TypeError, match="predict\\(model, batch\\)"):
+        _per_sample(loss, 4)
