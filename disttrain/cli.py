@@ -24,6 +24,9 @@ commands:
   resume   RUN_DIR [key=value ...]: continue a run from its latest checkpoint with its saved config
   rerun    RUN_DIR [key=value ...] [--run-dir NEW]: the same run again from its frozen config.yaml
   export   RUN_DIR --out model.pt|model.safetensors: the consolidated model for plain PyTorch
+  eval     RUN_DIR|CHECKPOINT [key=value ...] [--out FILE]: val metrics of a checkpoint, any world
+           size or strategy, on the run's or another validation set (data.val=FILE); never trains
+  predict  RUN_DIR|CHECKPOINT --out FILE.jsonl|.pt|.npy: the model's outputs, one row per sample
   env      environment report: versions, GPUs, backends, network, variables, known traps
   bench    `bench comm`: collective benchmark + correctness check on the configured ranks
   plan     per-rank memory of ddp/zero/fsdp/hsdp/tp/pipeline layouts; which fit; a recommendation

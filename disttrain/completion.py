@@ -36,6 +36,8 @@ TOOL_FLAGS = {
     "plan": ("--json",),
     "rerun": ("--run-dir",),
     "export": ("--out",),
+    "eval": ("--out", "--trust"),
+    "predict": ("--out", "--trust"),
 }
 BASH = """\
 # disttrain completion for bash: eval "$(disttrain completion bash)"

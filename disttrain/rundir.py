@@ -20,6 +20,7 @@ import yaml
 from disttrain.safefile import open_append, write_atomic
 
 CONFIG = "config.yaml"
+JOB = "job.json"  # an eval/predict job folder (disttrain.engine.evaluate)
 HISTORY = "commands.txt"
 STATUS = "status.json"
 
@@ -40,8 +41,9 @@ class RunDir:
         return path if isinstance(path, RunDir) else cls(Path(path))
 
     def is_run(self) -> bool:
-        """A run dir holds the frozen config (Hydra's own .hydra/ copy is not one)."""
-        return self.config.is_file() and self.path.name != ".hydra"
+        """A run dir holds the frozen config (Hydra's own .hydra/ copy is not one, nor the job
+        folder of a `disttrain eval`/`predict`, which holds job.json beside it: it trained nothing)."""
+        return self.config.is_file() and self.path.name != ".hydra" and not (self.path / JOB).is_file()
 
     @property
     def config(self) -> Path:

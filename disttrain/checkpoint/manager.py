@@ -239,6 +239,7 @@ class Checkpointer:
                 process_group=self.group,
                 barrier=self.barrier,
                 device=self.env.device,
+                protect=self.protected(),
             )
         stall = time.perf_counter() - t0
         self.stalls.append(stall)
@@ -251,6 +252,10 @@ class Checkpointer:
             "async" if async_save else "committed",
             stall,
         )
+
+    def protected(self) -> list[str]:
+        """checkpoint.keep_best's checkpoints, best first (TrainState.best): never pruned by keep."""
+        return [checkpoint.step_name(int(step)) for _, step in getattr(self.train, "best", [])]
 
     def staged(self, before: str) -> None:
         """Called before the state changes (`before`: "forward" or "update", the optimizer step):
@@ -327,16 +332,24 @@ class Checkpointer:
         """Restore the newest checkpoint at `location` that every rank loads; None when none passes
         the manifest check. A load error on any rank (a bad pickle, garbage DCP metadata, a shape
         mismatch) is logged and every rank moves on to the previous checkpoint together."""
+        restored = self.load(location)
+        if restored is not None:
+            self._supersede(restored.path)
+        return restored
+
+    def load(self, location: Path, report: bool = True) -> Restored | None:
+        """`resume` without moving later checkpoints aside: `disttrain eval`/`predict` read the
+        checkpoint the user named and leave the run's timeline as it is (`report`: log what a
+        training resume compares; an evaluation trains nothing, so there is nothing to compare)."""
         failed: list[Path] = []
         while (path := self.choose(location, failed)) is not None:
             error, restored = "", None
             try:
-                restored = self.restore(path)
+                restored = self.restore(path, report)
             except checkpoint.load_errors() as exc:
                 error = checkpoint.why_not(exc)
                 log.warning("rank %d cannot load checkpoint %s: %s", self.env.rank, path, error)
             if not self._any_rank(bool(error)) and restored is not None:
-                self._supersede(path)
                 return restored
             if self.env.is_zero:
                 log.warning(
@@ -371,7 +384,7 @@ class Checkpointer:
                 old.parent.name + "/" + old.name,
             )
 
-    def restore(self, path: Path) -> Restored:
+    def restore(self, path: Path, report: bool = True) -> Restored:
         """Load every state from the checkpoint at `path`; a state it does not hold keeps its value."""
         meta = checkpoint.read_meta(path)
         saved = meta.get("states")
@@ -389,7 +402,8 @@ class Checkpointer:
                 "rank %d: the checkpoint has no RNG state for this rank; keeping the seeded one",
                 self.env.rank,
             )
-        self._report(path, meta)
+        if report:
+            self._report(path, meta)
         return Restored(path, meta, rng)
 
     def _report(self, path: Path, meta: dict[str, Any]) -> None:

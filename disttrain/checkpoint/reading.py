@@ -118,7 +118,13 @@ def meta_problem(meta: Any) -> str | None:
         value = meta.get(key)
         if type(value) is not int or not 0 <= value < META_MAX:
             return f"has {key} {str(value)[:40]!r}, not a count from 0 to 2**53"
-    for key, kind in (("trackers", dict), ("last_val", dict), ("states", list)):
+    for key, kind in (
+        ("trackers", dict),
+        ("last_val", dict),
+        ("states", list),
+        ("watch", dict),
+        ("best", list),
+    ):
         if meta.get(key) is not None and not isinstance(meta[key], kind):
             return f"has {key} of type {type(meta[key]).__name__}, not {kind.__name__}"
     return None

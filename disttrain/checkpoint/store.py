@@ -34,7 +34,7 @@ import pickle
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,7 @@ from disttrain.safefile import default_mode
 log = logging.getLogger("disttrain")
 
 LATEST, MANIFEST, META = "latest", "manifest.json", "meta.json"
+BEST = "best"  # checkpoint.keep_best: names the best checkpoint by checkpoint.monitor
 PREFIX, TMP, SUPERSEDED = "step_", ".tmp-", "superseded"
 
 
@@ -345,13 +346,16 @@ def save(
     process_group: Any = None,
     barrier: Callable[[], None] = lambda: None,
     device: torch.device | None = None,
+    protect: Sequence[str] = (),
 ) -> PendingSave:
     """Every rank calls this at the same step. Returns when the state is safe to modify again:
     sync, once committed; async, once staged (copied into CPU buffers kept from the previous async
     save), while a background thread writes and (rank 0) commits; `PendingSave.wait()` joins it.
     With `overlap_staging`, an async save returns while the copy is still running: the caller must
     call `PendingSave.wait_staged()` before anything in `app_state` changes (the optimizer step).
-    `device`: where the rank's tensors live (async staging copies from there; None: the CPU)."""
+    `device`: where the rank's tensors live (async staging copies from there; None: the CPU).
+    `protect`: checkpoint names keep-N never prunes (checkpoint.keep_best's, best first: `best`
+    then names the first)."""
     started = time.time()
     name = step_name(step)
     tmp = ckpt_dir / f"{TMP}{name}"
@@ -363,7 +367,17 @@ def save(
         tmp.mkdir()
     barrier()
     write = functools.partial(
-        _write_and_commit, ckpt_dir, tmp, name, _torch_bytes(rng), meta, rank, keep, verify, process_group
+        _write_and_commit,
+        ckpt_dir,
+        tmp,
+        name,
+        _torch_bytes(rng),
+        meta,
+        rank,
+        keep,
+        verify,
+        process_group,
+        protect=tuple(protect),
     )
     if not async_save:
         write(app_state)
@@ -412,6 +426,7 @@ def _write_and_commit(
     verify: str,
     process_group: Any,
     state: dict[str, Any],
+    protect: tuple[str, ...] = (),
 ) -> None:
     """This rank's files (hashed while written), then rank 0 gathers every rank's digests and commits."""
     import torch.distributed as dist
@@ -440,7 +455,7 @@ def _write_and_commit(
     # so when rank 0's save returns, every shard and every rng file is on disk.
     if rank == 0:
         _test_pause("DISTTRAIN_TEST_SAVE_SLEEP")
-        commit_dir(ckpt_dir, tmp, name, meta, verify, keep, digests)
+        commit_dir(ckpt_dir, tmp, name, meta, verify, keep, digests, protect)
 
 
 # DCP's writer threads per rank (one file each); hashing and copying run in parallel on two cores.
@@ -530,6 +545,7 @@ def commit_dir(
     verify: str,
     keep: int,
     digests: dict[str, dict[str, Any]] | None = None,
+    protect: Sequence[str] = (),
 ) -> Path:
     """meta.json, manifest.json (last), fsync, rename into place, replace `latest`, prune old ones.
 
@@ -567,7 +583,9 @@ def commit_dir(
     # anything; a crash before it leaves `latest` naming a folder that may not exist, and
     # `candidates` then falls back to the newest committed folder.
     point_latest(ckpt_dir, name)
-    prune(ckpt_dir, keep)
+    if protect and (ckpt_dir / protect[0]).is_dir():
+        point_best(ckpt_dir, protect[0])
+    prune(ckpt_dir, keep, protect)
     return final
 
 
@@ -580,6 +598,20 @@ def point_latest(ckpt_dir: Path, name: str) -> None:
     fsync_dir(ckpt_dir)
 
 
+def point_best(ckpt_dir: Path, name: str) -> None:
+    """`best`: the name of the best checkpoint by checkpoint.monitor (written as `latest` is)."""
+    from disttrain.safefile import write_atomic
+
+    write_atomic(ckpt_dir / BEST, (name + "\n").encode(), sync=True)
+
+
+def read_best(ckpt_dir: Path) -> str | None:
+    try:
+        return (ckpt_dir / BEST).read_text().strip() or None
+    except OSError:
+        return None
+
+
 def committed(ckpt_dir: Path) -> list[Path]:
     """Committed checkpoint folders, oldest first (by step number in the name)."""
     if not ckpt_dir.is_dir():
@@ -588,10 +620,11 @@ def committed(ckpt_dir: Path) -> list[Path]:
     return sorted(dirs, key=lambda p: p.name)
 
 
-def prune(ckpt_dir: Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` committed checkpoints (never the one `latest` names)."""
-    latest = read_latest(ckpt_dir)
-    doomed = [p for p in committed(ckpt_dir)[:-keep] if p.name != latest]
+def prune(ckpt_dir: Path, keep: int, protect: Collection[str] = ()) -> list[Path]:
+    """Delete all but the newest `keep` committed checkpoints (never the one `latest` or `best`
+    names, nor those in `protect`: checkpoint.keep_best's)."""
+    spared = {read_latest(ckpt_dir), read_best(ckpt_dir), *protect}
+    doomed = [p for p in committed(ckpt_dir)[:-keep] if p.name not in spared]
     for p in doomed:
         # rename first: a kill mid-delete leaves a .tmp- folder (ignored), never a half checkpoint
         trash = ckpt_dir / f"{TMP}del-{p.name}"
@@ -616,6 +649,8 @@ def supersede(ckpt_dir: Path, step: int) -> list[Path]:
         fsync_dir(ckpt_dir)
         if read_latest(ckpt_dir) in {p.name for p in moved}:
             (ckpt_dir / LATEST).unlink(missing_ok=True)
+        if read_best(ckpt_dir) in {p.name for p in moved}:
+            (ckpt_dir / BEST).unlink(missing_ok=True)
     return moved
 
 

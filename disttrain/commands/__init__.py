@@ -11,6 +11,8 @@ COMMANDS: dict[str, str] = {
     "resume": "disttrain.commands.resume:cmd_resume",
     "rerun": "disttrain.commands.rerun:cmd_rerun",
     "export": "disttrain.commands.export:cmd_export",
+    "eval": "disttrain.commands.evaluate:cmd_eval",
+    "predict": "disttrain.commands.evaluate:cmd_predict",
     "env": "disttrain.tools.envreport:cmd_env",
     "bench": "disttrain.tools.benchcmd:cmd_bench",
     "plan": "disttrain.tools.planner:cmd_plan",
@@ -22,4 +24,4 @@ COMMANDS: dict[str, str] = {
 
 # Commands that build the user's `_target_`s (`_target_: mylab.nets.Net` from the working directory).
 # The read-only ones (config, runs, show, compare, env, plan) never import from the cwd.
-USER_CODE_COMMANDS = ("train", "resume", "export", "bench")
+USER_CODE_COMMANDS = ("train", "resume", "export", "eval", "predict", "bench")

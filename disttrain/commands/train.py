@@ -274,8 +274,9 @@ def print_summary(run_dir: Path) -> dict[str, Any] | None:
     vals = " ".join(f"{k}={s[k]:.4f}" for k in sorted(s) if k.startswith("val/"))
     gpu = s.get("gpu_mem_allocated_peak_gib")  # CUDA runs only: the CPU line stays as it was
     mem = f", peak GPU memory {gpu:.2f} GiB ({s['gpu_mem_reserved_peak_gib']:.2f} reserved)" if gpu else ""
+    stopped = f" (stopped early: {s['stop_reason']})" if s.get("early_stopped") else ""
     sys.stdout.write(
-        f"done: {s['steps']} steps, {vals or 'no validation'}, {s['samples_per_s']:.0f} samples/s, "
+        f"done: {s['steps']} steps{stopped}, {vals or 'no validation'}, {s['samples_per_s']:.0f} samples/s, "
         f"{s['train_time_s']:.1f} s training{mem} | run dir: {run_dir}\n"
     )
     return dict(s)

@@ -400,6 +400,18 @@ class SpawnLauncherConfig(LauncherConfig):
 
 # --------------------------------------------------------------------------------------- trainer
 @dataclass
+class EarlyStopConfig:
+    monitor: str = _h("the validation metric watched (val/loss, val/acc, val/ppl, ...)", "val/loss")
+    mode: str = _h("min: lower is better (a loss); max: higher is better (accuracy)", "min")
+    patience: int = _h(
+        "stop after this many validations in a row without improvement (all ranks agree: the "
+        "metric is reduced across ranks); 0: never stop early",
+        0,
+    )
+    min_delta: float = _h("an improvement must exceed this to count (absolute, in the metric's units)", 0.0)
+
+
+@dataclass
 class TrainerConfig:
     max_epochs: int = _h("epochs to train when max_steps is -1", 10)
     max_steps: int = _h("optimizer steps to train (epochs continue as needed); -1: run max_epochs", -1)
@@ -428,6 +440,7 @@ class TrainerConfig:
         "strategy=single or dp only)",
         "off",
     )
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
 
 
 # ------------------------------------------------------------------------------------- debug/prof
@@ -512,6 +525,15 @@ class CheckpointConfig:
     on_signal: bool = _h("SIGTERM/SIGINT: every rank saves a checkpoint, then exits", True)
     on_error: bool = _h("an exception on every rank at the same step saves an emergency checkpoint", True)
     export_final: bool = _h("also write checkpoints/final.pt: the consolidated model for plain PyTorch", True)
+    keep_best: int = _h(
+        "also keep the K best checkpoints by checkpoint.monitor, saved at the validations that rank "
+        "among them and never pruned by `keep` while they do; checkpoints/best names the best. 0: off",
+        0,
+    )
+    monitor: str | None = _h(
+        "the validation metric keep_best ranks by; null: trainer.early_stop.monitor", None
+    )
+    mode: str | None = _h("min or max for checkpoint.monitor; null: trainer.early_stop.mode", None)
 
 
 @dataclass

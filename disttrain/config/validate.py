@@ -40,6 +40,38 @@ def _choice(cfg: dict[str, Any], key: str, allowed: tuple[Any, ...], hint: str) 
         raise ConfigError(key, value, one_of("null" if a is None else a for a in allowed), hint)
 
 
+def _check_monitoring(cfg: dict[str, Any]) -> None:
+    """trainer.early_stop and checkpoint.keep_best watch a validation metric: its mode, counts and
+    a validation set to measure it on (a run without one would never stop or keep a best)."""
+    _choice(cfg, "trainer.early_stop.mode", ("min", "max"), "min for a loss, max for accuracy.")
+    _at_least(cfg, "trainer.early_stop.patience", 0, "0 never stops early.")
+    _at_least(cfg, "trainer.early_stop.min_delta", 0, "0 counts any improvement.")
+    ckpt = cfg["checkpoint"]
+    _at_least(cfg, "checkpoint.keep_best", 0, "0 keeps no best checkpoints beside the newest `keep`.")
+    _choice(cfg, "checkpoint.mode", (None, "min", "max"), "null follows trainer.early_stop.mode.")
+    used = [
+        key
+        for key, on in (
+            ("trainer.early_stop.patience", cfg["trainer"]["early_stop"]["patience"]),
+            ("checkpoint.keep_best", ckpt["keep_best"]),
+        )
+        if on
+    ]
+    for key in ("trainer.early_stop.monitor", "checkpoint.monitor"):
+        monitor = _get(cfg, key)
+        if used and monitor is not None and not str(monitor).startswith("val/"):
+            raise ConfigError(
+                key, monitor, "a validation metric: val/loss, val/<the task's metric>", "e.g. val/loss."
+            )
+    if used and not (cfg.get("data") or {}).get("val"):
+        raise ConfigError(
+            used[0],
+            _get(cfg, used[0]),
+            "0 for a run without a validation set",
+            "it watches a validation metric: configure data.val (data.val_path=FILE for data=files).",
+        )
+
+
 def _get(cfg: dict[str, Any], key: str) -> Any:
     node: Any = cfg
     for part in key.split("."):
@@ -213,6 +245,7 @@ def _check_trainer(cfg: dict[str, Any]) -> None:
         "stop fails the run at the first NaN/inf; skip drops the step.",
     )
     _choice(cfg, "trainer.oom", OOM, "auto_microbatch splits each micro-batch in two after an OOM.")
+    _check_monitoring(cfg)
     spec = specs.get(cfg["strategy"]["name"])
     if t["compile"] and not spec.compile:
         raise ConfigError(

@@ -19,6 +19,7 @@ from disttrain.config.schema import TrainerConfig
 from disttrain.dist import DistEnv, default_store
 from disttrain.engine.amp import Precision
 from disttrain.engine.guards import AnomalyError, DesyncError, Guards
+from disttrain.engine.monitor import Monitoring
 from disttrain.engine.optim import total_steps as total_steps  # its home: the schedule's length
 from disttrain.engine.rng import set_rng_state
 from disttrain.engine.signals import FAILED_KEY, StopFlag, StopUnagreed
@@ -112,6 +113,10 @@ class Engine:
         self.in_update = False  # inside optimizer/scheduler step: state not consistent across ranks
         self.pending_rng: dict[str, Any] | None = None  # restored after the resumed epoch's iterator
         self.stop = StopFlag(lambda: self.state.step, timeout_s)
+        self.monitoring = Monitoring(trainer.early_stop, ckpt.cfg, state)
+        self.early_stop: str | None = None  # why training stops early (every rank the same)
+        self.save_best = False  # this step's validation ranks among checkpoint.keep_best's
+        self.validated_at = -1
 
     # ------------------------------------------------------------------------------------ resume
     def resume(self, location: Path | None) -> Path | None:
@@ -129,7 +134,8 @@ class Engine:
     def fit(self) -> dict[str, Any]:
         s, t = self.state, self.t
         started = time.perf_counter()
-        resumed_done = s.step >= self.total_steps and s.step > 0
+        self.early_stop = self.monitoring.stopped  # a resumed run that had stopped early trains no more
+        resumed_done = (s.step >= self.total_steps and s.step > 0) or self.early_stop is not None
         self.metrics.start(None)  # opened by resume() already, unless the caller skipped it
         progress = make_progress(self.env.is_zero, t.progress, self.total_steps, "train")
         gpu_memory.reset_peaks(self.env)
@@ -142,7 +148,9 @@ class Engine:
         if self.stop.agreed:
             return self._stopped(time.perf_counter() - started)
         if not resumed_done:
-            if not t.val_every or s.step % t.val_every != 0:
+            if self.early_stop:  # localsgd: average the replicas, as after the last step
+                self.strategy.end_of_training(self.model)
+            if (not t.val_every or s.step % t.val_every != 0) and self.validated_at != s.step:
                 self.validate()  # val_every=0: the last epoch ended here (the loop returns before its end)
             self.ckpt.save("final")
             if self.ckpt.cfg.export_final:
@@ -153,7 +161,7 @@ class Engine:
     def _epochs(self, bar: Any) -> None:
         s, t = self.state, self.t
         window = self._new_window()
-        while s.step < self.total_steps:
+        while s.step < self.total_steps and not self.early_stop:
             self._set_epoch(s.epoch)
             for micro_batches in self._groups():
                 loss, grad_norm = self._step_fitting_memory(micro_batches)
@@ -179,14 +187,25 @@ class Engine:
                     self.validate()
                 if t.ckpt_every and s.step % t.ckpt_every == 0:
                     self.ckpt.save("periodic")
+                self._save_best()
                 self.ckpt.poll()
                 # Every step, at no cost to it (an attribute read until a rank is signalled).
-                if s.step >= self.total_steps or self.stop.should_stop(s.step):
+                if s.step >= self.total_steps or self.early_stop or self.stop.should_stop(s.step):
                     return
             s.epoch += 1
             s.epoch_samples = 0
             if not t.val_every:
                 self.validate()
+                self._save_best()
+                if self.early_stop:
+                    return
+
+    def _save_best(self) -> None:
+        """A checkpoint at this step: its validation ranks among checkpoint.keep_best's (a save at
+        this step already made, periodic or final, is that checkpoint)."""
+        if self.save_best:
+            self.save_best = False
+            self.ckpt.save("best")
 
     def _stopped(self, elapsed: float) -> dict[str, Any]:
         log.warning("stopping at step %d on %s", self.state.step, self.stop.name)
@@ -334,38 +353,26 @@ class Engine:
                     self.accum * self.split,
                 )
 
-    @torch.no_grad()
     def validate(self) -> dict[str, float]:
         """Loss and metric over the whole validation set, weighted by sample counts across ranks."""
         if self.val_loader is None:
             return {}
-        self.model.eval()
-        sums = torch.zeros(3, dtype=torch.float64, device=self.env.device)  # loss*n, metric numerator, n
-        batch: Any = None
-        for batch in self.val_loader:
-            inputs, target = self.task.unpack(batches.to_device(batch, self.env.device))
-            sums += self.strategy.eval_step(self.model, inputs, target, self.task)
-        for _ in range(val_batches(self.val_loader) - len(self.val_loader)):
-            # A shorter shard: join the other ranks' collectives with a forward whose result is dropped.
-            if batch is None:
-                batch = default_collate([self.val_loader.dataset[0]])
-            inputs, target = self.task.unpack(batches.to_device(batch, self.env.device))
-            self.strategy.eval_step(self.model, inputs, target, self.task)
-        sums = self.strategy.all_reduce(sums, op="sum")
-        count = sums[2].item()
-        if count == 0:  # no sample on any rank: a loss of 0.0 would read as a perfect model
+        values = validation(self.strategy, self.model, self.task, self.val_loader, self.env.device)
+        if not values:  # no sample on any rank: a loss of 0.0 would read as a perfect model
             log.warning(
                 "step %d: the validation set is empty (0 samples on every rank): no val metrics recorded",
                 self.state.step,
             )
             return {}
-        values = {"val/loss": sums[0].item() / count}
-        if self.task.metric:
-            values[f"val/{self.task.metric}"] = sums[1].item() / count
-        values.update(self.task.derived(values))
         self.state.last_val = values
         self.metrics.log(self.state.step, values, epoch=self.state.epoch)
         log.info("step %d val: %s", self.state.step, " ".join(f"{k}={v:.4f}" for k, v in values.items()))
+        self.validated_at = self.state.step
+        best, stop = self.monitoring.after_validation(self.state.step, values)  # the same on every rank
+        self.save_best = self.save_best or best
+        if stop:
+            self.early_stop = stop
+            log.warning("step %d: stopping early: %s", self.state.step, stop)
         return values
 
     # ------------------------------------------------------------------------------------ helpers
@@ -432,7 +439,38 @@ class Engine:
             **self.guards.metrics(),
             **gpu_memory.peaks(self.env),  # every rank builds the summary: a collective on CUDA
             **s.last_val,
+            **self.monitoring.summary(),
         }
+
+
+@torch.no_grad()
+def validation(
+    strategy: Strategy, model: nn.Module, task: Task, loader: DataLoader, device: torch.device
+) -> dict[str, float]:
+    """val/loss (and val/<metric>) of `model` over every sample of `loader`'s shards, weighted by
+    sample counts across ranks; {} when no rank has a sample. Every rank calls it (collectives):
+    training's validation and `disttrain eval` share it."""
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss*n, metric numerator, n
+    batch: Any = None
+    for batch in loader:
+        inputs, target = task.unpack(batches.to_device(batch, device))
+        sums += strategy.eval_step(model, inputs, target, task)
+    for _ in range(val_batches(loader) - len(loader)):
+        # A shorter shard: join the other ranks' collectives with a forward whose result is dropped.
+        if batch is None:
+            batch = default_collate([loader.dataset[0]])
+        inputs, target = task.unpack(batches.to_device(batch, device))
+        strategy.eval_step(model, inputs, target, task)
+    sums = strategy.all_reduce(sums, op="sum")
+    count = sums[2].item()
+    if count == 0:
+        return {}
+    values = {"val/loss": sums[0].item() / count}
+    if task.metric:
+        values[f"val/{task.metric}"] = sums[1].item() / count
+    values.update(task.derived(values))
+    return values
 
 
 def val_batches(loader: DataLoader) -> int:

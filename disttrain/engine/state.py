@@ -19,6 +19,8 @@ class TrainState:
     last_val: dict[str, float] = field(default_factory=dict)
     lr: float = 0.0  # the lr the last optimizer step used (the scheduler has moved on since)
     first_step_at: float | None = None  # wall time of this process's first step (not saved)
+    watch: dict[str, Any] = field(default_factory=dict)  # early stopping: best, its step, bad count
+    best: list[list[Any]] = field(default_factory=list)  # keep_best: [value, step], best first
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -27,9 +29,13 @@ class TrainState:
             "epoch_samples": self.epoch_samples,
             "samples": self.samples,
             "last_val": dict(self.last_val),
+            "watch": dict(self.watch),
+            "best": [list(e) for e in self.best],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.epoch, self.samples = int(state["step"]), int(state["epoch"]), int(state["samples"])
         self.epoch_samples = int(state["epoch_samples"])
         self.last_val = dict(state.get("last_val") or {})
+        self.watch = dict(state.get("watch") or {})  # checkpoints from before early stopping: none
+        self.best = [list(e) for e in state.get("best") or []]
