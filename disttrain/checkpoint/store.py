@@ -742,6 +742,12 @@ def read_meta(path: Path) -> dict[str, Any]:
     return dict(meta)
 
 
+def dcp_metadata(path: Path) -> Any:
+    """The DCP `.metadata` of the checkpoint at `path` (names, shapes, dtypes of every entry),
+    through the allow-list: what a checkpoint holds, without reading a shard."""
+    return _reader(path).read_metadata()
+
+
 def load_sharded(
     path: Path, app_state: dict[str, Any], rank: int, no_dist: bool = False, verify: str = "size"
 ) -> dict[str, Any] | None:

@@ -441,6 +441,35 @@ class TrainerConfig:
         "off",
     )
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
+    val_at_start: bool = _h(
+        "validate once before the first step (step 0): the loss the run starts from, e.g. after init.path",
+        False,
+    )
+
+
+# ------------------------------------------------------------------------------------------ init
+@dataclass
+class InitConfig:
+    path: str | None = _h(
+        "start from these weights (the model's only: optimizer, schedule and step start fresh): a "
+        ".safetensors or .pt file (disttrain export, checkpoints/final.pt), a Hugging Face model folder, "
+        "or a checkpoint (step_N/, a checkpoints/ or run dir: its newest); null: the model's own init",
+        None,
+    )
+    strict: bool = _h(
+        "every model key must be in init.path with its shape, and every key there used; false: "
+        "load what matches and log the rest",
+        True,
+    )
+    prefix: str = _h(
+        "a prefix the source's keys carry and the model's lack, stripped (e.g. 'module.'); "
+        "'+P' adds P to the source's keys instead",
+        "",
+    )
+    map: dict[str, str] = _h(
+        "renamed keys, source key -> model key (after prefix; a key ending in '.' renames that prefix)",
+        factory=dict,
+    )
 
 
 # ------------------------------------------------------------------------------------- debug/prof
@@ -551,6 +580,7 @@ class Config:
     launcher: LauncherConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    init: InitConfig = field(default_factory=InitConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     observe: ObserveConfig = field(default_factory=ObserveConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)

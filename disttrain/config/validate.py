@@ -418,6 +418,9 @@ def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
         spec, strategy = specs.of(cfg)
         if spec.check_model is not None:
             spec.check_model(cfg, strategy, model.meta, gpus)
+    from disttrain.checkpoint import init_from
+
+    init_from.check(cfg, model.meta)  # init.path: kind, key names and shapes from headers, before launch
     from disttrain.timing import mark
 
     mark("dry_step_start")

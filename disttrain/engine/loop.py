@@ -142,6 +142,8 @@ class Engine:
         with self.stop, self.profiler, progress as bar:
             bar.update(s.step)
             try:
+                if t.val_at_start and s.step == 0:
+                    self.validate()  # the loss the run starts from (init.path: the source's)
                 self._epochs(bar)
             except Exception as exc:
                 raise self._failed(exc) from exc

@@ -1,0 +1,331 @@
+"""`init.path`: start a run from weights alone (the model's: optimizer, schedule and step start fresh).
+
+Sources: a disttrain export or `checkpoints/final.pt` (`.safetensors`, `.pt`), a Hugging Face model
+folder (`model.safetensors`, or shards named by `model.safetensors.index.json`), and a disttrain
+checkpoint (`step_N/`, or a checkpoints/ or run dir: its newest whole one; only its `model.*`
+entries are read).
+
+The parent compares names and shapes with the meta model from headers alone (safetensors headers,
+DCP's `.metadata`, a memory-mapped `.pt`): a strict mismatch is one paragraph before launch. The
+ranks apply the weights after `strategy.setup_module`, into the wrapped model's own tensors: a
+DCP checkpoint through `dcp.load` (its planner reads each rank's shards), a file through the slice
+of each DTensor's local chunk (safetensors `get_slice`, an mmap'd tensor's view), so no rank reads
+or holds the whole model when the model is sharded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from disttrain.config.errors import ConfigError
+from disttrain.config.schema import InitConfig
+from disttrain.config.typed import typed
+
+log = logging.getLogger("disttrain")
+
+INDEX = "model.safetensors.index.json"
+PT_SUFFIXES = (".pt", ".pth", ".bin")
+ALLOWED = (
+    "a .safetensors or .pt file (disttrain export, checkpoints/final.pt), a Hugging Face model folder "
+    "(model.safetensors or model-0000x-of-0000y.safetensors + model.safetensors.index.json), or a "
+    "disttrain checkpoint (step_N/, or a checkpoints/ or run dir holding one)"
+)
+SHOWN = 5  # names per list in a report
+
+
+@dataclass
+class Source:
+    kind: str  # "dcp", "safetensors" or "pt"
+    path: Path  # the checkpoint folder, or the file or folder named
+    files: dict[str, Path] = field(default_factory=dict)  # safetensors: key -> the file holding it
+
+
+@dataclass
+class Match:
+    """How the source's keys meet the model's (model key -> source key), and what does not."""
+
+    pairs: dict[str, str]
+    missing: list[str]
+    unexpected: list[str]
+    mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]]  # key, model shape, source shape
+
+    def problems(self, unexpected: bool = True) -> bool:
+        return bool(self.missing or self.mismatched or (unexpected and self.unexpected))
+
+
+def init_config(cfg: dict[str, Any]) -> InitConfig:
+    """The run's `init` block (a run dir frozen before the block has none: no init)."""
+    return typed(InitConfig, cfg.get("init") or {})
+
+
+# ------------------------------------------------------------------------------------ sources
+def resolve(path: str) -> Source:
+    """What `init.path` names, or one paragraph saying why it is none of the known kinds."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        if p.suffix == ".safetensors":
+            return Source("safetensors", p, _keys_of_files([p]))
+        if p.suffix in PT_SUFFIXES:
+            return Source("pt", p)
+        raise ConfigError("init.path", path, ALLOWED, f"{p.name} is neither .safetensors nor .pt.")
+    if p.is_dir():
+        if (p / INDEX).is_file():
+            try:
+                weight_map = json.loads((p / INDEX).read_text())["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise ConfigError("init.path", path, ALLOWED, f"{p / INDEX} is unreadable ({exc}).") from None
+            return Source("safetensors", p, {k: p / f for k, f in weight_map.items()})
+        if (p / "model.safetensors").is_file():
+            return Source("safetensors", p, _keys_of_files([p / "model.safetensors"]))
+        from disttrain import checkpoint
+
+        chosen = checkpoint.choose(p, verify="size")
+        if chosen is not None:
+            return Source("dcp", chosen)
+        raise ConfigError(
+            "init.path",
+            path,
+            ALLOWED,
+            f"{p} holds no model.safetensors, no {INDEX} and no committed checkpoint.",
+        )
+    raise ConfigError(
+        "init.path", path, ALLOWED, f"{p} does not exist; give a path that does (absolute or from here)."
+    )
+
+
+def _keys_of_files(files: list[Path]) -> dict[str, Path]:
+    from safetensors import safe_open
+
+    keys: dict[str, Path] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as opened:
+            keys.update(dict.fromkeys(opened.keys(), f))
+    return keys
+
+
+def _pt_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A .pt's tensors, memory-mapped (nothing read until used); final.pt keeps them under "model"."""
+    obj = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    if isinstance(obj, dict) and isinstance(obj.get("model"), dict):
+        obj = obj["model"]
+    if not isinstance(obj, dict):
+        raise ConfigError(
+            "init.path", str(path), ALLOWED, f"{path} holds a {type(obj).__name__}, not a state dict."
+        )
+    return {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+
+
+def source_shapes(src: Source) -> dict[str, tuple[int, ...]]:
+    """Every tensor's name and shape in the source, from headers (no tensor data is read)."""
+    if src.kind == "dcp":
+        from disttrain import checkpoint
+
+        entries = checkpoint.dcp_metadata(src.path).state_dict_metadata
+        return {
+            k.removeprefix("model."): tuple(v.size)
+            for k, v in entries.items()
+            if k.startswith("model.") and hasattr(v, "size")
+        }
+    if src.kind == "pt":
+        return {k: tuple(v.shape) for k, v in _pt_tensors(src.path).items()}
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in sorted(set(src.files.values())):
+        with safe_open(str(f), framework="pt") as opened:
+            for k in opened.keys():  # noqa: SIM118 (safe_open is not iterable)
+                shapes[k] = tuple(opened.get_slice(k).get_shape())
+    return shapes
+
+
+# ------------------------------------------------------------------------------------ matching
+def rename(key: str, cfg: InitConfig) -> str:
+    """A source key as the model names it: `init.prefix` stripped (or, as `+P`, added), then `init.map`."""
+    if cfg.prefix.startswith("+"):
+        key = cfg.prefix[1:] + key
+    elif cfg.prefix:
+        key = key.removeprefix(cfg.prefix)
+    for old, new in cfg.map.items():
+        if key == old:
+            return new
+        if old.endswith(".") and key.startswith(old):
+            return new + key[len(old) :]
+    return key
+
+
+def model_layout(model: nn.Module) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    """The state dict's names and (global) shapes, and which names share one tensor (tied weights)."""
+    state = model.state_dict(keep_vars=True)
+    return {k: tuple(v.shape) for k, v in state.items()}, {k: id(v) for k, v in state.items()}
+
+
+def match(
+    cfg: InitConfig,
+    shapes: dict[str, tuple[int, ...]],
+    ties: dict[str, int],
+    source: dict[str, tuple[int, ...]],
+) -> Match:
+    """Pair model keys with source keys. A key tied to one that is loaded is not missing (a tied
+    head is stored once: `save_model`, `save_pretrained`)."""
+    by_model: dict[str, str] = {}
+    for skey in source:
+        by_model.setdefault(rename(skey, cfg), skey)
+    pairs: dict[str, str] = {}
+    mismatched = []
+    for mkey, shape in shapes.items():
+        if (found := by_model.get(mkey)) is None:
+            continue
+        if tuple(source[found]) != shape:
+            mismatched.append((mkey, shape, tuple(source[found])))
+        else:
+            pairs[mkey] = found
+    loaded = {ties[k] for k in pairs}
+    missing = [k for k in shapes if k not in by_model and ties[k] not in loaded]
+    unexpected = [s for s in source if rename(s, cfg) not in shapes]
+    return Match(pairs, missing, unexpected, mismatched)
+
+
+def _names(keys: list[str]) -> str:
+    more = f", ... ({len(keys) - SHOWN} more)" if len(keys) > SHOWN else ""
+    return ", ".join(keys[:SHOWN]) + more
+
+
+def report(m: Match, src: Source, total: int, unexpected: bool = True) -> str:
+    """One paragraph: what loads, and each kind of mismatch with a few names."""
+    parts = [f"{len(m.pairs)} of {total} model tensors from {src.kind} {src.path}"]
+    if m.missing:
+        parts.append(f"missing in the source ({len(m.missing)}): {_names(m.missing)}")
+    if unexpected and m.unexpected:
+        parts.append(f"unexpected, no model key takes them ({len(m.unexpected)}): {_names(m.unexpected)}")
+    if m.mismatched:
+        shown = [f"{k} model {list(a)} vs source {list(b)}" for k, a, b in m.mismatched]
+        parts.append(f"shape mismatch ({len(m.mismatched)}): {_names(shown)}")
+    return "; ".join(parts)
+
+
+def _fail(cfg: InitConfig, text: str) -> ConfigError:
+    return ConfigError(
+        "init.path",
+        cfg.path,
+        "weights whose keys and shapes match the model's" + (" (init.strict=true)" if cfg.strict else ""),
+        f"{text}. Rename with init.prefix=PREFIX (stripped; '+PREFIX' adds) or "
+        "'init.map={source_key: model_key}', or set init.strict=false to load what matches.",
+    )
+
+
+# ------------------------------------------------------------------------------------ parent
+def check(cfg: dict[str, Any], model: nn.Module | None) -> None:
+    """Before launch, on the meta model: the source exists, is a known kind, and (strict) its keys
+    and shapes are the model's. Reads headers only. `model` None (its structure is not knowable
+    without weights): the kind only; the ranks compare the keys."""
+    init = init_config(cfg)
+    if not init.path:
+        return
+    src = resolve(init.path)
+    if model is None:
+        log.info("init.path: %s %s; its keys are compared with the model's in the ranks", src.kind, src.path)
+        return
+    shapes, ties = model_layout(model)
+    m = match(init, shapes, ties, source_shapes(src))
+    text = report(m, src, len(shapes))
+    if not m.pairs or (init.strict and m.problems()):
+        raise _fail(init, text)
+    if m.problems():
+        log.warning("init.path (init.strict=false): %s", text)
+
+
+# ------------------------------------------------------------------------------------ ranks
+def apply(cfg: dict[str, Any], model: nn.Module, is_zero: bool) -> None:
+    """Load the source into `model` (the plain or sharded module, after setup_module) in place.
+
+    Every rank calls it (a DCP source plans collectively). Keys another pipeline stage holds are
+    not this rank's: strictness here covers missing keys and shapes; unexpected ones were checked
+    on the whole meta model before launch."""
+    init = init_config(cfg)
+    if not init.path:
+        return
+    src = resolve(init.path)
+    state = model.state_dict()
+    shapes, ties = model_layout(model)
+    m = match(init, shapes, ties, source_shapes(src))
+    if not m.pairs or (init.strict and m.problems(unexpected=False)):
+        raise _fail(init, report(m, src, len(shapes), unexpected=False))
+    with torch.no_grad():
+        if src.kind == "dcp":
+            _load_dcp(src.path, {skey: state[mkey] for mkey, skey in m.pairs.items()})
+        else:
+            with _slices(src) as read:
+                for mkey, skey in m.pairs.items():
+                    copy_own_slice(state[mkey], skey, read)
+    if is_zero:
+        sharded = any(_is_dtensor(t) for t in state.values())
+        log.info(
+            "init.path: %s (%s)",
+            report(m, src, len(shapes), unexpected=not init.strict),
+            "each rank read only its own shards" if sharded else "every rank read the whole model",
+        )
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+Reader = Callable[[str, tuple[slice, ...]], torch.Tensor]
+
+
+def copy_own_slice(target: torch.Tensor, key: str, read: Reader) -> None:
+    """Copy this rank's part of source tensor `key` into `target`: a DTensor's local chunk (its
+    global offsets: DCP's own chunk list), else the whole tensor."""
+    if _is_dtensor(target):
+        local = target.to_local()  # type: ignore[attr-defined]
+        chunks = target.__create_chunk_list__()  # type: ignore[attr-defined]
+        if local.numel() == 0 or not chunks:
+            return
+        chunk = chunks[0]
+        local.copy_(
+            read(key, tuple(slice(o, o + n) for o, n in zip(chunk.offsets, chunk.sizes, strict=True)))
+        )
+    else:
+        target.copy_(read(key, tuple(slice(None) for _ in target.shape)))
+
+
+@contextlib.contextmanager
+def _slices(src: Source) -> Iterator[Reader]:
+    """`read(key, slices)`: only those elements are read from the file (safetensors get_slice, or
+    an mmap'd tensor's view)."""
+    if src.kind == "pt":
+        tensors = _pt_tensors(src.path)
+        yield lambda key, s: tensors[key][s] if s else tensors[key]
+        return
+    from safetensors import safe_open
+
+    with contextlib.ExitStack() as stack:
+        opened = {f: stack.enter_context(safe_open(str(f), framework="pt")) for f in set(src.files.values())}
+
+        def read(key: str, s: tuple[slice, ...]) -> torch.Tensor:
+            f = opened[src.files[key]]
+            return f.get_slice(key)[s] if s else f.get_tensor(key)
+
+        yield read
+
+
+def _load_dcp(path: Path, model_state: dict[str, torch.Tensor]) -> None:
+    """`dcp.load` of the checkpoint's `model.*` entries named in `model_state` (source names), in
+    place: its planner gives each rank the chunks its DTensors hold, resharding as needed."""
+    import torch.distributed as dist
+
+    from disttrain import checkpoint
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    checkpoint.load_sharded(path, {"model": model_state}, rank, no_dist=not dist.is_initialized())
