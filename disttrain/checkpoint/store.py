@@ -784,19 +784,10 @@ def load_sharded(
 
 
 # --------------------------------------------------------------------------------- export
-def export_model(
-    location: Path,
-    out: Path,
-    model: torch.nn.Module,
-    verify: str = "hash",
-    metadata: dict[str, str] | None = None,
-) -> Path:
-    """Load the newest whole checkpoint at `location` into the plain `model`; save one state dict.
-
-    `.safetensors` writes a safetensors file through `safetensors.torch.save_model`: a tensor shared
-    by several names (tied embeddings) is stored once and `safetensors.torch.load_model` ties it
-    back; `metadata` (strings) goes into its header. Anything else is a torch.save file.
-    """
+def load_model(location: Path, model: torch.nn.Module, verify: str = "hash") -> Path:
+    """Load the newest whole checkpoint at `location` into the plain `model` in one process; returns
+    it. DCP reads each saved shard (an fsdp/tp run's, rank by rank) into its slice of the model's own
+    tensors, in place: the shards are gathered into the model, not into a second copy of it."""
     import warnings
 
     failed: list[Path] = []
@@ -810,12 +801,28 @@ def export_model(
                 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
                 load_sharded(path, state, rank=0, no_dist=True)
             model.load_state_dict(state["model"])
-            break
+            return path
         except load_errors() as exc:  # a pickle, DCP or shape error the manifest cannot see
             log.warning(
                 "checkpoint %s is not loadable: %s; falling back to the previous one", path.name, why_not(exc)
             )
             failed.append(path)
+
+
+def export_model(
+    location: Path,
+    out: Path,
+    model: torch.nn.Module,
+    verify: str = "hash",
+    metadata: dict[str, str] | None = None,
+) -> Path:
+    """Load the newest whole checkpoint at `location` into the plain `model`; save one state dict.
+
+    `.safetensors` writes a safetensors file through `safetensors.torch.save_model`: a tensor shared
+    by several names (tied embeddings) is stored once and `safetensors.torch.load_model` ties it
+    back; `metadata` (strings) goes into its header. Anything else is a torch.save file.
+    """
+    path = load_model(location, model, verify)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".safetensors":

@@ -1,7 +1,8 @@
 """`disttrain export RUN_DIR --out FILE`: the newest whole checkpoint's model as one state dict.
 
 It loads the checkpoint into the plain, unwrapped model (no process group, no strategy), so the file
-loads with plain PyTorch.
+loads with plain PyTorch. `--format hf` writes a Hugging Face model's `save_pretrained` folder
+(config.json + model.safetensors) that `from_pretrained` loads.
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ from disttrain.commands.resume import run_dir_arg
 from disttrain.config.errors import ConfigError
 
 EXPORT_USAGE = """\
-usage: disttrain export RUN_DIR|CHECKPOINT_DIR [--out model.pt|model.safetensors] [--trust]
+usage: disttrain export RUN_DIR|CHECKPOINT_DIR [--out model.pt|model.safetensors|DIR] [--format pt|safetensors|hf]
+       [--trust]
 
 Write the newest whole checkpoint's model as one consolidated state dict that plain PyTorch loads
 into the unwrapped model: torch.load(path, weights_only=True), or safetensors.torch.load_model(model,
 path) (tied weights are stored once; the header's "disttrain.model" holds the model config as JSON).
+--format hf (a Hugging Face model): --out is a folder written by save_pretrained, config included,
+that AutoModel*.from_pretrained(DIR) loads. The format defaults to --out's suffix (pt without one).
 """
+FORMATS = ("pt", "safetensors", "hf")
 
 
 def cmd_export(rest: list[str]) -> int:
@@ -28,7 +33,13 @@ def cmd_export(rest: list[str]) -> int:
     parser.add_argument("location")
     parser.add_argument("--out", default=None)
     parser.add_argument("--trust", action="store_true", help="build a run dir someone else made")
+    parser.add_argument("--format", default=None)
     args = parser.parse_args(rest)
+    fmt = args.format or ("safetensors" if str(args.out or "").endswith(".safetensors") else "pt")
+    if fmt not in FORMATS:
+        raise ConfigError(
+            "--format", fmt, " | ".join(FORMATS), "e.g. --format hf --out DIR for from_pretrained."
+        )
     location = Path(args.location).resolve()
     if not location.is_dir():
         raise ConfigError(
@@ -39,14 +50,18 @@ def cmd_export(rest: list[str]) -> int:
     if not args.out:
         from disttrain.rundir import refuse_planted_links
 
-        refuse_planted_links(run_dir, "RUN_DIR")  # export/model.pt must land in this run dir
-    out = Path(args.out) if args.out else run_dir / "export" / "model.pt"
-    check_out(out, "--out" if args.out else "RUN_DIR")
+        refuse_planted_links(run_dir, "RUN_DIR")  # export/... must land in this run dir
+    if fmt == "hf":
+        out = Path(args.out) if args.out else run_dir / "export" / "hf"
+        check_out_dir(out, "--out" if args.out else "RUN_DIR")
+    else:
+        out = Path(args.out) if args.out else run_dir / "export" / f"model.{'pt' if fmt == 'pt' else fmt}"
+        check_out(out, "--out" if args.out else "RUN_DIR")
     from disttrain.rundir import read_config
     from disttrain.trust import check_trusted
 
     check_trusted(run_dir, read_config(run_dir), args.trust)  # its model _target_ is code
-    return export(run_dir, location, out)
+    return export(run_dir, location, out, fmt)
 
 
 def owning_run_dir(location: Path, given: str) -> Path:
@@ -96,6 +111,20 @@ def check_out(out: Path, key: str) -> None:
         )
 
 
+def check_out_dir(out: Path, key: str) -> None:
+    """A save_pretrained target: a new or empty folder (stale shards of another model would load
+    beside the new ones), under a folder we may write."""
+    if out.is_dir() and any(out.iterdir()):
+        raise ConfigError(
+            key, str(out), "a new or empty folder for --format hf", "name a new folder, or empty this one."
+        )
+    if out.exists() and not out.is_dir():
+        raise ConfigError(
+            key, str(out), "a folder path for --format hf", f"e.g. --out {out.with_suffix('')}-hf"
+        )
+    check_out(out / "model.safetensors", key)
+
+
 def _can_create_in(folder: Path) -> bool:
     """Whether a file can be created there: a real probe (root passes os.access on /proc, which
     still refuses new files), removed at once."""
@@ -111,8 +140,9 @@ def _can_create_in(folder: Path) -> bool:
     return True
 
 
-def export(run_dir: Path, location: Path, out: Path) -> int:
+def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt") -> int:
     import json
+    import resource
 
     import torch
 
@@ -131,15 +161,55 @@ def export(run_dir: Path, location: Path, out: Path) -> int:
     setup_logging(None, 0, to_console=True)
     with torch.device("cpu"):
         model = build_model(cfg["model"])
+    if fmt == "hf":
+        check_hf_model(model, cfg["model"])
     # What built the weights: `_target_` and its arguments, so the file says which class loads it.
     metadata = {"disttrain.model": json.dumps(cfg["model"], sort_keys=True), "format": "pt"}
     verify = own_key(cfg["checkpoint"], CheckpointConfig, "verify")  # a run dir frozen before the key
     try:
-        source = checkpoint.export_model(location, out, model, verify, metadata)
+        if fmt == "hf":
+            source = checkpoint.load_model(location, model, verify)
+            save_pretrained(model, out)
+        else:
+            source = checkpoint.export_model(location, out, model, verify, metadata)
     except FileNotFoundError as exc:
         raise ConfigError(
             "RUN_DIR", str(location), "a run dir with a committed checkpoint", str(exc)
         ) from None
     n = sum(v.numel() for v in model.state_dict().values())
-    sys.stdout.write(f"exported {source.name} ({n} values) -> {out}\n")
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    sys.stdout.write(f"exported {source.name} ({n} values) -> {out} (peak RSS {peak_mb:.0f} MB)\n")
     return 0
+
+
+def check_hf_model(model: object, model_cfg: dict[str, object]) -> None:
+    """--format hf needs a transformers PreTrainedModel (save_pretrained and a config)."""
+    hf = sys.modules.get("transformers")  # a transformers model imported it: no import for the rest
+    if hf is None or not isinstance(model, hf.PreTrainedModel):
+        cls = f"{type(model).__module__}.{type(model).__qualname__}"
+        raise ConfigError(
+            "--format",
+            "hf",
+            "pt or safetensors for this run's model",
+            f"the run's model ({cls}, model._target_={model_cfg.get('_target_')}) is not a Hugging Face "
+            "transformers PreTrainedModel, so it has no save_pretrained folder; use --format safetensors "
+            "(or pt) and load the file into the model with safetensors.torch.load_model.",
+        )
+
+
+def save_pretrained(model: object, out: Path) -> None:
+    """`save_pretrained` into a temporary folder beside `out`, then renamed into place: an
+    interrupted export leaves no half-written folder under the name."""
+    import os
+    import shutil
+    import tempfile
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)  # type: ignore[attr-defined]
+        if out.is_dir():
+            out.rmdir()  # empty (check_out_dir)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
