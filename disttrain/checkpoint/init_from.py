@@ -63,8 +63,8 @@ class Match:
 
 
 def init_config(cfg: dict[str, Any]) -> InitConfig:
-    """The run's `init` block (a run dir frozen before the block has none: no init)."""
-    return typed(InitConfig, cfg.get("init") or {})
+    """The run's `init` block (its schema fills what the node lacks)."""
+    return typed(InitConfig, cfg["init"])
 
 
 # ------------------------------------------------------------------------------------ sources
