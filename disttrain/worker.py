@@ -147,7 +147,7 @@ def build_parts(cfg: dict[str, Any], env: DistEnv) -> tuple[Strategy, Parts]:
     seed_everything(cfg["seed"] + strategy.rng_rank())  # per-rank randomness from here on (dropout, ...)
     set_activation_checkpointing(model, trainer.activation_checkpointing)
     model = strategy.setup_module(model)
-    init_from.apply(cfg, strategy.unwrap(model), env.is_zero)  # init.path: weights only, shard by shard
+    init_from.apply(cfg, strategy.unwrap(model), env.is_zero, strategy.model_key)  # init.path: weights only
     if trainer.compile:
         log.info("trainer.compile: torch.compile of %s (inductor)", type(strategy.unwrap(model)).__name__)
         model.compile()  # in place: parameter names (and so checkpoints) stay the same

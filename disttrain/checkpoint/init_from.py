@@ -162,9 +162,12 @@ def rename(key: str, cfg: InitConfig) -> str:
     return key
 
 
-def model_layout(model: nn.Module) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
-    """The state dict's names and (global) shapes, and which names share one tensor (tied weights)."""
-    state = model.state_dict(keep_vars=True)
+def model_layout(
+    model: nn.Module, name: Callable[[str], str] = str
+) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    """The state dict's names (as `name` gives them) and (global) shapes, and which names share one
+    tensor (tied weights)."""
+    state = {name(k): v for k, v in model.state_dict(keep_vars=True).items()}
     return {k: tuple(v.shape) for k, v in state.items()}, {k: id(v) for k, v in state.items()}
 
 
@@ -244,8 +247,9 @@ def check(cfg: dict[str, Any], model: nn.Module | None) -> None:
 
 
 # ------------------------------------------------------------------------------------ ranks
-def apply(cfg: dict[str, Any], model: nn.Module, is_zero: bool) -> None:
-    """Load the source into `model` (the plain or sharded module, after setup_module) in place.
+def apply(cfg: dict[str, Any], model: nn.Module, is_zero: bool, name: Callable[[str], str] = str) -> None:
+    """Load the source into `model` (the plain or sharded module, after setup_module) in place;
+    `name` maps its state dict's keys to the single-process model's (`Strategy.model_key`).
 
     Every rank calls it (a DCP source plans collectively). Keys another pipeline stage holds are
     not this rank's: strictness here covers missing keys and shapes; unexpected ones were checked
@@ -254,8 +258,8 @@ def apply(cfg: dict[str, Any], model: nn.Module, is_zero: bool) -> None:
     if not init.path:
         return
     src = resolve(init.path)
-    state = model.state_dict()
-    shapes, ties = model_layout(model)
+    state = {name(k): v for k, v in model.state_dict().items()}
+    shapes, ties = model_layout(model, name)
     m = match(init, shapes, ties, source_shapes(src))
     if not m.pairs or (init.strict and m.problems(unexpected=False)):
         raise _fail(init, report(m, src, len(shapes), unexpected=False))
@@ -271,7 +275,7 @@ def apply(cfg: dict[str, Any], model: nn.Module, is_zero: bool) -> None:
         log.info(
             "init.path: %s (%s)",
             report(m, src, len(shapes), unexpected=not init.strict),
-            "each rank read only its own shards" if sharded else "every rank read the whole model",
+            "each rank read only its own shards" if sharded else "each rank read the whole tensors it holds",
         )
 
 

@@ -45,6 +45,11 @@ class Strategy:
     def unwrap(self, model: nn.Module) -> nn.Module:
         return getattr(model, "module", model)
 
+    def model_key(self, key: str) -> str:
+        """The single-process model's name for `key` of `unwrap(model).state_dict()` (a pipeline
+        stage renames its layers): what checkpoints and init.path sources call it."""
+        return key
+
     def data_parallel_rank_size(self) -> tuple[int, int]:
         """(rank, size) among the data-parallel replicas: who reads which shard of each batch.
 

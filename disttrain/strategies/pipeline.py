@@ -276,6 +276,9 @@ class PipelineStrategy(Strategy):
             options=StateDictOptions(flatten_optimizer_state_dict=True),
         )
 
+    def model_key(self, key: str) -> str:
+        return self._original(key)
+
     def _original(self, key: str) -> str:
         """`stages.<s>.<i>.<rest>` (anywhere in a key) -> `<name of layer i of stage s>.<rest>`."""
         return _STAGE_KEY.sub(lambda m: f"{self.names[int(m[1])][int(m[2])]}.", key, count=1)

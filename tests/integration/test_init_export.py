@@ -125,7 +125,11 @@ def test_a_run_from_weights_starts_at_the_source_final_loss(
     assert "resumed_from" not in read_yaml(run_dir / "summary.json")
     assert read_yaml(run_dir / "config.yaml")["init"]["path"]  # frozen: rerun starts from it too
     log = inits.log(run)
-    shards = "each rank read only its own shards" if strategy == "fsdp" else "every rank read the whole model"
+    shards = (
+        "each rank read only its own shards"
+        if strategy == "fsdp"
+        else "each rank read the whole tensors it holds"
+    )
     assert "init.path: " in log and shards in log, log[-2000:]
 
 

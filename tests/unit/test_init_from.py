@@ -150,3 +150,15 @@ def test_apply_fills_each_fsdp_shard_with_its_own_rows(tmp_path: Path, rank1_of_
         local = param.to_local()  # type: ignore[attr-defined]
         rows = -(-want[name].shape[0] // 2)  # rank 1 holds the rows after the first ceil(n/2)
         assert torch.equal(local, want[name][rows:]), name
+
+
+def test_apply_names_keys_as_the_strategy_does(tmp_path: Path) -> None:
+    """A pipeline stage holds `stages.0.1.*` for the model's `mid.*`: Strategy.model_key maps it."""
+    source, path = _seeded(5), tmp_path / "w.safetensors"
+    save_model(source, str(path))
+    stage = nn.ModuleDict({"stages": nn.ModuleList([nn.Sequential(nn.Identity(), nn.Linear(4, 4))])})
+    init_from.apply(
+        _cfg(path, strict=False), stage, is_zero=True, name=lambda k: k.replace("stages.0.1.", "mid.")
+    )
+    assert torch.equal(stage["stages"][0][1].weight, source.mid.weight)
+    assert torch.equal(stage["stages"][0][1].bias, source.mid.bias)
