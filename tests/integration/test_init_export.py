@@ -9,6 +9,7 @@ its first step (trainer.val_at_start): that loss is the source's final one.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,14 +81,19 @@ def exports(root: Path, sources: Sweep) -> dict[str, str]:
     from disttrain.commands.export import cmd_export
 
     said = {}
-    for name, args in (
-        ("mlp", ["--out", str(root / "mlp.safetensors")]),
-        ("gpt", ["--format", "hf", "--out", str(root / "gpt_hf")]),
-    ):
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            assert cmd_export([str(sources[name]), *args]) == 0
-        said[name] = out.getvalue()
+    sys.path.append(str(root))  # as the CLI appends its cwd: the user's factory module
+    try:
+        for name, args in (
+            ("mlp", ["--out", str(root / "mlp.safetensors")]),
+            ("gpt", ["--format", "hf", "--out", str(root / "gpt_hf")]),
+        ):
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                assert cmd_export([str(sources[name]), *args]) == 0
+            said[name] = out.getvalue()
+    finally:
+        sys.path.remove(str(root))
+        sys.modules.pop("tinyhf", None)
     return said
 
 
