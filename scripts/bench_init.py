@@ -110,8 +110,6 @@ def rank_main(rank: int, side: str, args: argparse.Namespace, folder: str, port:
         else:
             model = shard(build(args.mb, args.width))
         t0 = time.perf_counter()
-        if os.environ.get("BENCH_DEBUG"):
-            print(side, rank, "before load", rss_mb() - before, "peak", peak_mb() - before, flush=True)
         init_from.apply({"init": {"path": str(ckpt)}}, model, is_zero=False)
     load_s = time.perf_counter() - t0
     check = sum(float(p.detach().float().sum()) for p in model.parameters() if not hasattr(p, "to_local"))

@@ -133,14 +133,30 @@ def rank1_of_2() -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def test_apply_fills_each_fsdp_shard_with_its_own_rows(tmp_path: Path, rank1_of_2: None) -> None:
+def _hf_shards(state: dict[str, torch.Tensor], folder: Path) -> Path:
+    """A Hugging Face sharded folder: one file per half of the keys, and the index naming them."""
+    folder.mkdir()
+    keys, weight_map = sorted(state), {}
+    for i, part in enumerate((keys[: len(keys) // 2], keys[len(keys) // 2 :]), 1):
+        name = f"model-0000{i}-of-00002.safetensors"
+        save_file({k: state[k].contiguous() for k in part}, str(folder / name))
+        weight_map |= dict.fromkeys(part, name)
+    (folder / init_from.INDEX).write_text(json.dumps({"weight_map": weight_map}))
+    return folder
+
+
+@pytest.mark.parametrize("layout", ["file", "hf-shards"])
+def test_apply_fills_each_fsdp_shard_with_its_own_rows(tmp_path: Path, rank1_of_2: None, layout: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(3)
     source = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
     path = tmp_path / "w.safetensors"
-    save_model(source, str(path))
+    if layout == "file":
+        save_model(source, str(path))
+    else:
+        path = _hf_shards(source.state_dict(), tmp_path / "hf")
     torch.manual_seed(4)
     model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
     fully_shard(model, mesh=init_device_mesh("cpu", (2,)))
