@@ -272,10 +272,13 @@ def apply(cfg: dict[str, Any], model: nn.Module, is_zero: bool, name: Callable[[
                     copy_own_slice(state[mkey], skey, read)
     if is_zero:
         sharded = any(_is_dtensor(t) for t in state.values())
+        # The model was built whole on each rank's CPU (its factory's init) before setup_module
+        # sharded it: building on the meta device waits for setup_module to keep meta parameters.
+        how = "built on the CPU, sharded, then each rank read only its own shards"
         log.info(
             "init.path: %s (%s)",
-            report(m, src, len(shapes), unexpected=not init.strict),
-            "each rank read only its own shards" if sharded else "each rank read the whole tensors it holds",
+            report(m, src, len(shapes), unexpected=False),  # the whole model's were logged before launch
+            how if sharded else "each rank read the whole tensors it holds",
         )
 
 
