@@ -9,27 +9,15 @@ its first step (trainer.val_at_start): that loss is the source's final one.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import read_yaml, train_records, val_records, write_module
+from .conftest import read_yaml, train_records, val_records
 from .sweep import Sweep, run_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]  # 2 + 6 sweep jobs
 
-FACTORY = """
-import torch
-from transformers import AutoModelForCausalLM
-
-
-def load(path):
-    # The pre-launch checks build the model inside a meta-device context, which from_pretrained
-    # refuses; a CPU build inside it is a real one.
-    with torch.device("cpu"):
-        return AutoModelForCausalLM.from_pretrained(path)
-"""
 MLP = ("data=synthetic", "trainer.log_every=1")
 MLP_STEP = "checkpoints/step_00000004"
 
@@ -39,8 +27,8 @@ def _gpt(root: Path) -> tuple[str, ...]:
         "data=text",
         "task=model_loss",
         "task.call={input_ids: x, labels: x}",
-        "model._target_=tinyhf.load",
-        f"model.path={root / 'tiny'}",
+        "model._target_=transformers.AutoModelForCausalLM.from_pretrained",
+        f"model.pretrained_model_name_or_path={root / 'tiny'}",
         "trainer.batch_size=8",
         "trainer.log_every=1",
     )
@@ -48,7 +36,7 @@ def _gpt(root: Path) -> tuple[str, ...]:
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The user's folder: a tiny GPT-2 written by save_pretrained and the factory that loads it."""
+    """The user's folder: a tiny GPT-2 written by save_pretrained."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -58,7 +46,6 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         vocab_size=256, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
     )
     GPT2LMHeadModel(config).save_pretrained(root / "tiny")
-    write_module(root, "tinyhf", FACTORY)
     return root
 
 
@@ -81,19 +68,14 @@ def exports(root: Path, sources: Sweep) -> dict[str, str]:
     from disttrain.commands.export import cmd_export
 
     said = {}
-    sys.path.append(str(root))  # as the CLI appends its cwd: the user's factory module
-    try:
-        for name, args in (
-            ("mlp", ["--out", str(root / "mlp.safetensors")]),
-            ("gpt", ["--format", "hf", "--out", str(root / "gpt_hf")]),
-        ):
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                assert cmd_export([str(sources[name]), *args]) == 0
-            said[name] = out.getvalue()
-    finally:
-        sys.path.remove(str(root))
-        sys.modules.pop("tinyhf", None)
+    for name, args in (
+        ("mlp", ["--out", str(root / "mlp.safetensors")]),
+        ("gpt", ["--format", "hf", "--out", str(root / "gpt_hf")]),
+    ):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert cmd_export([str(sources[name]), *args]) == 0
+        said[name] = out.getvalue()
     return said
 
 
@@ -106,7 +88,6 @@ def inits(root: Path, sources: Sweep, exports: dict[str, str]) -> Sweep:
         runs[f"mlp-safetensors-{strategy}"] = (*MLP, *s, f"init.path={root / 'mlp.safetensors'}")
         runs[f"mlp-dcp-{strategy}"] = (*MLP, *s, f"init.path={sources['mlp'] / MLP_STEP}")
         runs[f"gpt-hf-{strategy}"] = (*_gpt(root), *s, f"init.path={root / 'gpt_hf'}")
-    write_module(root / "second", "tinyhf", FACTORY)  # the sweep's cwd: its ranks import from there
     return run_sweep(root / "second", runs)
 
 
