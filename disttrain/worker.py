@@ -142,11 +142,14 @@ def build_parts(cfg: dict[str, Any], env: DistEnv) -> tuple[Strategy, Parts]:
     trainer = typed(TrainerConfig, cfg["trainer"])
     seed_everything(cfg["seed"])  # identical model init on every rank
     train_set, val_set = build_datasets(cfg["data"])
-    model = build_model(cfg["model"])
+    # init.path filling a sharded model: built on meta where safe (init_from.build says why not)
+    model, on_meta = init_from.build(cfg, lambda: build_model(cfg["model"]), specs.of(cfg)[0].meta_setup)
     strategy = build_strategy(cfg["strategy"], env, typed(AmpConfig, cfg["amp"]))
     seed_everything(cfg["seed"] + strategy.rng_rank())  # per-rank randomness from here on (dropout, ...)
     set_activation_checkpointing(model, trainer.activation_checkpointing)
     model = strategy.setup_module(model)
+    if on_meta:
+        model.to_empty(device=env.device)  # this rank's shards only; apply fills every one of them
     init_from.apply(cfg, strategy.unwrap(model), env.is_zero, strategy.model_key)  # init.path: weights only
     if trainer.compile:
         log.info("trainer.compile: torch.compile of %s (inductor)", type(strategy.unwrap(model)).__name__)

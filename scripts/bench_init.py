@@ -7,12 +7,13 @@ alone), on the same weights (an MLP of --mb MiB of fp32 Linear layers, no non-pe
 
 - plain: what a user does without disttrain's init: every rank builds the full model on the CPU,
   `torch.load`s the consolidated file (checkpoints/final.pt's layout) and `load_state_dict`s it.
-- fsdp (CPU build): what `disttrain train strategy=fsdp init.path=CKPT` does today: the full model
-  built on the CPU (the factory's own init), `fully_shard`, then `init_from.apply` from the DCP
-  checkpoint (each rank's DTensor chunks through DCP's planner).
-- fsdp (meta build): the model built on the meta device, `fully_shard`, `to_empty(device="cpu")`,
-  then the same `init_from.apply`: what the run does once `setup_module` keeps meta parameters on
-  meta (no rank ever holds the whole model).
+- fsdp (CPU build): what `disttrain train strategy=fsdp init.path=CKPT` does for a model it cannot
+  build on the meta device (tied parameters, non-persistent buffers, a factory that refuses meta):
+  the full model built on the CPU (the factory's own init), `fully_shard`, then `init_from.apply`
+  from the DCP checkpoint (each rank's DTensor chunks through DCP's planner).
+- fsdp (meta build): what it does otherwise (`init_from.build`): the model built on the meta
+  device, `fully_shard`, `to_empty(device="cpu")`, then the same `init_from.apply`: no rank ever
+  holds the whole model.
 
 The DCP checkpoint is written first by two fsdp ranks (two shard files, as an fsdp run leaves it).
 Peak RSS per rank is ru_maxrss minus the rank's RSS before it built the model (imports, process

@@ -247,6 +247,50 @@ def check(cfg: dict[str, Any], model: nn.Module | None) -> None:
 
 
 # ------------------------------------------------------------------------------------ ranks
+def build(
+    cfg: dict[str, Any], build_model: Callable[[], nn.Module], meta_setup: bool
+) -> tuple[nn.Module, bool]:
+    """The rank's model, and whether it is on the meta device (the caller then `to_empty`s it after
+    `setup_module` and `apply` fills every tensor).
+
+    Meta only when that is safe: init.path set with init.strict (every tensor is loaded, else the
+    run fails), a strategy whose setup keeps a meta model on meta (`StrategySpec.meta_setup`), a
+    factory that builds on meta, and a model with neither non-persistent buffers (rotary tables,
+    masks: not in any file, and `to_empty` leaves them garbage) nor tied parameters (a plain
+    `to_empty` unties them). Otherwise the factory builds the model as usual; the log says which.
+    """
+    init = init_config(cfg)
+    if not (init.path and init.strict and meta_setup):
+        return build_model(), False
+    why = ""
+    try:
+        with torch.device("meta"):
+            model = build_model()
+    except Exception as exc:  # from_pretrained refuses the meta device
+        why = f"its factory refuses the meta device ({type(exc).__name__})"
+    else:
+        tensors = [*model.parameters(), *model.buffers()]
+        volatile = [
+            f"{name}.{b}" if name else b
+            for name, m in model.named_modules()
+            for b in m._non_persistent_buffers_set
+        ]
+        tied = len(list(model.named_parameters(remove_duplicate=False))) > len(list(model.parameters()))
+        if tensors and not all(t.is_meta for t in tensors):
+            why = "its factory loads its own weights"
+        elif volatile:
+            why = f"non-persistent buffers ({_names(volatile)}) hold values no file has"
+        elif tied:
+            why = "it ties parameters (to_empty would untie them)"
+        else:
+            log.info(
+                "init.path: the model is built on the meta device; each rank materialises its shards only"
+            )
+            return model, True
+    log.info("init.path: the model is built on the CPU, then sharded: %s", why)
+    return build_model(), False
+
+
 def apply(cfg: dict[str, Any], model: nn.Module, is_zero: bool, name: Callable[[str], str] = str) -> None:
     """Load the source into `model` (the plain or sharded module, after setup_module) in place;
     `name` maps its state dict's keys to the single-process model's (`Strategy.model_key`).
@@ -272,9 +316,7 @@ def apply(cfg: dict[str, Any], model: nn.Module, is_zero: bool, name: Callable[[
                     copy_own_slice(state[mkey], skey, read)
     if is_zero:
         sharded = any(_is_dtensor(t) for t in state.values())
-        # The model was built whole on each rank's CPU (its factory's init) before setup_module
-        # sharded it: building on the meta device waits for setup_module to keep meta parameters.
-        how = "built on the CPU, sharded, then each rank read only its own shards"
+        how = "each rank read only its own shards"  # build() said where the model was built
         log.info(
             "init.path: %s (%s)",
             report(m, src, len(shapes), unexpected=False),  # the whole model's were logged before launch

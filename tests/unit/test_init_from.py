@@ -10,6 +10,7 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -178,3 +179,43 @@ def test_apply_names_keys_as_the_strategy_does(tmp_path: Path) -> None:
     )
     assert torch.equal(stage["stages"][0][1].weight, source.mid.weight)
     assert torch.equal(stage["stages"][0][1].bias, source.mid.bias)
+
+
+class WithMask(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("mask", torch.ones(4), persistent=False)
+
+
+def _refuses_meta() -> nn.Module:
+    if torch.empty(0).is_meta:
+        raise RuntimeError("You are using from_pretrained with a meta device context manager")
+    return nn.Linear(4, 4)
+
+
+@pytest.mark.parametrize(
+    ("factory", "cfg", "meta_setup", "on_meta", "said"),
+    [
+        (lambda: nn.Linear(4, 4), {}, True, True, "built on the meta device"),
+        (lambda: nn.Linear(4, 4), {}, False, False, ""),  # ddp & co: the whole model anyway
+        (lambda: nn.Linear(4, 4), {"strict": False}, True, False, ""),  # a tensor may stay unloaded
+        (WithMask, {}, True, False, "non-persistent buffers (mask)"),
+        (Tied, {}, True, False, "ties parameters"),
+        (_refuses_meta, {}, True, False, "refuses the meta device (RuntimeError)"),
+    ],
+)
+def test_build_takes_the_meta_device_only_where_every_tensor_is_loaded(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    factory: Any,
+    cfg: dict[str, Any],
+    meta_setup: bool,
+    on_meta: bool,
+    said: str,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="disttrain"):
+        model, meta = init_from.build(_cfg(tmp_path / "w.pt", **cfg), factory, meta_setup)
+    assert meta is on_meta
+    assert all(p.is_meta for p in model.parameters()) is on_meta
+    assert said in caplog.text

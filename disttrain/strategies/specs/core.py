@@ -117,6 +117,9 @@ class StrategySpec:
     about: str  # one line: what it does (docs, listings)
     amp: frozenset[str] = AMP_MODES  # mixed precision modes besides off
     replicated: bool = False  # every rank holds the whole, identical model (debug.check_sync_every)
+    # setup_module shards a meta-device model in place, leaving it on meta: with init.path filling
+    # every tensor, the ranks build the model there and no rank ever holds it whole (init_from.build)
+    meta_setup: bool = False
     compile: bool = True  # trainer.compile works with it
     # trainer.oom=auto_microbatch can retry a step after an out-of-memory error: no collective runs
     # inside forward/backward, so a rank that fails there leaves no peer waiting in one.

@@ -432,6 +432,7 @@ PIPELINE = register(
 TP = register(
     StrategySpec(
         name="tp",
+        meta_setup=True,
         config_cls=TPStrategyConfig,
         impl="disttrain.strategies.tp:TPStrategy",
         about="tensor parallel over all ranks with the model's tp_plan(); one replica",
@@ -446,6 +447,7 @@ TP = register(
 FSDP_TP = register(
     StrategySpec(
         name="fsdp+tp",
+        meta_setup=True,
         config_cls=FSDPTPStrategyConfig,
         impl="disttrain.strategies.tp:FSDPTPStrategy",
         about="2D: tensor parallel within groups of tp_degree ranks, FSDP across the groups",

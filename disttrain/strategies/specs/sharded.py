@@ -177,6 +177,7 @@ def offloads(s: FSDPStrategyConfig) -> bool:
 FSDP = register(
     StrategySpec(
         name="fsdp",
+        meta_setup=True,
         config_cls=FSDPStrategyConfig,
         impl="disttrain.strategies.fsdp:FSDPStrategy",
         about="FSDP2 (fully_shard): parameters, gradients and optimizer state sharded; HSDP with replicate",
@@ -189,6 +190,7 @@ FSDP = register(
 ZERO2 = register(
     StrategySpec(
         name="zero2",
+        meta_setup=True,
         config_cls=Zero2StrategyConfig,
         impl="disttrain.strategies.fsdp:FSDPStrategy",
         about="FSDP2 without resharding after forward: ZeRO-2's memory with ddp's traffic",
