@@ -442,7 +442,8 @@ class TrainerConfig:
     )
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     val_at_start: bool = _h(
-        "validate once before the first step (step 0): the loss the run starts from, e.g. after init.path",
+        "validate once before the first step (step 0): the loss the run starts from, e.g. after "
+        "init.path (early_stop counts it like any validation)",
         False,
     )
 
