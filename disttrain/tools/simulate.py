@@ -122,7 +122,8 @@ def fake_world(rank: int, world: int) -> Iterator[None]:
     DTensor's sharding propagation caches (Python and C++) key an op's output spec on the inputs'
     meshes, and meshes compare equal across ranks (same layout and rank map, whatever the rank):
     without clearing them, every rank simulated after the first got DTensors on the first rank's
-    mesh, with its coordinate, so its local shards and DCP chunks were the first rank's."""
+    mesh, with its coordinate: the local shards (FSDP cuts them from its own rank) were right, the
+    DTensors' global offsets (DCP's chunks) were the first rank's."""
     import torch.distributed as dist
     from torch.distributed.tensor.debug import _clear_sharding_prop_cache
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend

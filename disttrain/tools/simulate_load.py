@@ -82,8 +82,10 @@ def rank_state(cfg: dict[str, Any], rank: int, world: int, spec: str) -> dict[st
 
 def supported(spec: str, layout: dict[str, Any]) -> str | None:
     """Why a layout's save or load is not simulated, or None."""
-    if spec in OWN_FORMAT or layout["pp"] > 1:
-        return f"{spec} saves per-stage or wrapped state (its own state_dict): not simulated"
+    if spec == "pipeline" or layout["pp"] > 1:
+        return f"{spec}: each pipeline stage saves other keys"
+    if spec in OWN_FORMAT:
+        return f"{spec} saves its own state format (its strategy's state_dict)"
     return None
 
 
