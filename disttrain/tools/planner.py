@@ -267,14 +267,19 @@ def cmd_plan(rest: list[str]) -> int:
         "overrides", nargs="*", help="config overrides, e.g. model.hidden=[4096,4096] plan.gpu_mem_gb=40"
     )
     args = p.parse_intermixed_args(rest)
-    from disttrain.config import compose, resolve
+    from disttrain.config import ConfigError, compose, resolve
     from disttrain.config.validate import check_static
 
+    if args.load_at is not None and not args.simulate:  # a usage mistake: said before composing
+        raise ConfigError(
+            "--load-at",
+            args.load_at,
+            "--load-at with --simulate",
+            "add --simulate (the load is planned on its ranks)",
+        )
     cfg = resolve(compose(args.overrides, args.config_dir), args.overrides)
     check_static(cfg)
-    target = None
-    if args.load_at is not None:
-        target = load_layout(args, cfg)
+    target = load_layout(args) if args.load_at is not None else None
     result = plan(cfg)
     if args.simulate:
         from disttrain.tools import simulate
@@ -291,7 +296,7 @@ def cmd_plan(rest: list[str]) -> int:
     return 0
 
 
-def load_layout(args: argparse.Namespace, cfg: dict[str, Any]) -> dict[str, Any]:
+def load_layout(args: argparse.Namespace) -> dict[str, Any]:
     """The config of `--load-at`'s layout: the saved run's overrides, then its own (checked alike)."""
     import shlex
 
@@ -299,13 +304,6 @@ def load_layout(args: argparse.Namespace, cfg: dict[str, Any]) -> dict[str, Any]
     from disttrain.config.validate import check_static
     from disttrain.tools.simulate_load import target_overrides
 
-    if not args.simulate:
-        raise ConfigError(
-            "--load-at",
-            args.load_at,
-            "--load-at with --simulate",
-            "add --simulate (the load is planned on its ranks)",
-        )
     extra = shlex.split(args.load_at)
     if not extra:
         raise ConfigError(

@@ -130,7 +130,9 @@ def test_cli_load_at_json_and_a_changed_dim_names_the_tensor(capsys: pytest.Capt
     assert "model.model.embed.tok.weight: saved [256, 128], here [256, 64] (ranks 0)" in out.err
 
 
-def test_load_at_overrides_replace_the_saved_runs_group() -> None:
+def test_load_at_overrides_replace_the_saved_runs_group(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *GPT, "--load-at", "nodes=1"]) == 2  # the load is planned on simulated ranks
+    assert "--load-at=nodes=1 is not valid" in capsys.readouterr().err
     base = ["nodes=2", "strategy=fsdp+tp", "strategy.tp_degree=8", "model.dim=64"]
     assert target_overrides(base, ["strategy=fsdp", "nodes=1"]) == [
         "model.dim=64",
