@@ -30,7 +30,8 @@ commands:
   env      environment report: versions, GPUs, backends, network, variables, known traps
   bench    `bench comm`: collective benchmark + correctness check on the configured ranks
   plan     per-rank memory of ddp/zero/fsdp/hsdp/tp/pipeline layouts; which fit; a recommendation
-           (--simulate: the configured strategy's real setup for sampled ranks on a fake world)
+           (--simulate: the configured strategy's real setup for sampled ranks on a fake world;
+            --load-at OVERRIDES: its checkpoint's DCP load planned at another layout)
   runs     table of the runs under DIR (default ./runs): status, step, loss, best val
   show     one run: config diff against defaults, final metrics, checkpoints, how to reproduce it
   compare  two runs side by side: config diff and metric diff

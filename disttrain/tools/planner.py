@@ -253,21 +253,38 @@ def cmd_plan(rest: list[str]) -> int:
     p.add_argument(
         "--no-step", action="store_true", help="with --simulate: skip the one-step collective count"
     )
+    p.add_argument(
+        "--load-at",
+        default=None,
+        metavar="OVERRIDES",
+        help="with --simulate: plan DCP's load, at the layout these overrides make (quoted, e.g. "
+        "'nproc_per_node=4 strategy=fsdp'), of a checkpoint the configured layout saves; report each "
+        "sampled loading rank's bytes and the saved ranks' files it reads, and name every tensor that "
+        "would not load (exit 2)",
+    )
     p.add_argument("--config-dir", default=None, help="your own config folder, as for train")
     p.add_argument(
         "overrides", nargs="*", help="config overrides, e.g. model.hidden=[4096,4096] plan.gpu_mem_gb=40"
     )
     args = p.parse_intermixed_args(rest)
-    from disttrain.config import compose, resolve
+    from disttrain.config import ConfigError, compose, resolve
     from disttrain.config.validate import check_static
 
+    if args.load_at is not None and not args.simulate:  # a usage mistake: said before composing
+        raise ConfigError(
+            "--load-at",
+            args.load_at,
+            "--load-at with --simulate",
+            "add --simulate (the load is planned on its ranks)",
+        )
     cfg = resolve(compose(args.overrides, args.config_dir), args.overrides)
     check_static(cfg)
+    target = load_layout(args) if args.load_at is not None else None
     result = plan(cfg)
     if args.simulate:
         from disttrain.tools import simulate
 
-        result["simulate"] = simulate.simulate(cfg, result, step=not args.no_step)
+        result["simulate"] = simulate.simulate(cfg, result, step=not args.no_step, load_at=target)
     if args.json:
         from disttrain.tools.render import print_json
 
@@ -277,6 +294,25 @@ def cmd_plan(rest: list[str]) -> int:
     else:
         render(result)
     return 0
+
+
+def load_layout(args: argparse.Namespace) -> dict[str, Any]:
+    """The config of `--load-at`'s layout: the saved run's overrides, then its own (checked alike)."""
+    import shlex
+
+    from disttrain.config import ConfigError, compose, resolve
+    from disttrain.config.validate import check_static
+    from disttrain.tools.simulate_load import target_overrides
+
+    extra = shlex.split(args.load_at)
+    if not extra:
+        raise ConfigError(
+            "--load-at", args.load_at, "overrides of the loading layout", "e.g. --load-at 'nproc_per_node=4'"
+        )
+    overrides = target_overrides(args.overrides, extra)
+    target = resolve(compose(overrides, args.config_dir), overrides)
+    check_static(target)
+    return target
 
 
 def render(result: dict[str, Any]) -> None:

@@ -117,15 +117,24 @@ def sample_ranks(layout: dict[str, Any]) -> list[tuple[int, dict[str, int]]]:
 # ------------------------------------------------------------------------------------ fake world
 @contextmanager
 def fake_world(rank: int, world: int) -> Iterator[None]:
-    """torch's fake process group for one rank of `world`: collectives return at once, no peers."""
+    """torch's fake process group for one rank of `world`: collectives return at once, no peers.
+
+    DTensor's sharding propagation caches (Python and C++) key an op's output spec on the inputs'
+    meshes, and meshes compare equal across ranks (same layout and rank map, whatever the rank):
+    without clearing them, every rank simulated after the first got DTensors on the first rank's
+    mesh, with its coordinate: the local shards (FSDP cuts them from its own rank) were right, the
+    DTensors' global offsets (DCP's chunks) were the first rank's."""
     import torch.distributed as dist
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
+    _clear_sharding_prop_cache()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         yield
     finally:
         dist.destroy_process_group()
+        _clear_sharding_prop_cache()
 
 
 def fake_env(rank: int, world: int, per_node: int) -> Any:
@@ -398,9 +407,15 @@ def sample_batch(cfg: dict[str, Any], batch: int) -> Any:
 
 
 # ------------------------------------------------------------------------------------ main
-def simulate(cfg: dict[str, Any], plan_result: dict[str, Any], step: bool = True) -> dict[str, Any]:
+def simulate(
+    cfg: dict[str, Any],
+    plan_result: dict[str, Any],
+    step: bool = True,
+    load_at: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Run the configured strategy's setup for the sampled ranks; ConfigError naming rank and key
-    for whatever would fail (setup, device memory, the model checks)."""
+    for whatever would fail (setup, device memory, the model checks). `load_at`: the config of a
+    layout that loads this one's checkpoint (simulate_load plans that load)."""
     from disttrain.config.common import world_size
     from disttrain.strategies import specs
 
@@ -442,6 +457,11 @@ def simulate(cfg: dict[str, Any], plan_result: dict[str, Any], step: bool = True
         collectives = {"skipped": "pipeline schedules (P2P between stages) are not stepped"}
     elif not replica:
         collectives = step_collectives(cfg, 0, world, int(plan_result["micro_batch"]))
+    load = None
+    if load_at is not None:
+        from disttrain.tools.simulate_load import simulate_load
+
+        load = simulate_load(cfg, load_at)
     return {
         "layout": {k: v for k, v in layout.items() if k != "bytes"},
         "plan_bytes": layout["bytes"],
@@ -462,6 +482,7 @@ def simulate(cfg: dict[str, Any], plan_result: dict[str, Any], step: bool = True
         ],
         "collectives": collectives,
         "spec": specs.of(cfg)[0].name,
+        **({"load": load} if load is not None else {}),
     }
 
 
@@ -535,3 +556,7 @@ def render(sim: dict[str, Any]) -> None:
             for phase, ops in coll["phases"].items()
         ]
         out.print(f"collectives of one step on rank {coll['rank']} (FakeTensorMode): " + "; ".join(parts))
+    if "load" in sim:
+        from disttrain.tools.simulate_load import render as render_load
+
+        render_load(sim["load"])
