@@ -15,13 +15,15 @@ from disttrain.config.errors import ConfigError
 
 EXPORT_USAGE = """\
 usage: disttrain export RUN_DIR|CHECKPOINT_DIR [--out model.pt|model.safetensors|DIR] [--format pt|safetensors|hf]
-       [--trust]
+       [--config RUN_DIR/config.yaml] [--trust]
 
 Write the newest whole checkpoint's model as one consolidated state dict that plain PyTorch loads
 into the unwrapped model: torch.load(path, weights_only=True), or safetensors.torch.load_model(model,
 path) (tied weights are stored once; the header's "disttrain.model" holds the model config as JSON).
 --format hf (a Hugging Face model): --out is a folder written by save_pretrained, config included,
 that AutoModel*.from_pretrained(DIR) loads. The format defaults to --out's suffix (pt without one).
+A checkpoint folder outside its run dir (checkpoint.dir elsewhere) takes the run's config by
+--config RUN_DIR/config.yaml; no config.yaml is ever looked for in the folders above it.
 """
 FORMATS = ("pt", "safetensors", "hf")
 
@@ -34,6 +36,7 @@ def cmd_export(rest: list[str]) -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--trust", action="store_true", help="build a run dir someone else made")
     parser.add_argument("--format", default=None)
+    parser.add_argument("--config", default=None, help="the run's config.yaml, for checkpoints elsewhere")
     args = parser.parse_args(rest)
     fmt = args.format or ("safetensors" if str(args.out or "").endswith(".safetensors") else "pt")
     if fmt not in FORMATS:
@@ -45,7 +48,18 @@ def cmd_export(rest: list[str]) -> int:
         raise ConfigError(
             "RUN_DIR", args.location, "an existing run dir or checkpoint folder", EXPORT_USAGE.splitlines()[0]
         )
-    run_dir = owning_run_dir(location, args.location)
+    if args.config:  # checkpoints kept outside their run dir: the user names the run's config
+        config = Path(args.config).resolve()
+        if config.name != "config.yaml" or not config.is_file():
+            raise ConfigError(
+                "--config",
+                args.config,
+                "a run dir's config.yaml",
+                "e.g. --config runs/NAME/DATE/config.yaml.",
+            )
+        run_dir = config.parent
+    else:
+        run_dir = owning_run_dir(location, args.location)
     run_dir = run_dir_arg(str(run_dir), EXPORT_USAGE)
     if not args.out:
         from disttrain.rundir import refuse_planted_links
@@ -84,8 +98,9 @@ def owning_run_dir(location: Path, given: str) -> Path:
         "RUN_DIR",
         given,
         "a run dir (it holds config.yaml), its checkpoints/ folder or a checkpoint folder in it",
-        "for checkpoints kept elsewhere (checkpoint.dir), export the run dir that wrote them: "
-        "disttrain export RUN_DIR exports the newest checkpoint of its checkpoint.dir.",
+        "for checkpoints kept elsewhere (checkpoint.dir), export the run dir that wrote them "
+        "(disttrain export RUN_DIR: the newest checkpoint of its checkpoint.dir), or name its config: "
+        "disttrain export CHECKPOINT --config RUN_DIR/config.yaml.",
     )
 
 

@@ -245,3 +245,18 @@ def test_git_never_runs_the_repos_fsmonitor(tmp_path: Path) -> None:
     (repo / "a.txt").write_text("b")
     state = git_state(repo)
     assert state["dirty"] is True and not marker.exists()
+
+
+def test_export_of_checkpoints_elsewhere_takes_the_named_config(saved: dict, tmp_path: Path) -> None:
+    """D2's fix leaves one way to export a checkpoint folder outside its run dir: --config."""
+    run = _run(tmp_path, saved)
+    step = tmp_path / "shared" / "ckpts" / "step_00000030"
+    step.mkdir(parents=True)
+    proc = disttrain_in_process("export", str(step), "--out", str(tmp_path / "w.pt"), cwd=tmp_path)
+    assert proc.returncode == 2 and "--config RUN_DIR/config.yaml" in proc.stderr, proc.stderr
+    named = ("--config", str(run / "config.yaml"), "--out", str(tmp_path / "w.pt"))
+    proc = disttrain_in_process("export", str(step), *named, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr  # the config is taken; the (empty) folder has no checkpoint
+    assert "a run dir with a committed checkpoint" in proc.stderr and str(step) in proc.stderr
+    proc = disttrain_in_process("export", str(step), "--config", str(tmp_path / "x.yaml"), cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("disttrain: config error: --config="), proc.stderr
