@@ -163,10 +163,12 @@ def eval_config(
             "1 (eval and predict run on this machine)",
             "add nodes=1 (and nproc_per_node=N).",
         )
-    if mode == "predict" and cfg["strategy"]["name"] == "pipeline":
+    from disttrain.strategies import specs
+
+    if mode == "predict" and not specs.of(cfg)[0].whole_outputs:
         raise ConfigError(
             "strategy",
-            "pipeline",
+            cfg["strategy"]["name"],
             "a strategy whose ranks each produce the whole model's output (single, ddp, fsdp, zero, tp, ...)",
             "the checkpoint reshards: add strategy=fsdp (or strategy=single nproc_per_node=1).",
         )

@@ -34,9 +34,6 @@ from typing import Any
 
 from disttrain.config.errors import ConfigError
 
-REPLICA_STATE = ("ddp", "dp", "single")  # every rank's state dict is the plain module's
-OWN_FORMAT = ("zero", "localsgd", "pipeline")  # their own state_dict: not simulated
-
 
 # ------------------------------------------------------------------------------------ overrides
 def target_overrides(base: list[str], load_at: list[str]) -> list[str]:
@@ -63,9 +60,10 @@ def rank_state(cfg: dict[str, Any], rank: int, world: int, spec: str) -> dict[st
 
     from disttrain.engine.optim import build_optimizer
     from disttrain.models import build_model
+    from disttrain.strategies import specs
     from disttrain.tools.simulate import setup_rank
 
-    if spec in REPLICA_STATE:
+    if specs.get(spec).replicated:  # every rank's state dict is the plain module's
         with torch.device("meta"):
             model = build_model(cfg["model"])
         optimizer = build_optimizer(cfg["optim"], model, world)
@@ -82,9 +80,11 @@ def rank_state(cfg: dict[str, Any], rank: int, world: int, spec: str) -> dict[st
 
 def supported(spec: str, layout: dict[str, Any]) -> str | None:
     """Why a layout's save or load is not simulated, or None."""
-    if spec == "pipeline" or layout["pp"] > 1:
+    from disttrain.strategies import specs
+
+    if layout["pp"] > 1:
         return f"{spec}: each pipeline stage saves other keys"
-    if spec in OWN_FORMAT:
+    if not specs.get(spec).dcp_layout:
         return f"{spec} saves its own state format (its strategy's state_dict)"
     return None
 
@@ -333,7 +333,7 @@ def simulate_load(source: dict[str, Any], target: dict[str, Any], detail: bool =
 
 
 def _dims(layout: dict[str, Any]) -> dict[str, int]:
-    return {k: layout[k] for k in ("dp", "tp", "pp")}
+    return dict(dp=layout["dp"], tp=layout["tp"], pp=layout["pp"])
 
 
 def _model_key(source: dict[str, Any], target: dict[str, Any]) -> tuple[str, Any]:

@@ -126,6 +126,10 @@ class StrategySpec:
     oom_retry: bool = False
     needs: frozenset[str] = frozenset()  # model abilities: TP_PLAN, PIPELINE_LAYERS
     one_tensor_batches: bool = False  # stages pass one tensor: model(inputs), one target (pipeline)
+    whole_outputs: bool = True  # every rank computes the model's whole output of its batch (predict)
+    # its state_dict is DCP's get_state_dict layout (model and optimizer under their module names):
+    # plan --simulate --load-at plans its save and load; the rest keep a format of their own
+    dcp_layout: bool = True
     # Its ranks import torch._dynamo even without trainer.compile (DTensor, pipelining do): the fork
     # server preloads it once (launch/forkserver.py); False lets each rank skip the ~0.5 CPU-s import.
     dynamo: bool = True

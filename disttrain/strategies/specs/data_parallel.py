@@ -189,6 +189,7 @@ ZERO = register(
     StrategySpec(
         name="zero",
         config_cls=ZeroStrategyConfig,
+        dcp_layout=False,
         impl="disttrain.strategies.zero:ZeroStrategy",
         about="ZeRO-1: DDP gradients, optimizer state partitioned across ranks",
         amp=frozenset({"bf16"}),
@@ -203,6 +204,7 @@ LOCALSGD = register(
     StrategySpec(
         name="localsgd",
         config_cls=LocalSGDStrategyConfig,
+        dcp_layout=False,
         impl="disttrain.strategies.localsgd:LocalSGDStrategy",
         about="post-local SGD: DDP for warmup_steps, then parameters averaged every sync_every steps",
         amp=frozenset({"bf16"}),

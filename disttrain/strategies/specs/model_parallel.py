@@ -417,6 +417,8 @@ PIPELINE = register(
     StrategySpec(
         name="pipeline",
         config_cls=PipelineStrategyConfig,
+        whole_outputs=False,
+        dcp_layout=False,
         impl="disttrain.strategies.pipeline:PipelineStrategy",
         about="pipeline parallel: the model cut into stages, micro-batches flow through the ranks",
         amp=frozenset(),
