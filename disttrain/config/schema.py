@@ -181,6 +181,87 @@ class FilesDataConfig(DataConfig):
     val: Any = _files("val_path")
 
 
+def _hf(role: str) -> Any:
+    """load_hf's node for one role (train or val), wired to the data keys. `data.map` is built by
+    load_hf itself (as a function, not called), so Hydra must not instantiate it first."""
+    return field(
+        default_factory=lambda: {
+            "_target_": "disttrain.data.hf.load_hf",
+            "_recursive_": False,
+            "path": II("data.path"),
+            "format": II("data.format"),
+            "split": II("data.split"),
+            "columns": II("data.columns"),
+            "map": II("data.map"),
+            "map_batched": II("data.map_batched"),
+            "streaming": II("data.streaming"),
+            "val_split": II("data.val_split"),
+            "val_path": II("data.val_path"),
+            "role": role,
+        }
+    )
+
+
+@dataclass
+class HFDataConfig(DataConfig):
+    name: str = "hf"
+    path: str = _h(
+        "a folder saved with Dataset.save_to_disk, or data files (.json/.jsonl, .parquet, .txt, .csv; "
+        "a glob for several)",
+        MISSING,
+    )
+    format: str | None = _h(
+        "json, parquet, text or csv; null: from the suffix (a folder: save_to_disk)", None
+    )
+    split: str = _h("the training split: a name (a saved DatasetDict's), or a slice: train[:90%]", "train")
+    val_split: str | None = _h(
+        "validation from the same source: a split name or a slice (train[90%:]); null: none", None
+    )
+    val_path: str | None = _h("validation from its own folder or files (split data.split); null: none", None)
+    columns: list[str] | None = _h("the columns that become batch fields; null: all", None)
+    map: Any = _h(
+        "a function applied to every row with Dataset.map, by _target_ (its other keys are bound); "
+        "empty or null: none",
+        factory=dict,
+    )
+    map_batched: bool = _h("data.map takes and returns a batch of rows (a dict of lists)", False)
+    streaming: bool = _h(
+        "read as a stream (an IterableDataset split by data-parallel rank); needs trainer.max_steps", False
+    )
+    train: Any = _hf("train")
+    val: Any = _hf("val")
+
+
+def _mix() -> Any:
+    """load_mix's node: it builds each source itself (naming data.mix.<name> in errors)."""
+    return field(
+        default_factory=lambda: {
+            "_target_": "disttrain.data.mix.load_mix",
+            "_recursive_": False,
+            "sources": II("data.mix"),
+            "size": II("data.size"),
+            "seed": II("data.seed"),
+        }
+    )
+
+
+@dataclass
+class MixDataConfig(DataConfig):
+    name: str = "mix"
+    mix: dict[str, Any] = _h(
+        "the sources by name: each a data set spec (_target_ and its keys, or builtin: synthetic/text/"
+        "digits/files/hf with their keys) plus weight (its share of the samples)",
+        factory=dict,
+    )
+    size: int | None = _h(
+        "samples in one epoch of the mixture; null: the most without repeating a source", None
+    )
+    seed: int = _h(
+        "seed of which sample of which source comes where (independent of the sources)", II("seed")
+    )
+    train: Any = _mix()
+
+
 # ------------------------------------------------------------------------------------------- task
 @dataclass
 class TaskConfig:
@@ -572,6 +653,8 @@ def register() -> None:
             "base_synthetic": SyntheticDataConfig,
             "base_text": TextDataConfig,
             "base_files": FilesDataConfig,
+            "base_hf": HFDataConfig,
+            "base_mix": MixDataConfig,
         },
         "task": {
             "base_classification": ClassificationTaskConfig,
@@ -597,7 +680,7 @@ def register() -> None:
 
 # Groups whose node (or, for data, whose train/val nodes) is a `_target_` plug-in point.
 OPEN_GROUPS = ("model", "optim", "sched", "task")
-OPEN_DATA_NODES = ("train", "val")
+OPEN_DATA_NODES = ("train", "val", "map", "mix")  # map, mix: data=hf's function, data=mix's sources
 
 
 def _open(group: str, node: type) -> Any:

@@ -254,6 +254,14 @@ def _check_optim(cfg: dict[str, Any]) -> None:
 def _check_data(cfg: dict[str, Any]) -> None:
     """Ranges of the built-in data options' own keys (text: block_size, val_fraction)."""
     data = cfg["data"]
+    if data.get("streaming") and cfg["trainer"]["max_steps"] == -1:
+        raise ConfigError(
+            "trainer.max_steps",
+            -1,
+            ">= 1 with data.streaming=true",
+            "a stream has no length, so an epoch count cannot say when training ends: set "
+            "trainer.max_steps=N (optimizer steps), or data.streaming=false.",
+        )
     if "block_size" in data:
         _at_least(cfg, "data.block_size", 1, "tokens per sample, e.g. data.block_size=64.")
     if "num_samples" in data:

@@ -23,6 +23,10 @@ def make_loaders(
     `dp_rank_size` is the strategy's (rank, size) among data-parallel replicas (default: the world).
     """
     dp_rank, dp_size = dp_rank_size or (env.rank, env.world_size)
+    for dataset in (train_set, val_set):  # a stream that splits itself by rank (data=hf streaming)
+        split_by_node = getattr(dataset, "split_by_node", None)
+        if split_by_node is not None:
+            split_by_node(dp_rank, dp_size)
     data, batch = cfg["data"], cfg["trainer"]["batch_size"]
     common: dict[str, Any] = {"num_workers": data["num_workers"], "pin_memory": data["pin_memory"]}
     if data["num_workers"] > 0:

@@ -412,10 +412,21 @@ class Engine:
         values.update(self.task.derived(values))
         values.update(self.throughput.rates(window.tokens * self.dp_size, elapsed, window.steps))
         values.update(self.guards.metrics())
+        values.update(self._data_counts())
         values.update(gpu_memory.peaks(self.env))  # a collective on CUDA (every rank logs this step)
         self.metrics.log(self.state.step, values, epoch=self.state.epoch)
         log.debug("step %d %s", self.state.step, values)
         return values
+
+    def _data_counts(self) -> dict[str, float]:
+        """Per-source sample counts of a data set that keeps them (data=mix: `data/mix/<name>`)."""
+        counts = getattr(self.train_loader.dataset, "consumed_counts", None)
+        if counts is None:
+            return {}
+        s = self.state
+        return counts(
+            self.train_loader.sampler, s.epoch, s.epoch_samples, self.steps_per_epoch * self.global_batch
+        )
 
     def _summary(self, elapsed: float) -> dict[str, Any]:
         s = self.state
