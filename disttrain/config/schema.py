@@ -82,6 +82,17 @@ class DataConfig:
     prefetch_factor: int | None = _h("batches each worker loads ahead (num_workers > 0); null: 2", None)
     drop_last: bool = _h("drop the last incomplete batch of an epoch", True)
     shuffle: bool = _h("reshuffle the training set every epoch (seeded)", True)
+    shard: str = _h(
+        "a stream (IterableDataset): none (it gives each rank and worker its own part itself) or auto "
+        "(disttrain splits it: element i to the reader with i % (replicas x workers) == its slot); "
+        "map-style data is always split by the sampler",
+        "none",
+    )
+    stateful: bool = _h(
+        "a stream's position goes into each checkpoint (torchdata StatefulDataLoader, per rank and "
+        "worker): a resume continues with the next batch; false: a resumed stream starts over",
+        True,
+    )
 
 
 def _digits(split: str) -> Any:
@@ -409,6 +420,9 @@ class TrainerConfig:
     log_every: int = _h("optimizer steps between train-metric logs", 10)
     val_every: int = _h("optimizer steps between validations; 0: at the end of each epoch", 0)
     ckpt_every: int = _h("optimizer steps between checkpoints; 0: only the final one", 0)
+    val_batches: int | None = _h(
+        "validation batches per rank (required for a stream validation set); null: the whole set", None
+    )
     progress: bool = _h(
         "rich progress bar on rank 0 when stderr is a terminal (plain lines every log_every otherwise)", True
     )
