@@ -192,6 +192,45 @@ class FilesDataConfig(DataConfig):
     val: Any = _files("val_path")
 
 
+def _tokens(split: str) -> Any:
+    """load_tokens' node for one split, wired to the data keys."""
+    return field(
+        default_factory=lambda: {
+            "_target_": "disttrain.data.tokens.load_tokens",
+            "path": II("data.path"),
+            "block_size": II("data.block_size"),
+            "dtype": II("data.dtype"),
+            "sampling": II("data.sampling"),
+            "val_path": II("data.val_path"),
+            "val_fraction": II("data.val_fraction"),
+            "seed": II("seed"),
+            "split": split,
+        }
+    )
+
+
+@dataclass
+class TokensDataConfig(DataConfig):
+    name: str = "tokens"
+    path: str = _h("a token file (nanoGPT's .bin: raw little-endian ids) or a glob of shards", MISSING)
+    dtype: str = _h("the ids' type: uint16 (vocab <= 65536) or uint32", "uint16")
+    block_size: int = _h("tokens per sample (the model's context length)", 256)
+    sampling: str = _h(
+        "random (nanoGPT's windows at random offsets, drawn from seed and sample index) or sequential "
+        "(non-overlapping windows in order)",
+        "random",
+    )
+    val_path: str | None = _h(
+        "a validation token file or glob (read in order); null: the held-out tail", None
+    )
+    val_fraction: float = _h("with no val_path: the last fraction of the tokens validates (0: none)", 0.0)
+    num_features: int = II("data.block_size")
+    num_classes: int = _h("vocabulary size (the model's output width): above the largest token id", 50304)
+    shuffle: bool = _h("reorder the windows every epoch (random sampling is random already)", False)
+    train: Any = _tokens("train")
+    val: Any = _tokens("val")
+
+
 # ------------------------------------------------------------------------------------------- task
 @dataclass
 class TaskConfig:
@@ -586,6 +625,7 @@ def register() -> None:
             "base_synthetic": SyntheticDataConfig,
             "base_text": TextDataConfig,
             "base_files": FilesDataConfig,
+            "base_tokens": TokensDataConfig,
         },
         "task": {
             "base_classification": ClassificationTaskConfig,
