@@ -82,6 +82,17 @@ class DataConfig:
     prefetch_factor: int | None = _h("batches each worker loads ahead (num_workers > 0); null: 2", None)
     drop_last: bool = _h("drop the last incomplete batch of an epoch", True)
     shuffle: bool = _h("reshuffle the training set every epoch (seeded)", True)
+    shard: str = _h(
+        "a stream (IterableDataset): none (it gives each rank and worker its own part itself) or auto "
+        "(disttrain splits it: element i to the reader with i % (replicas x workers) == its slot); "
+        "map-style data is always split by the sampler",
+        "none",
+    )
+    stateful: bool = _h(
+        "a stream's position goes into each checkpoint (torchdata StatefulDataLoader, per rank and "
+        "worker): a resume continues with the next batch; false: a resumed stream starts over",
+        True,
+    )
 
 
 def _digits(split: str) -> Any:
@@ -179,6 +190,45 @@ class FilesDataConfig(DataConfig):
     val_path: str | None = _h("validation arrays in the same format; null: no validation", None)
     train: Any = _files("path")
     val: Any = _files("val_path")
+
+
+def _tokens(split: str) -> Any:
+    """load_tokens' node for one split, wired to the data keys."""
+    return field(
+        default_factory=lambda: {
+            "_target_": "disttrain.data.tokens.load_tokens",
+            "path": II("data.path"),
+            "block_size": II("data.block_size"),
+            "dtype": II("data.dtype"),
+            "sampling": II("data.sampling"),
+            "val_path": II("data.val_path"),
+            "val_fraction": II("data.val_fraction"),
+            "seed": II("seed"),
+            "split": split,
+        }
+    )
+
+
+@dataclass
+class TokensDataConfig(DataConfig):
+    name: str = "tokens"
+    path: str = _h("a token file (nanoGPT's .bin: raw little-endian ids) or a glob of shards", MISSING)
+    dtype: str = _h("the ids' type: uint16 (vocab <= 65536) or uint32", "uint16")
+    block_size: int = _h("tokens per sample (the model's context length)", 256)
+    sampling: str = _h(
+        "random (nanoGPT's windows at random offsets, drawn from seed and sample index) or sequential "
+        "(non-overlapping windows in order)",
+        "random",
+    )
+    val_path: str | None = _h(
+        "a validation token file or glob (read in order); null: the held-out tail", None
+    )
+    val_fraction: float = _h("with no val_path: the last fraction of the tokens validates (0: none)", 0.0)
+    num_features: int = II("data.block_size")
+    num_classes: int = _h("vocabulary size (the model's output width): above the largest token id", 50304)
+    shuffle: bool = _h("reorder the windows every epoch (random sampling is random already)", False)
+    train: Any = _tokens("train")
+    val: Any = _tokens("val")
 
 
 def _hf(role: str) -> Any:
@@ -490,6 +540,9 @@ class TrainerConfig:
     log_every: int = _h("optimizer steps between train-metric logs", 10)
     val_every: int = _h("optimizer steps between validations; 0: at the end of each epoch", 0)
     ckpt_every: int = _h("optimizer steps between checkpoints; 0: only the final one", 0)
+    val_batches: int | None = _h(
+        "validation batches per rank (required for a stream validation set); null: the whole set", None
+    )
     progress: bool = _h(
         "rich progress bar on rank 0 when stderr is a terminal (plain lines every log_every otherwise)", True
     )
@@ -653,6 +706,7 @@ def register() -> None:
             "base_synthetic": SyntheticDataConfig,
             "base_text": TextDataConfig,
             "base_files": FilesDataConfig,
+            "base_tokens": TokensDataConfig,
             "base_hf": HFDataConfig,
             "base_mix": MixDataConfig,
         },

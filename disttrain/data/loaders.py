@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+import warnings
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from disttrain.data.samplers import ResumableSampler, ShardSampler
+from disttrain.data.streams import is_stream, shard, stateful_loader_class
 from disttrain.dist import DistEnv
+
+log = logging.getLogger("disttrain")
 
 
 def make_loaders(
@@ -19,6 +24,7 @@ def make_loaders(
     dp_rank_size: tuple[int, int] | None = None,
 ) -> tuple[DataLoader, DataLoader | None]:
     """The same global permutation for any world size: rank r takes every world-th sample of it.
+    A stream (IterableDataset) is read in its own order, split by `data.shard` (data/streams.py).
 
     `dp_rank_size` is the strategy's (rank, size) among data-parallel replicas (default: the world).
     """
@@ -33,21 +39,64 @@ def make_loaders(
         common["persistent_workers"] = bool(data["persistent_workers"])
         if data["prefetch_factor"] is not None:
             common["prefetch_factor"] = int(data["prefetch_factor"])
-    sampler: DistributedSampler = ResumableSampler(
-        train_set,
-        num_replicas=dp_size,
-        rank=dp_rank,
-        shuffle=data["shuffle"],
-        seed=cfg["seed"],
-        drop_last=True,
-    )
-    train = DataLoader(train_set, batch_size=batch, sampler=sampler, drop_last=data["drop_last"], **common)
+    mode = data.get("shard") or "none"
+    if is_stream(train_set):
+        train = stream_loader(cfg, train_set, dp_rank, dp_size, common)
+    else:
+        sampler: DistributedSampler = ResumableSampler(
+            train_set,
+            num_replicas=dp_size,
+            rank=dp_rank,
+            shuffle=data["shuffle"],
+            seed=cfg["seed"],
+            drop_last=True,
+        )
+        train = DataLoader(
+            train_set, batch_size=batch, sampler=sampler, drop_last=data["drop_last"], **common
+        )
     val = None
     if val_set is not None:
-        shard = ShardSampler(len(val_set), dp_rank, dp_size)  # type: ignore[arg-type]
         # Its own generator: a DataLoader iterator draws its base seed from `generator`, else from
         # torch's global RNG, which training's dropout draws from too; a validation (say the one
         # ending a run that is later extended) would shift training's draws and break exact resume.
         generator = torch.Generator().manual_seed(cfg["seed"])
-        val = DataLoader(val_set, batch_size=batch, sampler=shard, generator=generator, **common)
+        if is_stream(val_set):
+            val_stream = shard(val_set, mode, dp_rank, dp_size)
+            val = DataLoader(val_stream, batch_size=batch, generator=generator, **common)
+        else:
+            split = ShardSampler(len(val_set), dp_rank, dp_size)  # type: ignore[arg-type]
+            val = DataLoader(val_set, batch_size=batch, sampler=split, generator=generator, **common)
     return train, val
+
+
+def stream_loader(
+    cfg: dict[str, Any], train_set: Any, dp_rank: int, dp_size: int, common: dict[str, Any]
+) -> DataLoader:
+    """A stream's training loader: torchdata's StatefulDataLoader (its position goes into each
+    checkpoint) unless `data.stateful=false` or torchdata is missing (a plain DataLoader: a resume
+    starts the stream over, said by a warning then). Its own generator, seeded per replica: the
+    workers' seeds never draw from (and so never shift) the global RNG that dropout uses."""
+    data = cfg["data"]
+    stream = shard(train_set, data.get("shard") or "none", dp_rank, dp_size)
+    generator = torch.Generator().manual_seed(cfg["seed"] + dp_rank)
+    kwargs = {
+        "batch_size": cfg["trainer"]["batch_size"],
+        "drop_last": data["drop_last"],
+        "generator": generator,
+    }
+    cls = stateful_loader_class() if data.get("stateful", True) else None
+    if cls is None:
+        if data.get("stateful", True):
+            log.warning(
+                "data.train is a stream and torchdata is not installed: its position is not checkpointed "
+                "(pip install 'disttrain[stream]')"
+            )
+        return DataLoader(stream, **kwargs, **common)
+    with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated since
+        warnings.filterwarnings("ignore", message=".*set_vital.*deprecated")
+        return cls(stream, **kwargs, **common)
+
+
+def loader_batches(loader: DataLoader) -> int | None:
+    """Batches per epoch on this rank; None for a stream (its length is unknown until it ends)."""
+    return None if is_stream(loader.dataset) else len(loader)

@@ -168,6 +168,12 @@ def test_a_stream_without_max_steps_is_refused_before_anything_is_read() -> None
     assert err.value.key == "trainer.max_steps" and "data.streaming=true" in str(err.value)
 
 
+def test_a_stream_split_by_rank_is_not_split_again() -> None:
+    with pytest.raises(ConfigError) as err:
+        checked([*HF, "data.path=x.jsonl", "data.streaming=true", "trainer.max_steps=5", "data.shard=auto"])
+    assert (err.value.key, err.value.value) == ("data.shard", "auto")
+
+
 def test_without_datasets_installed_the_error_names_the_extra(
     saved: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
