@@ -3,7 +3,6 @@ split by data-parallel rank; its mistakes as one paragraph naming the key. In pr
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from pathlib import Path
@@ -119,6 +118,32 @@ def test_a_stream_is_split_by_data_parallel_rank(source: str, request: pytest.Fi
     assert abs(len(seen[0]) - len(seen[1])) <= 1
 
 
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
+def test_a_streamed_rank_resumes_at_the_next_batch(jsonl: Path) -> None:
+    """The rank's stream position (datasets' own state_dict, kept by StatefulDataLoader in each
+    checkpoint) restores the rest of its part exactly: batches 3.. of a fresh read."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    cfg = checked(
+        [*HF, "data.path=rows.jsonl", "data.streaming=true", "trainer.max_steps=5", "data.columns=[i]"]
+    )
+
+    def loader() -> StatefulDataLoader:
+        stream, _ = build_datasets(cfg["data"])
+        stream.split_by_node(1, 2)
+        return StatefulDataLoader(stream, batch_size=4)
+
+    whole = [b["i"].tolist() for b in loader()]
+    assert whole[0] == [1, 3, 5, 7] and len(whole) == 5
+    first = loader()
+    batches = iter(first)
+    seen = [next(batches)["i"].tolist() for _ in range(2)]
+    state = first.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert seen + [b["i"].tolist() for b in resumed] == whole
+
+
 def test_make_loaders_splits_a_stream_by_the_strategy_ranks(saved: Path) -> None:
     """The split takes the strategy's data-parallel (rank, size), not the world's."""
 
@@ -137,8 +162,7 @@ def test_make_loaders_splits_a_stream_by_the_strategy_ranks(saved: Path) -> None
         rank=3, local_rank=3, world_size=4, local_world_size=4, backend="gloo", device=torch.device("cpu")
     )
     train, val = Stream(), Stream()
-    with contextlib.suppress(TypeError):  # a loader of streams is issue 24 item 1; the split comes first
-        make_loaders(cfg, env, train, val, dp_rank_size=(1, 2))
+    make_loaders(cfg, env, train, val, dp_rank_size=(1, 2))
     assert train.split == val.split == (1, 2)
 
 
