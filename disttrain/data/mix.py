@@ -128,7 +128,8 @@ def _source(name: str, spec: Any) -> tuple[float, Any]:
             key,
             spec,
             f"a data set spec with weight and either _target_ or builtin ({', '.join(BUILTINS)})",
-            f"e.g. {key}={{weight: 0.5, builtin: synthetic}} or {key}={{weight: 0.5, _target_: mylab.data.make}}.",
+            f"e.g. {key}={{weight: 0.5, builtin: synthetic}} or "
+            f"{key}={{weight: 0.5, _target_: mylab.data.make}}.",
         )
     spec = dict(spec)
     weight = spec.pop("weight", None)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
-from unit_support import checked
+from unit_support import checked, disttrain_in_process
 
 from disttrain.config.errors import ConfigError
 from disttrain.data import build_datasets
@@ -110,3 +112,40 @@ def test_mistakes_name_the_source(extra: str, key: str) -> None:
     with pytest.raises(ConfigError) as err:
         build_datasets(checked([*MIX, extra])["data"])
     assert err.value.key == key, err.value
+
+
+def _synthetic(seed: int, n: int) -> str:
+    weight = 3 if seed == 1 else 1
+    return f"{{weight: {weight}, builtin: synthetic, num_samples: {n}, num_features: 8, seed: {seed}}}"
+
+
+RUN = (
+    "train", "nproc_per_node=1", "trainer.progress=false", "threads_per_rank=1", "data=mix",
+    "data.num_features=8", "data.num_classes=4", "data.size=200", f"data.mix.a={_synthetic(1, 300)}",
+    f"data.mix.b={_synthetic(2, 100)}", "trainer.batch_size=16", "trainer.max_steps=20",
+    "trainer.log_every=2", "trainer.ckpt_every=10", "trainer.val_every=0",
+)  # fmt: skip
+
+
+def test_a_run_logs_source_counts_and_resumes_them_exactly(scratch: Path) -> None:
+    """Through the CLI (one rank, in process): data/mix/<name> counts the samples trained on, across
+    the epoch boundary (12 steps of 16 in an epoch of 200); resumed from step 10, the run's losses
+    and counts are the uninterrupted run's, bitwise."""
+    full = disttrain_in_process(*RUN, "hydra.run.dir=full", cwd=scratch)
+    assert full.returncode == 0, full.stderr[-2000:]
+    resumed = disttrain_in_process(
+        *RUN, "hydra.run.dir=resumed", "resume=full/checkpoints/step_00000010", cwd=scratch
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+    def train(run: str) -> dict[int, tuple[float, float, float]]:
+        lines = (scratch / run / "metrics.jsonl").read_text().splitlines()
+        records = [r for r in map(json.loads, lines) if "train/loss" in r]
+        return {r["step"]: (r["train/loss"], r["data/mix/a"], r["data/mix/b"]) for r in records}
+
+    steps = train("full")
+    assert list(steps) == list(range(2, 21, 2))
+    assert all(a + b == 16 * step for step, (_, a, b) in steps.items())
+    assert 0.65 < steps[20][1] / 320 < 0.85  # a's share of a 3:1 mixture
+    after = train("resumed")
+    assert after and {s: steps[s] for s in after} == after and min(after) == 12
