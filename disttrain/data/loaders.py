@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from typing import Any
 
@@ -33,6 +34,12 @@ def make_loaders(
     common: dict[str, Any] = {"num_workers": data["num_workers"], "pin_memory": data["pin_memory"]}
     if data["num_workers"] > 0:
         common["persistent_workers"] = bool(data["persistent_workers"])
+        if sys.platform.startswith("linux"):
+            # A rank comes from a fork server and inherits its start method: workers started by
+            # the rank's own fork server are that server's children, so torch's worker watchdog
+            # (its parent changed) never sees a SIGKILLed rank die and they live on, holding the
+            # launcher's output. Forked workers are the rank's children: they exit within 5 s of it.
+            common["multiprocessing_context"] = "fork"
         if data["prefetch_factor"] is not None:
             common["prefetch_factor"] = int(data["prefetch_factor"])
     mode = data.get("shard") or "none"
