@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from disttrain.config.schema import DataConfig
+from disttrain.config.typed import own_key
 from disttrain.data.samplers import ResumableSampler, ShardSampler
 from disttrain.data.streams import is_stream, shard, stateful_loader_class
 from disttrain.dist import DistEnv
@@ -37,9 +40,15 @@ def make_loaders(
     common: dict[str, Any] = {"num_workers": data["num_workers"], "pin_memory": data["pin_memory"]}
     if data["num_workers"] > 0:
         common["persistent_workers"] = bool(data["persistent_workers"])
+        if sys.platform.startswith("linux"):
+            # A rank comes from a fork server and inherits its start method: workers started by
+            # the rank's own fork server are that server's children, so torch's worker watchdog
+            # (its parent changed) never sees a SIGKILLed rank die and they live on, holding the
+            # launcher's output. Forked workers are the rank's children: they exit within 5 s of it.
+            common["multiprocessing_context"] = "fork"
         if data["prefetch_factor"] is not None:
             common["prefetch_factor"] = int(data["prefetch_factor"])
-    mode = data.get("shard") or "none"
+    mode = own_key(data, DataConfig, "shard")  # a run frozen before the key: none
     if is_stream(train_set):
         train = stream_loader(cfg, train_set, dp_rank, dp_size, common)
     else:
@@ -77,16 +86,17 @@ def stream_loader(
     starts the stream over, said by a warning then). Its own generator, seeded per replica: the
     workers' seeds never draw from (and so never shift) the global RNG that dropout uses."""
     data = cfg["data"]
-    stream = shard(train_set, data.get("shard") or "none", dp_rank, dp_size)
+    stream = shard(train_set, own_key(data, DataConfig, "shard"), dp_rank, dp_size)
+    stateful = bool(own_key(data, DataConfig, "stateful"))
     generator = torch.Generator().manual_seed(cfg["seed"] + dp_rank)
     kwargs = {
         "batch_size": cfg["trainer"]["batch_size"],
         "drop_last": data["drop_last"],
         "generator": generator,
     }
-    cls = stateful_loader_class() if data.get("stateful", True) else None
+    cls = stateful_loader_class() if stateful else None
     if cls is None:
-        if data.get("stateful", True):
+        if stateful:
             log.warning(
                 "data.train is a stream and torchdata is not installed: its position is not checkpointed "
                 "(pip install 'disttrain[stream]')"
