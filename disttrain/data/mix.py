@@ -59,13 +59,17 @@ class Mixture(Dataset):
         self.source, self.index = mixture_table(
             [len(s) for s in self.sources], [weights[n] for n in self.names], size, seed
         )
-        self._epochs: dict[int, np.ndarray] = {}  # epoch -> sources in the sampler's global order
+        self._whole: dict[int, np.ndarray] = {}  # epoch -> samples per source in a whole epoch
+        self._current: tuple[int, np.ndarray] = (-1, self.source[:0])  # an epoch's sources, read order
 
     def __len__(self) -> int:
         return len(self.source)
 
     def __getitem__(self, i: int) -> Any:
         return self.sources[int(self.source[i])][int(self.index[i])]
+
+    def _bincount(self, sources: np.ndarray) -> np.ndarray:
+        return np.bincount(sources, minlength=len(self.names))
 
     def counts(self, places: Any) -> dict[str, int]:
         """Samples of each source among the mixture's indices `places`."""
@@ -84,13 +88,13 @@ class Mixture(Dataset):
         if order is None:
             return {}
         totals = np.zeros(len(self.names), dtype=np.int64)
-        for e in range(epoch + 1):
-            if e not in self._epochs:
-                self._epochs[e] = self.source[np.asarray(order(e), dtype=np.int64)]
-            seen = self._epochs[e][: per_epoch if e < epoch else epoch_samples]
-            totals += np.bincount(seen, minlength=len(self.names))
-        for e in [e for e in self._epochs if e < epoch - 1]:  # whole epochs' counts are kept below
-            del self._epochs[e]
+        for e in range(epoch):  # whole epochs: counted once, kept (a few numbers each)
+            if e not in self._whole:
+                self._whole[e] = self._bincount(self.source[np.asarray(order(e), dtype=np.int64)][:per_epoch])
+            totals += self._whole[e]
+        if self._current[0] != epoch:  # this epoch's sources in read order, until it ends
+            self._current = (epoch, self.source[np.asarray(order(epoch), dtype=np.int64)])
+        totals += self._bincount(self._current[1][:epoch_samples])
         return {f"data/mix/{name}": float(n) for name, n in zip(self.names, totals, strict=True)}
 
 
