@@ -5,6 +5,7 @@ position is not saved resumes with one warning. All runs but the killed one are 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -49,10 +50,8 @@ STEPS = 20
 COMMON = (
     "model=gpt",
     "model.dim=32",
-    "data.train._target_=streamlab.TokenStream",
     "data.block_size=32",
     "data.num_classes=64",
-    "data.val=null",
     "sched=constant",
     "optim.lr=3e-3",
     "trainer.batch_size=8",
@@ -70,6 +69,15 @@ def cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cwd
 
 
+def _stream(cwd: Path) -> list[str]:
+    """The user's stream over the token file, no validation."""
+    return [
+        "data.train._target_=streamlab.TokenStream",
+        f"data.train.path={cwd / 'tokens.bin'}",
+        "data.val=null",
+    ]
+
+
 def _user_folder(path: Path) -> Path:
     path.mkdir(exist_ok=True)
     write_module(path, "streamlab", STREAM)
@@ -80,30 +88,35 @@ def _user_folder(path: Path) -> Path:
 def runs(cwd: Path) -> Sweep:
     """Two sweeps: the uninterrupted runs and the first halves (stopped at step 10, their final
     checkpoint in a folder of their own), then the second halves, from those (resume=PATH)."""
-    data = f"data.train.path={cwd / 'tokens.bin'}"
-    w2, none = cwd / "ckpt_w2", cwd / "ckpt_none"
+    w2, none, stream = cwd / "ckpt_w2", cwd / "ckpt_none", _stream(cwd)
     first = {
-        "w0": ["data.num_workers=0", f"trainer.max_steps={STEPS}"],
-        "w2": ["data.num_workers=2", f"trainer.max_steps={STEPS}"],
-        "w2-first": ["data.num_workers=2", "trainer.max_steps=10", f"checkpoint.dir={w2}"],
-        "nostate-first": [*NOSTATE, "trainer.max_steps=10", f"checkpoint.dir={none}"],
+        "w0": [*stream, "data.num_workers=0", f"trainer.max_steps={STEPS}"],
+        "w2": [*stream, "data.num_workers=2", f"trainer.max_steps={STEPS}"],
+        "w2-first": [*stream, "data.num_workers=2", "trainer.max_steps=10", f"checkpoint.dir={w2}"],
+        "nostate-first": [*stream, *NOSTATE, "trainer.max_steps=10", f"checkpoint.dir={none}"],
     }
-    runs = run_sweep(_user_folder(cwd / "first"), first, *COMMON, data)
+    runs = run_sweep(_user_folder(cwd / "first"), first, *COMMON)
     rest = {
-        "w2-rest": ["data.num_workers=2", f"trainer.max_steps={STEPS}", f"resume={w2}"],
-        "nostate-rest": [*NOSTATE, f"trainer.max_steps={STEPS}", f"resume={none}"],
-    }
-    resumed = run_sweep(_user_folder(cwd / "rest"), rest, *COMMON, data)
+        "w2-rest": [*stream, "data.num_workers=2", f"trainer.max_steps={STEPS}", f"resume={w2}"],
+        "nostate-rest": [*stream, *NOSTATE, f"trainer.max_steps={STEPS}", f"resume={none}"],
+        # the built-in data=tokens on the same file: random windows, the tail validates
+        "tokens": ["data=tokens", f"data.path={cwd / 'tokens.bin'}", "data.val_fraction=0.1",
+                   "trainer.val_batches=3", f"trainer.max_steps={STEPS}"],
+    }  # fmt: skip
+    resumed = run_sweep(_user_folder(cwd / "rest"), rest, *COMMON)
     for name in rest:
         runs.add(name, resumed[name])
     return runs
 
 
-@pytest.mark.parametrize("name", ["w0", "w2"])
+@pytest.mark.parametrize("name", ["w0", "w2", "tokens"])
 def test_a_user_stream_trains_an_lm_and_its_loss_falls(runs: Sweep, name: str) -> None:
     losses = train_losses(runs[name])
     assert len(losses) == STEPS
     assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses
+    if name == "tokens":  # validated on the held-out tail, 3 batches per rank
+        summary = json.loads((runs[name] / "summary.json").read_text())
+        assert summary["val/loss"] < losses[0], summary
 
 
 def test_a_stream_resumed_from_a_checkpoint_ends_bitwise_like_the_uninterrupted_run(runs: Sweep) -> None:
@@ -126,7 +139,7 @@ def test_a_stream_killed_by_sigkill_restarts_and_ends_bitwise_like_the_uninterru
     proc = _start(
         _user_folder(cwd / "killed_cwd"),
         *COMMON,
-        f"data.train.path={cwd / 'tokens.bin'}",
+        *_stream(cwd),
         "data.num_workers=2",
         f"trainer.max_steps={STEPS}",
         "data.train.delay=0.03",  # ~0.12 s a step: the kill lands well before the last step

@@ -57,10 +57,13 @@ def test_every_data_option_builds_train_and_val_with_the_declared_shapes(data: s
             np.savez(tmp_path / f"{name}.npz", x=rng.random((20, 4)), y=rng.integers(0, 3, 20))
         overrides = [f"data.path={tmp_path / 'train.npz'}", f"data.val_path={tmp_path / 'val.npz'}",
                      "data.num_features=4", "data.num_classes=3"]  # fmt: skip
+    elif data == "tokens":
+        (np.arange(2000) % 50).astype(np.uint16).tofile(tmp_path / "train.bin")
+        overrides = [f"data.path={tmp_path / 'train.bin'}", "data.val_fraction=0.1", "data.block_size=16"]
     else:
         overrides = []
     cfg = checked([f"data={data}", *overrides])["data"]
-    if data == "text":
+    if data in ("text", "tokens"):
         train, val = build_datasets(cfg)
         x, y = train[0]
         assert x.shape == y.shape == (cfg["num_features"],) and int(x.max()) < cfg["num_classes"]
