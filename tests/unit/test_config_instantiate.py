@@ -49,8 +49,8 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 # files reads arrays written here; text is a sequence set (more in test_models.py)
 @pytest.mark.parametrize("data", options("data"))
 def test_every_data_option_builds_train_and_val_with_the_declared_shapes(data: str, tmp_path: Path) -> None:
-    if data in ("hf", "mix", "tokens"):  # dict rows, a mixture, token files: their own tests
-        pytest.skip("tests/unit/test_data_hf.py, test_data_mix.py and test_data_streams.py build them")
+    if data in ("hf", "mix"):  # dict rows from files, a mixture of sources: their own tests
+        pytest.skip("tests/unit/test_data_hf.py and test_data_mix.py build them")
     if data == "files":
         rng = np.random.default_rng(0)
         for name in ("train", "val"):
