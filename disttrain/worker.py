@@ -21,7 +21,8 @@ from disttrain.config.errors import ConfigError
 from disttrain.config.schema import AmpConfig, CheckpointConfig, DebugConfig, ProfilerConfig, TrainerConfig
 from disttrain.config.typed import typed
 from disttrain.data import build_datasets
-from disttrain.data.loaders import make_loaders
+from disttrain.data.loaders import loader_batches, make_loaders
+from disttrain.data.streams import LOADER, loader_state
 from disttrain.dist import DistEnv, destroy_process_group, init_process_group
 from disttrain.engine.guards import Guards
 from disttrain.engine.loop import Engine, Parts, global_batch, total_steps
@@ -157,7 +158,8 @@ def build_parts(cfg: dict[str, Any], env: DistEnv) -> tuple[Strategy, Parts]:
     dp_rank_size = strategy.data_parallel_rank_size()  # pipeline/tp ranks share data: not env.rank/world
     optimizer = strategy.setup_optimizer(build_optimizer(cfg["optim"], model, dp_rank_size[1]))
     train_loader, val_loader = make_loaders(cfg, env, train_set, val_set, dp_rank_size)
-    scheduler = build_scheduler(cfg["sched"], optimizer, total_steps(trainer, len(train_loader)))
+    batches = loader_batches(train_loader)  # None: a stream, which trains for trainer.max_steps
+    scheduler = build_scheduler(cfg["sched"], optimizer, total_steps(trainer, batches or 0))
     task = build_task(cfg["task"]).setup(env.device)
     return strategy, Parts(model, optimizer, scheduler, task, train_loader, val_loader)
 
@@ -185,6 +187,7 @@ def build_engine(
         run_info=run_info(cfg, strategy.name, env.world_size, dp_size, global_batch(trainer, dp_size)),
         barrier=strategy.barrier,
         extra_meta=lambda: {"trackers": metrics.tracker_state()},  # rank 0: tracker runs to continue
+        rank_states=stream_position(parts),
     )
     debug = typed(DebugConfig, cfg["debug"])
     guards = Guards(trainer.detect_anomaly, debug, env, strategy.precision, strategy, parts.model, ckpt.dir)
@@ -202,6 +205,15 @@ def build_engine(
         profiler=profiler,
         timeout_s=float(cfg["backend"]["timeout"]),
     )
+
+
+def stream_position(parts: Parts) -> dict[str, Any]:
+    """{"loader": what saves a stream's position} (per rank, per worker), or {}: a map-style
+    training set resumes from TrainState's position in the sampler's permutation instead."""
+    if loader_batches(parts.train_loader) is not None:
+        return {}
+    saver = loader_state(parts.train_loader)
+    return {} if saver is None else {LOADER: saver}
 
 
 def launcher_pid() -> int:

@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -140,11 +140,15 @@ def resume_location(cfg: dict[str, Any], run_dir: Path) -> Path | None:
     return Path(str(resume))
 
 
+RANK_STATES = "rank_states"  # the key of the per-rank states in a rank's rng_rank<r>.pt
+
+
 @dataclass
 class Restored:
     path: Path
     meta: dict[str, Any]
     rng: dict[str, Any] | None  # this rank's RNG states: set once the resumed epoch's iterator exists
+    rank_states: list[str] = field(default_factory=list)  # the per-rank states restored (see Checkpointer)
 
 
 class Checkpointer:
@@ -160,8 +164,12 @@ class Checkpointer:
         run_info: dict[str, Any] | None = None,
         barrier: Callable[[], None] = lambda: None,
         extra_meta: Callable[[], dict[str, Any]] = dict,
+        rank_states: dict[str, Stateful] | None = None,
     ) -> None:
         self.cfg, self.dir, self.env = cfg, directory, env
+        # States that differ by rank and are not tensors (a stream loader's position, per worker):
+        # saved with this rank's RNG states in its own file, restored at the same data-parallel size.
+        self.rank_states = dict(rank_states or {})
         self.train = states[TRAIN]
         self.states = {k: v for k, v in states.items() if k != TRAIN}  # the sharded part
         self.run_info = run_info or {}
@@ -229,7 +237,7 @@ class Checkpointer:
                 self.dir,
                 step,
                 app,
-                rng_state(self.env.device),
+                self._per_rank(),
                 meta,
                 rank=self.env.rank,
                 keep=self.cfg.keep,
@@ -256,6 +264,13 @@ class Checkpointer:
     def protected(self) -> list[str]:
         """checkpoint.keep_best's checkpoints, best first (TrainState.best): never pruned by keep."""
         return [checkpoint.step_name(int(step)) for _, step in getattr(self.train, "best", [])]
+
+    def _per_rank(self) -> dict[str, Any]:
+        """This rank's file: its RNG states, and its rank states under RANK_STATES (captured now)."""
+        state = rng_state(self.env.device)
+        if self.rank_states:
+            state[RANK_STATES] = {name: obj.state_dict() for name, obj in self.rank_states.items()}
+        return state
 
     def staged(self, before: str) -> None:
         """Called before the state changes (`before`: "forward" or "update", the optimizer step):
@@ -397,6 +412,7 @@ class Checkpointer:
             self.states[name].load_state_dict(app if name == MODEL else app[name])
         self.train.load_state_dict(meta)
         self.last_saved_step = self.step
+        restored = self._restore_rank_states(rng.pop(RANK_STATES, None) if rng else None, meta)
         if rng is None:
             log.warning(
                 "rank %d: the checkpoint has no RNG state for this rank; keeping the seeded one",
@@ -404,7 +420,20 @@ class Checkpointer:
             )
         if report:
             self._report(path, meta)
-        return Restored(path, meta, rng)
+        return Restored(path, meta, rng, restored)
+
+    def _restore_rank_states(self, saved: dict[str, Any] | None, meta: dict[str, Any]) -> list[str]:
+        """Load the per-rank states this checkpoint holds for this rank, only when it was saved at
+        this data-parallel size (rank r's position means nothing to another split of the data)."""
+        if not saved or not self.rank_states:
+            return []
+        dp_then, dp_now = meta.get("dp_world_size"), self.run_info.get("dp_world_size")
+        if dp_then is not None and dp_now is not None and dp_then != dp_now:
+            return []
+        names = [name for name in self.rank_states if name in saved]
+        for name in names:
+            self.rank_states[name].load_state_dict(saved[name])
+        return names
 
     def _report(self, path: Path, meta: dict[str, Any]) -> None:
         if not self.env.is_zero:

@@ -82,6 +82,17 @@ class DataConfig:
     prefetch_factor: int | None = _h("batches each worker loads ahead (num_workers > 0); null: 2", None)
     drop_last: bool = _h("drop the last incomplete batch of an epoch", True)
     shuffle: bool = _h("reshuffle the training set every epoch (seeded)", True)
+    shard: str = _h(
+        "a stream (IterableDataset): none (it gives each rank and worker its own part itself) or auto "
+        "(disttrain splits it: element i to the reader with i % (replicas x workers) == its slot); "
+        "map-style data is always split by the sampler",
+        "none",
+    )
+    stateful: bool = _h(
+        "a stream's position goes into each checkpoint (torchdata StatefulDataLoader, per rank and "
+        "worker): a resume continues with the next batch; false: a resumed stream starts over",
+        True,
+    )
 
 
 def _digits(split: str) -> Any:
@@ -179,6 +190,126 @@ class FilesDataConfig(DataConfig):
     val_path: str | None = _h("validation arrays in the same format; null: no validation", None)
     train: Any = _files("path")
     val: Any = _files("val_path")
+
+
+def _tokens(split: str) -> Any:
+    """load_tokens' node for one split, wired to the data keys."""
+    return field(
+        default_factory=lambda: {
+            "_target_": "disttrain.data.tokens.load_tokens",
+            "path": II("data.path"),
+            "block_size": II("data.block_size"),
+            "dtype": II("data.dtype"),
+            "sampling": II("data.sampling"),
+            "val_path": II("data.val_path"),
+            "val_fraction": II("data.val_fraction"),
+            "seed": II("seed"),
+            "split": split,
+        }
+    )
+
+
+@dataclass
+class TokensDataConfig(DataConfig):
+    name: str = "tokens"
+    path: str = _h("a token file (nanoGPT's .bin: raw little-endian ids) or a glob of shards", MISSING)
+    dtype: str = _h("the ids' type: uint16 (vocab <= 65536) or uint32", "uint16")
+    block_size: int = _h("tokens per sample (the model's context length)", 256)
+    sampling: str = _h(
+        "random (nanoGPT's windows at random offsets, drawn from seed and sample index) or sequential "
+        "(non-overlapping windows in order)",
+        "random",
+    )
+    val_path: str | None = _h(
+        "a validation token file or glob (read in order); null: the held-out tail", None
+    )
+    val_fraction: float = _h("with no val_path: the last fraction of the tokens validates (0: none)", 0.0)
+    num_features: int = II("data.block_size")
+    num_classes: int = _h("vocabulary size (the model's output width): above the largest token id", 50304)
+    shuffle: bool = _h("reorder the windows every epoch (random sampling is random already)", False)
+    train: Any = _tokens("train")
+    val: Any = _tokens("val")
+
+
+def _hf(role: str) -> Any:
+    """load_hf's node for one role (train or val), wired to the data keys. `data.map` is built by
+    load_hf itself (as a function, not called), so Hydra must not instantiate it first."""
+    return field(
+        default_factory=lambda: {
+            "_target_": "disttrain.data.hf.load_hf",
+            "_recursive_": False,
+            "path": II("data.path"),
+            "format": II("data.format"),
+            "split": II("data.split"),
+            "columns": II("data.columns"),
+            "map": II("data.map"),
+            "map_batched": II("data.map_batched"),
+            "streaming": II("data.streaming"),
+            "val_split": II("data.val_split"),
+            "val_path": II("data.val_path"),
+            "role": role,
+        }
+    )
+
+
+@dataclass
+class HFDataConfig(DataConfig):
+    name: str = "hf"
+    path: str = _h(
+        "a folder saved with Dataset.save_to_disk, or data files (.json/.jsonl, .parquet, .txt, .csv; "
+        "a glob for several)",
+        MISSING,
+    )
+    format: str | None = _h(
+        "json, parquet, text or csv; null: from the suffix (a folder: save_to_disk)", None
+    )
+    split: str = _h("the training split: a name (a saved DatasetDict's), or a slice: train[:90%]", "train")
+    val_split: str | None = _h(
+        "validation from the same source: a split name or a slice (train[90%:]); null: none", None
+    )
+    val_path: str | None = _h("validation from its own folder or files (split data.split); null: none", None)
+    columns: list[str] | None = _h("the columns that become batch fields; null: all", None)
+    map: Any = _h(
+        "a function applied to every row with Dataset.map, by _target_ (its other keys are bound); "
+        "empty or null: none",
+        factory=dict,
+    )
+    map_batched: bool = _h("data.map takes and returns a batch of rows (a dict of lists)", False)
+    streaming: bool = _h(
+        "read as a stream (an IterableDataset split by data-parallel rank); needs trainer.max_steps", False
+    )
+    train: Any = _hf("train")
+    val: Any = _hf("val")
+
+
+def _mix() -> Any:
+    """load_mix's node: it builds each source itself (naming data.mix.<name> in errors)."""
+    return field(
+        default_factory=lambda: {
+            "_target_": "disttrain.data.mix.load_mix",
+            "_recursive_": False,
+            "sources": II("data.mix"),
+            "size": II("data.size"),
+            "seed": II("data.seed"),
+        }
+    )
+
+
+@dataclass
+class MixDataConfig(DataConfig):
+    name: str = "mix"
+    mix: dict[str, Any] = _h(
+        "the sources by name: each a data set spec (_target_ and its keys, or builtin: synthetic/text/"
+        "digits/files/hf with their keys) plus weight (its share of the samples)",
+        factory=dict,
+    )
+    size: int | None = _h(
+        "samples in one epoch of the mixture; null: the most without repeating a source", None
+    )
+    seed: int = _h(
+        "seed of which sample of which source comes where (independent of the sources)", II("seed")
+    )
+    train: Any = _mix()
 
 
 # ------------------------------------------------------------------------------------------- task
@@ -421,6 +552,9 @@ class TrainerConfig:
     log_every: int = _h("optimizer steps between train-metric logs", 10)
     val_every: int = _h("optimizer steps between validations; 0: at the end of each epoch", 0)
     ckpt_every: int = _h("optimizer steps between checkpoints; 0: only the final one", 0)
+    val_batches: int | None = _h(
+        "validation batches per rank (required for a stream validation set); null: the whole set", None
+    )
     progress: bool = _h(
         "rich progress bar on rank 0 when stderr is a terminal (plain lines every log_every otherwise)", True
     )
@@ -631,6 +765,9 @@ def register() -> None:
             "base_synthetic": SyntheticDataConfig,
             "base_text": TextDataConfig,
             "base_files": FilesDataConfig,
+            "base_tokens": TokensDataConfig,
+            "base_hf": HFDataConfig,
+            "base_mix": MixDataConfig,
         },
         "task": {
             "base_classification": ClassificationTaskConfig,
@@ -656,7 +793,7 @@ def register() -> None:
 
 # Groups whose node (or, for data, whose train/val nodes) is a `_target_` plug-in point.
 OPEN_GROUPS = ("model", "optim", "sched", "task")
-OPEN_DATA_NODES = ("train", "val")
+OPEN_DATA_NODES = ("train", "val", "map", "mix")  # map, mix: data=hf's function, data=mix's sources
 
 
 def _open(group: str, node: type) -> Any:

@@ -26,6 +26,9 @@ AMP = {"off": "float32", "bf16": "bfloat16", "fp16": "float16"}
 ANOMALY = ("off", "stop", "skip")
 OOM = ("off", "auto_microbatch")
 VERIFY = ("size", "hash")
+SHARD = ("none", "auto")  # data.shard (disttrain.data.streams)
+SAMPLING = ("random", "sequential")  # data=tokens
+TOKEN_DTYPES = ("uint16", "uint32")
 
 
 def _at_least(cfg: dict[str, Any], key: str, low: float, hint: str) -> None:
@@ -234,6 +237,8 @@ def _check_trainer(cfg: dict[str, Any]) -> None:
     _at_least(cfg, "trainer.log_every", 1, "log every N optimizer steps.")
     _at_least(cfg, "trainer.val_every", 0, "0 validates at the end of each epoch.")
     _at_least(cfg, "trainer.ckpt_every", 0, "0 saves only the final checkpoint.")
+    if t.get("val_batches") is not None:
+        _at_least(cfg, "trainer.val_batches", 1, "null validates on the whole set; e.g. 50 caps it.")
     if t["max_steps"] == 0 or t["max_steps"] < -1:
         raise ConfigError("trainer.max_steps", t["max_steps"], "-1 (use max_epochs) or >= 1", "e.g. 1000.")
     if t["max_steps"] == -1:
@@ -300,12 +305,36 @@ def _check_optim(cfg: dict[str, Any]) -> None:
 def _check_data(cfg: dict[str, Any]) -> None:
     """Ranges of the built-in data options' own keys (text: block_size, val_fraction)."""
     data = cfg["data"]
+    if data.get("streaming") and cfg["trainer"]["max_steps"] == -1:
+        raise ConfigError(
+            "trainer.max_steps",
+            -1,
+            ">= 1 with data.streaming=true",
+            "a stream has no length, so an epoch count cannot say when training ends: set "
+            "trainer.max_steps=N (optimizer steps), or data.streaming=false.",
+        )
+    if data.get("streaming") and data.get("shard") == "auto":
+        raise ConfigError(
+            "data.shard",
+            "auto",
+            "none with data.streaming=true",
+            "data=hf splits its stream by data-parallel rank itself (split_dataset_by_node) and its "
+            "loader workers by file; auto would split each part again and drop samples.",
+        )
     if "block_size" in data:
         _at_least(cfg, "data.block_size", 1, "tokens per sample, e.g. data.block_size=64.")
     if "num_samples" in data:
         _at_least(cfg, "data.num_samples", 1, "training samples to generate, e.g. data.num_samples=2048.")
     if "num_val_samples" in data:
         _at_least(cfg, "data.num_val_samples", 0, "validation samples to generate; 0 validates on nothing.")
+    if "shard" in data:
+        _choice(cfg, "data.shard", SHARD, "auto: disttrain splits a stream; none: the stream splits itself.")
+    if "sampling" in data:
+        _choice(cfg, "data.sampling", SAMPLING, "random: nanoGPT's random windows; sequential: in order.")
+    if "dtype" in data and "sampling" in data:
+        _choice(
+            cfg, "data.dtype", TOKEN_DTYPES, "the dtype the token file was written with (nanoGPT: uint16)."
+        )
     if "val_fraction" in data:
         fraction = data["val_fraction"]
         if fraction is None or not 0.0 <= fraction < 1.0:
@@ -388,6 +417,7 @@ def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
 
     from disttrain.config.gpus import check_bf16, check_nccl_ranks
     from disttrain.data import build_datasets
+    from disttrain.data.streams import is_stream
     from disttrain.models.checked import model_for_checks
     from disttrain.tasks import build_task
     from disttrain.tasks.dry_step import dry_step
@@ -398,11 +428,12 @@ def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     gpus = check_nccl_ranks(cfg)  # compares what `auto` becomes, not the literal backend name
     check_bf16(cfg, gpus)
     train, val = build_datasets(cfg["data"])
-    if len(train) == 0:
-        _empty_training_set(cfg["data"], train)
     replicas = specs.dp_degree(cfg)  # ranks that split one model (pipeline, tp) share a batch
     per_step = replicas * cfg["trainer"]["batch_size"] * cfg["trainer"]["grad_accum"]
-    if len(train) < per_step:
+    streams = _check_streams(cfg, train, val)
+    if not streams and len(train) == 0:
+        _empty_training_set(cfg["data"], train)
+    if not streams and len(train) < per_step:
         raise ConfigError(
             "trainer.batch_size",
             cfg["trainer"]["batch_size"],
@@ -414,7 +445,7 @@ def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     model = model_for_checks(cfg["model"])  # never loads weights: see disttrain.models.checked
     if model.meta is not None:
         with torch.device("meta"):
-            check_optim_runtime(cfg, model.meta, len(train) // per_step)
+            check_optim_runtime(cfg, model.meta, 1 if streams else len(train) // per_step)
         spec, strategy = specs.of(cfg)
         if spec.check_model is not None:
             spec.check_model(cfg, strategy, model.meta, gpus)
@@ -425,10 +456,44 @@ def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
 
     mark("dry_step_start")
     dry_step(cfg, lambda: build_task(cfg["task"]), model.meta, model.build_cpu, train, val)
-    sizes = {"train": len(train)}
-    if val is not None:
+    sizes = {} if is_stream(train) else {"train": len(train)}
+    if val is not None and not is_stream(val):
         sizes["val"] = len(val)
     return sizes
+
+
+def _check_streams(cfg: dict[str, Any], train: Any, val: Any) -> bool:
+    """A stream (IterableDataset) has no length: the run's length is trainer.max_steps, and a
+    stream validation set is read for trainer.val_batches batches. True when data.train is one."""
+    from disttrain.data.streams import first_samples, is_stream
+
+    if val is not None and is_stream(val) and _get(cfg, "trainer.val_batches") is None:
+        raise ConfigError(
+            "trainer.val_batches",
+            None,
+            "a number >= 1 with a stream (IterableDataset) data.val",
+            f"{type(val).__name__} has no length, and every rank must run the same number of validation "
+            "forwards: set e.g. trainer.val_batches=20 (batches per rank), or data.val=null.",
+        )
+    if not is_stream(train):
+        return False
+    if cfg["trainer"]["max_steps"] < 1:
+        raise ConfigError(
+            "trainer.max_steps",
+            cfg["trainer"]["max_steps"],
+            "a number >= 1 with a stream (IterableDataset) data.train",
+            f"{type(train).__name__} has no length, so trainer.max_epochs cannot say how long to train: "
+            "set e.g. trainer.max_steps=1000 (optimizer steps; a stream that ends starts over).",
+        )
+    if not first_samples(train, 1):
+        raise ConfigError(
+            "data.train",
+            type(train).__name__,
+            "a stream that yields at least one sample",
+            "iterating it in the launcher gave nothing: check what data.train builds (its files, its "
+            "filters); a stream that reads the rank itself sees rank 0 of 1 here.",
+        )
+    return True
 
 
 def check_optim_runtime(cfg: dict[str, Any], model: Any, batches_per_epoch: int) -> None:

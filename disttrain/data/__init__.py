@@ -43,9 +43,14 @@ def file_error(exc: BaseException, data: dict[str, Any], split: str) -> ConfigEr
         )
     else:
         hint = "the file is empty, cut short or not in the format its suffix says; write it again"
+    allowed = (
+        "a token file or a glob of them (raw uint16/uint32 ids: nanoGPT's .bin) for data=tokens"
+        if str(spec.get("_target_")).endswith("load_tokens")
+        else "a readable data file: .npz (arrays x, y), .pt (dict x, y or a tuple), .csv, or text for data=text"
+    )
     return ConfigError(
         key,
         path if path is not None else spec.get("_target_"),
-        "a readable data file: .npz (arrays x, y), .pt (dict x, y or a tuple), .csv, or text for data=text",
+        allowed,
         f"{hint}. The loader {spec.get('_target_')} raised {said}",
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import DistributedSampler, Sampler
 
 
@@ -21,11 +22,26 @@ class ResumableSampler(DistributedSampler):
         self.start = max(0, start)
 
     def __iter__(self) -> Iterator[int]:
+        if not self.shuffle and self.drop_last:
+            # The same indices as DistributedSampler's, as a range: a data set of a billion windows
+            # (data=tokens) costs no list of a billion ints per rank.
+            return iter(range(self.rank, self.total_size, self.num_replicas)[self.start :])
         indices = list(super().__iter__())
         return iter(indices[self.start :])
 
     def __len__(self) -> int:
         return max(0, super().__len__() - self.start)
+
+    def global_order(self, epoch: int) -> list[int]:
+        """Epoch `epoch`'s samples in the order the ranks read them together: rank r reads places
+        r, r + world, ... of it, so after k samples per rank the ranks have read its first
+        k x world. DistributedSampler's permutation, before it is dealt out (and cut: drop_last)."""
+        n = len(self.dataset)  # type: ignore[arg-type]
+        if not self.shuffle:
+            return list(range(n))[: self.total_size]
+        g = torch.Generator()
+        g.manual_seed(self.seed + epoch)
+        return torch.randperm(n, generator=g).tolist()[: self.total_size]
 
 
 class ShardSampler(Sampler[int]):

@@ -77,7 +77,8 @@ def evaluate(cfg: dict[str, Any], env: DistEnv, job: dict[str, Any]) -> dict[str
     restored = restore(cfg, env, strategy, parts.model, parts.optimizer, Path(job["checkpoint"]))
     where = {"checkpoint": str(restored[0]), "step": restored[1], "world_size": env.world_size}
     if job["mode"] == "eval":
-        values = validation(strategy, parts.model, parts.task, parts.val_loader, env.device)
+        cap = cfg["trainer"]["val_batches"]  # a stream's validation length (trainer.val_batches)
+        values = validation(strategy, parts.model, parts.task, parts.val_loader, env.device, cap)
         result = {**where, "metrics": values, "strategy": strategy.name}
         if env.is_zero:
             write_json(Path(job["out"]), result)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -16,6 +17,8 @@ from torch.utils.data import DataLoader, default_collate
 
 from disttrain.checkpoint.manager import Checkpointer
 from disttrain.config.schema import TrainerConfig
+from disttrain.data.loaders import loader_batches
+from disttrain.data.streams import LOADER, first_samples, is_stream
 from disttrain.dist import DistEnv, default_store
 from disttrain.engine.amp import Precision
 from disttrain.engine.guards import AnomalyError, DesyncError, Guards
@@ -89,13 +92,23 @@ class Engine:
         self.state, self.ckpt, self.metrics, self.guards = state, ckpt, metrics, guards
         self.profiler = profiler if profiler is not None else NullProfiler()
         self.accum = trainer.grad_accum
-        self.steps_per_epoch = len(self.train_loader) // self.accum
-        if self.steps_per_epoch < 1:
-            raise ValueError(
-                f"{len(self.train_loader)} batches per epoch on this rank cannot fill one step of "
-                f"grad_accum={self.accum}"
-            )
-        self.total_steps = total_steps(trainer, len(self.train_loader))
+        batches_per_epoch = loader_batches(self.train_loader)
+        self.stream = batches_per_epoch is None  # an IterableDataset: steps until max_steps
+        if self.stream:
+            if trainer.max_steps < 1:
+                raise ValueError("a stream (IterableDataset) trains for trainer.max_steps: set it")
+            self.steps_per_epoch: int | None = None
+            self.total_steps = trainer.max_steps
+        else:
+            assert batches_per_epoch is not None
+            self.steps_per_epoch = batches_per_epoch // self.accum
+            if self.steps_per_epoch < 1:
+                raise ValueError(
+                    f"{batches_per_epoch} batches per epoch on this rank cannot fill one step of "
+                    f"grad_accum={self.accum}"
+                )
+            self.total_steps = total_steps(trainer, batches_per_epoch)
+        self.empty_passes = 0  # consecutive passes over a stream that filled no step
         self.dp_size = strategy.data_parallel_rank_size()[1]
         self.global_batch = global_batch(trainer, self.dp_size)
         self.timeout_s = timeout_s
@@ -127,6 +140,15 @@ class Engine:
         restored = self.ckpt.resume(location) if location is not None else None
         if restored is not None:
             self.pending_rng = restored.rng
+            if self.stream and LOADER not in restored.rank_states:
+                log.warning(
+                    "data.train is a stream whose position %s: the resumed run will not replay the same "
+                    "samples (it reads the stream from its start)",
+                    "is not in the checkpoint (saved without it, or at another data-parallel size)"
+                    if LOADER in self.ckpt.rank_states
+                    else "is not saved (data.stateful=false, torchdata missing, or workers over a stream "
+                    "without its own state_dict)",
+                )
         self.metrics.start(restored.meta if restored is not None else None)
         return restored.path if restored is not None else None
 
@@ -196,7 +218,7 @@ class Engine:
                     return
             s.epoch += 1
             s.epoch_samples = 0
-            if not t.val_every:
+            if not t.val_every and not self.stream:  # a stream ends on each rank at its own step
                 self.validate()
                 self._save_best()
                 if self.early_stop:
@@ -359,7 +381,9 @@ class Engine:
         """Loss and metric over the whole validation set, weighted by sample counts across ranks."""
         if self.val_loader is None:
             return {}
-        values = validation(self.strategy, self.model, self.task, self.val_loader, self.env.device)
+        values = validation(
+            self.strategy, self.model, self.task, self.val_loader, self.env.device, self.t.val_batches
+        )
         if not values:  # no sample on any rank: a loss of 0.0 would read as a perfect model
             log.warning(
                 "step %d: the validation set is empty (0 samples on every rank): no val metrics recorded",
@@ -384,14 +408,39 @@ class Engine:
         if self.pending_rng is not None:  # after iter(): the interrupted run drew from the RNG there too
             set_rng_state(self.pending_rng, self.env.device)
             self.pending_rng = None
+        if self.stream:
+            yield from self._stream_groups(batches)
+            return
         for _ in range(len(self.train_loader) // self.accum):
             t0 = time.perf_counter()
             group = [next(batches) for _ in range(self.accum)]
             self.data_wait_s += time.perf_counter() - t0
             yield group
 
+    def _stream_groups(self, batches: Iterator[Any]) -> Iterator[list[Any]]:
+        """A stream's steps until it ends (a last incomplete group is dropped). Two passes in a row
+        without one step (the first may be the tail of a resumed pass) mean a stream too short."""
+        filled = False
+        while True:
+            t0 = time.perf_counter()
+            group = list(itertools.islice(batches, self.accum))
+            self.data_wait_s += time.perf_counter() - t0
+            if len(group) < self.accum:
+                break
+            filled = True
+            yield group
+        self.empty_passes = 0 if filled else self.empty_passes + 1
+        if self.empty_passes >= 2:
+            raise ValueError(
+                f"rank {self.env.rank}: a whole pass over the data.train stream gave fewer than "
+                f"grad_accum={self.accum} batches of trainer.batch_size={self.t.batch_size}: it yields "
+                "too little for this rank (is it split across more ranks/workers than it has parts?)"
+            )
+
     def _set_epoch(self, epoch: int) -> None:
         """Seed the epoch's permutation; a resumed epoch starts after the samples already consumed."""
+        if self.stream:
+            return  # a stream keeps its own position (the loader's state, restored on resume)
         sampler = self.train_loader.sampler
         set_epoch = getattr(sampler, "set_epoch", None)
         if set_epoch is not None:
@@ -423,10 +472,21 @@ class Engine:
         values.update(self.task.derived(values))
         values.update(self.throughput.rates(window.tokens * self.dp_size, elapsed, window.steps))
         values.update(self.guards.metrics())
+        values.update(self._data_counts())
         values.update(gpu_memory.peaks(self.env))  # a collective on CUDA (every rank logs this step)
         self.metrics.log(self.state.step, values, epoch=self.state.epoch)
         log.debug("step %d %s", self.state.step, values)
         return values
+
+    def _data_counts(self) -> dict[str, float]:
+        """Per-source sample counts of a data set that keeps them (data=mix: `data/mix/<name>`)."""
+        counts = getattr(self.train_loader.dataset, "consumed_counts", None)
+        if counts is None or self.steps_per_epoch is None:  # a mixture is map-style: it has epochs
+            return {}
+        s = self.state
+        return counts(
+            self.train_loader.sampler, s.epoch, s.epoch_samples, self.steps_per_epoch * self.global_batch
+        )
 
     def _summary(self, elapsed: float) -> dict[str, Any]:
         s = self.state
@@ -447,21 +507,29 @@ class Engine:
 
 @torch.no_grad()
 def validation(
-    strategy: Strategy, model: nn.Module, task: Task, loader: DataLoader, device: torch.device
+    strategy: Strategy,
+    model: nn.Module,
+    task: Task,
+    loader: DataLoader,
+    device: torch.device,
+    cap: int | None = None,
 ) -> dict[str, float]:
-    """val/loss (and val/<metric>) of `model` over every sample of `loader`'s shards, weighted by
-    sample counts across ranks; {} when no rank has a sample. Every rank calls it (collectives):
-    training's validation and `disttrain eval` share it."""
+    """val/loss (and val/<metric>) of `model` over `loader`'s shards (at most `cap` batches each,
+    trainer.val_batches: a stream's length), weighted by sample counts across ranks; {} when no
+    rank has a sample. Every rank calls it (collectives): training's validation and `disttrain
+    eval` share it."""
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss*n, metric numerator, n
     batch: Any = None
-    for batch in loader:
+    done = 0
+    for batch in itertools.islice(loader, cap):
         inputs, target = task.unpack(batches.to_device(batch, device))
         sums += strategy.eval_step(model, inputs, target, task)
-    for _ in range(val_batches(loader) - len(loader)):
+        done += 1
+    for _ in range(val_batches(loader, cap) - done):
         # A shorter shard: join the other ranks' collectives with a forward whose result is dropped.
         if batch is None:
-            batch = default_collate([loader.dataset[0]])
+            batch = default_collate(first_samples(loader.dataset, 1))
         inputs, target = task.unpack(batches.to_device(batch, device))
         strategy.eval_step(model, inputs, target, task)
     sums = strategy.all_reduce(sums, op="sum")
@@ -475,12 +543,16 @@ def validation(
     return values
 
 
-def val_batches(loader: DataLoader) -> int:
-    """Batches of the longest validation shard: every rank runs this many forwards."""
+def val_batches(loader: DataLoader, cap: int | None = None) -> int:
+    """Batches of the longest validation shard, at most `cap` (trainer.val_batches): every rank
+    runs this many forwards. A stream runs `cap` (the pre-launch checks require it)."""
+    if is_stream(loader.dataset):
+        if cap is None:
+            raise ValueError("a stream validation set needs trainer.val_batches")
+        return cap
     longest = getattr(loader.sampler, "longest", None)
-    if longest is None or loader.batch_size is None:
-        return len(loader)
-    return -(-longest // loader.batch_size)
+    n = len(loader) if longest is None or loader.batch_size is None else -(-longest // loader.batch_size)
+    return n if cap is None else min(n, cap)
 
 
 def split_batches(micro_batches: list[Any], parts: int) -> list[Any]:

@@ -21,6 +21,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.data import default_collate
 
 from disttrain.config.errors import ConfigError
+from disttrain.data.streams import first_samples
 from disttrain.tasks import Classification, LanguageModel, Regression, Task
 from disttrain.tasks.batch import describe, to_device
 
@@ -53,8 +54,8 @@ def dry_step(
     is logged, not raised (it may be the meta device's, not the config's)."""
     samples = _samples(train, "data.train")
     batch = _collate(samples, "data.train")
-    if val is not None and len(val) > 0:
-        _same_structure(samples[0], _samples(val, "data.val")[0])
+    if val is not None and (val_samples := _samples(val, "data.val")):
+        _same_structure(samples[0], val_samples[0])
     task = build_task()
     try:
         inputs, target = task.unpack(batch)
@@ -141,12 +142,15 @@ def _run(task: Task, model: nn.Module, batch: Any, device: torch.device) -> Conf
 
 
 def _samples(data: Any, key: str) -> list[Any]:
+    """Two samples, by index (map-style) or the stream's first two (an IterableDataset)."""
     try:
-        n = len(data)
-        return [data[i] for i in range(min(n, 2))]
+        return first_samples(data, 2)
     except Exception as exc:
         raise ConfigError(
-            key, type(data).__name__, "a map-style Dataset (len and [index])", f"data[0] raised {_said(exc)}."
+            key,
+            type(data).__name__,
+            "a map-style Dataset (len and [index]) or an IterableDataset",
+            f"reading its first samples raised {_said(exc)}.",
         ) from None
 
 

@@ -395,15 +395,16 @@ def sample_batch(cfg: dict[str, Any], batch: int) -> Any:
     from torch.utils.data import default_collate
 
     from disttrain.data import build_datasets
+    from disttrain.data.streams import first_samples
 
     try:
         train, _ = build_datasets(cfg["data"])
-        n = len(train)
+        samples = first_samples(train, batch)
     except Exception as exc:
         return f"the data set could not be read ({type(exc).__name__})"
-    if n == 0:
+    if not samples:
         return "the training set is empty"
-    return default_collate([train[i % n] for i in range(batch)])
+    return default_collate([samples[i % len(samples)] for i in range(batch)])
 
 
 # ------------------------------------------------------------------------------------ main

@@ -198,3 +198,33 @@ def test_a_crafted_meta_value_falls_back_to_the_previous_checkpoint(
         restored = fresh.resume(tmp_path)
     assert restored is not None and restored.path.name == "step_00000001" and state2.step == 1
     assert f"meta.json has {key} " in caplog.text or f"meta.json has {key} of type" in caplog.text
+
+
+class Position:
+    """A per-rank state (a stream loader's position): not a tensor, different on every rank."""
+
+    def __init__(self, at: int = 0) -> None:
+        self.at = at
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "workers": [{"yielded": self.at}]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.at = state["at"]
+
+
+def test_rank_states_go_into_the_ranks_file_and_come_back_at_the_same_dp_size(tmp_path: Path) -> None:
+    ckpt, *_, state, _ = manager(tmp_path, rank_states={"loader": Position(17)})
+    state.step = 3
+    ckpt.save("periodic")
+    back = Position()
+    again, *_ = manager(tmp_path, rank_states={"loader": back})
+    restored = again.resume(tmp_path)
+    assert restored is not None and restored.rank_states == ["loader"] and back.at == 17
+    assert "rank_states" not in (restored.rng or {})  # the RNG states alone are set later
+
+    other = Position()
+    resharded, *_ = manager(tmp_path, rank_states={"loader": other})
+    resharded.run_info["dp_world_size"] = 2  # rank 0's position at 1 replica means nothing at 2
+    restored = resharded.resume(tmp_path)
+    assert restored is not None and restored.rank_states == [] and other.at == 0

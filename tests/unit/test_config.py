@@ -33,6 +33,9 @@ NEEDS = {
     ("strategy", "dp"): ["nproc_per_node=1"],
     ("model", "gpt"): ["data=text"],
     ("data", "files"): ["data.path=train.npz", "data.num_features=4", "data.num_classes=2"],
+    ("data", "hf"): ["data.path=train.jsonl", "data.num_features=4", "data.num_classes=2"],
+    ("data", "mix"): ["data.num_features=4", "data.num_classes=2"],
+    ("data", "tokens"): ["data.path=train.bin"],
     ("launcher", "k8s"): ["launcher.image=ghcr.io/lab/train:1"],  # required: no image works silently
 }
 

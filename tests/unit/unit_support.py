@@ -191,6 +191,8 @@ BAD_STATIC = [
     Bad("name-traversal", ("name=../../escape",), "name", "'../../escape'"),
     Bad("name-only-dots", ("name=..",), "name", ".."),
     Bad("files-without-path", ("data=files",), "data.path", "???"),
+    Bad("hf-stream-without-max-steps", ("data=hf", "data.path=rows.jsonl", "data.streaming=true",
+        "data.num_features=4", "data.num_classes=2"), "trainer.max_steps", "-1"),
 ]
 
 BAD_RUNTIME = [
@@ -220,6 +222,8 @@ BAD_RUNTIME = [
     Bad("text-block-too-long", ("model=gpt", "data.block_size=100000000"), "data.block_size", "100000000",
         runtime=True),
     Bad("resume-without-checkpoint", ("resume=.",), "resume", ".", runtime=True),  # review D9
+    Bad("hf-missing-file", ("data=hf", "data.path=rows.jsonl", "data.num_features=4", "data.num_classes=2"),
+        "data.path", "rows.jsonl", runtime=True),
 ]
 # fmt: on
 

@@ -1,0 +1,200 @@
+"""Streams (IterableDataset) and token files, in process: who reads which element (data.shard=auto),
+the checks a stream without a length needs, and data=tokens' windows (tokens.py)."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DistributedSampler, IterableDataset
+from unit_support import checked, write_module
+
+from disttrain.config import ConfigError
+from disttrain.data import streams
+from disttrain.data.samplers import ResumableSampler
+from disttrain.data.tokens import load_tokens
+
+STREAM = '''
+import torch
+from torch.utils.data import IterableDataset
+
+class Numbers(IterableDataset):
+    """Samples (x, y) of 8 features and a class, as a stream with no length."""
+    def __init__(self, n=64):
+        self.n = n
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        for i in range(self.n):
+            yield torch.randn(8, generator=g), i % 4
+'''
+
+
+class Count(IterableDataset):
+    def __init__(self, n: int) -> None:
+        self.n, self.at = n, 0
+
+    def __iter__(self) -> Iterator[int]:
+        while self.at < self.n:
+            self.at += 1
+            yield self.at - 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"at": self.at}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.at = state["at"]
+
+
+def _read(dataset: IterableDataset, worker: int, workers: int, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    info = SimpleNamespace(id=worker, num_workers=workers) if workers else None
+    monkeypatch.setattr(streams, "get_worker_info", lambda: info)
+    return list(dataset)
+
+
+@pytest.mark.parametrize("dp_size,workers", [(1, 0), (2, 0), (2, 2), (3, 2)])
+def test_shard_auto_gives_each_reader_its_slot_and_all_of_them_everything(
+    dp_size: int, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[tuple[int, int], list[int]] = {}
+    for rank in range(dp_size):
+        for worker in range(max(1, workers)):
+            wrapped = streams.shard(range_stream(50), "auto", rank, dp_size)
+            seen[rank, worker] = _read(wrapped, worker, workers, monkeypatch)
+    readers = dp_size * max(1, workers)
+    for (rank, worker), items in seen.items():
+        assert items == [i for i in range(50) if i % readers == rank * max(1, workers) + worker]
+    assert sorted(i for items in seen.values() for i in items) == list(range(50))
+
+
+def test_shard_none_and_map_style_data_are_left_as_they_are() -> None:
+    stream = range_stream(5)
+    assert streams.shard(stream, "none", 1, 2) is stream
+    assert streams.shard([1, 2, 3], "auto", 1, 2) == [1, 2, 3]
+
+
+def test_a_stateful_stream_sharded_resumes_at_its_position(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(streams, "get_worker_info", lambda: None)
+    wrapped = streams.shard(Count(20), "auto", 1, 2)
+    assert isinstance(wrapped, streams.StatefulShardedStream)
+    it = iter(wrapped)
+    assert [next(it) for _ in range(3)] == [1, 3, 5]
+    state = pickle.loads(pickle.dumps(wrapped.state_dict()))
+    again = streams.shard(Count(20), "auto", 1, 2)
+    again.load_state_dict(state)
+    assert list(again) == [7, 9, 11, 13, 15, 17, 19]
+
+
+def range_stream(n: int) -> IterableDataset:
+    class Stream(IterableDataset):
+        def __iter__(self) -> Iterator[int]:
+            return iter(range(n))
+
+    return Stream()
+
+
+@pytest.fixture
+def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    write_module(tmp_path, "streamlab.data", STREAM)
+    return tmp_path
+
+
+STREAM_RUN = ["data=synthetic", "data.train._target_=streamlab.data.Numbers", "data.num_features=8"]
+
+
+def test_a_stream_without_max_steps_is_one_paragraph_naming_it(user_dir: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        checked([*STREAM_RUN, "data.val=null"], runtime=True)
+    assert err.value.key == "trainer.max_steps" and "Numbers has no length" in str(err.value)
+
+
+def test_a_stream_validation_set_needs_val_batches(user_dir: Path) -> None:
+    stream_val = ["data.val._target_=streamlab.data.Numbers", "trainer.max_steps=5"]
+    with pytest.raises(ConfigError) as err:
+        checked([*STREAM_RUN, *stream_val], runtime=True)
+    assert err.value.key == "trainer.val_batches"
+    cfg = checked([*STREAM_RUN, *stream_val, "trainer.val_batches=2"], runtime=True)  # the dry step runs
+    assert cfg["trainer"]["val_batches"] == 2
+
+
+def test_val_batches_below_one_is_refused() -> None:
+    with pytest.raises(ConfigError) as err:
+        checked(["trainer.val_batches=0"])
+    assert err.value.key == "trainer.val_batches"
+
+
+# ------------------------------------------------------------------------------------ data=tokens
+def _tokens(path: Path, n: int, dtype: type = np.uint16) -> np.ndarray:
+    ids = (np.arange(n) * 7 % 1000).astype(dtype)
+    ids.tofile(path)
+    return ids
+
+
+def test_sequential_windows_are_the_file_shifted_by_one(tmp_path: Path) -> None:
+    ids = _tokens(tmp_path / "train.bin", 1000)
+    data = load_tokens(str(tmp_path / "train.bin"), block_size=16, sampling="sequential")
+    assert len(data) == (1000 - 1) // 16
+    x, y = data[3]
+    assert x.dtype == torch.int64 and x.tolist() == ids[48:64].tolist() and y.tolist() == ids[49:65].tolist()
+
+
+def test_random_windows_are_fixed_by_seed_and_index_and_stay_inside(tmp_path: Path) -> None:
+    ids = _tokens(tmp_path / "t.bin", 1000, np.uint32)
+    a = load_tokens(str(tmp_path / "t.bin"), block_size=16, dtype="uint32", seed=1)
+    b = load_tokens(str(tmp_path / "t.bin"), block_size=16, dtype="uint32", seed=1)
+    starts = [a.offset(i)[1] for i in range(len(a))]
+    assert starts == [b.offset(i)[1] for i in range(len(b))]  # the same for any process: resumable
+    assert starts != [
+        load_tokens(str(tmp_path / "t.bin"), block_size=16, dtype="uint32", seed=2).offset(i)[1]
+        for i in range(len(a))
+    ]
+    assert min(starts) >= 0 and max(starts) <= 1000 - 17 and len(set(starts)) > len(starts) // 2
+    x, y = a[5]
+    assert (
+        x.tolist() == ids[starts[5] : starts[5] + 16].tolist()
+        and y.tolist() == ids[starts[5] + 1 : starts[5] + 17].tolist()
+    )
+
+
+def test_tail_validation_and_shards_never_mix(tmp_path: Path) -> None:
+    for k in range(3):
+        _tokens(tmp_path / f"shard_{k}.bin", 400)
+    pattern = str(tmp_path / "shard_*.bin")
+    train = load_tokens(pattern, block_size=10, sampling="sequential", val_fraction=0.25)
+    val = load_tokens(pattern, block_size=10, split="val", val_fraction=0.25)
+    assert [(Path(p.path).name, p.start, p.end) for p in train.parts] == [
+        ("shard_0.bin", 0, 400),
+        ("shard_1.bin", 0, 400),
+        ("shard_2.bin", 0, 100),
+    ]
+    assert [(Path(p.path).name, p.start, p.end) for p in val.parts] == [("shard_2.bin", 100, 400)]
+    assert len(train) == 39 + 39 + 9 and len(val) == 29
+    assert train[39][0].tolist() == train[0][0].tolist()  # the second shard's first window (same ids)
+
+
+def test_a_token_data_set_pickles_without_its_tokens(tmp_path: Path) -> None:
+    _tokens(tmp_path / "big.bin", 200_000)
+    data = load_tokens(str(tmp_path / "big.bin"), block_size=64)
+    data[0]  # maps the file in this process
+    assert data._maps
+    blob = pickle.dumps(data)
+    assert len(blob) < 2_000  # paths and counts, not 400 kB of tokens
+    assert pickle.loads(blob)[7][0].tolist() == data[7][0].tolist()
+
+
+@pytest.mark.parametrize("length,world,rank,start", [(103, 2, 1, 0), (103, 4, 3, 5), (8, 3, 0, 1)])
+def test_the_unshuffled_sampler_is_a_range_equal_to_torchs_list(
+    length: int, world: int, rank: int, start: int
+) -> None:
+    ours = ResumableSampler(range(length), num_replicas=world, rank=rank, shuffle=False, drop_last=True)
+    ours.set_start(start)
+    torchs = list(
+        DistributedSampler(range(length), num_replicas=world, rank=rank, shuffle=False, drop_last=True)
+    )
+    assert list(ours) == torchs[start:] and len(ours) == len(torchs[start:])
