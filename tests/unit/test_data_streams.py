@@ -123,6 +123,13 @@ def test_a_stream_validation_set_needs_val_batches(user_dir: Path) -> None:
     assert cfg["trainer"]["val_batches"] == 2
 
 
+def test_plan_simulate_samples_a_stream_batch(user_dir: Path) -> None:
+    from disttrain.tools.simulate import sample_batch
+
+    x, y = sample_batch(checked([*STREAM_RUN, "data.val=null", "trainer.max_steps=5"]), 3)
+    assert x.shape == (3, 8) and y.tolist() == [0, 1, 2]  # the stream's first three samples
+
+
 def test_val_batches_below_one_is_refused() -> None:
     with pytest.raises(ConfigError) as err:
         checked(["trainer.val_batches=0"])
@@ -198,3 +205,18 @@ def test_the_unshuffled_sampler_is_a_range_equal_to_torchs_list(
         DistributedSampler(range(length), num_replicas=world, rank=rank, shuffle=False, drop_last=True)
     )
     assert list(ours) == torchs[start:] and len(ours) == len(torchs[start:])
+
+
+def test_val_batches_caps_map_style_validation_and_sets_a_streams() -> None:
+    from torch.utils.data import DataLoader
+
+    from disttrain.data.samplers import ShardSampler
+    from disttrain.engine.loop import val_batches
+
+    shard = ShardSampler(101, rank=1, world=2)  # 50 samples here, 51 on rank 0
+    loader = DataLoader(list(range(101)), batch_size=10, sampler=shard)
+    assert val_batches(loader) == 6 and val_batches(loader, 4) == 4 and val_batches(loader, 9) == 6
+    stream = DataLoader(range_stream(30), batch_size=10)
+    assert val_batches(stream, 2) == 2
+    with pytest.raises(ValueError, match="val_batches"):
+        val_batches(stream)
