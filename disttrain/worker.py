@@ -24,6 +24,7 @@ from disttrain.data import build_datasets
 from disttrain.data.loaders import loader_batches, make_loaders
 from disttrain.data.streams import LOADER, loader_state
 from disttrain.dist import DistEnv, destroy_process_group, init_process_group
+from disttrain.engine.ema import build_ema
 from disttrain.engine.guards import Guards
 from disttrain.engine.loop import Engine, Parts, global_batch, total_steps
 from disttrain.engine.optim import build_optimizer, build_scheduler
@@ -178,6 +179,9 @@ def build_engine(
     }
     if strategy.precision.scaling:
         states["scaler"] = strategy.precision.scaler
+    ema = build_ema(trainer.ema, strategy.unwrap(parts.model))  # shaped like the (sharded) parameters
+    if trainer.ema.decay:
+        states["ema"] = ema
     dp_size = strategy.data_parallel_rank_size()[1]
     ckpt = Checkpointer(
         typed(CheckpointConfig, cfg["checkpoint"]),
@@ -204,6 +208,7 @@ def build_engine(
         guards=guards,
         profiler=profiler,
         timeout_s=float(cfg["backend"]["timeout"]),
+        ema=ema,
     )
 
 

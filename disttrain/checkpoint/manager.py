@@ -55,6 +55,11 @@ class ModelState:
         self.strategy.load_state_dict(self.model, self.optimizer, state)
 
 
+def _staged(state: Any) -> bool:
+    """Whether an async save may stage `state` with the model (it changes only after the update)."""
+    return bool(getattr(state, "staged_with_model", False))
+
+
 def run_info(
     cfg: dict[str, Any], strategy: str, world_size: int, dp_size: int, global_batch: int
 ) -> dict[str, Any]:
@@ -231,7 +236,10 @@ class Checkpointer:
         if async_save:
             # The staging copy overlaps the next step (see `staged`); the small states besides the
             # model and optimizer (scheduler, scaler, the user's own) are copied now, as they are.
-            app.update({k: copy.deepcopy(app[k]) for k in self.states if k != MODEL})
+            # A state that changes only after the optimizer step (the EMA) is staged with the model.
+            app.update(
+                {k: copy.deepcopy(app[k]) for k in self.states if k != MODEL and not _staged(self.states[k])}
+            )
         with named_disk_full(self.dir):
             self.pending = checkpoint.save(
                 self.dir,

@@ -17,13 +17,13 @@ from typing import Any
 from disttrain.config.errors import ConfigError
 
 EVAL_USAGE = """\
-usage: disttrain eval RUN_DIR|CHECKPOINT_DIR [key=value ...] [--out FILE] [--trust]
+usage: disttrain eval RUN_DIR|CHECKPOINT_DIR [key=value ...] [--out FILE] [--ema] [--trust]
 
 Evaluate a run's newest whole checkpoint (or the checkpoint folder named) with the task's own
 validation: val/loss and the task's metric over every sample of the validation set, under any
 strategy and world size (the checkpoint reshards). Never trains; the run's config.yaml and
 checkpoints stay as they are. Prints the metrics and writes them as JSON to RUN_DIR/eval.json, or
-to --out FILE.
+to --out FILE. --ema evaluates the moving average of the weights (trainer.ema) instead.
 
 overrides, typed as `disttrain resume` types them:
   nproc_per_node=1 strategy=single     another world size or strategy
@@ -36,7 +36,7 @@ if its `_target_`s are disttrain's and torch's own, or with --trust: its config 
 """
 
 PREDICT_USAGE = """\
-usage: disttrain predict RUN_DIR|CHECKPOINT_DIR --out FILE [key=value ...] [--trust]
+usage: disttrain predict RUN_DIR|CHECKPOINT_DIR --out FILE [key=value ...] [--ema] [--trust]
 
 Write the model's outputs on every sample of the validation set (or of data.val=FILE), one row
 per sample in dataset order, gathered across ranks (each sample once, whatever the world size).
@@ -49,7 +49,7 @@ dict or tuple of them). Never trains.
   *.pt                            the outputs stacked into one tensor (or a dict of tensors)
   *.npy                           the stacked tensor as a NumPy array
 
-Overrides as for `disttrain eval` (`disttrain eval --help`); --trust as there.
+Overrides as for `disttrain eval` (`disttrain eval --help`); --ema and --trust as there.
 """
 
 VAL_FILE_LOADER = "disttrain.data.files.load_files"
@@ -70,6 +70,8 @@ def _command(mode: str, rest: list[str], usage: str) -> int:
     from disttrain.trust import take_trust_flag
 
     rest, trusted = take_trust_flag(rest)
+    ema = "--ema" in rest
+    rest = [a for a in rest if a != "--ema"]
     rest, out_arg = take_out_flag(rest, usage)
     if not rest or rest[0].startswith("-") or "=" in rest[0]:
         raise ConfigError(
@@ -88,11 +90,12 @@ def _command(mode: str, rest: list[str], usage: str) -> int:
         from disttrain.shared_dir import checkpoint_dir
 
         location = checkpoint_dir(read_config(run_dir), run_dir)
-    _check_checkpoint(location, rest[0])  # before the checks that build the model and data
+    _check_checkpoint(location, rest[0], ema)  # before the checks that build the model and data
     cfg, overrides = eval_config(run_dir, rest[1:], trusted, mode)
     out = _out_path(run_dir, out_arg, mode)
     job_dir = _job_dir(run_dir, mode)
-    result = launch_job(cfg, job_dir, overrides, {"mode": mode, "checkpoint": str(location), "out": str(out)})
+    job = {"mode": mode, "checkpoint": str(location), "out": str(out), "ema": ema}
+    result = launch_job(cfg, job_dir, overrides, job)
     if result is None:
         return 1
     report(mode, out, result)
@@ -114,7 +117,7 @@ def take_out_flag(args: list[str], usage: str) -> tuple[list[str], str | None]:
         if a.startswith("--out="):
             out = a.split("=", 1)[1]
         elif a.startswith("--"):
-            raise ConfigError(a, None, "--out FILE, --trust, --help", usage.splitlines()[0])
+            raise ConfigError(a, None, "--out FILE, --ema, --trust, --help", usage.splitlines()[0])
         else:
             kept.append(a)
         i += 1
@@ -207,7 +210,7 @@ def _val_spec(value: str, cfg: dict[str, Any]) -> dict[str, Any]:
     return {"_target_": VAL_FILE_LOADER, "path": str(path.resolve()), "targets": cfg["data"]["targets"]}
 
 
-def _check_checkpoint(location: Path, given: str) -> None:
+def _check_checkpoint(location: Path, given: str, ema: bool = False) -> None:
     from disttrain import checkpoint
 
     if not checkpoint.candidates(location):
@@ -217,6 +220,17 @@ def _check_checkpoint(location: Path, given: str) -> None:
             "a run dir with a committed checkpoint, or a checkpoint folder",
             f"no checkpoint under {location}: train the run first (or resume it until it saves one).",
         )
+    newest = checkpoint.choose(location, "size")
+    if ema and newest is not None:
+        try:
+            checkpoint.ema_names(newest)
+        except checkpoint.NoEMA as exc:
+            raise ConfigError(
+                "--ema",
+                True,
+                "a checkpoint of a run trained with trainer.ema.decay set",
+                f"{exc}; drop --ema.",
+            ) from None
 
 
 def _out_path(run_dir: Path, out_arg: str | None, mode: str) -> Path:
@@ -286,9 +300,10 @@ def launch_job(
 def report(mode: str, out: Path, result: dict[str, Any]) -> None:
     if mode == "eval":
         values = " ".join(f"{k}={v:.6f}" for k, v in result["metrics"].items()) or "no samples"
+        weights = "'s EMA weights" if "weights" in result else ""
         sys.stdout.write(
-            f"eval: {Path(result['checkpoint']).name} (step {result['step']}) on {result['world_size']} "
-            f"rank(s): {values} -> {out}\n"
+            f"eval: {Path(result['checkpoint']).name}{weights} (step {result['step']}) on "
+            f"{result['world_size']} rank(s): {values} -> {out}\n"
         )
         return
     sys.stdout.write(f"predict: {_rows(out)} rows -> {out}\n")

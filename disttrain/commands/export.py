@@ -15,7 +15,7 @@ from disttrain.config.errors import ConfigError
 
 EXPORT_USAGE = """\
 usage: disttrain export RUN_DIR|CHECKPOINT_DIR [--out model.pt|model.safetensors|DIR] [--format pt|safetensors|hf]
-       [--config RUN_DIR/config.yaml] [--trust]
+       [--config RUN_DIR/config.yaml] [--ema] [--trust]
 
 Write the newest whole checkpoint's model as one consolidated state dict that plain PyTorch loads
 into the unwrapped model: torch.load(path, weights_only=True), or safetensors.torch.load_model(model,
@@ -24,6 +24,7 @@ path) (tied weights are stored once; the header's "disttrain.model" holds the mo
 that AutoModel*.from_pretrained(DIR) loads. The format defaults to --out's suffix (pt without one).
 A checkpoint folder outside its run dir (checkpoint.dir elsewhere) takes the run's config by
 --config RUN_DIR/config.yaml; no config.yaml is ever looked for in the folders above it.
+--ema writes the moving average of the weights (trainer.ema) instead of the trained weights.
 """
 FORMATS = ("pt", "safetensors", "hf")
 
@@ -34,6 +35,7 @@ def cmd_export(rest: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="disttrain export", usage=EXPORT_USAGE)
     parser.add_argument("location")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--ema", action="store_true", help="export the EMA weights (trainer.ema)")
     parser.add_argument("--trust", action="store_true", help="build a run dir someone else made")
     parser.add_argument("--format", default=None)
     parser.add_argument("--config", default=None, help="the run's config.yaml, for checkpoints elsewhere")
@@ -75,7 +77,7 @@ def cmd_export(rest: list[str]) -> int:
     from disttrain.trust import check_trusted
 
     check_trusted(run_dir, read_config(run_dir), args.trust)  # its model _target_ is code
-    return export(run_dir, location, out, fmt)
+    return export(run_dir, location, out, fmt, ema=args.ema)
 
 
 def owning_run_dir(location: Path, given: str) -> Path:
@@ -155,7 +157,7 @@ def _can_create_in(folder: Path) -> bool:
     return True
 
 
-def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt") -> int:
+def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt", ema: bool = False) -> int:
     import json
     import resource
 
@@ -181,19 +183,26 @@ def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt") -> int:
     # What built the weights: `_target_` and its arguments, so the file says which class loads it.
     metadata = {"disttrain.model": json.dumps(cfg["model"], sort_keys=True), "format": "pt"}
     verify = own_key(cfg["checkpoint"], CheckpointConfig, "verify")  # a run dir frozen before the key
+    if ema:
+        metadata["disttrain.weights"] = "ema"
     try:
         if fmt == "hf":
-            source = checkpoint.load_model(location, model, verify)
+            source = checkpoint.load_model(location, model, verify, ema)
             save_pretrained(model, out)
         else:
-            source = checkpoint.export_model(location, out, model, verify, metadata)
+            source = checkpoint.export_model(location, out, model, verify, metadata, ema=ema)
+    except checkpoint.NoEMA as exc:
+        raise ConfigError(
+            "--ema", True, "a checkpoint of a run trained with trainer.ema.decay set", f"{exc}; drop --ema."
+        ) from None
     except FileNotFoundError as exc:
         raise ConfigError(
             "RUN_DIR", str(location), "a run dir with a committed checkpoint", str(exc)
         ) from None
     n = sum(v.numel() for v in model.state_dict().values())
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-    sys.stdout.write(f"exported {source.name} ({n} values) -> {out} (peak RSS {peak_mb:.0f} MB)\n")
+    what = f"{source.name}'s EMA weights" if ema else source.name
+    sys.stdout.write(f"exported {what} ({n} values) -> {out} (peak RSS {peak_mb:.0f} MB)\n")
     return 0
 
 

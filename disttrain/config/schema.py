@@ -543,6 +543,18 @@ class EarlyStopConfig:
 
 
 @dataclass
+class EmaConfig:
+    decay: float | None = _h(
+        "exponential moving average of the weights: ema = decay x ema + (1 - decay) x weights after an "
+        "update (0.999 is common); null or 0: off. Sharded like the parameters, checkpointed, "
+        "validated as val_ema/*, exported with `disttrain export --ema`",
+        None,
+    )
+    every: int = _h("update the EMA every N optimizer steps", 1)
+    start_step: int = _h("first optimizer step that updates the EMA (the first update copies the weights)", 0)
+
+
+@dataclass
 class TrainerConfig:
     max_epochs: int = _h("epochs to train when max_steps is -1", 10)
     max_steps: int = _h("optimizer steps to train (epochs continue as needed); -1: run max_epochs", -1)
@@ -579,6 +591,9 @@ class TrainerConfig:
         "validate once before the first step (step 0): the loss the run starts from, e.g. after "
         "init.path (early_stop counts it like any validation)",
         False,
+    )
+    ema: EmaConfig = _h(
+        "exponential moving average of the weights (off unless ema.decay is set)", factory=EmaConfig
     )
 
 

@@ -273,10 +273,31 @@ def _check_trainer(cfg: dict[str, Any]) -> None:
             "strategy=fsdp.",
         )
     _check_debug(cfg)
+    _check_ema(cfg)
     clip = t["clip_grad_norm"]
     if clip is not None and clip <= 0:
         raise ConfigError(
             "trainer.clip_grad_norm", clip, "null (no clipping) or > 0", "1.0 is a common value."
+        )
+
+
+def _check_ema(cfg: dict[str, Any]) -> None:
+    decay = _get(cfg, "trainer.ema.decay")
+    if not decay:
+        return
+    if not 0 < decay < 1:
+        raise ConfigError(
+            "trainer.ema.decay", decay, "null or 0 (off), or between 0 and 1", "0.999 is common."
+        )
+    _at_least(cfg, "trainer.ema.every", 1, "1 updates the EMA after every optimizer step.")
+    _at_least(cfg, "trainer.ema.start_step", 0, "0 starts the EMA at the first optimizer step.")
+    spec = specs.get(cfg["strategy"]["name"])
+    if not spec.ema:
+        raise ConfigError(
+            "trainer.ema.decay",
+            decay,
+            f"null with strategy={spec.name}",
+            f"EMA works with {', '.join(s.name for s in specs.all() if s.ema)}; or drop trainer.ema.decay.",
         )
 
 

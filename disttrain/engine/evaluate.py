@@ -24,9 +24,10 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, default_collate
 
 from disttrain.checkpoint.manager import Checkpointer, ModelState
-from disttrain.config.schema import CheckpointConfig
+from disttrain.config.schema import CheckpointConfig, EmaConfig
 from disttrain.config.typed import typed
 from disttrain.dist import DistEnv, destroy_process_group, init_process_group
+from disttrain.engine.ema import EMA, NullEMA
 from disttrain.engine.loop import val_batches, validation
 from disttrain.engine.state import TrainState
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
@@ -74,16 +75,22 @@ def evaluate(cfg: dict[str, Any], env: DistEnv, job: dict[str, Any]) -> dict[str
     strategy, parts = build_parts(cfg, env)
     if parts.val_loader is None:  # the command checks it; a user's data module may still build None
         raise RuntimeError("the validation data set is empty or not configured (data.val)")
-    restored = restore(cfg, env, strategy, parts.model, parts.optimizer, Path(job["checkpoint"]))
+    # --ema: the checkpoint's averaged weights, swapped in (the decay is never used: nothing updates)
+    ema = EMA(EmaConfig(decay=0.5), strategy.unwrap(parts.model)) if job.get("ema") else NullEMA()
+    restored = restore(cfg, env, strategy, parts.model, parts.optimizer, Path(job["checkpoint"]), ema)
     where = {"checkpoint": str(restored[0]), "step": restored[1], "world_size": env.world_size}
+    if isinstance(ema, EMA):
+        where["weights"] = "ema"
     if job["mode"] == "eval":
         cap = cfg["trainer"]["val_batches"]  # a stream's validation length (trainer.val_batches)
-        values = validation(strategy, parts.model, parts.task, parts.val_loader, env.device, cap)
+        with ema.swapped_in():
+            values = validation(strategy, parts.model, parts.task, parts.val_loader, env.device, cap)
         result = {**where, "metrics": values, "strategy": strategy.name}
         if env.is_zero:
             write_json(Path(job["out"]), result)
         return result
-    rows = predict(strategy, parts.model, parts.task, parts.val_loader, env)
+    with ema.swapped_in():
+        rows = predict(strategy, parts.model, parts.task, parts.val_loader, env)
     if env.is_zero:
         write_predictions(rows, Path(job["out"]))
     return {**where, "rows": len(rows)}
@@ -96,22 +103,26 @@ def restore(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     location: Path,
+    ema: NullEMA | None = None,
 ) -> tuple[Path, int]:
     """The model (through ModelState, the strategy's own sharded state dict: it reshards to this
     world size and strategy) from the newest loadable checkpoint at `location`; no scheduler, no
     train state, no RNG is applied. The optimizer's state comes along (the strategies' state dicts
-    pair it with the model) and is never used: nothing steps."""
+    pair it with the model) and is never used: nothing steps. `ema` (an EMA): its weights too."""
     state = TrainState()
+    states: dict[str, Any] = {"model": ModelState(strategy, model, optimizer), "train": state}
+    if isinstance(ema, EMA):
+        states["ema"] = ema
     ckpt = Checkpointer(
-        typed(CheckpointConfig, cfg["checkpoint"]),
-        location,
-        env,
-        {"model": ModelState(strategy, model, optimizer), "train": state},
-        barrier=strategy.barrier,
+        typed(CheckpointConfig, cfg["checkpoint"]), location, env, states, barrier=strategy.barrier
     )
     restored = ckpt.load(location, report=False)
     if restored is None:
         raise FileNotFoundError(f"no loadable checkpoint under {location}")
+    if isinstance(ema, EMA) and not ema.active:  # the command checked the newest; a fallback may lack it
+        raise RuntimeError(
+            f"--ema: checkpoint {restored.path} holds no EMA weights (before trainer.ema.start_step)"
+        )
     if env.is_zero:
         log.info("loaded %s (step %d) on %d rank(s)", restored.path, state.step, env.world_size)
     return restored.path, state.step

@@ -21,6 +21,7 @@ from disttrain.data.loaders import loader_batches
 from disttrain.data.streams import LOADER, first_samples, is_stream
 from disttrain.dist import DistEnv, default_store
 from disttrain.engine.amp import Precision
+from disttrain.engine.ema import NullEMA
 from disttrain.engine.guards import AnomalyError, DesyncError, Guards
 from disttrain.engine.monitor import Monitoring
 from disttrain.engine.optim import total_steps as total_steps  # its home: the schedule's length
@@ -31,7 +32,7 @@ from disttrain.observe import gpu_memory
 from disttrain.observe.metrics import NullMetrics
 from disttrain.observe.profiler import NullProfiler
 from disttrain.observe.progress import make_progress
-from disttrain.observe.throughput import Throughput
+from disttrain.observe.throughput import Throughput, count_flops
 from disttrain.strategies.base import Strategy
 from disttrain.tasks import Task
 from disttrain.tasks import batch as batches
@@ -80,6 +81,7 @@ class Engine:
         guards: Guards,
         profiler: Any = None,
         timeout_s: float = 300.0,
+        ema: NullEMA | None = None,
     ) -> None:
         self.t, self.env, self.strategy = trainer, env, strategy
         self.model, self.optimizer, self.scheduler, self.task = (
@@ -91,6 +93,7 @@ class Engine:
         self.train_loader, self.val_loader = parts.train_loader, parts.val_loader
         self.state, self.ckpt, self.metrics, self.guards = state, ckpt, metrics, guards
         self.profiler = profiler if profiler is not None else NullProfiler()
+        self.ema = ema if ema is not None else NullEMA()
         self.accum = trainer.grad_accum
         batches_per_epoch = loader_batches(self.train_loader)
         self.stream = batches_per_epoch is None  # an IterableDataset: steps until max_steps
@@ -339,10 +342,26 @@ class Engine:
         self.guards.after_step(self.state.step + 1)
         self.state.lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
+        self.ema.update(self.state.step + 1)
         self.in_update = False
         if self.state.first_step_at is None:
             self.state.first_step_at = time.time()
         return total, grad_norm
+
+    def _counted_step(self, micro_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first step of a model without a FLOPs formula runs under FlopCounterMode (the real
+        step: nothing changes in it but a little Python per op), and its FLOPs, summed over ranks,
+        become every later window's FLOPs per step. Not under torch.compile (the counter would see
+        the graphs' tracing), nor with one rank driving several GPUs (strategy=dp's replica threads
+        escape the counter)."""
+        if not self.throughput.needs_count or self.t.compile or self.strategy.gpus_per_rank() > 1:
+            return self.train_step(micro_batches)
+        out, flops = count_flops(lambda: self.train_step(micro_batches))
+        total = torch.tensor(float(flops), dtype=torch.float64, device=self.env.device)
+        if dist.is_initialized() and self.env.world_size > 1:
+            dist.all_reduce(total)  # every rank runs the first step (pipeline stages count their own)
+        self.throughput.flops_per_step = total.item() / self.strategy.flops_copies()
+        return out
 
     def _step_fitting_memory(self, micro_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """trainer.oom=auto_microbatch: after an out-of-memory error, cut every micro-batch in two
@@ -351,7 +370,7 @@ class Engine:
         dp): elsewhere a failed rank would leave DDP's reducer or its peers mid-collective."""
         while True:
             try:
-                return self.train_step(split_batches(micro_batches, self.split))
+                return self._counted_step(split_batches(micro_batches, self.split))
             except torch.OutOfMemoryError as exc:
                 if self.t.oom != "auto_microbatch":
                     raise
@@ -378,7 +397,8 @@ class Engine:
                 )
 
     def validate(self) -> dict[str, float]:
-        """Loss and metric over the whole validation set, weighted by sample counts across ranks."""
+        """Loss and metric over the whole validation set, weighted by sample counts across ranks;
+        with trainer.ema, the averaged weights' too (`val_ema/*`, swapped in and out again)."""
         if self.val_loader is None:
             return {}
         values = validation(
@@ -390,6 +410,7 @@ class Engine:
                 self.state.step,
             )
             return {}
+        values.update(self._validate_ema())
         self.state.last_val = values
         self.metrics.log(self.state.step, values, epoch=self.state.epoch)
         log.info("step %d val: %s", self.state.step, " ".join(f"{k}={v:.4f}" for k, v in values.items()))
@@ -400,6 +421,20 @@ class Engine:
             self.early_stop = stop
             log.warning("step %d: stopping early: %s", self.state.step, stop)
         return values
+
+    def _validate_ema(self) -> dict[str, float]:
+        """`val_ema/*`: the validation of the EMA's weights, swapped into the model and back (none
+        before the EMA's first update)."""
+        if not self.ema.active:
+            return {}
+        assert self.val_loader is not None
+        self.strategy.reshard(self.model)  # fsdp: gather the swapped shards, not the last full weights
+        with self.ema.swapped_in():
+            values = validation(
+                self.strategy, self.model, self.task, self.val_loader, self.env.device, self.t.val_batches
+            )
+            self.strategy.reshard(self.model)  # and train on the model's own again
+        return {k.replace("val/", "val_ema/", 1): v for k, v in values.items()}
 
     # ------------------------------------------------------------------------------------ helpers
     def _groups(self) -> Iterator[list[Any]]:
@@ -498,6 +533,7 @@ class Engine:
             "samples_per_s": s.samples / max(elapsed, 1e-9),
             "first_step_at": s.first_step_at,
             "checkpoint_stall_s": [round(x, 4) for x in self.ckpt.stalls],
+            **self.throughput.last,  # the last log window's FLOPs per step, TFLOP/s and MFU
             **self.guards.metrics(),
             **gpu_memory.peaks(self.env),  # every rank builds the summary: a collective on CUDA
             **s.last_val,

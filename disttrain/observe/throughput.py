@@ -1,14 +1,26 @@
-"""Throughput numbers for each log step: tokens/s, and for models that know their FLOPs per token
-(the built-in GPT) FLOPs per step and MFU against the device's peak (known GPUs only; none on CPU)."""
+"""Throughput numbers for each log step: tokens/s, FLOPs per step, achieved TFLOP/s per device and
+MFU against the device's peak (known GPUs only; none on CPU).
+
+FLOPs per step come from the model when it knows its FLOPs per token (the built-in GPT: the usual
+6N + attention formula), else from torch's `FlopCounterMode` over this run's first optimizer step
+(`count_flops`): the real forward and backward of every micro-batch, with the real shapes and
+wrapping, counted once on every rank and summed (FSDP computes on full, gathered parameters, so each
+rank counts its own work; DTensor ops count at their global shapes, so the ranks of a
+tensor-parallel group count the same FLOPs, `Strategy.flops_copies`). Matmuls, convolutions and
+attention count; elementwise ops do not (as in every MFU figure).
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
 from disttrain.dist import DistEnv
+
+T = TypeVar("T")
 
 # Dense (no sparsity) bf16/fp16 tensor-core peak FLOP/s of one device, from the vendors' data sheets:
 # (model, variant, peak). A device name matches by its words, never by substring ("NVIDIA L40" is
@@ -73,14 +85,33 @@ class Throughput:
         self.flops_per_token: int | None = int(fpt()) if callable(fpt) else None
         self.peak = device_peak_flops(env.device, amp, tf32)
         self.world = env.world_size * max(gpus_per_rank, 1)
+        self.flops_per_step: float | None = None  # counted (`count_flops`) when the model has no formula
+        self.last: dict[str, float] = {}  # the last log window's FLOP numbers, for the summary
+
+    @property
+    def needs_count(self) -> bool:
+        """Whether the next step should be counted: no formula and nothing counted yet."""
+        return self.flops_per_token is None and self.flops_per_step is None
 
     def rates(self, tokens: int, elapsed: float, steps: int) -> dict[str, float]:
         """`tokens`: global tokens processed in the window of `steps` optimizer steps."""
-        if not tokens:
-            return {}
-        out = {"tokens_per_s": tokens / max(elapsed, 1e-9)}
+        out = {"tokens_per_s": tokens / max(elapsed, 1e-9)} if tokens else {}
+        per_step = self.flops_per_step
         if self.flops_per_token is not None:
-            out["flops_per_step"] = float(self.flops_per_token * tokens / max(steps, 1))
+            per_step = float(self.flops_per_token * tokens / max(steps, 1)) if tokens else None
+        if per_step:
+            per_device = per_step * steps / max(elapsed, 1e-9) / self.world  # achieved FLOP/s per GPU
+            out.update(flops_per_step=per_step, tflops=per_device / 1e12)
             if self.peak:
-                out["mfu"] = out["tokens_per_s"] * self.flops_per_token / (self.peak * self.world)
+                out["mfu"] = per_device / self.peak
+            self.last = {k: out[k] for k in ("flops_per_step", "tflops", "mfu") if k in out}
         return out
+
+
+def count_flops(step: Callable[[], T]) -> tuple[T, int]:
+    """Run `step` under torch's FlopCounterMode: its result and the FLOPs this process computed."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        result = step()
+    return result, int(counter.get_total_flops())

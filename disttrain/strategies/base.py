@@ -65,6 +65,10 @@ class Strategy:
         apart; here every rank holds its own replica and draws its own."""
         return self.env.rank
 
+    def reshard(self, model: nn.Module) -> None:
+        """Drop any full parameters gathered from shards (fsdp), so that the next forward reads the
+        shards as they are now (after their values were swapped, e.g. the EMA's in and out)."""
+
     def end_of_training(self, model: nn.Module) -> None:
         """After the last optimizer step, before the final validation and checkpoint (not on a stop)."""
 
@@ -100,6 +104,11 @@ class Strategy:
         if max_norm is None:
             return torch.nn.utils.get_total_norm([p.grad for p in params])  # type: ignore[misc]
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    def flops_copies(self) -> int:
+        """Ranks whose FlopCounterMode counts the same FLOPs (the counts are summed over ranks, then
+        divided by this): 1 here, as each rank computes its own batch on full (or gathered) weights."""
+        return 1
 
     def gpus_per_rank(self) -> int:
         """Devices one rank computes on (MFU divides by the GPUs a run drives, not its ranks)."""

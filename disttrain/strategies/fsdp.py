@@ -189,11 +189,15 @@ class FSDPStrategy(Strategy):
         norm = super().clip_grad_norm(model, max_norm)
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
-    def state_bytes(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-        # With reshard_after_forward=False the last forward may have left full parameters in place.
+    def reshard(self, model: nn.Module) -> None:
+        """With reshard_after_forward=False a forward leaves full parameters in place, and the next
+        forward uses them as they are: free them, so that it gathers the shards again."""
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.reshard()
+
+    def state_bytes(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+        self.reshard(model)  # count the shards, not full parameters a forward left in place
         return super().state_bytes(model, optimizer)
 
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:

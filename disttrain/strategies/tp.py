@@ -49,6 +49,10 @@ class TPStrategy(Strategy):
     def data_parallel_rank_size(self) -> tuple[int, int]:
         return self.env.rank // self.tp, self.dp  # mesh (dp, tp) is row-major: tp ranks are neighbours
 
+    def flops_copies(self) -> int:
+        """DTensor ops count at their global shapes: every rank of a tp group counts the group's FLOPs."""
+        return self.tp
+
     def rng_rank(self) -> int:
         """The data-parallel rank: the ranks of one tp group share one dropout mask. Activations after
         RowwiseParallel (and the embeddings') are plain replicated tensors, so a mask per rank

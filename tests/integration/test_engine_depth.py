@@ -21,7 +21,7 @@ from disttrain.testing import FAULT_MLP
 from .conftest import run_cli, train_in_process, train_losses, train_records, val_records, write_module
 from .sweep import Sweep, run_sweep
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(660)]  # the sweep: 7 x JOB_BUDGET
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(750)]  # the sweep: 8 x JOB_BUDGET
 
 FAULT = ("data=synthetic", *FAULT_MLP, "trainer.log_every=1")
 GPT = (*TINY_GPT, "trainer.batch_size=16", "trainer.max_steps=6", "trainer.val_every=3",
@@ -71,6 +71,10 @@ class DumpGPT(GPT):
 """
 UNEVEN = ("data=synthetic", "data.num_val_samples=9", "trainer.max_steps=4", "trainer.val_every=2",
           "backend.timeout=30")  # fmt: skip
+# trainer.ema under fsdp on 2 ranks (each holds half of every EMA weight) against torch's AveragedModel
+# EMA of one process with the same global batch (32).
+EMA = ("data=synthetic", "model.hidden=[32,32]", "trainer.max_steps=20", "trainer.val_every=10",
+       "trainer.ema.decay=0.9", "backend.timeout=60")  # fmt: skip
 # The runs that succeed and need no other run: the jobs of one sweep (name -> overrides). The runs
 # that must fail (NaN stop, sync check) stay runs of their own: a failed job ends a sweep.
 RUNS = {
@@ -84,6 +88,7 @@ RUNS = {
     "gpt-fsdp+tp": (*GPT, *GPT_RUNS["fsdp+tp"]),
     "gpt-tp-dropout": TP_DROPOUT,
     "uneven_val": (*UNEVEN, "strategy=fsdp", "strategy.min_num_params=100", "trainer.batch_size=4"),
+    "ema-fsdp": (*EMA, "strategy=fsdp", "strategy.min_num_params=100", "trainer.batch_size=16"),
 }  # fmt: skip
 JOB_BUDGET = 90  # compile's first step compiles
 
@@ -194,3 +199,41 @@ def test_tp_dropout_keeps_replicated_parameters_identical_and_trains(tmp_path: P
     fell, fell_plain = dropout[0] - sum(dropout[-5:]) / 5, plain[0] - sum(plain[-5:]) / 5
     print(f"loss fell {fell:.3f} with dropout 0.1 (tp), {fell_plain:.3f} with dropout 0 (single)")
     assert fell > 0.5 * fell_plain > 0, (dropout, plain)
+
+
+def test_ema_under_fsdp_on_two_ranks_equals_averaged_model(
+    tmp_path: Path, runs: Sweep, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20 steps, decay 0.9: the EMA sharded over 2 fsdp ranks, exported (`export --ema`, the two
+    shards consolidated), equals AveragedModel(get_ema_multi_avg_fn(0.9)) of a single process
+    updated after each of the same steps, within 1e-6."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    from disttrain import checkpoint
+    from disttrain.engine import loop
+    from disttrain.models import build_model
+    from disttrain.rundir import read_config
+
+    ref: list[AveragedModel] = []
+    step = loop.Engine.train_step
+
+    def step_and_average(self: loop.Engine, micro_batches: list) -> tuple:  # type: ignore[type-arg]
+        out = step(self, micro_batches)
+        if not ref:
+            ref.append(AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(0.9), use_buffers=True))
+        ref[0].update_parameters(self.model)
+        return out
+
+    monkeypatch.setattr(loop.Engine, "train_step", step_and_average)
+    single = train_in_process(tmp_path / "single", *EMA, "strategy=single", "nproc_per_node=1",
+                              "trainer.batch_size=32")  # fmt: skip
+    fsdp = runs["ema-fsdp"]
+    model = build_model(read_config(fsdp)["model"])
+    checkpoint.export_model(fsdp / "checkpoints", tmp_path / "ema.pt", model, ema=True)
+    ema = torch.load(tmp_path / "ema.pt", weights_only=True)
+    averaged = ref[0].module.state_dict()
+    assert sorted(ema) == sorted(averaged)
+    for name, value in averaged.items():
+        torch.testing.assert_close(ema[name], value, rtol=0, atol=1e-6)
+    sharded, whole = ([r["val_ema/loss"] for r in val_records(d)] for d in (fsdp, single))
+    assert len(whole) == 2 and sharded == pytest.approx(whole, abs=1e-5)

@@ -124,6 +124,7 @@ class StrategySpec:
     # trainer.oom=auto_microbatch can retry a step after an out-of-memory error: no collective runs
     # inside forward/backward, so a rank that fails there leaves no peer waiting in one.
     oom_retry: bool = False
+    ema: bool = True  # trainer.ema works with it (every rank holds whole or sharded parameters)
     needs: frozenset[str] = frozenset()  # model abilities: TP_PLAN, PIPELINE_LAYERS
     one_tensor_batches: bool = False  # stages pass one tensor: model(inputs), one target (pipeline)
     whole_outputs: bool = True  # every rank computes the model's whole output of its batch (predict)

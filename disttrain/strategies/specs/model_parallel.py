@@ -423,6 +423,7 @@ PIPELINE = register(
         about="pipeline parallel: the model cut into stages, micro-batches flow through the ranks",
         amp=frozenset(),
         compile=False,
+        ema=False,  # stages rename their parameters: the EMA's checkpoint names would not be the model's
         needs=frozenset({PIPELINE_LAYERS}),
         one_tensor_batches=True,
         check_static=check_pipeline,
