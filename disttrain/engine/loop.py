@@ -19,6 +19,7 @@ from disttrain.config.schema import TrainerConfig
 from disttrain.dist import DistEnv, default_store
 from disttrain.engine.amp import Precision
 from disttrain.engine.guards import AnomalyError, DesyncError, Guards
+from disttrain.engine.hangs import HangWatch, Progress, explain, frames_of_traceback
 from disttrain.engine.optim import total_steps as total_steps  # its home: the schedule's length
 from disttrain.engine.rng import set_rng_state
 from disttrain.engine.signals import FAILED_KEY, StopFlag, StopUnagreed
@@ -112,6 +113,8 @@ class Engine:
         self.in_update = False  # inside optimizer/scheduler step: state not consistent across ranks
         self.pending_rng: dict[str, Any] | None = None  # restored after the resumed epoch's iterator
         self.stop = StopFlag(lambda: self.state.step, timeout_s)
+        self.progress = Progress()  # the engine's collective sections, for the hang report
+        self.hangs = HangWatch(self.progress, env.rank, env.world_size)
 
     # ------------------------------------------------------------------------------------ resume
     def resume(self, location: Path | None) -> Path | None:
@@ -133,7 +136,7 @@ class Engine:
         self.metrics.start(None)  # opened by resume() already, unless the caller skipped it
         progress = make_progress(self.env.is_zero, t.progress, self.total_steps, "train")
         gpu_memory.reset_peaks(self.env)
-        with self.stop, self.profiler, progress as bar:
+        with self.stop, self.hangs, self.profiler, progress as bar:
             bar.update(s.step)
             try:
                 self._epochs(bar)
@@ -156,7 +159,8 @@ class Engine:
         while s.step < self.total_steps:
             self._set_epoch(s.epoch)
             for micro_batches in self._groups():
-                loss, grad_norm = self._step_fitting_memory(micro_batches)
+                with self.progress.section(f"{self.strategy.name} train step", s.step + 1):
+                    loss, grad_norm = self._step_fitting_memory(micro_batches)
                 self.profiler.step()
                 s.step += 1
                 s.samples += self.global_batch
@@ -178,7 +182,8 @@ class Engine:
                 if t.val_every and s.step % t.val_every == 0:
                     self.validate()
                 if t.ckpt_every and s.step % t.ckpt_every == 0:
-                    self.ckpt.save("periodic")
+                    with self.progress.section("checkpoint save", s.step):
+                        self.ckpt.save("periodic")
                 self.ckpt.poll()
                 # Every step, at no cost to it (an attribute read until a rank is signalled).
                 if s.step >= self.total_steps or self.stop.should_stop(s.step):
@@ -203,19 +208,7 @@ class Engine:
         if isinstance(exc, StopUnagreed):
             return exc  # the launcher is gone: nothing to coordinate a save with
         if any(m in text for m in ("Timed out", "timed out", "Timeout")):
-            hung = self._stragglers()
-            who = (
-                f"rank(s) {hung} stopped participating (no timeout of their own within "
-                f"{self.STRAGGLER_GRACE_S:g} s: hung, stopped or much slower)"
-                if hung
-                else "another rank stopped participating (hung, stuck or much slower)"
-            )
-            where = f"rank {hung[0]}'s log" if hung else "the other ranks' logs"
-            return RuntimeError(
-                f"rank {self.env.rank}: a collective at step {self.state.step + 1} waited more than "
-                f"backend.timeout={self.timeout_s:g} s: {who}. HINT: look at {where}; raise "
-                "backend.timeout if a step can legitimately take that long."
-            )
+            return self._timed_out(exc)
         if isinstance(exc, (AnomalyError, DesyncError)):
             return exc  # no emergency save: NaN gradients or diverged replicas are not worth keeping
         if isinstance(exc, dist.DistError) or any(
@@ -230,6 +223,28 @@ class Engine:
         elif self.ckpt.cfg.on_error:
             self._emergency(exc)
         return exc
+
+    def _timed_out(self, exc: Exception) -> RuntimeError:
+        """One paragraph: who stopped participating, which ranks wait in which collective, and
+        where the others are (their Where records, engine/hangs.py)."""
+        self.hangs.write(self.hangs.where(frames_of_traceback(exc.__traceback__), waiting=True))
+        hung = self._stragglers()
+        records = self.hangs.records(wait_s=1.0 if hung else 0.0)
+        why = "" if records else ": hung, stopped or much slower"  # else the records say
+        who = (
+            f"rank(s) {hung} stopped participating (no timeout of their own within "
+            f"{self.STRAGGLER_GRACE_S:g} s{why})"
+            if hung
+            else "another rank stopped participating (hung, stuck or much slower)"
+        )
+        said = explain(records, hung)
+        detail = f" {said[:1].upper()}{said[1:]}." if said else ""
+        where = f"rank {hung[0]}'s log (its Python stacks)" if hung else "the other ranks' logs"
+        return RuntimeError(
+            f"rank {self.env.rank}: a collective at step {self.state.step + 1} waited more than "
+            f"backend.timeout={self.timeout_s:g} s: {who}.{detail} HINT: look at {where}; raise "
+            "backend.timeout if a step can legitimately take that long."
+        )
 
     def _emergency(self, exc: Exception) -> None:
         """Save after an exception, unless it came inside the update (state not consistent)."""
@@ -334,9 +349,13 @@ class Engine:
                     self.accum * self.split,
                 )
 
-    @torch.no_grad()
     def validate(self) -> dict[str, float]:
         """Loss and metric over the whole validation set, weighted by sample counts across ranks."""
+        with self.progress.section("validation", self.state.step):
+            return self._validate()
+
+    @torch.no_grad()
+    def _validate(self) -> dict[str, float]:
         if self.val_loader is None:
             return {}
         self.model.eval()
@@ -400,7 +419,8 @@ class Engine:
 
     def _log_train(self, window: Window, grad_norm: torch.Tensor) -> dict[str, float]:
         elapsed = time.perf_counter() - window.started
-        loss = self.strategy.all_reduce(window.loss_sum / window.steps, op="mean").item()
+        with self.progress.section("all_reduce(train/loss)", self.state.step):
+            loss = self.strategy.all_reduce(window.loss_sum / window.steps, op="mean").item()
         values = {
             "train/loss": loss,
             "lr": self.state.lr,
