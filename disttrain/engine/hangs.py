@@ -172,11 +172,15 @@ class HangWatch:
         from disttrain.dist import default_store
 
         if dist.is_initialized() and self.world > 1:
-            self._store = default_store()
-            self._done.clear()
-            self._thread = threading.Thread(target=self._watch, name="disttrain-hangs", daemon=True)
-            self._thread.start()
+            self.start(default_store())
         return self
+
+    def start(self, store: Any) -> None:
+        """Watch `store` (the rendezvous store) for a peer's timeout from a thread."""
+        self._store = store
+        self._done.clear()
+        self._thread = threading.Thread(target=self._watch, name="disttrain-hangs", daemon=True)
+        self._thread.start()
 
     def __exit__(self, *exc: object) -> None:
         self._done.set()
@@ -265,10 +269,10 @@ def explain(records: dict[int, Where], hung: list[int]) -> str:
     for r, w in sorted(records.items()):
         if r in hung:
             continue
-        call = f"{w.collective} in " if w.collective else ""
+        call = f"in {w.collective} " if w.collective else ""
         issued = f", {w.issued} collectives issued" if w.issued >= 0 else ""
         groups.setdefault(f"{call}{w.section()} at {w.place()}{issued}", []).append(r)
-    parts = [f"rank(s) {ranks} wait in {what}" for what, ranks in groups.items()]
+    parts = [f"rank(s) {ranks} wait {what}" for what, ranks in groups.items()]
     for r in hung:
         w = records.get(r)
         if w is None:
