@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +116,8 @@ class Engine:
         self.stop = StopFlag(lambda: self.state.step, timeout_s)
         self.progress = Progress()  # the engine's collective sections, for the hang report
         self.hangs = HangWatch(self.progress, env.rank, env.world_size)
+        self.step_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)  # this rank's, for p50/p95
+        self.group_wait = 0.0  # the data wait of the group being trained
 
     # ------------------------------------------------------------------------------------ resume
     def resume(self, location: Path | None) -> Path | None:
@@ -159,8 +162,10 @@ class Engine:
         while s.step < self.total_steps:
             self._set_epoch(s.epoch)
             for micro_batches in self._groups():
+                began = time.perf_counter()
                 with self.progress.section(f"{self.strategy.name} train step", s.step + 1):
                     loss, grad_norm = self._step_fitting_memory(micro_batches)
+                self.step_times.append(self.group_wait + time.perf_counter() - began)
                 self.profiler.step()
                 s.step += 1
                 s.samples += self.global_batch
@@ -397,7 +402,8 @@ class Engine:
         for _ in range(len(self.train_loader) // self.accum):
             t0 = time.perf_counter()
             group = [next(batches) for _ in range(self.accum)]
-            self.data_wait_s += time.perf_counter() - t0
+            self.group_wait = time.perf_counter() - t0
+            self.data_wait_s += self.group_wait
             yield group
 
     def _set_epoch(self, epoch: int) -> None:
@@ -451,8 +457,29 @@ class Engine:
             "checkpoint_stall_s": [round(x, 4) for x in self.ckpt.stalls],
             **self.guards.metrics(),
             **gpu_memory.peaks(self.env),  # every rank builds the summary: a collective on CUDA
+            **self._step_time_quantiles(),  # a collective: every rank
             **s.last_val,
         }
+
+    def _step_time_quantiles(self) -> dict[str, list[float]]:
+        """Each rank's step time (its data wait + its step) p50 and p95 over the last
+        STEP_TIMES_KEPT steps, gathered once at the end in one small all-reduce: `disttrain show`
+        flags a rank much slower than the median (a straggler)."""
+        world, rank = self.env.world_size, self.env.rank
+        mine = torch.tensor(list(self.step_times) or [0.0], dtype=torch.float64)
+        table = torch.zeros(world, 2, dtype=torch.float64)
+        table[rank] = torch.quantile(mine, torch.tensor([0.5, 0.95], dtype=torch.float64))
+        if dist.is_initialized() and world > 1:
+            table = table.to(self.env.device)
+            dist.all_reduce(table)  # each rank fills its own row: the sum is the table
+        rows = table.cpu().tolist()
+        return {
+            "step_time_p50_s_by_rank": [round(r[0], 6) for r in rows],
+            "step_time_p95_s_by_rank": [round(r[1], 6) for r in rows],
+        }
+
+
+STEP_TIMES_KEPT = 10_000  # per rank: the step-time quantiles cover the last this many steps
 
 
 def val_batches(loader: DataLoader) -> int:
