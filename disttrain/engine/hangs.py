@@ -29,6 +29,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+import torch
+
 from disttrain.engine.signals import FAILED_KEY
 from disttrain.observe.log import FILE_ONLY
 
@@ -80,7 +82,7 @@ class Where:
 
 
 # ------------------------------------------------------------------------------------------ frames
-_TORCH = str(Path(__import__("torch").__file__).parent)
+_TORCH = str(Path(torch.__file__ or "torch").parent)
 _STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
 _HERE = __file__
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding disttrain/
@@ -146,7 +148,8 @@ def issued_collectives() -> int:
     try:
         import torch.distributed as dist
 
-        return int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
+        group = dist.distributed_c10d._get_default_group()
+        return int(group._get_sequence_number_for_group())  # type: ignore[attr-defined]
     except Exception:
         return -1
 
@@ -204,7 +207,17 @@ class HangWatch:
         at, func, code, collective = locate(frames)
         p = self.progress
         return Where(
-            self.rank, p.op, p.seq, p.step, p.inside, issued_collectives(), at, func, code, collective, waiting
+            self.rank,
+            p.op,
+            p.seq,
+            p.step,
+            p.inside,
+            issued_collectives(),
+            at,
+            func,
+            code,
+            collective,
+            waiting,
         )
 
     def write(self, where: Where, replace: bool = True) -> None:
@@ -274,10 +287,10 @@ def explain(records: dict[int, Where], hung: list[int]) -> str:
         groups.setdefault(f"{call}{w.section()} at {w.place()}{issued}", []).append(r)
     parts = [f"rank(s) {ranks} wait {what}" for what, ranks in groups.items()]
     for r in hung:
-        w = records.get(r)
-        if w is None:
+        other = records.get(r)
+        if other is None:
             parts.append(f"rank {r} did not answer (dead, stopped, or its store connection is gone)")
             continue
-        issued = f", {w.issued} collectives issued" if w.issued >= 0 else ""
-        parts.append(f"rank {r} is elsewhere: {w.section()} at {w.place()}{issued}")
+        issued = f", {other.issued} collectives issued" if other.issued >= 0 else ""
+        parts.append(f"rank {r} is elsewhere: {other.section()} at {other.place()}{issued}")
     return "; ".join(parts)

@@ -148,7 +148,9 @@ def test_two_nodes_typed_on_one_host_say_within_5_s_what_they_wait_for(tmp_path:
         reader.join(timeout=5)
     text = "".join(lines)
     waiting = next((ln for ln in lines if "waits for node rank(s)" in ln), "")
-    assert waiting.startswith(f"disttrain: node 0 of 2 waits for node rank(s) 1 at master 127.0.0.1:{port} ("), text
+    assert waiting.startswith(
+        f"disttrain: node 0 of 2 waits for node rank(s) 1 at master 127.0.0.1:{port} ("
+    ), text
     waited = re.search(r"\((\d+) s of launcher.rdzv_timeout=900 s\); a rehearsal on this host", waiting)
     assert waited and int(waited.group(1)) <= 5, waiting
     command = lines[lines.index(waiting) + 1].strip()

@@ -75,7 +75,9 @@ def test_locate_skips_torch_and_the_standard_library_and_names_the_collective() 
 
 
 def _where(rank: int, at: str, func: str, *, waiting: bool, collective: str = "") -> Where:
-    return Where(rank, "fsdp train step", 9, 5, True, 20 if waiting else 18, at, func, "x()", collective, waiting)
+    return Where(
+        rank, "fsdp train step", 9, 5, True, 20 if waiting else 18, at, func, "x()", collective, waiting
+    )
 
 
 def test_the_paragraph_groups_the_waiting_ranks_and_places_the_others() -> None:

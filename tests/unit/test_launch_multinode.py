@@ -272,4 +272,6 @@ def test_off_loopback_the_waiting_line_adds_this_nodes_address(tmp_path: Path) -
     assert "waits for node rank(s) 1 at master 10.1.2.3:29999 (31 s of" in text
     assert "start each on its own machine" in text and "rehearsal" not in text
     assert "disttrain train nodes=2 node_rank=1 master_addr=" in text
-    assert waiting.waiting_line(cfg, tmp_path, [1], 61.0, first=False).count("\n") == 1  # the repeats: one line
+    assert (
+        waiting.waiting_line(cfg, tmp_path, [1], 61.0, first=False).count("\n") == 1
+    )  # the repeats: one line

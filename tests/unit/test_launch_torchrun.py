@@ -123,7 +123,11 @@ def test_nccl_ranks_get_the_flight_recorder_dumping_into_the_run_logs(
     into logs/; gloo has no recorder (nothing set); a value the user exported is kept."""
     from disttrain.launch import flight_recorder_environment
 
-    for key in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+    for key in (
+        "TORCH_NCCL_TRACE_BUFFER_SIZE",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    ):
         monkeypatch.delenv(key, raising=False)
     assert flight_recorder_environment({"backend": {"name": "gloo"}}, tmp_path) == {}
     assert flight_recorder_environment({"backend": {"name": "nccl"}}, tmp_path) == {
@@ -132,4 +136,6 @@ def test_nccl_ranks_get_the_flight_recorder_dumping_into_the_run_logs(
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "logs" / "nccl_trace_rank_"),
     }
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")
-    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in flight_recorder_environment({"backend": {"name": "nccl"}}, tmp_path)
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in flight_recorder_environment(
+        {"backend": {"name": "nccl"}}, tmp_path
+    )

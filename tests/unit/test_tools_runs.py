@@ -151,7 +151,11 @@ def test_show_flags_a_rank_at_least_1_3x_slower_than_the_median(tmp_path: Path) 
     from disttrain.tools.runs import stragglers
 
     d = _run(tmp_path, "s", {"status": "finished"}, METRICS)
-    summary = {"steps": 5, "step_time_p50_s_by_rank": [0.1, 0.1, 0.2, 0.129], "step_time_p95_s_by_rank": [1, 1, 0.5, 1]}
+    summary = {
+        "steps": 5,
+        "step_time_p50_s_by_rank": [0.1, 0.1, 0.2, 0.129],
+        "step_time_p95_s_by_rank": [1, 1, 0.5, 1],
+    }
     (d / "summary.json").write_text(json.dumps(summary))
     assert show(d)["stragglers"] == [
         "straggler: rank 2 step time p50 0.2 s = 1.75x the median 0.115 s (p95 0.5 s)"
