@@ -160,8 +160,11 @@ class HangWatch:
 
     POLL_S = 0.5  # 2 store round trips a second; the report lands well inside the stragglers' grace
 
-    def __init__(self, progress: Progress, rank: int, world_size: int) -> None:
+    def __init__(self, progress: Progress, rank: int, world_size: int, timeout_s: float = 0.0) -> None:
         self.progress, self.rank, self.world = progress, rank, world_size
+        # No new section for this long: write where this rank is before backend.timeout ends
+        # (NCCL's watchdog then SIGABRTs the waiting ranks: no Python runs after it).
+        self.stall_s = timeout_s - max(1.0, 0.2 * timeout_s) if timeout_s > 2 else 0.0
         self._store: Any = None
         self._done = threading.Event()
         self._lock = threading.Lock()
@@ -192,7 +195,13 @@ class HangWatch:
             self._thread = None
 
     def _watch(self) -> None:
+        seen, since, stalled = self.progress.seq, time.monotonic(), False
         while not self._done.wait(self.POLL_S):
+            if self.progress.seq != seen:
+                seen, since, stalled = self.progress.seq, time.monotonic(), False
+            elif self.stall_s and not stalled and time.monotonic() - since > self.stall_s:
+                stalled = True
+                self._stalled(time.monotonic() - since)
             try:
                 if not self._store.check([FAILED_KEY]):
                     continue
@@ -202,6 +211,28 @@ class HangWatch:
             self.write(self.where(frames_of(main)), replace=False)
             self.dump_stacks()
             return
+
+    def _stalled(self, waited: float) -> None:
+        """No progress for stall_s: this rank's record into its log and `logs/where_rankN.json`
+        (the launcher reads those when NCCL's watchdog ended the ranks), and its stacks."""
+        main = sys._current_frames().get(threading.main_thread().ident or 0)
+        where = self.where(frames_of(main))
+        log.error(
+            "no new collective section for %.0f s: rank %d is %s at %s",
+            waited,
+            self.rank,
+            where.section(),
+            where.place(),
+            extra={FILE_ONLY: True},
+        )
+        log_file = next((h.baseFilename for h in log.handlers if isinstance(h, logging.FileHandler)), None)
+        if log_file is not None:
+            with contextlib.suppress(OSError):
+                from disttrain.safefile import write_text_atomic
+
+                target = Path(log_file).parent / f"where_rank{self.rank}.json"
+                write_text_atomic(target, json.dumps(asdict(where)) + "\n")
+        self.dump_stacks()
 
     def where(self, frames: list[tuple[str, int, str]], waiting: bool = False) -> Where:
         at, func, code, collective = locate(frames)
@@ -273,6 +304,16 @@ class HangWatch:
             if len(found) == self.world or time.monotonic() >= deadline:
                 return found
             time.sleep(0.1)
+
+
+def stalled_records(log_dir: Path) -> dict[int, Where]:
+    """The `where_rankN.json` records ranks wrote on a stall (HangWatch._stalled); bad files skipped."""
+    found: dict[int, Where] = {}
+    for path in sorted(log_dir.glob("where_rank*.json")):
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            record = Where(**json.loads(path.read_text()))
+            found[record.rank] = record
+    return found
 
 
 # ------------------------------------------------------------------------------------------ words

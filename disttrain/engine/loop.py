@@ -115,7 +115,7 @@ class Engine:
         self.pending_rng: dict[str, Any] | None = None  # restored after the resumed epoch's iterator
         self.stop = StopFlag(lambda: self.state.step, timeout_s)
         self.progress = Progress()  # the engine's collective sections, for the hang report
-        self.hangs = HangWatch(self.progress, env.rank, env.world_size)
+        self.hangs = HangWatch(self.progress, env.rank, env.world_size, timeout_s)
         self.step_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)  # this rank's, for p50/p95
         self.group_wait = 0.0  # the data wait of the group being trained
 

@@ -115,7 +115,10 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
             run_dir,
         ) from None
     except ChildFailedError as exc:
-        rank, message = first_failure(exc.failures, watchdog=nccl_watchdog(cfg))
+        watchdog = nccl_watchdog(cfg)
+        rank, message = first_failure(exc.failures, watchdog=watchdog)
+        if watchdog:
+            message += stalled_places(run_dir, rank)
         raise LaunchError(rank, message, run_dir) from None
     except SignalException as exc:
         raise LaunchError(
@@ -193,6 +196,16 @@ def first_failure(failures: dict[int, Any], watchdog: bool = False) -> tuple[int
             "that long"
         )
     return rank, message
+
+
+def stalled_places(run_dir: Path, rank: int) -> str:
+    """NCCL's watchdog ended the waiting ranks without a Python exception; before it, each rank's
+    hang watch wrote where it stood (logs/where_rankN.json): which waited where, where `rank` was."""
+    from disttrain.engine.hangs import explain, stalled_records
+    from disttrain.rundir import RunDir
+
+    records = stalled_records(RunDir(run_dir).logs)
+    return f". Where they stood: {explain(records, [rank])}" if records else ""
 
 
 def _watchdog_victim(failure: Any) -> bool:

@@ -97,3 +97,37 @@ def test_the_paragraph_groups_the_waiting_ranks_and_places_the_others() -> None:
         "18 collectives issued; "
         "rank 4 did not answer (dead, stopped, or its store connection is gone)"
     )
+
+
+def test_a_stalled_rank_writes_where_it_stands_for_the_launcher_before_nccls_watchdog(
+    tmp_path: Path,
+) -> None:
+    """No new section for stall_s (before backend.timeout, when NCCL's watchdog would SIGABRT the
+    waiting ranks with no Python left to run): the rank writes logs/where_rankN.json and its
+    stacks; the launcher's message for the watchdog case says where the hung rank stood."""
+    from disttrain.launch.torchrun import stalled_places
+
+    assert HangWatch(Progress(), 0, 2, timeout_s=300).stall_s == 240  # 1 minute before the timeout
+    logs = tmp_path / "logs"
+    progress = Progress()
+    setup_logging(logs, rank=2, to_console=False)
+    watch = HangWatch(progress, rank=2, world_size=4, timeout_s=300)
+    watch.POLL_S, watch.stall_s = 0.02, 0.1
+    try:
+        watch.start(dist.HashStore())
+        with progress.section("fsdp train step", 2):
+            deadline = time.monotonic() + 10
+            while not (logs / "where_rank2.json").is_file() and time.monotonic() < deadline:
+                time.sleep(0.01)  # the stalled line
+    finally:
+        watch.__exit__()
+        teardown_logging()
+    line = next(
+        i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if "# the stalled line" in t
+    )
+    assert stalled_places(tmp_path, 2) == (
+        ". Where they stood: rank 2 is elsewhere: in fsdp train step #1 (step 2) at "
+        f"tests/unit/test_engine_hangs.py:{line} in test_a_stalled_rank_writes_where_it_stands_for_the_launcher_"
+        f"before_nccls_watchdog `time.sleep(0.01)  # the stalled line`"
+    )
+    assert "Python stack of every thread of rank 2" in (logs / "rank2.log").read_text()
