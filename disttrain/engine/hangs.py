@@ -198,6 +198,8 @@ class HangWatch:
         seen, since, stalled = self.progress.seq, time.monotonic(), False
         while not self._done.wait(self.POLL_S):
             if self.progress.seq != seen:
+                if stalled and (done := self._stall_file()) is not None:
+                    done.unlink(missing_ok=True)  # it moved on: a later failure must not read it
                 seen, since, stalled = self.progress.seq, time.monotonic(), False
             elif self.stall_s and not stalled and time.monotonic() - since > self.stall_s:
                 stalled = True
@@ -225,14 +227,18 @@ class HangWatch:
             where.place(),
             extra={FILE_ONLY: True},
         )
-        log_file = next((h.baseFilename for h in log.handlers if isinstance(h, logging.FileHandler)), None)
-        if log_file is not None:
+        target = self._stall_file()
+        if target is not None:
             with contextlib.suppress(OSError):
                 from disttrain.safefile import write_text_atomic
 
-                target = Path(log_file).parent / f"where_rank{self.rank}.json"
                 write_text_atomic(target, json.dumps(asdict(where)) + "\n")
         self.dump_stacks()
+
+    def _stall_file(self) -> Path | None:
+        """logs/where_rankN.json beside this rank's log file (None without a log file)."""
+        log_file = next((h.baseFilename for h in log.handlers if isinstance(h, logging.FileHandler)), None)
+        return Path(log_file).parent / f"where_rank{self.rank}.json" if log_file is not None else None
 
     def where(self, frames: list[tuple[str, int, str]], waiting: bool = False) -> Where:
         at, func, code, collective = locate(frames)
@@ -306,11 +312,14 @@ class HangWatch:
             time.sleep(0.1)
 
 
-def stalled_records(log_dir: Path) -> dict[int, Where]:
-    """The `where_rankN.json` records ranks wrote on a stall (HangWatch._stalled); bad files skipped."""
+def stalled_records(log_dir: Path, since: float = 0.0) -> dict[int, Where]:
+    """The `where_rankN.json` records ranks wrote on a stall (HangWatch._stalled) at `since` (a
+    time.time()) or later: not an earlier attempt's in the same run dir; bad files skipped."""
     found: dict[int, Where] = {}
     for path in sorted(log_dir.glob("where_rank*.json")):
         with contextlib.suppress(OSError, ValueError, TypeError):
+            if path.stat().st_mtime < since:
+                continue
             record = Where(**json.loads(path.read_text()))
             found[record.rank] = record
     return found

@@ -118,7 +118,7 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
         watchdog = nccl_watchdog(cfg)
         rank, message = first_failure(exc.failures, watchdog=watchdog)
         if watchdog:
-            message += stalled_places(run_dir, rank)
+            message += stalled_places(run_dir, rank, since=started)
         raise LaunchError(rank, message, run_dir) from None
     except SignalException as exc:
         raise LaunchError(
@@ -198,13 +198,13 @@ def first_failure(failures: dict[int, Any], watchdog: bool = False) -> tuple[int
     return rank, message
 
 
-def stalled_places(run_dir: Path, rank: int) -> str:
+def stalled_places(run_dir: Path, rank: int, since: float = 0.0) -> str:
     """NCCL's watchdog ended the waiting ranks without a Python exception; before it, each rank's
     hang watch wrote where it stood (logs/where_rankN.json): which waited where, where `rank` was."""
     from disttrain.engine.hangs import explain, stalled_records
     from disttrain.rundir import RunDir
 
-    records = stalled_records(RunDir(run_dir).logs)
+    records = stalled_records(RunDir(run_dir).logs, since)
     return f". Where they stood: {explain(records, [rank])}" if records else ""
 
 

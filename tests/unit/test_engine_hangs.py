@@ -131,3 +131,18 @@ def test_a_stalled_rank_writes_where_it_stands_for_the_launcher_before_nccls_wat
         f"before_nccls_watchdog `time.sleep(0.01)  # the stalled line`"
     )
     assert "Python stack of every thread of rank 2" in (logs / "rank2.log").read_text()
+
+
+def test_stall_records_of_an_earlier_attempt_are_not_read(tmp_path: Path) -> None:
+    """A where_rankN.json older than this launch (a previous attempt in the same run dir) is not
+    this failure's; a corrupt one is skipped."""
+    import os
+
+    from disttrain.engine.hangs import stalled_records
+
+    record = _where(1, "lab/model.py:7", "forward", waiting=False)
+    (tmp_path / "where_rank1.json").write_text(json.dumps(record.__dict__))
+    (tmp_path / "where_rank2.json").write_text("{not json")
+    assert stalled_records(tmp_path) == {1: record}
+    os.utime(tmp_path / "where_rank1.json", (1000.0, 1000.0))
+    assert stalled_records(tmp_path, since=2000.0) == {}
