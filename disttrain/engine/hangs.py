@@ -211,7 +211,7 @@ class HangWatch:
                 return
             main = sys._current_frames().get(threading.main_thread().ident or 0)
             self.write(self.where(frames_of(main)), replace=False)
-            self.dump_stacks()
+            self.dump_stacks("a collective timed out")
             return
 
     def _stalled(self, waited: float) -> None:
@@ -233,7 +233,7 @@ class HangWatch:
                 from disttrain.safefile import write_text_atomic
 
                 write_text_atomic(target, json.dumps(asdict(where)) + "\n")
-        self.dump_stacks()
+        self.dump_stacks(f"no new collective section for {waited:.0f} s")
 
     def _stall_file(self) -> Path | None:
         """logs/where_rankN.json beside this rank's log file (None without a log file)."""
@@ -277,7 +277,7 @@ class HangWatch:
         except Exception:
             pass
 
-    def dump_stacks(self) -> None:
+    def dump_stacks(self, why: str) -> None:
         """Every thread's Python stack into this rank's log file (faulthandler: no lock taken)."""
         with self._lock:
             if self._dumped:
@@ -287,9 +287,7 @@ class HangWatch:
             stream = getattr(handler, "stream", None)
             if isinstance(handler, logging.FileHandler) and stream is not None:
                 log.error(
-                    "Python stack of every thread of rank %d (a collective timed out):",
-                    self.rank,
-                    extra={FILE_ONLY: True},
+                    "Python stack of every thread of rank %d (%s):", self.rank, why, extra={FILE_ONLY: True}
                 )
                 with contextlib.suppress(Exception):
                     handler.flush()

@@ -20,6 +20,7 @@ from disttrain.launch.errors import (
 )
 from disttrain.launch.forkserver import START_METHOD, launcher_env, rank_entry, warm_up
 from disttrain.launch.registry import launcher_config
+from disttrain.launch.spawn import quiet_teardown
 
 
 def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
@@ -94,6 +95,7 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
     api_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     if _quiet_failure_traceback not in api_log.filters:
         api_log.addFilter(_quiet_failure_traceback)
+    quiet_teardown()
     started = time.time()
     store = None
     if cfg["nodes"] > 1:
