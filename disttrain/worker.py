@@ -33,7 +33,7 @@ from disttrain.engine.state import TrainState
 from disttrain.launch.forkserver import launcher_alive, linger_after_a_peer_died, name_process
 from disttrain.models import build_model, set_activation_checkpointing
 from disttrain.observe.envreport import report_env
-from disttrain.observe.log import get_logger, setup_logging, teardown_logging
+from disttrain.observe.log import get_logger, setup_logging, stderr_into_log, teardown_logging
 from disttrain.observe.metrics import NullMetrics, make_metrics
 from disttrain.observe.profiler import make_profiler
 from disttrain.observe.summary import record_summary
@@ -59,6 +59,8 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     env = DistEnv.from_env(cfg["backend"]["name"])
     name_process(env.rank)
     setup_logging(RunDir(run_dir).logs, env.rank, to_console=env.is_zero)
+    if not env.is_zero:
+        stderr_into_log(RunDir(run_dir).logs, env.rank)  # C++ stacks and library noise: its log
     threads = set_threads(cfg, env)
     launcher = launcher_pid()
     if "RANK" in os.environ:

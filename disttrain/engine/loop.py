@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from disttrain.dist import DistEnv, default_store
 from disttrain.engine.amp import Precision
 from disttrain.engine.ema import NullEMA
 from disttrain.engine.guards import AnomalyError, DesyncError, Guards
+from disttrain.engine.hangs import HangWatch, Progress, explain, frames_of_traceback
 from disttrain.engine.monitor import Monitoring
 from disttrain.engine.optim import total_steps as total_steps  # its home: the schedule's length
 from disttrain.engine.rng import set_rng_state
@@ -133,6 +135,10 @@ class Engine:
         self.early_stop: str | None = None  # why training stops early (every rank the same)
         self.save_best = False  # this step's validation ranks among checkpoint.keep_best's
         self.validated_at = -1
+        self.progress = Progress()  # the engine's collective sections, for the hang report
+        self.hangs = HangWatch(self.progress, env.rank, env.world_size, timeout_s)
+        self.step_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)  # this rank's, for p50/p95
+        self.group_wait = 0.0  # the data wait of the group being trained
 
     # ------------------------------------------------------------------------------------ resume
     def resume(self, location: Path | None) -> Path | None:
@@ -164,7 +170,7 @@ class Engine:
         self.metrics.start(None)  # opened by resume() already, unless the caller skipped it
         progress = make_progress(self.env.is_zero, t.progress, self.total_steps, "train")
         gpu_memory.reset_peaks(self.env)
-        with self.stop, self.profiler, progress as bar:
+        with self.stop, self.hangs, self.profiler, progress as bar:
             bar.update(s.step)
             try:
                 if t.val_at_start and s.step == 0:
@@ -191,7 +197,10 @@ class Engine:
         while s.step < self.total_steps and not self.early_stop:
             self._set_epoch(s.epoch)
             for micro_batches in self._groups():
-                loss, grad_norm = self._step_fitting_memory(micro_batches)
+                began = time.perf_counter()
+                with self.progress.section(f"{self.strategy.name} train step", s.step + 1):
+                    loss, grad_norm = self._step_fitting_memory(micro_batches)
+                self.step_times.append(self.group_wait + time.perf_counter() - began)
                 self.profiler.step()
                 s.step += 1
                 s.samples += self.global_batch
@@ -213,7 +222,8 @@ class Engine:
                 if t.val_every and s.step % t.val_every == 0:
                     self.validate()
                 if t.ckpt_every and s.step % t.ckpt_every == 0:
-                    self.ckpt.save("periodic")
+                    with self.progress.section("checkpoint save", s.step):
+                        self.ckpt.save("periodic")
                 self._save_best()
                 self.ckpt.poll()
                 # Every step, at no cost to it (an attribute read until a rank is signalled).
@@ -249,19 +259,7 @@ class Engine:
         if isinstance(exc, StopUnagreed):
             return exc  # the launcher is gone: nothing to coordinate a save with
         if any(m in text for m in ("Timed out", "timed out", "Timeout")):
-            hung = self._stragglers()
-            who = (
-                f"rank(s) {hung} stopped participating (no timeout of their own within "
-                f"{self.STRAGGLER_GRACE_S:g} s: hung, stopped or much slower)"
-                if hung
-                else "another rank stopped participating (hung, stuck or much slower)"
-            )
-            where = f"rank {hung[0]}'s log" if hung else "the other ranks' logs"
-            return RuntimeError(
-                f"rank {self.env.rank}: a collective at step {self.state.step + 1} waited more than "
-                f"backend.timeout={self.timeout_s:g} s: {who}. HINT: look at {where}; raise "
-                "backend.timeout if a step can legitimately take that long."
-            )
+            return self._timed_out(exc)
         if isinstance(exc, (AnomalyError, DesyncError)):
             return exc  # no emergency save: NaN gradients or diverged replicas are not worth keeping
         if isinstance(exc, dist.DistError) or any(
@@ -276,6 +274,28 @@ class Engine:
         elif self.ckpt.cfg.on_error:
             self._emergency(exc)
         return exc
+
+    def _timed_out(self, exc: Exception) -> RuntimeError:
+        """One paragraph: who stopped participating, which ranks wait in which collective, and
+        where the others are (their Where records, engine/hangs.py)."""
+        self.hangs.write(self.hangs.where(frames_of_traceback(exc.__traceback__), waiting=True))
+        hung = self._stragglers()
+        records = self.hangs.records(wait_s=1.0 if hung else 0.0)
+        why = "" if records else ": hung, stopped or much slower"  # else the records say
+        who = (
+            f"rank(s) {hung} stopped participating (no timeout of their own within "
+            f"{self.STRAGGLER_GRACE_S:g} s{why})"
+            if hung
+            else "another rank stopped participating (hung, stuck or much slower)"
+        )
+        said = explain(records, hung)
+        detail = f" {said[:1].upper()}{said[1:]}." if said else ""
+        where = f"rank {hung[0]}'s log (its Python stacks)" if hung else "the other ranks' logs"
+        return RuntimeError(
+            f"rank {self.env.rank}: a collective at step {self.state.step + 1} waited more than "
+            f"backend.timeout={self.timeout_s:g} s: {who}.{detail} HINT: look at {where}; raise "
+            "backend.timeout if a step can legitimately take that long."
+        )
 
     def _emergency(self, exc: Exception) -> None:
         """Save after an exception, unless it came inside the update (state not consistent)."""
@@ -399,6 +419,11 @@ class Engine:
     def validate(self) -> dict[str, float]:
         """Loss and metric over the whole validation set, weighted by sample counts across ranks;
         with trainer.ema, the averaged weights' too (`val_ema/*`, swapped in and out again)."""
+        with self.progress.section("validation", self.state.step):
+            return self._validate()
+
+    @torch.no_grad()
+    def _validate(self) -> dict[str, float]:
         if self.val_loader is None:
             return {}
         values = validation(
@@ -449,7 +474,8 @@ class Engine:
         for _ in range(len(self.train_loader) // self.accum):
             t0 = time.perf_counter()
             group = [next(batches) for _ in range(self.accum)]
-            self.data_wait_s += time.perf_counter() - t0
+            self.group_wait = time.perf_counter() - t0
+            self.data_wait_s += self.group_wait
             yield group
 
     def _stream_groups(self, batches: Iterator[Any]) -> Iterator[list[Any]]:
@@ -493,7 +519,8 @@ class Engine:
 
     def _log_train(self, window: Window, grad_norm: torch.Tensor) -> dict[str, float]:
         elapsed = time.perf_counter() - window.started
-        loss = self.strategy.all_reduce(window.loss_sum / window.steps, op="mean").item()
+        with self.progress.section("all_reduce(train/loss)", self.state.step):
+            loss = self.strategy.all_reduce(window.loss_sum / window.steps, op="mean").item()
         values = {
             "train/loss": loss,
             "lr": self.state.lr,
@@ -536,9 +563,30 @@ class Engine:
             **self.throughput.last,  # the last log window's FLOPs per step, TFLOP/s and MFU
             **self.guards.metrics(),
             **gpu_memory.peaks(self.env),  # every rank builds the summary: a collective on CUDA
+            **self._step_time_quantiles(),  # a collective: every rank
             **s.last_val,
             **self.monitoring.summary(),
         }
+
+    def _step_time_quantiles(self) -> dict[str, list[float]]:
+        """Each rank's step time (its data wait + its step) p50 and p95 over the last
+        STEP_TIMES_KEPT steps, gathered once at the end in one small all-reduce: `disttrain show`
+        flags a rank much slower than the median (a straggler)."""
+        world, rank = self.env.world_size, self.env.rank
+        mine = torch.tensor(list(self.step_times) or [0.0], dtype=torch.float64)
+        table = torch.zeros(world, 2, dtype=torch.float64)
+        table[rank] = torch.quantile(mine, torch.tensor([0.5, 0.95], dtype=torch.float64))
+        if dist.is_initialized() and world > 1:
+            table = table.to(self.env.device)
+            dist.all_reduce(table)  # each rank fills its own row: the sum is the table
+        rows = table.cpu().tolist()
+        return {
+            "step_time_p50_s_by_rank": [round(r[0], 6) for r in rows],
+            "step_time_p95_s_by_rank": [round(r[1], 6) for r in rows],
+        }
+
+
+STEP_TIMES_KEPT = 10_000  # per rank: the step-time quantiles cover the last this many steps
 
 
 @torch.no_grad()

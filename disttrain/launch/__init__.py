@@ -43,6 +43,25 @@ def rank_environment(cfg: dict[str, Any]) -> Any:
 
 WORKER = "disttrain.worker"
 
+FLIGHT_RECORDER_ENTRIES = "2000"  # the last collectives of each group, kept in a ring (a few hundred kB)
+
+
+def flight_recorder_environment(cfg: dict[str, Any], run_dir: Path) -> dict[str, str]:
+    """nccl: torch's flight recorder on, dumped on a timeout into the run's logs/ (one file per
+    rank, `nccl_trace_rank_N`; read with `torchfrtrace RUN/logs -p nccl_trace_rank_`). Off for gloo, which has none. A
+    value the user exported wins."""
+    from disttrain.dist import choose_backend
+    from disttrain.rundir import RunDir
+
+    if "nccl" not in choose_backend(cfg["backend"]["name"]):
+        return {}
+    wanted = {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(RunDir(run_dir).logs / "nccl_trace_rank_"),
+    }
+    return {k: v for k, v in wanted.items() if k not in os.environ}
+
 
 def submit(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> bool:
     """Hand the frozen run to the launcher's scheduler (sbatch, kubectl). True: it did, and the
@@ -75,7 +94,7 @@ def launch(cfg: dict[str, Any], run_dir: Path, entry: str = WORKER) -> None:
     from disttrain.timing import mark
 
     mark("launch")
-    with rank_environment(cfg):
+    with rank_environment(cfg), patched_environ(flight_recorder_environment(cfg, run_dir)):
         if _in_process(cfg, launcher_config(cfg)):
             import importlib
 

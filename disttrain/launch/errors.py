@@ -47,7 +47,7 @@ _HEADER = "Traceback (most recent call last):"
 _EXCEPTION_LINE = re.compile(
     r"[A-Za-z_][\w.]*(:|$)"
 )  # `ValueError: ...`, `pkg.mod.MyError: ...`, `KeyboardInterrupt`
-_MAX_SUMMARY = 500
+_MAX_SUMMARY = 900  # a hang's paragraph names every group of ranks and a file:line each
 
 
 def error_summary(text: str) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 from disttrain.config import fingerprint
 from disttrain.launch.errors import LaunchError
 from disttrain.launch.registry import launcher_config
+from disttrain.launch.waiting import Announcer
 from disttrain.safefile import write_text_atomic
 
 DEFAULT_PORT = 29500
@@ -75,18 +76,35 @@ def local_address(master_addr: str, port: int) -> str:
 
 
 def roll_call(cfg: dict[str, Any], run_dir: Path) -> Any:
-    """Connect to (node 0: host) the store, check every node's config, wait for the others.
+    """Connect to (node 0: host) the store, check every node's config, wait for the others; while
+    waiting, say what for and how to start the missing nodes (launch/waiting.py).
 
     Returns the store; it must stay alive (on node 0 it serves torchrun's rendezvous too).
     """
+    host, port = endpoint(cfg)
+    me, nodes = int(cfg["node_rank"]), int(cfg["nodes"])
+    need, _ = node_bounds(cfg)
+    missing = [0] if me else list(range(1, nodes))  # what the waiting lines name; the roll call updates it
+    with Announcer(cfg, run_dir, lambda: list(missing)):
+        store = _connect(cfg, run_dir)
+        prefix = f"disttrain/{cfg['name']}/roll_call"
+        mine = _plain(flatten(cfg))
+        store.set(f"{prefix}/node{me}", json.dumps(mine))
+        present = _wait_for_nodes(store, prefix, mine, cfg, run_dir, need, missing)
+    record = {"config_hash": config_hash(cfg), "master": f"{host}:{port}", "node_rank": me, "nodes": present}
+    write_text_atomic(run_dir / f"rendezvous_node{me}.json", json.dumps(record, indent=1) + "\n")
+    return store
+
+
+def _connect(cfg: dict[str, Any], run_dir: Path) -> Any:
+    """The roll call's store: node 0 hosts it, the others connect (waiting up to rdzv_timeout)."""
     from torch.distributed import TCPStore
 
     host, port = endpoint(cfg)
     timeout = launcher_config(cfg).rdzv_timeout
     me, nodes = int(cfg["node_rank"]), int(cfg["nodes"])
-    need, _ = node_bounds(cfg)
     try:
-        store = TCPStore(
+        return TCPStore(
             host,
             port,
             is_master=me == 0,
@@ -107,20 +125,19 @@ def roll_call(cfg: dict[str, Any], run_dir: Path) -> Any:
             "reachable from this node, or raise launcher.rdzv_timeout.",
             run_dir,
         ) from None
-    prefix = f"disttrain/{cfg['name']}/roll_call"
-    mine = _plain(flatten(cfg))
-    store.set(f"{prefix}/node{me}", json.dumps(mine))
-    present = _wait_for_nodes(store, prefix, mine, cfg, run_dir, need)
-    record = {"config_hash": config_hash(cfg), "master": f"{host}:{port}", "node_rank": me, "nodes": present}
-    write_text_atomic(run_dir / f"rendezvous_node{me}.json", json.dumps(record, indent=1) + "\n")
-    return store
 
 
 MISMATCH_LINGER_S = 5.0  # how long node 0 keeps its store up for a node whose config differs
 
 
 def _wait_for_nodes(
-    store: Any, prefix: str, mine: dict[str, Any], cfg: dict[str, Any], run_dir: Path, need: int
+    store: Any,
+    prefix: str,
+    mine: dict[str, Any],
+    cfg: dict[str, Any],
+    run_dir: Path,
+    need: int,
+    missing: list[int] | None = None,
 ) -> list[int]:
     """Poll the roll call until `need` nodes are present; every newcomer's config is compared.
 
@@ -129,7 +146,7 @@ def _wait_for_nodes(
     anyway (node 0 stopped for another reason) says so in one paragraph."""
     host, port = endpoint(cfg)
     try:
-        return _roll_call(store, prefix, mine, cfg, run_dir, need)
+        return _roll_call(store, prefix, mine, cfg, run_dir, need, [] if missing is None else missing)
     except RendezvousFailure:
         raise
     except RuntimeError as exc:  # DistNetworkError, DistStoreError: the store's host went away
@@ -144,7 +161,13 @@ def _wait_for_nodes(
 
 
 def _roll_call(
-    store: Any, prefix: str, mine: dict[str, Any], cfg: dict[str, Any], run_dir: Path, need: int
+    store: Any,
+    prefix: str,
+    mine: dict[str, Any],
+    cfg: dict[str, Any],
+    run_dir: Path,
+    need: int,
+    missing: list[int],
 ) -> list[int]:
     host, port = endpoint(cfg)
     me, nodes = int(cfg["node_rank"]), int(cfg["nodes"])
@@ -170,6 +193,7 @@ def _roll_call(
                     run_dir,
                 )
             checked.add(k)
+        missing[:] = sorted(set(range(nodes)) - set(present))
         if len(present) >= need:
             return present
         if time.monotonic() > deadline:

@@ -20,6 +20,7 @@ from disttrain.launch.errors import (
 )
 from disttrain.launch.forkserver import START_METHOD, launcher_env, rank_entry, warm_up
 from disttrain.launch.registry import launcher_config
+from disttrain.launch.spawn import quiet_teardown
 
 
 def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
@@ -94,6 +95,7 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
     api_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     if _quiet_failure_traceback not in api_log.filters:
         api_log.addFilter(_quiet_failure_traceback)
+    quiet_teardown()
     started = time.time()
     store = None
     if cfg["nodes"] > 1:
@@ -115,7 +117,10 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
             run_dir,
         ) from None
     except ChildFailedError as exc:
-        rank, message = first_failure(exc.failures, watchdog=nccl_watchdog(cfg))
+        watchdog = nccl_watchdog(cfg)
+        rank, message = first_failure(exc.failures, watchdog=watchdog)
+        if watchdog:
+            message += stalled_places(run_dir, rank, since=started)
         raise LaunchError(rank, message, run_dir) from None
     except SignalException as exc:
         raise LaunchError(
@@ -193,6 +198,16 @@ def first_failure(failures: dict[int, Any], watchdog: bool = False) -> tuple[int
             "that long"
         )
     return rank, message
+
+
+def stalled_places(run_dir: Path, rank: int, since: float = 0.0) -> str:
+    """NCCL's watchdog ended the waiting ranks without a Python exception; before it, each rank's
+    hang watch wrote where it stood (logs/where_rankN.json): which waited where, where `rank` was."""
+    from disttrain.engine.hangs import explain, stalled_records
+    from disttrain.rundir import RunDir
+
+    records = stalled_records(RunDir(run_dir).logs, since)
+    return f". Where they stood: {explain(records, [rank])}" if records else ""
 
 
 def _watchdog_victim(failure: Any) -> bool:

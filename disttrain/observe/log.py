@@ -7,6 +7,7 @@ and scripts that parse stdout see no log lines.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,19 @@ def setup_logging(log_dir: Path | None, rank: int, to_console: bool) -> logging.
         ch.addFilter(lambda record: not getattr(record, FILE_ONLY, False))
         log.addHandler(ch)
     return log
+
+
+def stderr_into_log(log_dir: Path, rank: int) -> None:
+    """A rank without the console (rank != 0): its file descriptor 2 appends to its log file, so
+    what C++ writes there (c10d's TCPStore and gloo warnings, with their `frame #0: c10::Error`
+    stacks when a peer node goes away), Python warnings and raw tracebacks land in its log instead
+    of on the node's console. Rank 0 keeps its stderr: the console handler writes there."""
+    from disttrain.safefile import open_append
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    with open_append(log_dir / f"rank{rank}.log") as f:
+        os.dup2(f.fileno(), 2)
 
 
 def teardown_logging() -> None:

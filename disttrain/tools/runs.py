@@ -293,11 +293,33 @@ def final_metrics(run_dir: Path, files: RunFiles | None = None) -> dict[str, Any
     return last
 
 
+STRAGGLER_RATIO = 1.3  # a rank whose median step time is this many times the ranks' median
+
+
+def stragglers(summary: dict[str, Any]) -> list[str]:
+    """A line per rank whose p50 step time (summary.json, engine.loop) is >= STRAGGLER_RATIO x the
+    median over the ranks; nothing for a run without per-rank times (or not a list of numbers)."""
+    p50, p95 = summary.get("step_time_p50_s_by_rank"), summary.get("step_time_p95_s_by_rank")
+    if not (isinstance(p50, list) and len(p50) > 1 and all(is_number(x) for x in p50)):
+        return []
+    ordered = sorted(p50)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    tails = p95 if isinstance(p95, list) and len(p95) == len(p50) and all(is_number(x) for x in p95) else None
+    return [
+        f"straggler: rank {r} step time p50 {t:.3g} s = {t / median:.2f}x the median {median:.3g} s"
+        + (f" (p95 {tails[r]:.3g} s)" if tails else "")
+        for r, t in enumerate(p50)
+        if median > 0 and t >= STRAGGLER_RATIO * median
+    ]
+
+
 def show(run_dir: Path) -> dict[str, Any]:
     files = RunFiles(run_dir)
     cfg = config(run_dir, files)
     return {
         "run": run_info(run_dir, files),
+        "stragglers": stragglers(files.mapping("summary.json")),
         "config_diff_vs_defaults": [
             {"key": d["key"], "default": d["a"], "run": d["b"]}
             for d in config_diff(default_config(run_dir, files), cfg)
@@ -456,6 +478,7 @@ def cmd_show(rest: list[str]) -> int:
     )
     ck = [(Path(c["path"]).name, human_bytes(c["bytes"]), _when(c["modified"])) for c in data["checkpoints"]]
     out.print(table("checkpoints", ["file", ">size", "written"], ck or [("(none)", "", "")]))
+    say(out, *data["stragglers"])
     say(out, *(f"left out: {p}" for p in data["problems"]))
     say(
         out, f"command:   {data['command']}", f"rerun:     {data['rerun']}", f"recompose: {data['reproduce']}"

@@ -140,13 +140,36 @@ def test_killed_rank_without_restarts_is_named_with_its_signal(tmp_path: Path) -
 
 def test_hung_rank_is_named_within_the_timeout(tmp_path: Path) -> None:
     """Review D16: the rank that hangs is named (it never reports a timeout of its own), and it
-    exits on torchrun's SIGTERM instead of holding the CLI for the 30 s shutdown grace."""
+    exits on torchrun's SIGTERM instead of holding the CLI for the 30 s shutdown grace. Issue 26 #4:
+    within backend.timeout + 10 s of the hang the paragraph says where the sleeping rank is
+    (file:line) and in which collective section the waiting rank waits; the sleeping rank's log
+    holds its Python stack."""
+    import disttrain.testing as testing
+
     run = (*FAULT, "trainer.max_steps=50", "+model.hang_at=4", "backend.timeout=5")
     started = time.monotonic()
-    proc, _ = run_cli(tmp_path, *run, expect_rc=1, timeout=150)
-    assert "backend.timeout=5 s: rank(s) [1] stopped participating" in proc.stderr, proc.stderr[-2000:]
-    assert "training failed: rank 0 raised" in proc.stderr and "look at rank 1's log" in proc.stderr
+    proc, run_dir = run_cli(tmp_path, *run, expect_rc=1, timeout=150)
+    assert run_dir is not None
+    err = proc.stderr
+    assert "backend.timeout=5 s: rank(s) [1] stopped participating" in err, err[-2000:]
+    assert "training failed: rank 0 raised" in err and "look at rank 1's log" in err
+    assert "Terminating process" not in err, err[-2000:]  # spawn's own cleanup of rank 1
     assert time.monotonic() - started < 120
+    source = Path(testing.__file__).read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if "time.sleep(3600)" in text)
+    # Steps 1-3 logged, then step 4's section: the 3 steps and 3 log all-reduces before it (7th).
+    section = "ddp train step #7 (step 4)"
+    assert f"Rank(s) [0] wait in {section} at disttrain/strategies/base.py:" in err, err[-2000:]
+    assert (
+        f"rank 1 is elsewhere: in {section} at disttrain/testing.py:{line} in forward `time.sleep(3600)`"
+    ) in err, err[-2000:]
+    log1 = (run_dir / "logs" / "rank1.log").read_text()
+    assert "Python stack of every thread of rank 1" in log1
+    assert f'File "{testing.__file__}", line {line} in forward' in log1
+    # Named within backend.timeout + 10 s of the hang (step 3's record: the last before it).
+    hang_began = max(json.loads(x)["time"] for x in (run_dir / "metrics.jsonl").read_text().splitlines())
+    failed_at = json.loads((run_dir / "status.json").read_text())["ended"]
+    assert failed_at - hang_began < 5 + 10, failed_at - hang_began
 
 
 def test_sigterm_far_from_a_log_step_saves_and_resumes_bitwise(

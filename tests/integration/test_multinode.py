@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,11 @@ from .conftest import (
     CLI,
     FAST,
     QUICK,
+    _kill_group,
+    clean_env,
     final_weights,
     read_yaml,
+    start_in_session,
     train_losses,
 )
 from .netns import (
@@ -96,6 +100,9 @@ def test_a_node_that_never_arrives_is_named_after_the_timeout(
     assert "node rank(s) 1 never arrived" in result.stderr, result.stderr
     assert f"master {MASTER}:29534" in result.stderr and "after 4 s" in result.stderr
     assert "Traceback" not in result.stderr
+    # No silent wait (issue 26 #6): within the timeout it said what for and how to start node 1.
+    assert f"node 0 of 2 waits for node rank(s) 1 at master {MASTER}:29534" in result.stderr
+    assert "start each on its own machine:" in result.stderr and "node_rank=1" in result.stderr
 
 
 def test_elastic_min_nodes_trains_with_the_nodes_that_came(
@@ -112,6 +119,43 @@ def test_elastic_min_nodes_trains_with_the_nodes_that_came(
     assert train_losses(tmp_path / "el")
     frozen = read_yaml(tmp_path / "el" / "config.yaml")
     assert frozen["nodes"] == 2 and frozen["launcher"]["min_nodes"] == 1
+
+
+def test_two_nodes_typed_on_one_host_say_within_5_s_what_they_wait_for(tmp_path: Path) -> None:
+    """Issue 26 #6: the mission's own command on one host prints, within 5 s of waiting, the node
+    it waits for, that it is a rehearsal, and the command for node 1; the test kills it then."""
+    import re
+    import socket
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [CLI, "train", *FAST, "strategy=fsdp", "nodes=2", f"master_port={port}", "backend=gloo"]
+    proc = start_in_session(cmd, tmp_path, clean_env())
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    deadline = time.monotonic() + 90  # the CLI's own start (seconds on a loaded 2-core machine)
+    try:
+        while not any("node_rank=1" in ln for ln in lines) and time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+    finally:
+        _kill_group(proc.pid)
+        proc.wait()
+        reader.join(timeout=5)
+    text = "".join(lines)
+    waiting = next((ln for ln in lines if "waits for node rank(s)" in ln), "")
+    assert waiting.startswith(
+        f"disttrain: node 0 of 2 waits for node rank(s) 1 at master 127.0.0.1:{port} ("
+    ), text
+    waited = re.search(r"\((\d+) s of launcher.rdzv_timeout=900 s\); a rehearsal on this host", waiting)
+    assert waited and int(waited.group(1)) <= 5, waiting
+    command = lines[lines.index(waiting) + 1].strip()
+    assert command.startswith("disttrain train ") and command.endswith("node_rank=1"), text
+    assert f"master_port={port}" in command and "strategy=fsdp" in command
 
 
 def test_two_nodes_on_loopback_are_a_rehearsal_that_trains(tmp_path: Path) -> None:

@@ -23,6 +23,9 @@ def test_an_empty_validation_set_records_no_val_metrics(scratch: Path) -> None:
     assert records and not any(k.startswith("val/") for r in records for k in r)
     summary = json.loads((scratch / "run" / "summary.json").read_text())
     assert not any(k.startswith("val/") for k in summary), summary
+    # Issue 26 #4: this rank's step-time quantiles, one row per rank.
+    (p50,), (p95,) = summary["step_time_p50_s_by_rank"], summary["step_time_p95_s_by_rank"]
+    assert 0 < p50 <= p95, summary
 
 
 def test_no_emergency_checkpoint_before_the_first_optimizer_step(scratch: Path) -> None:

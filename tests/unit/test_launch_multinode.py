@@ -232,3 +232,46 @@ def test_config_mismatch_node_0_waits_until_the_other_node_read_its_config(tmp_p
     assert read_when_node_0_stopped == [True]
     for message in (errors[0], str(err.value)):
         assert "config mismatch" in message and "optim.lr" in message, message
+
+
+def test_a_waiting_node_says_what_for_and_the_command_that_starts_the_other(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26 #6: node 1, connecting to a master nobody hosts yet, says within FIRST_S which node
+    it waits for, where, the timeout, that this is a rehearsal, and the exact command for node 0:
+    this node's command line with its node_rank. (Node 0's side: test_multinode's CLI test.)"""
+    import socket
+
+    from disttrain.launch import waiting
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(waiting, "FIRST_S", 0.2)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    node_rank, missing = 1, 0
+    cfg = _roll_call_cfg(node_rank, port, "launcher.rdzv_timeout=1.5")
+    (tmp_path / "command.txt").write_text(f"disttrain train nodes=2 'name=my run' node_rank={node_rank}\n")
+    with pytest.raises(multinode.RendezvousFailure):
+        multinode.roll_call(cfg, tmp_path)
+    err = capsys.readouterr().err
+    line, command = err.splitlines()[:2]
+    assert line.startswith(
+        f"disttrain: node {node_rank} of 2 waits for node rank(s) {missing} at master 127.0.0.1:{port} "
+    ), err
+    assert "of launcher.rdzv_timeout=1.5 s); a rehearsal on this host" in line, line
+    assert command.strip() == f"disttrain train nodes=2 'name=my run' node_rank={missing}"
+
+
+def test_off_loopback_the_waiting_line_adds_this_nodes_address(tmp_path: Path) -> None:
+    from disttrain.launch import waiting
+
+    cfg = checked(["nodes=2", "master_addr=10.1.2.3", "master_port=29999"])
+    (tmp_path / "command.txt").write_text("disttrain train nodes=2\n")
+    text = waiting.waiting_line(cfg, tmp_path, [1], 31.0, first=True)
+    assert "waits for node rank(s) 1 at master 10.1.2.3:29999 (31 s of" in text
+    assert "start each on its own machine" in text and "rehearsal" not in text
+    assert "disttrain train nodes=2 node_rank=1 master_addr=" in text
+    assert (
+        waiting.waiting_line(cfg, tmp_path, [1], 61.0, first=False).count("\n") == 1
+    )  # the repeats: one line

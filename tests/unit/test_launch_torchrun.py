@@ -114,3 +114,28 @@ def test_the_watchdog_applies_to_nccl_under_torchruns_error_handling(
     else:
         monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", mode)
     assert nccl_watchdog({"backend": {"name": name}}) is expected
+
+
+def test_nccl_ranks_get_the_flight_recorder_dumping_into_the_run_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26 #4: with nccl the ranks record their last collectives and dump them on a timeout
+    into logs/; gloo has no recorder (nothing set); a value the user exported is kept."""
+    from disttrain.launch import flight_recorder_environment
+
+    for key in (
+        "TORCH_NCCL_TRACE_BUFFER_SIZE",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+    ):
+        monkeypatch.delenv(key, raising=False)
+    assert flight_recorder_environment({"backend": {"name": "gloo"}}, tmp_path) == {}
+    assert flight_recorder_environment({"backend": {"name": "nccl"}}, tmp_path) == {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "logs" / "nccl_trace_rank_"),
+    }
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in flight_recorder_environment(
+        {"backend": {"name": "nccl"}}, tmp_path
+    )

@@ -144,3 +144,24 @@ def test_runs_of_a_missing_folder_is_an_error(tmp_path: Path) -> None:
     proc = disttrain("runs", str(tmp_path / "nope"), cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith(f"disttrain: config error: DIR={tmp_path / 'nope'} is not valid")
+
+
+def test_show_flags_a_rank_at_least_1_3x_slower_than_the_median(tmp_path: Path) -> None:
+    """Issue 26 #4: summary.json's per-rank step-time p50/p95; `show` names the straggler."""
+    from disttrain.tools.runs import stragglers
+
+    d = _run(tmp_path, "s", {"status": "finished"}, METRICS)
+    summary = {
+        "steps": 5,
+        "step_time_p50_s_by_rank": [0.1, 0.1, 0.2, 0.129],
+        "step_time_p95_s_by_rank": [1, 1, 0.5, 1],
+    }
+    (d / "summary.json").write_text(json.dumps(summary))
+    assert show(d)["stragglers"] == [
+        "straggler: rank 2 step time p50 0.2 s = 1.75x the median 0.115 s (p95 0.5 s)"
+    ]
+    assert stragglers({"step_time_p50_s_by_rank": [0.1, 0.1, 0.1299]}) == []  # under 1.3x
+    assert stragglers({"step_time_p50_s_by_rank": "crafted"}) == []
+    assert stragglers({"step_time_p50_s_by_rank": [0.1, 0.3]}) == [
+        "straggler: rank 1 step time p50 0.3 s = 1.50x the median 0.2 s"
+    ]
