@@ -28,6 +28,9 @@ class Strategy:
 
     cfg: StrategyConfig
     sharded_scaler = False  # sharded gradients need the sharded grad scaler (it all-reduces "found inf")
+    # The first step may run under FlopCounterMode (MFU for any model): its module tracker puts
+    # multi-grad hooks on tensors, which autograd.grad on inputs refuses (pipelining's stage backward).
+    flops_countable = True
 
     def __init__(self, cfg: StrategyConfig, env: DistEnv, amp: AmpConfig | None = None) -> None:
         self.cfg = cfg

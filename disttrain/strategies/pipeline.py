@@ -54,6 +54,7 @@ class PipelineModule(nn.Module):
 
 class PipelineStrategy(Strategy):
     cfg: PipelineStrategyConfig
+    flops_countable = False  # stage backward is autograd.grad: "A leaf node was passed to ..."
 
     def __init__(self, cfg: PipelineStrategyConfig, env: DistEnv, amp: AmpConfig | None = None) -> None:
         super().__init__(cfg, env, amp)

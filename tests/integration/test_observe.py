@@ -138,7 +138,7 @@ def test_mlflow_run_killed_and_resumed_has_the_uninterrupted_history(
     )
     assert sorted(r.info.run_id for r in runs) == sorted(ids.values()), "the resume made no second run"
     a, b = _mlflow_history(uri, ids[straight]), _mlflow_history(uri, ids[killed])
-    timing = {"samples_per_s", "step_time_s", "data_wait_frac", "tokens_per_s"}
+    timing = {"samples_per_s", "step_time_s", "data_wait_frac", "tokens_per_s", "tflops", "mfu"}
     assert a.keys() == b.keys() and "train/loss" in a
     for key in a.keys() - timing:
         assert a[key] == b[key], key
@@ -260,7 +260,7 @@ def test_wandb_offline_run_stopped_and_resumed_continues_the_same_run(
     (only,) = (straight / "wandb").glob("offline-run-*")
     uninterrupted = _wandb_history(only)
     assert sorted(merged) == sorted(uninterrupted)
-    timing = {"samples_per_s", "step_time_s", "data_wait_frac", "tokens_per_s"}
+    timing = {"samples_per_s", "step_time_s", "data_wait_frac", "tokens_per_s", "tflops", "mfu"}
     for step, values in uninterrupted.items():
         assert {k: v for k, v in merged[step].items() if k not in timing} == {
             k: v for k, v in values.items() if k not in timing
