@@ -124,7 +124,10 @@ def test_async_staging_is_pinned_and_non_blocking_on_cuda_only(monkeypatch: pyte
 
     built: list[staging.StagingOptions] = []
     monkeypatch.setattr(staging, "DefaultStager", lambda options: built.append(options))
+    # both class attributes, restored together: a stager left as this fake's None beside a real
+    # executor made a later async save in this process fail ('NoneType' has no attribute 'stage')
     monkeypatch.setattr(store._Background, "executor", None)
+    monkeypatch.setattr(store._Background, "stager", None)
     executor, _ = store._Background.start(torch.device("cuda", 3))
     executor.shutdown()
     assert built == [cuda]
