@@ -595,6 +595,12 @@ class TrainerConfig:
     ema: EmaConfig = _h(
         "exponential moving average of the weights (off unless ema.decay is set)", factory=EmaConfig
     )
+    count_flops: bool | None = _h(
+        "count a model's FLOPs on the first step (FlopCounterMode) for tflops and mfu; null: only "
+        "where the device's peak is known (MFU; a CPU has none), true: always (TFLOP/s on CPU too); "
+        "counting imports torch's tracing machinery in each rank (~0.4 CPU-s once)",
+        None,
+    )
 
 
 # ------------------------------------------------------------------------------------------ init

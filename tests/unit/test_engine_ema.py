@@ -208,6 +208,9 @@ def test_counted_flops_and_mfu_of_the_mlp_equal_a_hand_count(
     from disttrain.observe import throughput
 
     common = ("data=synthetic", "model.hidden=[64,32]", "trainer.log_every=2", "trainer.max_steps=6")
+    run(tmp_path / "off", *common, "strategy=ddp")
+    assert not any("flops_per_step" in r for r in read_metrics(tmp_path / "off"))  # CPU: no peak, no count
+    common = (*common, "trainer.count_flops=true")
     run(tmp_path / "cpu", *common, "strategy=ddp", "trainer.grad_accum=2", "trainer.batch_size=8")
     cfg = checked([*ONE, "data=synthetic"])
     hand = mlp_flops(16, [cfg["data"]["num_features"], 64, 32, cfg["data"]["num_classes"]])
