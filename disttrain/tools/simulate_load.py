@@ -99,7 +99,9 @@ def _coordinates(mesh: Any) -> dict[int, tuple[int, ...]]:
     elif root_names is not None and all(n in root_names for n in names):
         dims = [root_names.index(n) for n in names]
     else:
-        raise NotImplementedError(f"mesh dims {names} are not dims of the root mesh {root_names}")
+        # disttrain's strategies slice their meshes by name; a flattened or unnamed sub-mesh has
+        # no coordinate to read here: the layout is reported as not simulated
+        raise ValueError(f"mesh dims {names} are not dims of the root mesh {root_names}")
     full = root.mesh
     return {
         int(full[idx]): tuple(idx[d] for d in dims)

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from unit_support import checked, write_module
 
 from disttrain.checkpoint import read_meta
@@ -58,17 +57,12 @@ RUN = (
 
 
 @pytest.fixture(autouse=True)
-def user_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def user_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_rank: None) -> Iterator[None]:
     monkeypatch.syspath_prepend(str(tmp_path))
     write_module(tmp_path, "eslab", SCALAR)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield
     finally:
-        dist.destroy_process_group()
-        torch.set_num_threads(threads)
         sys.modules.pop("eslab", None)
 
 

@@ -10,13 +10,11 @@ uneven validation shards) stays in tests/integration/test_engine_depth.py.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from shared_support import TINY_GPT, check_one_fp16_overflow
 from unit_support import checked
 
@@ -27,23 +25,10 @@ from disttrain.observe.metrics import read_metrics
 from disttrain.testing import FAULT_MLP
 from disttrain.worker import train
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("one_rank")]
 
 ONE = ("nproc_per_node=1", "trainer.progress=false", "threads_per_rank=1", "observe.sinks=[]")
 FAULT = ("data=synthetic", *FAULT_MLP, "trainer.log_every=1")
-
-
-@pytest.fixture(autouse=True)
-def one_rank() -> Iterator[None]:
-    """A real process group of one rank (gloo over an in-memory store), one thread as in CI's ranks."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-        torch.set_num_threads(threads)
 
 
 def run(run_dir: Path, *overrides: str) -> dict[str, Any]:

@@ -8,13 +8,11 @@ reference is torch's own `AveragedModel` EMA of a plain single-process run fed t
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from unit_support import checked
@@ -32,19 +30,6 @@ pytestmark = pytest.mark.timeout(240)
 ONE = ("nproc_per_node=1", "trainer.progress=false", "threads_per_rank=1", "observe.sinks=[]")
 SMALL = ("data=synthetic", "model.hidden=[32,32]", "trainer.max_steps=20", "trainer.val_every=10")
 DECAY = 0.9
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    """A real process group of one rank (gloo over an in-memory store), one thread as in CI's ranks."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-        torch.set_num_threads(threads)
 
 
 def run(run_dir: Path, *overrides: str) -> dict[str, Any]:
