@@ -13,7 +13,17 @@ medians:
 MFU uses disttrain.observe.throughput's peak table and the model's `flops_per_token()`.
 
     python scripts/bench_gpu.py                     # ~5 min on an H100
-    python scripts/bench_gpu.py --dim 2048 --layers 24 --batch 8
+    python scripts/bench_gpu.py --dim 1024 --layers 12 --block 512 --batch 16   # launch-bound
+
+The default size keeps an H100 busy: at dim 1024 x 12 layers, context 512, batch 16 the GPU ran
+kernels ~15 ms of a ~38 ms bare step (torch.profiler), so all three loops were bound by the host's
+kernel launches and Python, and `fsdp / single` (0.39 there) measured FSDP2's per-parameter hook
+and DTensor cost on the host, not sharding. Measured 2026-11-25 on one H100 80GB (torch
+2.11.0+cu130, the device image's; 16 host cores, nothing else running):
+
+    size (dim x layers, context, batch)   bare tok/s   MFU    single/bare   fsdp/single
+    2048 x 16, 1024, 8  (default)             68,560   0.363      1.051         0.908  (1 repeat, 60 steps)
+    1024 x 12,  512, 16                      217,117   0.216      0.919         0.394  (median of 2, 120 steps)
 
 Without a CUDA GPU it runs a small fp32 config on the CPU (gloo) to check the script itself: those
 numbers are not GPU numbers. A failed run prints its command, its stderr and its ranks' log tails
@@ -147,11 +157,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--dim", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--dim", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--block", type=int, default=512)
-    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--block", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)

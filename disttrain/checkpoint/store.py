@@ -299,6 +299,7 @@ class _Background:
 
         if cls.executor is None:
             cls.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="disttrain-ckpt")
+        if cls.stager is None or not stager_reusable(device):
             cls.stager = DefaultStager(staging_options(device))
         return cls.executor, cls.stager
 
@@ -307,6 +308,16 @@ class _Background:
         if cls.in_flight is not None:
             pending, cls.in_flight = cls.in_flight, None
             pending.wait()
+
+
+def stager_reusable(device: torch.device, version: str = torch.__version__) -> bool:
+    """Whether one DefaultStager serves every save. Not with non-blocking (CUDA) staging before
+    torch 2.13: there `DefaultStager._stage` closes its `StateDictStager` after each stage, which
+    empties its copy table, and the next save failed with `KeyError: <class 'type'>` (seen on an
+    H100 with torch 2.11.0+cu130, 2026-11-25). There each save gets a fresh stager: its pinned
+    buffers are allocated again, and the save is right."""
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return device.type != "cuda" or (major, minor) >= (2, 13)
 
 
 def staging_options(device: torch.device) -> Any:

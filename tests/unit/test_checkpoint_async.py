@@ -133,6 +133,31 @@ def test_async_staging_is_pinned_and_non_blocking_on_cuda_only(monkeypatch: pyte
     assert built == [cuda]
 
 
+def test_cuda_staging_before_torch_2_13_gets_a_fresh_stager_per_save(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.11's DefaultStager closes its StateDictStager after each non-blocking stage (the
+    second async save on an H100 failed: KeyError <class 'type'>): there every save builds one."""
+    import torch.distributed.checkpoint.staging as staging
+
+    from disttrain.checkpoint import store
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert store.stager_reusable(cuda, "2.13.0+cu130") and store.stager_reusable(cuda, "2.14.0a0+git1")
+    assert not store.stager_reusable(cuda, "2.11.0+cu130") and store.stager_reusable(cpu, "2.11.0")
+
+    built: list[object] = []
+    monkeypatch.setattr(staging, "DefaultStager", lambda options: built.append(object()) or built[-1])
+    monkeypatch.setattr(store._Background, "executor", None)
+    monkeypatch.setattr(store._Background, "stager", None)
+    for reusable, expected in ((True, 1), (False, 3)):
+        built.clear()
+        monkeypatch.setattr(store._Background, "stager", None)
+        monkeypatch.setattr(store, "stager_reusable", lambda device, r=reusable: r)
+        stagers = [store._Background.start(cuda)[1] for _ in range(3)]
+        assert len(built) == expected and len({id(s) for s in stagers}) == expected
+    assert store._Background.executor is not None
+    store._Background.executor.shutdown()
+
+
 def test_the_manager_stages_from_the_ranks_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[torch.device | None] = []
     real = checkpoint.save
