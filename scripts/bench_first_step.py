@@ -200,7 +200,7 @@ PHASES = [
     ("dry_step_start", "parent: runtime checks (data, meta model, optim)"),
     ("runtime_checks", "parent: dry step"),
     ("run_dir", "parent: run dir claimed (compose again)"),
-    ("hydra_task", "parent: hydra.main (compose again)"),
+    ("hydra_task", "parent: job started (sweep jobs: hydra.main)"),
     ("frozen", "parent: run dir frozen"),
     ("launch", "parent: launch called"),
     ("checks_done", "parent: checks passed, go"),
