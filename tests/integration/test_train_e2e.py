@@ -63,6 +63,7 @@ def test_frozen_files(launched: tuple[str, subprocess.CompletedProcess[str], Pat
 
     command = (run_dir / "command.txt").read_text().strip()
     assert command.startswith("disttrain train "), command
+    assert not (run_dir / ".hydra").exists()  # one run: the checked job, not @hydra.main's composition
     assert f"launcher={launcher}" in command and "trainer.max_steps=6" in command
 
     git = read_yaml(run_dir / "git.json")  # JSON is YAML

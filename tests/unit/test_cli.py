@@ -350,3 +350,12 @@ def test_plus_still_adds_keys_under_a_target(scratch: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     cfg = yaml.safe_load(proc.stdout)
     assert (cfg["optim"]["amsgrad"], cfg["model"]["note"]) == (True, "x")
+
+
+def test_a_runs_task_overrides_leave_out_hydras_own() -> None:
+    """What a run freezes as its overrides (overrides.yaml), as Hydra's hydra.overrides.task lists them."""
+    from disttrain.commands.train import task_overrides
+
+    given = ["optim.lr=1e-3", "hydra.run.dir=/x", "++hydra.job.chdir=true", "hydra/launcher=basic", "+seed=3"]
+    assert task_overrides(given) == ["optim.lr=1e-3", "+seed=3"]
+    assert task_overrides(["~hydra.job.env_set", "model=gpt", "hydrate=1"]) == ["model=gpt", "hydrate=1"]
