@@ -57,7 +57,10 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
         sys.path.append(os.getcwd())  # the user's own modules, as in the parent; never ahead of torch
     refuse_planted_links(run_dir, "RUN_DIR", cfg)  # before the first write into logs/ or checkpoints/
     env = DistEnv.from_env(cfg["backend"]["name"])
-    name_process(env.rank)
+    if "RANK" in os.environ:  # a process of its own: titled `disttrain rank R/W RUN_DIR` in ps aux
+        name_process(env.rank, env.world_size, str(run_dir.absolute()))  # (`disttrain show` finds it)
+    else:  # launcher=inprocess: the launcher's own process keeps its command line
+        name_process(env.rank)
     setup_logging(RunDir(run_dir).logs, env.rank, to_console=env.is_zero)
     if not env.is_zero:
         stderr_into_log(RunDir(run_dir).logs, env.rank)  # C++ stacks and library noise: its log

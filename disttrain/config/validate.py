@@ -425,12 +425,6 @@ def _check_resume_path(cfg: dict[str, Any]) -> None:
 
 def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     """Checks that look at the machine and build data and model; returns data set sizes."""
-    from disttrain.config.no_dynamo import without_dynamo
-
-    return without_dynamo(lambda: _check_runtime(cfg))
-
-
-def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     from disttrain.timing import mark
 
     mark("runtime_checks_start")
@@ -522,6 +516,6 @@ def check_optim_runtime(cfg: dict[str, Any], model: Any, batches_per_epoch: int)
     optimizer or scheduler class does not take, or a value it rejects, fails here, before launch."""
     from disttrain.engine.optim import build_optimizer, build_scheduler, total_steps
 
-    optimizer = build_optimizer(cfg["optim"], model, specs.dp_degree(cfg))
+    optimizer = build_optimizer(cfg["optim"], model, specs.dp_degree(cfg), checking=True)
     steps = total_steps(cfg["trainer"], max(batches_per_epoch, 1) * cfg["trainer"]["grad_accum"])
     build_scheduler(cfg["sched"], optimizer, max(steps, 1))

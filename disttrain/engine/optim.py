@@ -30,12 +30,16 @@ def effective_lr(optim_cfg: dict[str, Any], world_size: int) -> float:
 
 
 def build_optimizer(
-    optim_cfg: dict[str, Any], model: torch.nn.Module | Iterable[torch.nn.Parameter], world_size: int
+    optim_cfg: dict[str, Any],
+    model: torch.nn.Module | Iterable[torch.nn.Parameter],
+    world_size: int,
+    checking: bool = False,
 ) -> torch.optim.Optimizer:
     """The optimizer over `model`'s parameters, grouped as `optim.param_groups` says.
 
     `model` is the module the strategy returned (DDP, FSDP2 with DTensor parameters, a pipeline
     stage, ...); the groups are torch param-group dicts, which ZeRO and post-local SGD keep.
+    `checking`: built only to be checked, never stepped (the pre-launch checks: see `for_checks`).
     """
     spec = {k: v for k, v in optim_cfg.items() if k not in OWN_KEYS}
     spec["lr"] = effective_lr(optim_cfg, world_size)
@@ -46,9 +50,30 @@ def build_optimizer(
     if not spec.get("weight_decay") and "weight_decay" not in _arguments(spec["_target_"], "optim._target_"):
         del spec["weight_decay"]  # 0 means none: LBFGS, SparseAdam have no such argument
     factory = build(spec, "optim", supplied=1)  # the parameters are passed below
+    if checking:
+        factory = for_checks(factory)
     groups = param_groups(own_key(optim_cfg, OptimConfig, "param_groups"), model)
     optimizer: torch.optim.Optimizer = factory(groups)
     return optimizer
+
+
+def for_checks(factory: Any) -> Any:
+    """`factory` (a partial of an optimizer class) building a subclass whose `add_param_group` is the
+    class's own without torch's `_disable_dynamo` wrapper (functools.wraps keeps it as `__wrapped__`).
+
+    That wrapper imports torch._dynamo at its first call (~0.9 CPU-s with sympy, in the launcher
+    that only checks the config and never compiles or steps) to tell dynamo not to trace the call;
+    the function it wraps is the same code, and its checks and errors are the same. torch itself is
+    left as it is: only the throwaway optimizer of the check is of the subclass. A factory that is
+    not a partial of a class, or a class without the wrapper, is returned as it is."""
+    import functools
+
+    cls = getattr(factory, "func", None)
+    wrapped = getattr(getattr(cls, "add_param_group", None), "__wrapped__", None)
+    if not isinstance(factory, functools.partial) or not isinstance(cls, type) or wrapped is None:
+        return factory
+    checked = type(cls.__name__, (cls,), {"add_param_group": wrapped, "__module__": cls.__module__})
+    return functools.partial(checked, *factory.args, **factory.keywords)
 
 
 def param_groups(choice: Any, model: torch.nn.Module | Iterable[torch.nn.Parameter]) -> Any:

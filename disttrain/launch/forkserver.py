@@ -31,21 +31,20 @@ from typing import Any, NamedTuple
 
 # What the server imports before forking: the rank's whole import graph (torch, the engine, the
 # strategies' common modules), hydra.utils (every rank's `_target_` builds instantiate through it:
-# ~50 ms per rank, paid here once), numpy.random (seed_everything; torch does not import it),
-# config.no_dynamo (`defer_dynamo`) and DCP, which a rank imports at its first save or load
-# (checkpoint.manager defers it: a rank forked from here has it already); never the user's modules.
-# This module first: SERVER_ENV is the server's own environment. torch._dynamo (~0.5 CPU-s, a sixth
-# of the server's) only where the ranks need it (`needs_dynamo`): elsewhere a forked rank defers it
-# (`defer_dynamo`) and imports it only if something compiles after all.
+# ~50 ms per rank, paid here once), numpy.random (seed_everything; torch does not import it), DCP,
+# which a rank imports at its first save or load (checkpoint.manager defers it: a rank forked from
+# here has it already), and torch._dynamo: every rank imports it (~0.4-0.9 CPU-s) whether or not it
+# compiles, since building an optimizer (`add_param_group`) and its every step (`_use_grad`: a
+# `torch._dynamo.graph_break()`) do, so it is imported once per node here rather than once per rank.
+# Never the user's modules. This module first: SERVER_ENV is the server's own environment.
 PRELOAD = [
     "disttrain.launch.forkserver",
     "disttrain.worker",
     "hydra.utils",
     "numpy.random",
-    "disttrain.config.no_dynamo",
     "torch.distributed.checkpoint",
+    "torch._dynamo",
 ]
-DYNAMO = "torch._dynamo"
 
 # The server's environment when it imported this module (in a rank: before the agent's keys).
 SERVER_ENV = dict(os.environ)
@@ -54,8 +53,7 @@ START_METHOD = "forkserver"
 
 
 def warm_up(cfg: dict[str, Any] | None = None) -> None:
-    """Start this process's fork server with the rank modules preloaded (idempotent, returns at once);
-    with torch._dynamo too unless `cfg`'s ranks do without it (`needs_dynamo`)."""
+    """Start this process's fork server with the rank modules preloaded (idempotent, returns at once)."""
     from multiprocessing import forkserver
 
     from disttrain.launch.environ import patched_environ
@@ -72,17 +70,9 @@ def warm_up(cfg: dict[str, Any] | None = None) -> None:
         _STOP_AT_EXIT.append(stop)
 
 
-def preload(cfg: dict[str, Any] | None) -> list[str]:
-    """The modules the server imports for `cfg`'s ranks (all of them without a config)."""
-    return [*PRELOAD, DYNAMO] if cfg is None or needs_dynamo(cfg) else list(PRELOAD)
-
-
-def needs_dynamo(cfg: dict[str, Any]) -> bool:
-    """Whether every rank of `cfg` imports torch._dynamo: it compiles, or its strategy's spec says
-    so (DTensor and pipelining import it); then the server imports it once instead."""
-    from disttrain.strategies.specs import get
-
-    return bool(cfg["trainer"]["compile"]) or get(cfg["strategy"]["name"]).dynamo
+def preload(cfg: dict[str, Any] | None = None) -> list[str]:
+    """The modules the server imports for `cfg`'s ranks: the same for every run (see PRELOAD)."""
+    return list(PRELOAD)
 
 
 _STOP_AT_EXIT: list[Any] = []
@@ -158,7 +148,6 @@ def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str]) -> None:
     from disttrain.config.errors import ConfigError
 
     detach_from_server()
-    defer_dynamo()
     environ = rank_environment(launcher_env)
     os.environ.clear()
     os.environ.update(environ)
@@ -167,14 +156,6 @@ def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str]) -> None:
         record(importlib.import_module(entry).run)(run_dir)
     except ConfigError:
         raise SystemExit(2) from None
-
-
-def defer_dynamo() -> None:
-    """In a forked rank: torch._dynamo imported only if something needs more than `disable`
-    (config/no_dynamo.py); nothing to do where the server preloaded it."""
-    from disttrain.config.no_dynamo import defer_dynamo as defer
-
-    defer()
 
 
 def launcher_env() -> dict[str, Any]:
@@ -248,21 +229,82 @@ def live_processes() -> list[ProcStat]:
 
 
 RANK_NAME = "disttrain r{rank}"  # the process name (Linux comm, 15 bytes) a rank gives itself
+RANK_TITLE = "disttrain rank {rank}/{world} {run_dir}"  # its command line (ps aux, top -c, htop, py-spy)
 
 
-def name_process(rank: int) -> None:
-    """Name this rank's process `disttrain rN` (what `ps -o comm`, top and the kernel show): a
-    forked rank's command line is the fork server's, so the name is how users and tests find it."""
+def name_process(rank: int, world: int | None = None, run_dir: str | None = None) -> None:
+    """Name this rank's process `disttrain rN` (what `ps -o comm`, top and the kernel show) and, given
+    `world` and `run_dir`, title its command line `disttrain rank R/W RUN_DIR` (`set_title`): a
+    forked rank's command line would otherwise be the fork server's (`python -c from
+    multiprocessing.forkserver import main ...`), the same for every rank of every run."""
     import ctypes
     import sys
 
     if not sys.platform.startswith("linux"):
         return
+    if world is not None and run_dir is not None:
+        set_title(RANK_TITLE.format(rank=rank, world=world, run_dir=run_dir))
     try:
         name = RANK_NAME.format(rank=rank).encode()[:15]
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
     except (OSError, AttributeError):
         return
+
+
+def set_title(title: str) -> bool:
+    """Write `title` over this process's command line, as setproctitle(3), nginx and PostgreSQL do.
+
+    Linux shows a process's command line (/proc/PID/cmdline) straight from the memory the kernel put
+    its argv strings in at exec, between the `arg_start` and `arg_end` addresses of /proc/self/stat.
+    Python keeps its own copies (sys.argv, sys.orig_argv), so that memory is free to overwrite: the
+    title, truncated to fit (never past `arg_end`, never into the environment behind it), then NULs
+    to the end, so the last byte stays the NUL that tells the kernel the area holds no more. A
+    forked rank's area is its own copy of the fork server's (copy-on-write): the server's stays.
+    False (nothing written) where the addresses cannot be read. Linux only."""
+    import ctypes
+
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        # proc(5): arg_start and arg_end are fields 48 and 49; the text after ')' starts at field 3.
+        start, end = int(fields[48 - 3]), int(fields[49 - 3])
+    except (OSError, ValueError, IndexError):
+        return False
+    size = end - start
+    if start <= 0 or size < 2:
+        return False
+    text = title.encode(errors="replace").replace(b"\0", b" ")[: size - 1]
+    ctypes.memmove(start, text + b"\0" * (size - len(text)), size)
+    return True
+
+
+def read_title(pid: int) -> str | None:
+    """Process `pid`'s command line with its arguments joined by spaces (None once it has gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return b" ".join(arg for arg in raw.split(b"\0") if arg).decode(errors="replace")
+
+
+def live_ranks(run_dir: str | os.PathLike[str]) -> list[dict[str, int]]:
+    """[{rank, world, pid}] of this machine's live rank processes of the run in `run_dir`, by their
+    command-line titles (`name_process`), by rank. Linux /proc; nothing elsewhere."""
+    from pathlib import Path
+
+    want = Path(run_dir).resolve()
+    prefix = RANK_TITLE.split("{", 1)[0]
+    found = []
+    for proc in live_processes():
+        title = read_title(proc.pid)
+        if not title or not title.startswith(prefix):
+            continue
+        rank_world, _, path = title[len(prefix) :].partition(" ")
+        rank, _, world = rank_world.partition("/")
+        if rank.isdigit() and world.isdigit() and path and Path(path).resolve() == want:
+            found.append({"rank": int(rank), "world": int(world), "pid": proc.pid})
+    return sorted(found, key=lambda r: (r["rank"], r["pid"]))
 
 
 def rank_pids(launcher: int) -> dict[int, int]:

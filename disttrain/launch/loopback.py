@@ -54,35 +54,7 @@ def _create_handler(params: Any) -> Any:
     # The store the agent shares with its ranks (MASTER_ADDR/PORT of init_process_group): torch
     # makes it with TCPStore(addr, 0, is_master=True), i.e. on every interface; make it here.
     handler._create_tcp_store_server = _shared_store  # type: ignore[method-assign,assignment]
-    handler.next_rendezvous = _without_skew(handler.next_rendezvous)  # type: ignore[method-assign]
     return handler
-
-
-def _without_skew(next_rendezvous: Any) -> Any:
-    """The rendezvous without its start skew: a random 0-0.3 s sleep before the first join, which
-    spreads many agents' first requests to a shared store. Here one agent is alone with a store of
-    its own, so the sleep only delays every run's first step (0.15 s on average).
-
-    Private: `dynamic_rendezvous._delay` is the module's sleep and no setting skips the skew; it is
-    swapped for the call, and only the skew (a (low, high) range) is skipped: the one-second poll
-    between state syncs (a plain number) still sleeps."""
-
-    def call() -> Any:
-        from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-        delay = dynamic_rendezvous._delay
-
-        def no_skew(seconds: Any) -> None:
-            if not isinstance(seconds, tuple):
-                delay(seconds)
-
-        dynamic_rendezvous._delay = no_skew
-        try:
-            return next_rendezvous()
-        finally:
-            dynamic_rendezvous._delay = delay
-
-    return call
 
 
 def _shared_store(addr: str, port: int) -> Any:

@@ -10,7 +10,7 @@ from disttrain.config.errors import ConfigError
 from disttrain.launch.base import Launcher
 from disttrain.launch.environ import patched_environ
 from disttrain.launch.errors import LaunchError, error_summary, exit_code_message
-from disttrain.launch.forkserver import START_METHOD, defer_dynamo, detach_from_server, launcher_env, warm_up
+from disttrain.launch.forkserver import START_METHOD, detach_from_server, launcher_env, warm_up
 from disttrain.launch.registry import launcher_config
 
 
@@ -39,7 +39,6 @@ class SpawnLauncher(Launcher):
 def _rank_main(local_rank: int, run_dir: str, entry: str, environ: dict[str, str]) -> None:
     """A rank forked from the fork server: the launcher's environment (the server's is older)."""
     detach_from_server()
-    defer_dynamo()
     os.environ.clear()
     os.environ.update(environ)
     os.environ.update(

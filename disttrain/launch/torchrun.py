@@ -102,7 +102,6 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
         from disttrain.launch.multinode import roll_call
 
         store = roll_call(cfg, run_dir)  # config check + wait for the nodes; node 0 hosts the store
-    cheap_event_names()
     try:
         warm_up(cfg)  # started after the static checks already, unless the caller skipped prestart
         elastic_launch(launch_config(cfg, run_dir), rank_entry)(entry, str(run_dir), launcher_env())
@@ -131,33 +130,6 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
         ) from None
     finally:
         del store  # node 0: stop serving the rendezvous only after every agent is done
-
-
-def cheap_event_names() -> None:
-    """Name torch's rendezvous events from the caller's frame instead of `inspect.stack()`.
-
-    The rendezvous names each event it records after the method that records it (`get_method_name`),
-    computed before it looks whether anyone listens (by default nobody: a NullHandler), with
-    `inspect.stack()`, which reads the source file of every frame on the stack. Under Hydra's deep
-    stack that is ~25 ms per event and ~0.4 CPU-s per launch, on the agent's path to starting the
-    ranks. `sys._getframe` gives the same name (the function `depth` frames up) for nothing.
-    Private: the module-level `get_method_name` is what torch calls and no setting skips it; only
-    it is replaced (idempotent), with the same signature and the same result."""
-    import sys
-
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    if getattr(dynamic_rendezvous.get_method_name, "_disttrain", False):
-        return
-
-    def get_method_name(depth: int = 2) -> str:
-        try:
-            return sys._getframe(depth).f_code.co_name
-        except ValueError:  # a stack shallower than `depth`, as torch's own fallback
-            return "no_method_name"
-
-    get_method_name._disttrain = True  # type: ignore[attr-defined]
-    dynamic_rendezvous.get_method_name = get_method_name
 
 
 def first_failure(failures: dict[int, Any], watchdog: bool = False) -> tuple[int, str]:

@@ -317,8 +317,10 @@ def stragglers(summary: dict[str, Any]) -> list[str]:
 def show(run_dir: Path) -> dict[str, Any]:
     files = RunFiles(run_dir)
     cfg = config(run_dir, files)
+    info = run_info(run_dir, files)
     return {
-        "run": run_info(run_dir, files),
+        "run": info,
+        "ranks": live_ranks(run_dir) if info["status"] == "running" else [],
         "stragglers": stragglers(files.mapping("summary.json")),
         "config_diff_vs_defaults": [
             {"key": d["key"], "default": d["a"], "run": d["b"]}
@@ -331,6 +333,14 @@ def show(run_dir: Path) -> dict[str, Any]:
         "rerun": rerun_command(run_dir, files),
         "problems": files.problems,
     }
+
+
+def live_ranks(run_dir: Path) -> list[dict[str, int]]:
+    """[{rank, world, pid}] of the run's live ranks on this machine, found by the command-line title
+    each rank gives itself (`disttrain rank R/W RUN_DIR`, launch.forkserver.name_process)."""
+    from disttrain.launch.forkserver import live_ranks as found
+
+    return found(run_dir)
 
 
 def compare(a: Path, b: Path) -> dict[str, Any]:
@@ -469,6 +479,8 @@ def cmd_show(rest: list[str]) -> int:
 
     out, r = console(), data["run"]
     say(out, f"{r['run_dir']}  status: {r['status']}" + (f" ({r['error']})" if r["error"] else ""))
+    if data["ranks"]:
+        say(out, "ranks:     " + ", ".join(f"{x['rank']}/{x['world']} pid {x['pid']}" for x in data["ranks"]))
     diff = [(d["key"], short(d["default"]), short(d["run"])) for d in data["config_diff_vs_defaults"]]
     out.print(
         table("config vs defaults", ["key", "default", "this run"], diff or [("(same as defaults)", "", "")])

@@ -105,6 +105,22 @@ def _rank_pid(run_dir: Path, rank: int) -> int:
     return pid
 
 
+def _assert_titled(run_dir: Path) -> None:
+    """Each rank's command line (/proc/PID/cmdline: what ps aux, top -c and py-spy show) is
+    `disttrain rank R/W RUN_DIR`, not the fork server's; `disttrain show RUN` lists those pids."""
+    pids = {rank: _rank_pid(run_dir, rank) for rank in (0, 1)}
+    for rank, pid in pids.items():
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert cmdline.rstrip(b"\0").decode() == f"disttrain rank {rank}/2 {run_dir}", cmdline[:200]
+    shown = subprocess.run(
+        [CLI, "show", str(run_dir), "--json"], env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert json.loads(shown.stdout)["ranks"] == [
+        {"rank": r, "world": 2, "pid": pid} for r, pid in pids.items()
+    ]
+
+
 def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(
     tmp_path: Path, reference: dict[str, torch.Tensor]
 ) -> None:
@@ -114,6 +130,7 @@ def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(
     run_dir = tmp_path / "killed"
     proc = _start(tmp_path, *run, "launcher.max_restarts=1", f"hydra.run.dir={run_dir}")
     _wait_for_step(proc, run_dir, 15)
+    _assert_titled(run_dir)  # a running 2-rank job: its ranks, as ps aux and `disttrain show` list them
     os.kill(_rank_pid(run_dir, 1), signal.SIGKILL)
     killed_at = time.time()
     _, err = _wait(proc, 180)

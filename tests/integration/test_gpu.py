@@ -133,8 +133,8 @@ def test_dcp_reshard_two_gpus_to_one(tmp_path: Path) -> None:
 FORKED = """
 import importlib, os, sys
 import torch
-from disttrain.launch.forkserver import DYNAMO, PRELOAD
-for name in [*PRELOAD, DYNAMO]:  # what the fork server imports before it forks ranks
+from disttrain.launch.forkserver import PRELOAD
+for name in PRELOAD:  # what the fork server imports before it forks ranks
     importlib.import_module(name)
 assert not torch.cuda.is_initialized(), "a preload initialised CUDA: forked ranks cannot use it"
 pid = os.fork()

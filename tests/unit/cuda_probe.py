@@ -6,8 +6,8 @@ Run in a fresh interpreter (test_launch_forkserver.py, scripts/check_forkserver_
 hook set before `import torch` sees, from torch's own import on, every call into torch.cuda or
 torch.accelerator from outside them (a module or class body defining things is not a call) and
 every call of a torch._C builtin whose name mentions cuda or accelerator, with its caller. It
-imports `forkserver.preload(cfg)`, what `warm_up(cfg)` hands the server, for ddp (no
-torch._dynamo) and then the rest of fsdp's (torch._dynamo: on a CUDA build it imports triton).
+imports `forkserver.preload(cfg)`, what `warm_up(cfg)` hands the server, for ddp and then for
+fsdp (the same list since issue 25; torch._dynamo in it: on a CUDA build it imports triton).
 Nothing is replaced: the hook only watches.
 """
 

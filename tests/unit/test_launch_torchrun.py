@@ -38,34 +38,6 @@ def test_a_killed_rank_is_named_before_survivors_that_saw_it_die(tmp_path: Path)
     assert first_failure(failures) == (1, "was killed by SIGKILL (signal 9)")
 
 
-def test_rendezvous_event_names_are_the_same_without_inspect_stack(monkeypatch: pytest.MonkeyPatch) -> None:
-    """cheap_event_names swaps torch's `get_method_name` (inspect.stack(): ~25 ms per rendezvous
-    event) for a frame lookup: the same name for every depth a caller asks, shallow stacks included,
-    and for the handler's own `_record` path; a second call changes nothing."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    from disttrain.launch.torchrun import cheap_event_names
-
-    original = dynamic_rendezvous.get_method_name
-    monkeypatch.setattr(dynamic_rendezvous, "get_method_name", original)  # restored after the test
-
-    class Handler:
-        def _record(self, depth: int) -> str:  # as torch's: the name is its caller's
-            return dynamic_rendezvous.get_method_name(depth)
-
-        def next_rendezvous(self, depth: int) -> str:
-            return self._record(depth)
-
-    expected = [Handler().next_rendezvous(d) for d in (0, 1, 2, 3, 10_000)]
-    assert expected[2] == "next_rendezvous" and expected[-1] == "no_method_name"
-    cheap_event_names()
-    swapped = dynamic_rendezvous.get_method_name
-    assert swapped is not original
-    assert [Handler().next_rendezvous(d) for d in (0, 1, 2, 3, 10_000)] == expected
-    cheap_event_names()
-    assert dynamic_rendezvous.get_method_name is swapped
-
-
 def test_under_nccls_watchdog_the_sigtermed_hung_rank_is_named_not_its_sigabrt_victims(
     tmp_path: Path,
 ) -> None:
