@@ -131,9 +131,6 @@ class StrategySpec:
     # its state_dict is DCP's get_state_dict layout (model and optimizer under their module names):
     # plan --simulate --load-at plans its save and load; the rest keep a format of their own
     dcp_layout: bool = True
-    # Its ranks import torch._dynamo even without trainer.compile (DTensor, pipelining do): the fork
-    # server preloads it once (launch/forkserver.py); False lets each rank skip the ~0.5 CPU-s import.
-    dynamo: bool = True
     check_static: StaticCheck | None = None
     check_model: ModelCheck | None = None
     dp_degree: Callable[[Any, int], int] = _whole_world

@@ -156,7 +156,6 @@ SINGLE = register(
         replicated=True,
         check_static=check_single,
         oom_retry=True,
-        dynamo=False,
     )
 )
 DDP = register(
@@ -169,7 +168,6 @@ DDP = register(
         check_static=check_ddp,
         check_model=check_ddp_model,
         plan=plan_ddp,
-        dynamo=False,
     )
 )
 DP = register(
@@ -182,7 +180,6 @@ DP = register(
         replicated=True,
         check_static=check_dp,
         oom_retry=True,
-        dynamo=False,
     )
 )
 ZERO = register(
@@ -197,7 +194,6 @@ ZERO = register(
         check_static=check_zero,
         check_model=check_ddp_model,
         plan=plan_zero,
-        dynamo=False,
     )
 )
 LOCALSGD = register(
@@ -210,6 +206,5 @@ LOCALSGD = register(
         amp=frozenset({"bf16"}),
         check_static=check_localsgd,
         check_model=check_ddp_model,
-        dynamo=False,
     )
 )
