@@ -24,7 +24,7 @@ LONGEST_FIRST = (
     "integration/test_strategies_dp.py",
     "integration/test_user_code.py",
     "integration/test_init_export.py",  # two sweeps (2 + 6 jobs): ~40 s alone at load 5, 2026-11-25
-    "integration/test_data_streams.py",  # two sweeps (4 + 3 jobs) and a kill run: 38 s setup in CI
+    "integration/test_data_streams.py",  # two sweeps (6 + 6 jobs) and a kill run: ~41 CPU-s without it
     "integration/test_tools.py",
     "integration/test_strategies_mp.py",
     "integration/test_k8s_pods.py",
