@@ -30,7 +30,6 @@ LONGEST_FIRST = (
     "integration/test_k8s_pods.py",
     "integration/test_error_report.py",
     "unit/test_config_instantiate.py",
-    "integration/test_wheel.py",
     "integration/test_train_e2e.py",
     "integration/test_parity.py",
 )
