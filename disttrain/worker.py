@@ -33,7 +33,13 @@ from disttrain.engine.state import TrainState
 from disttrain.launch.forkserver import launcher_alive, linger_after_a_peer_died, name_process
 from disttrain.models import build_model, set_activation_checkpointing
 from disttrain.observe.envreport import report_env
-from disttrain.observe.log import get_logger, setup_logging, stderr_into_log, teardown_logging
+from disttrain.observe.log import (
+    get_logger,
+    prints_into_log,
+    setup_logging,
+    stderr_into_log,
+    teardown_logging,
+)
 from disttrain.observe.metrics import NullMetrics, make_metrics
 from disttrain.observe.profiler import make_profiler
 from disttrain.observe.summary import record_summary
@@ -82,7 +88,8 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
             )
         report_env(run_dir, env, threads)
         check_shared(cfg, run_dir, env)  # several nodes: all see checkpoint.dir, or fail before training
-        summary = train(cfg, env, run_dir)
+        with prints_into_log():  # user code's print: the rank's log, not stdout
+            summary = train(cfg, env, run_dir)
     except ConfigError as exc:
         log.error("rank %d: %s", env.rank, exc)  # one paragraph, no traceback
         raise

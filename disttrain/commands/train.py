@@ -327,8 +327,8 @@ def _train_as_launched_rank(args: Any) -> int:
 
 
 def _print_cfg(args: Any) -> int:
-    """`train --cfg job` (the job's config with its `_target_` nodes settled: Hydra would print its
-    composition before that) and `train --cfg hydra --resolve`: Hydra deletes the job's keys before
+    """`train --cfg job`: what config.yaml will hold (resolved, `_target_` nodes settled: Hydra would
+    print its composition before that, `${...}` and all) and `train --cfg hydra --resolve`: Hydra deletes the job's keys before
     resolving the `hydra` node, so its `${name}` (hydra.run.dir) fails; here it resolves against the
     whole config, as at run time. Values only a running job has (hydra.job.num) stay `???`."""
     from omegaconf import OmegaConf, open_dict
@@ -339,8 +339,11 @@ def _print_cfg(args: Any) -> int:
         args.overrides, args.config_dir, args.config_name or "config", with_hydra=args.cfg == "hydra"
     )
     if args.cfg == "job":
-        if not args.resolve:
-            sys.stdout.write(OmegaConf.to_yaml(cfg))
+        checked = _CHECKED.get(tuple(args.overrides))
+        if checked is not None:  # what config.yaml will hold: resolved once, `_target_` nodes settled
+            import yaml
+
+            sys.stdout.write(yaml.safe_dump(checked, sort_keys=False))
             return 0
         from disttrain.config.gpus import resolve_nproc
 

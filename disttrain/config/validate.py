@@ -425,6 +425,13 @@ def _check_resume_path(cfg: dict[str, Any]) -> None:
 
 def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     """Checks that look at the machine and build data and model; returns data set sizes."""
+    from disttrain.observe.log import prints_into_log
+
+    with prints_into_log():  # the dry build's prints: the ranks print them again, into their logs
+        return _check_runtime(cfg)
+
+
+def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     from disttrain.timing import mark
 
     mark("runtime_checks_start")

@@ -14,7 +14,11 @@ class LaunchError(RuntimeError):
         where = f"rank {rank}" if rank is not None else "a rank"
         verb = "" if error.startswith(("was ", "exited", "stopped")) else "raised "
         log = RunDir(run_dir).rank_log(rank if rank is not None else 0)
-        super().__init__(f"training failed: {where} {verb}{error}\n  log: {log}\n  run dir: {run_dir}")
+        if exit_code > 128 and error.startswith("stopped by "):  # a user's Ctrl-C, a scheduler's stop
+            head = f"interrupted by {error.removeprefix('stopped by ')}"
+        else:
+            head = f"training failed: {where} {verb}{error}"
+        super().__init__(f"{head}\n  log: {log}\n  run dir: {run_dir}")
 
 
 def exit_code_message(code: int | None) -> str:

@@ -6,9 +6,12 @@ and scripts that parse stdout see no log lines.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +91,40 @@ def stderr_into_log(log_dir: Path, rank: int) -> None:
     sys.stderr.flush()
     with open_append(log_dir / f"rank{rank}.log") as f:
         os.dup2(f.fileno(), 2)
+
+
+class _PrintsIntoLog(io.TextIOBase):
+    """sys.stdout while a rank runs: each line user code prints (nanoGPT's `number of parameters`)
+    becomes a record of the rank's log file only; stdout keeps the command's result alone."""
+
+    def __init__(self) -> None:
+        self._pending = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        *lines, self._pending = (self._pending + text).split("\n")
+        for line in lines:
+            if line.strip():
+                get_logger().info("stdout: %s", line, extra={FILE_ONLY: True})
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending.strip():
+            get_logger().info("stdout: %s", self._pending, extra={FILE_ONLY: True})
+        self._pending = ""
+
+
+@contextlib.contextmanager
+def prints_into_log() -> Iterator[None]:
+    """User code's `print` (model factories, data sets, tasks) goes to the rank's log, not stdout."""
+    stream = _PrintsIntoLog()
+    with contextlib.redirect_stdout(stream):
+        try:
+            yield
+        finally:
+            stream.flush()
 
 
 def teardown_logging() -> None:

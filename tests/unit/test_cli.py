@@ -225,6 +225,17 @@ def test_train_cfg_job_prints_without_launching(scratch: Path) -> None:
     assert list(scratch.iterdir()) == []
 
 
+def test_train_cfg_job_prints_what_config_yaml_will_hold(scratch: Path) -> None:
+    """configuration.md: `--cfg job` is "what config.yaml would hold": every `${...}` resolved
+    (docs-as-written review 2E: it printed `in_features: ${data.num_features}`)."""
+    proc = disttrain_in_process("train", "--cfg", "job", cwd=scratch)
+    assert proc.returncode == 0, proc.stderr
+    assert "${" not in proc.stdout
+    job = yaml.safe_load(proc.stdout)
+    assert job["model"]["in_features"] == 64 and job["model"]["num_classes"] == 10
+    assert isinstance(job["nproc_per_node"], int), "frozen as a number, as config.yaml holds it"
+
+
 def test_train_cfg_hydra_resolve_resolves_against_the_job(scratch: Path) -> None:
     """Hydra drops the job's keys before resolving `hydra`, so its `${name}` failed with a traceback."""
     proc = disttrain_in_process("train", "name=paper", "--cfg", "hydra", "--resolve", cwd=scratch)

@@ -77,3 +77,18 @@ def test_a_torchrun_ranks_multiline_exception_is_named_from_its_error_file(
 )
 def test_summary_of_other_exception_shapes(text: str, summary: str) -> None:
     assert error_summary(text) == summary
+
+
+def test_a_signal_stop_is_an_interruption_not_a_failure(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT, exit 130) is reported as what the user did, not "training failed"
+    (docs-as-written review 3.5); a rank's own error still is a failure."""
+    from disttrain.launch.errors import LaunchError
+
+    stop = (
+        "stopped by SIGINT: the ranks saved the signal checkpoint step_00000041 (step 41); continue with ..."
+    )
+    text = str(LaunchError(None, stop, tmp_path, exit_code=130)).splitlines()[0]
+    assert text.startswith("interrupted by SIGINT: the ranks saved") and "failed" not in text, text
+    assert str(LaunchError(1, "ValueError: bad", tmp_path)).startswith(
+        "training failed: rank 1 raised ValueError"
+    )
