@@ -23,23 +23,31 @@ CONFIG_NAME = "config"
 
 
 def config_dir() -> Path:
-    """The built-in config folder: $DISTTRAIN_CONFIG_DIR, else the package's own `disttrain/configs`.
+    """The built-in config folder: $DISTTRAIN_CONFIG_DIR, else `disttrain/configs`, else `configs/`.
 
-    Found with importlib.resources, so a wheel installed anywhere (not only an editable checkout)
-    has its configs; `--config-dir` and experiment files are added on top of this search path.
+    `disttrain/configs` is an installed wheel's (setup.py maps the top-level `configs/` there, so a
+    wheel installed anywhere has its configs); the checkout's top-level `configs/` serves a source
+    tree on PYTHONPATH and an editable install. `--config-dir` and experiment files are added on
+    top of this search path.
     """
     env = os.environ.get("DISTTRAIN_CONFIG_DIR")
     if env:
         return Path(env).resolve()
-    from importlib.resources import files
+    import disttrain
 
-    shipped = Path(str(files("disttrain") / "configs"))
-    if not (shipped / f"{CONFIG_NAME}.yaml").is_file():
-        raise FileNotFoundError(
-            f"disttrain's configs are missing from the installed package ({shipped}): reinstall disttrain, "
-            "or point DISTTRAIN_CONFIG_DIR at a folder holding config.yaml and its groups"
-        )
-    return shipped
+    return _builtin_config_dir(Path(disttrain.__file__).parent)
+
+
+def _builtin_config_dir(package: Path) -> Path:
+    """`package`/configs (the wheel's layout), else `package`/../configs (the checkout's)."""
+    candidates = (package / "configs", package.parent / "configs")
+    for folder in candidates:
+        if (folder / f"{CONFIG_NAME}.yaml").is_file():
+            return folder
+    raise FileNotFoundError(
+        f"disttrain's configs are missing: no {CONFIG_NAME}.yaml in {' or '.join(map(str, candidates))}: "
+        "reinstall disttrain, or point DISTTRAIN_CONFIG_DIR at a folder holding config.yaml and its groups"
+    )
 
 
 def _search_path_override(user_dir: str | None) -> list[str]:

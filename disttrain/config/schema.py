@@ -1,8 +1,9 @@
 """Dataclass schemas for every config group, registered in Hydra's ConfigStore.
 
-YAML files under ``disttrain/configs/`` only fill values (``defaults: [base_ddp]``), so an unknown key or a
-wrong type fails at compose time.  ``model`` and ``data`` are typed ``Any`` at the top level: they
-are the plug-in points for the user's own ``_target_``; the built-in options still carry a schema.
+YAML files under the top-level ``configs/`` (``disttrain/configs/`` in the wheel) only fill values
+(``defaults: [base_ddp]``), so an unknown key or a wrong type fails at compose time.  ``model`` and
+``data`` are typed ``Any`` at the top level: they are the plug-in points for the user's own
+``_target_``; the built-in options still carry a schema.
 The strategies' dataclasses live with their specs (``disttrain/strategies/specs/``): ``register()``
 stores one ``base_<name>`` node per registered spec.
 """

@@ -57,10 +57,42 @@ EVERY_OPTION = [pytest.param(g, o, id=f"{g}={o}") for g in GROUPS for o in optio
 def test_every_promised_group_and_option_exists() -> None:
     assert set(PROMISED) <= set(GROUPS)
     for group, promised in PROMISED.items():
-        assert promised <= set(options(group)), (
-            f"disttrain/configs/{group}/ lacks {promised - set(options(group))}"
-        )
+        assert promised <= set(options(group)), f"configs/{group}/ lacks {promised - set(options(group))}"
     assert options("experiment"), "ship at least one example experiment"
+
+
+def _config_folder(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text("defaults: []\n")
+    return path
+
+
+def test_config_dir_finds_the_wheels_layout_then_the_checkouts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An installed wheel carries `disttrain/configs` (setup.py maps the top-level configs/ there);
+    a checkout on PYTHONPATH or an editable install has them beside the package, at `configs/`."""
+    from disttrain.config.compose import _builtin_config_dir
+
+    monkeypatch.delenv("DISTTRAIN_CONFIG_DIR", raising=False)
+    checkout = tmp_path / "checkout"
+    (checkout / "disttrain").mkdir(parents=True)
+    top = _config_folder(checkout / "configs")
+    assert _builtin_config_dir(checkout / "disttrain") == top
+    wheel = _config_folder(checkout / "disttrain" / "configs")  # the package's own wins
+    assert _builtin_config_dir(checkout / "disttrain") == wheel
+
+    site = tmp_path / "site-packages"
+    (site / "disttrain").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="DISTTRAIN_CONFIG_DIR") as info:
+        _builtin_config_dir(site / "disttrain")
+    assert str(site / "disttrain" / "configs") in str(info.value)
+    assert str(site / "configs") in str(info.value)
+
+    # this checkout: the top-level configs/; DISTTRAIN_CONFIG_DIR comes first
+    assert config_dir().resolve() == Path(__file__).resolve().parents[2] / "configs"
+    monkeypatch.setenv("DISTTRAIN_CONFIG_DIR", str(top))
+    assert config_dir() == top.resolve()
 
 
 @pytest.mark.parametrize(("group", "option"), EVERY_OPTION)
