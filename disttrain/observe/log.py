@@ -80,6 +80,33 @@ def setup_logging(log_dir: Path | None, rank: int, to_console: bool) -> logging.
     return log
 
 
+LAUNCHER_LOG = "launcher.log"
+
+
+@contextlib.contextmanager
+def library_log_into(log_dir: Path, *names: str) -> Iterator[None]:
+    """While launching: the records of torch's launcher loggers `names` (the elastic agent's
+    "Received 2 death signal, shutting down workers", "Closing process N via signal SIGINT", a
+    failed rank's traceback) go to `log_dir`/launcher.log instead of torch's console handler. The
+    CLI's own paragraph says what happened; the file keeps torch's account. Only logging's public
+    API: a handler on each logger and `propagate` off, both restored afterwards."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    handler = _LogFile(log_dir / LAUNCHER_LOG, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s [launcher] %(levelname)s %(name)s: %(message)s"))
+    loggers = [logging.getLogger(name) for name in names]
+    before = [lg.propagate for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.propagate = False  # torch's handler on `torch.distributed` writes to stderr
+    try:
+        yield
+    finally:
+        for lg, propagate in zip(loggers, before, strict=True):
+            lg.removeHandler(handler)
+            lg.propagate = propagate
+        handler.close()
+
+
 def stderr_into_log(log_dir: Path, rank: int) -> None:
     """A rank without the console (rank != 0): its file descriptor 2 appends to its log file, so
     what C++ writes there (c10d's TCPStore and gloo warnings, with their `frame #0: c10::Error`
