@@ -34,6 +34,7 @@ from disttrain.launch.forkserver import launcher_alive, linger_after_a_peer_died
 from disttrain.models import build_model, set_activation_checkpointing
 from disttrain.observe.envreport import report_env
 from disttrain.observe.log import (
+    console_apart,
     get_logger,
     prints_into_log,
     setup_logging,
@@ -67,9 +68,11 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
         name_process(env.rank, env.world_size, str(run_dir.absolute()))  # (`disttrain show` finds it)
     else:  # launcher=inprocess: the launcher's own process keeps its command line
         name_process(env.rank)
-    setup_logging(RunDir(run_dir).logs, env.rank, to_console=env.is_zero)
     if not env.is_zero:
         stderr_into_log(RunDir(run_dir).logs, env.rank)  # C++ stacks and library noise: its log
+    elif "RANK" in os.environ:  # rank 0's too; disttrain's console lines keep the original stderr
+        console_apart(RunDir(run_dir).logs)
+    setup_logging(RunDir(run_dir).logs, env.rank, to_console=env.is_zero)
     threads = set_threads(cfg, env)
     launcher = launcher_pid()
     if "RANK" in os.environ:

@@ -52,29 +52,12 @@ def _rank_main(local_rank: int, run_dir: str, entry: str, environ: dict[str, str
     exit_rank(0)  # only after success: an exception still reaches mp.spawn's error queue
 
 
-def _quiet_teardown(record: Any) -> bool:
-    """torch's spawn warns as it SIGTERMs the surviving ranks after one failed ("Terminating
-    process N via signal SIGTERM"): that is the launcher's own cleanup, and the failure paragraph
-    already names the rank that failed, so the line stays off the console."""
-    return not str(record.msg).startswith("Terminating process")
-
-
-def quiet_teardown() -> None:
-    """Keep torch's "Terminating process" warning (spawn's, and torchrun's agent's, which starts
-    function ranks through the same ProcessContext) off the console (idempotent)."""
-    import logging
-
-    spawn_log = logging.getLogger("torch.multiprocessing.spawn")
-    if _quiet_teardown not in spawn_log.filters:
-        spawn_log.addFilter(_quiet_teardown)
-
-
 def launch_spawn(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.worker") -> None:
     import torch.multiprocessing as mp
 
-    quiet_teardown()
-
     from disttrain.launch.loopback import loopback_store
+    from disttrain.observe.log import library_log_into
+    from disttrain.rundir import RunDir
 
     nproc = cfg["nproc_per_node"]
     store = loopback_store(world_size=nproc, wait_for_workers=False)  # 127.0.0.1 only, not *:port
@@ -87,7 +70,10 @@ def launch_spawn(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.wor
     }
     try:
         warm_up(cfg)  # started after the static checks already, unless the caller skipped prestart
-        with patched_environ(updates):
+        # torch's "Terminating process N via signal SIGTERM" as it stops the survivors of a failed
+        # rank: the launcher's own cleanup, kept in logs/launcher.log (the failure paragraph names
+        # the rank that failed).
+        with patched_environ(updates), library_log_into(RunDir(run_dir).logs, "torch.multiprocessing"):
             args = (str(run_dir), entry, launcher_env())
             mp.start_processes(_rank_main, args=args, nprocs=nproc, join=True, start_method=START_METHOD)
     except mp.ProcessRaisedException as exc:

@@ -20,7 +20,6 @@ from disttrain.launch.errors import (
 )
 from disttrain.launch.forkserver import START_METHOD, launcher_env, rank_entry, warm_up
 from disttrain.launch.registry import launcher_config
-from disttrain.launch.spawn import quiet_teardown
 
 
 def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
@@ -77,25 +76,20 @@ class TorchrunLauncher(Launcher):
         launch_torchrun(cfg, run_dir, entry)
 
 
-def _quiet_failure_traceback(record: Any) -> bool:
-    """torch's agent logs a failed function-started rank with its traceback (`logger.exception`,
-    "failed (exitcode: N) local_rank: ..."); the CLI names the failing rank and its error in one
-    paragraph (LaunchError) and the rank's log holds the traceback, so that record is dropped."""
-    return not str(record.msg).startswith("failed (exitcode")
+# torch's launcher loggers: the elastic agent's (shutdown on a signal, "Closing process N via
+# signal SIGINT", a failed rank's traceback) and the process context's ("Terminating process N").
+TORCH_LAUNCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 
 
 def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.worker") -> None:
-    import logging
-
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
 
-    api_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
-    if _quiet_failure_traceback not in api_log.filters:
-        api_log.addFilter(_quiet_failure_traceback)
-    quiet_teardown()
+    from disttrain.observe.log import library_log_into
+    from disttrain.rundir import RunDir
+
     started = time.time()
     store = None
     if cfg["nodes"] > 1:
@@ -104,7 +98,8 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
         store = roll_call(cfg, run_dir)  # config check + wait for the nodes; node 0 hosts the store
     try:
         warm_up(cfg)  # started after the static checks already, unless the caller skipped prestart
-        elastic_launch(launch_config(cfg, run_dir), rank_entry)(entry, str(run_dir), launcher_env())
+        with library_log_into(RunDir(run_dir).logs, *TORCH_LAUNCH_LOGGERS):  # off the console
+            elastic_launch(launch_config(cfg, run_dir), rank_entry)(entry, str(run_dir), launcher_env())
     except RendezvousError as exc:
         from disttrain.launch.multinode import RendezvousFailure, endpoint
 

@@ -73,18 +73,56 @@ def setup_logging(log_dir: Path | None, rank: int, to_console: bool) -> logging.
         if console.is_terminal:
             ch: logging.Handler = _BriefRich(console=console, show_path=False, markup=False)
         else:
-            ch = _BriefStream(sys.stderr)
+            ch = _BriefStream(console.file)  # sys.stderr, or the saved one (console_apart)
             ch.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
         ch.addFilter(lambda record: not getattr(record, FILE_ONLY, False))
         log.addHandler(ch)
     return log
 
 
+def console_apart(log_dir: Path) -> None:
+    """Rank 0 in a process of its own: disttrain's console (its log lines, the bar, the summary)
+    keeps a duplicate of the original stderr, and file descriptor 2 then appends to rank0.log as the
+    other ranks' do (stderr_into_log). So what C++ writes to fd 2 (kineto's `profiler_start`, c10d's
+    stacks), Python warnings and libraries' own stderr handlers (transformers') reach the rank's log,
+    not the console. The parent still summarises a failure from the logs (launch/errors.py)."""
+    sys.stderr.flush()
+    console.file = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="backslashreplace")
+    stderr_into_log(log_dir, 0)
+
+
+LAUNCHER_LOG = "launcher.log"
+
+
+@contextlib.contextmanager
+def library_log_into(log_dir: Path, *names: str) -> Iterator[None]:
+    """While launching: the records of torch's launcher loggers `names` (the elastic agent's
+    "Received 2 death signal, shutting down workers", "Closing process N via signal SIGINT", a
+    failed rank's traceback) go to `log_dir`/launcher.log instead of torch's console handler. The
+    CLI's own paragraph says what happened; the file keeps torch's account. Only logging's public
+    API: a handler on each logger and `propagate` off, both restored afterwards."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    handler = _LogFile(log_dir / LAUNCHER_LOG, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s [launcher] %(levelname)s %(name)s: %(message)s"))
+    loggers = [logging.getLogger(name) for name in names]
+    before = [lg.propagate for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.propagate = False  # torch's handler on `torch.distributed` writes to stderr
+    try:
+        yield
+    finally:
+        for lg, propagate in zip(loggers, before, strict=True):
+            lg.removeHandler(handler)
+            lg.propagate = propagate
+        handler.close()
+
+
 def stderr_into_log(log_dir: Path, rank: int) -> None:
     """A rank without the console (rank != 0): its file descriptor 2 appends to its log file, so
     what C++ writes there (c10d's TCPStore and gloo warnings, with their `frame #0: c10::Error`
     stacks when a peer node goes away), Python warnings and raw tracebacks land in its log instead
-    of on the node's console. Rank 0 keeps its stderr: the console handler writes there."""
+    of on the node's console. Rank 0's console keeps a saved copy of it (console_apart)."""
     from disttrain.safefile import open_append
 
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -64,4 +63,6 @@ def print_summary(summary: dict[str, Any]) -> None:
     """Rank 0, to stderr (stdout carries the one-line `done:` summary scripts parse)."""
     from rich.console import Console
 
-    Console(file=sys.stderr, width=100).print(summary_table(summary))
+    from disttrain.observe.log import console
+
+    Console(file=console.file, width=100).print(summary_table(summary))  # stderr, or its saved copy

@@ -213,6 +213,8 @@ def test_sigterm_far_from_a_log_step_saves_and_resumes_bitwise(
     meta = json.loads((ckpts / latest / "meta.json").read_text())
     assert meta["reason"] == "signal" and 3 < meta["step"] < 10, meta
     assert f"saved the signal checkpoint {latest}" in err and "disttrain resume" in err, err[-2000:]
+    assert "torch/distributed/elastic" not in err, err[-2000:]  # the agent's lines: logs/launcher.log
+    assert "Received 15 death signal" in (run_dir / "logs" / "launcher.log").read_text()
     assert not _group_members(proc.pid), "ranks outlived the CLI"
 
     resumed = run_command(

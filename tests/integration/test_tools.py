@@ -159,4 +159,9 @@ def _interrupt_a_run(tmp_path: Path) -> Path:
         _kill_group(proc.pid)
         proc.wait()
     assert proc.returncode != 0, err[-2000:]
+    # Issue 26 #7: torch's elastic agent's account of the Ctrl-C ("Received 2 death signal, shutting
+    # down workers", "Closing process N via signal SIGINT") goes to the launcher's log, not the console.
+    assert "torch/distributed/elastic" not in err and "death signal" not in err, err[-2000:]
+    launcher_log = (logs[0].parent / "logs" / "launcher.log").read_text()
+    assert "Received 2 death signal, shutting down workers" in launcher_log, launcher_log[-2000:]
     return logs[0].parent
