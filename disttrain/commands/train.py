@@ -45,6 +45,12 @@ def cmd_train(rest: list[str]) -> int:
     from disttrain.launch.slurm import allocation_overrides
 
     args = _hydra_args(rest)
+    if not sys.stderr.isatty():
+        # No colour codes in a file or pipe: the libraries a sweep brings (optuna's colorlog handler)
+        # honour NO_COLOR (no-color.org), as rich does; a terminal keeps its colours.
+        import os
+
+        os.environ.setdefault("NO_COLOR", "1")
     if args.shell_completion:
         return _shell_completion(" ".join(args.overrides))
     # A Kubeflow pod running `disttrain train` is a node launcher (PyTorchJob's RANK is its node rank).

@@ -202,6 +202,8 @@ def test_optuna_sweep_over_an_interval_runs_both_trials(tmp_path: Path) -> None:
         ln for ln in proc.stdout.splitlines() if ln.startswith("done: ")
     ], "stdout: the result lines only"
     assert "Best value" in proc.stderr
+    assert "\x1b[" not in proc.stderr, "no colour codes where stderr is a file (optuna's colorlog)"
+    assert "setup plugin" not in proc.stderr, "alembic's import lines are not the sweep's"
     optimized = yaml.safe_load(next(tmp_path.rglob("optimization_results.yaml")).read_text())
     assert "optim.lr" in optimized["best_params"]
 
