@@ -84,13 +84,13 @@ def cmd_train(rest: list[str]) -> int:
                 return _run_job(cfg, run_dir, task_overrides(args.overrides), composed.hydra.job)
             rest = [*command, f"hydra.run.dir={_hydra_quote(str(run_dir))}"]
             _KNOWN_MODE[:] = [composed.hydra.mode]
-    if args.help:  # Hydra's help (groups, options, the config), then every key's type and help text
+    if args.help:  # Hydra's help (the groups and their options), then every key once, with its help
         try:
             _run_hydra_app(rest, args.config_name or "config", command)
         except SystemExit as exc:
             if exc.code not in (0, None):
                 raise
-        return _key_help(args)
+        return _key_help(args, footer="\nUse --hydra-help to view Hydra specific help\n")
     return _run_hydra_app(rest, args.config_name or "config", command)
 
 
