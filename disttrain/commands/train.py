@@ -55,6 +55,8 @@ def cmd_train(rest: list[str]) -> int:
     rest, args.overrides = [*rest, *slurm[len(args.overrides) :]], slurm
     command = rest
     if not (args.help or args.hydra_help or args.info or args.shell_completion):
+        if not args.cfg:
+            _say_checking()
         # Check every job before Hydra creates a single run dir: nothing half-written on bad input.
         from disttrain.config import expand_sweep
 
@@ -92,6 +94,16 @@ def cmd_train(rest: list[str]) -> int:
                 raise
         return _key_help(args, footer="\nUse --hydra-help to view Hydra specific help\n")
     return _run_hydra_app(rest, args.config_name or "config", command)
+
+
+def _say_checking() -> None:
+    """One line on a terminal's stderr as soon as the command is parsed: composition, the checks and
+    torch's import take seconds before the first log line, a blank screen after Enter (docs-as-written
+    review 3.10). Not on a pipe or file: stdout carries only the result, stderr the logs."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    if isatty is not None and isatty():
+        sys.stderr.write("disttrain: checking the config ...\n")
+        sys.stderr.flush()
 
 
 def _run_job(cfg: dict[str, Any], run_dir: Path, overrides: list[str], job: Any) -> int:
