@@ -33,12 +33,13 @@ def compose_checked(overrides: list[str], args: Any, runtime: bool) -> dict[str,
     return cfg
 
 
-def key_help(args: Any) -> int:
+def key_help(args: Any, footer: str = "") -> int:
     """Each key's type, default (given the overrides' group choices) and the schema's help text."""
     from disttrain.config import compose
     from disttrain.config.keyhelp import format_keys
 
     sys.stdout.write(format_keys(compose(args.overrides, args.config_dir, args.config_name or "config")))
+    sys.stdout.write(footer)
     return 0
 
 

@@ -61,6 +61,8 @@ def cmd_train(rest: list[str]) -> int:
     rest, args.overrides = [*rest, *slurm[len(args.overrides) :]], slurm
     command = rest
     if not (args.help or args.hydra_help or args.info or args.shell_completion):
+        if not args.cfg:
+            _say_checking()
         # Check every job before Hydra creates a single run dir: nothing half-written on bad input.
         from disttrain.config import expand_sweep
 
@@ -90,14 +92,24 @@ def cmd_train(rest: list[str]) -> int:
                 return _run_job(cfg, run_dir, task_overrides(args.overrides), composed.hydra.job)
             rest = [*command, f"hydra.run.dir={_hydra_quote(str(run_dir))}"]
             _KNOWN_MODE[:] = [composed.hydra.mode]
-    if args.help:  # Hydra's help (groups, options, the config), then every key's type and help text
+    if args.help:  # Hydra's help (the groups and their options), then every key once, with its help
         try:
             _run_hydra_app(rest, args.config_name or "config", command)
         except SystemExit as exc:
             if exc.code not in (0, None):
                 raise
-        return _key_help(args)
+        return _key_help(args, footer="\nUse --hydra-help to view Hydra specific help\n")
     return _run_hydra_app(rest, args.config_name or "config", command)
+
+
+def _say_checking() -> None:
+    """One line on a terminal's stderr as soon as the command is parsed: composition, the checks and
+    torch's import take seconds before the first log line, a blank screen after Enter (docs-as-written
+    review 3.10). Not on a pipe or file: stdout carries only the result, stderr the logs."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    if isatty is not None and isatty():
+        sys.stderr.write("disttrain: checking the config ...\n")
+        sys.stderr.flush()
 
 
 def _run_job(cfg: dict[str, Any], run_dir: Path, overrides: list[str], job: Any) -> int:

@@ -21,16 +21,45 @@ def _show(value: Any) -> str:
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
+# Hydra's keys of a `_target_` node, and what they do there
+TARGET_KEYS = {
+    "_target_": "what this node builds: a dotted path to a class or function (yours: mylab.mod.Name)",
+    "_partial_": "built as a partial: disttrain calls it later with what only the run has (e.g. the "
+    "model's parameters)",
+    "_recursive_": "whether nested _target_ nodes are built first (false: passed on as config)",
+    "_args_": "positional arguments of the _target_",
+}
+
+
+def _help(schema: Any, key: str) -> tuple[Any, str]:
+    """The schema's field for `key` and its help text: a subclass that only changes a default (the
+    option's `lr: float = 0.05`) keeps the help its base class gives the key."""
+    bases = [c for c in getattr(schema, "__mro__", ()) if dataclasses.is_dataclass(c)]
+    found = [c.__dataclass_fields__[key] for c in bases if key in c.__dataclass_fields__]
+    text = next((str(f.metadata["help"]) for f in found if f.metadata.get("help")), "")
+    return (found[0] if found else None), text
+
+
+def _argument_help(key: str, value: Any, target: Any) -> str:
+    """A key of a `_target_` node without a schema: an argument of that class or function."""
+    if key in TARGET_KEYS:
+        return TARGET_KEYS[key]
+    follows = f"; follows {value[2:-1]}" if isinstance(value, str) and value.startswith("${") else ""
+    return f"argument {key} of {target}{follows}"
+
+
 def key_rows(cfg: DictConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(key, type, default, help) for each leaf of the composed config, following the schemas."""
+    """(key, type, default, help) for each leaf of the composed config, following the schemas; the
+    keys of a `_target_` node that no schema describes are its target's arguments."""
     rows: list[tuple[str, str, str, str]] = []
     schema = OmegaConf.get_type(cfg)
-    fields = {f.name: f for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
+    target = cfg._get_node("_target_")._value() if "_target_" in cfg else None  # type: ignore[union-attr]
     for key in cfg:
         name = f"{prefix}{key!s}"
-        f = fields.get(str(key))
-        text = str(f.metadata.get("help", "")) if f is not None else ""
+        f, text = _help(schema, str(key))
         node = cfg._get_node(str(key))
+        if not text and target is not None:
+            text = _argument_help(str(key), node._value(), target)  # type: ignore[union-attr]
         if isinstance(node, DictConfig) and not OmegaConf.is_missing(cfg, str(key)):
             if text:
                 rows.append((name, "group", "", text))
@@ -47,7 +76,11 @@ def format_keys(cfg: DictConfig) -> str:
     rows = key_rows(cfg)
     width = max(len(r[0]) for r in rows) + 2
     tw = max(len(r[1]) for r in rows) + 2
-    lines = ["== Config keys (type, default with these overrides, help) ==", ""]
+    lines = [
+        "== Config keys (type, default with these overrides, help) ==",
+        "Override any of them (key=value); `disttrain config` prints the resolved config",
+        "",
+    ]
     for key, tp, default, text in rows:
         default = default if len(default) <= 40 else default[:37] + "..."
         lines.append(f"{key:<{width}}{tp:<{tw}}{default:<42}{text}".rstrip())

@@ -407,15 +407,15 @@ class AdamWConfig(OptimConfig):
     lr: float = 1e-3
     weight_decay: float = 0.01
     betas: list[float] = _h("Adam betas", factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
+    eps: float = _h("added to the denominator for numerical stability", 1e-8)
 
 
 @dataclass
 class SGDConfig(OptimConfig):
     _target_: str = "torch.optim.SGD"
     lr: float = 0.05
-    momentum: float = 0.9
-    nesterov: bool = False
+    momentum: float = _h("momentum factor (0: plain SGD)", 0.9)
+    nesterov: bool = _h("Nesterov momentum", False)
 
 
 # ---------------------------------------------------------------------------------------- sched

@@ -209,7 +209,10 @@ class StepFunction(Task):
     def __init__(self, fn: Callable[..., Any]):
         super().__init__(None)
         self.fn = fn
-        self.name = getattr(fn, "__qualname__", repr(fn))
+        plain = getattr(fn, "func", fn)  # Hydra's partial (task.temperature=...) wraps the function
+        self.name = (
+            f"{getattr(plain, '__module__', '?')}.{getattr(plain, '__qualname__', type(plain).__name__)}"
+        )
 
     def unpack(self, batch: Any) -> tuple[Any, Any]:
         return batch, None

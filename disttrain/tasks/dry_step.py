@@ -12,7 +12,9 @@ models do) runs once more on the CPU, where the error, if any, is the real one.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -72,12 +74,13 @@ def dry_step(
     if meta_model is None:
         return
     params = sum(p.numel() for p in meta_model.parameters())
+    name = _target(cfg)
     if params <= CPU_FIRST_MAX_PARAMS and build_cpu_model is not None:
-        cpu_first = _run(task.setup(torch.device("cpu")), build_cpu_model(), batch, torch.device("cpu"))
+        cpu_first = _run(name, task.setup(torch.device("cpu")), build_cpu_model(), batch, torch.device("cpu"))
         if cpu_first is not None:
             raise cpu_first
         return
-    meta_exc = _run(task.setup(torch.device("meta")), meta_model, batch, torch.device("meta"))
+    meta_exc = _run(name, task.setup(torch.device("meta")), meta_model, batch, torch.device("meta"))
     if meta_exc is None:
         return
     if build_cpu_model is None:
@@ -98,27 +101,26 @@ def dry_step(
         )
         return
     log.debug("dry step: %s on meta failed (%s); running it on the CPU", _target(cfg), _said(meta_exc))
-    cpu_exc = _run(build_task(), build_cpu_model(), batch, torch.device("cpu"))
+    cpu_exc = _run(name, build_task(), build_cpu_model(), batch, torch.device("cpu"))
     if cpu_exc is not None:
         raise cpu_exc
 
 
-def _run(task: Task, model: nn.Module, batch: Any, device: torch.device) -> ConfigError | Exception | None:
-    """One forward and loss (and metric) on `device`; the first failure as a ConfigError."""
+def _run(
+    name: str, task: Task, model: nn.Module, batch: Any, device: torch.device
+) -> ConfigError | Exception | None:
+    """One forward and loss (and metric) on `device`; the first failure as a ConfigError naming the
+    task `name` (its `_target_`) or, when the model itself raised on the data's inputs, the model."""
     inputs, target = task.unpack(to_device(batch, device))
+    calls = _ModelCalls(model)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), calls:
             output = task.forward(model, inputs, target)
     except torch.OutOfMemoryError as exc:  # memory is the device's business (trainer.oom), not the config's
         log.warning("dry step skipped: %s", _said(exc))
         return None
     except Exception as exc:
-        return ConfigError(
-            "model",
-            _model_target(model),
-            f"a model that accepts the task's inputs {describe(inputs)} (2 training samples)",
-            f"{task_name(task)} called it and it raised {_said(exc)}. {SHAPE_HINT}",
-        )
+        return _forward_error(name, task, model, inputs, calls, exc)
     try:
         with torch.no_grad():
             loss = task.loss(output, target)
@@ -126,19 +128,83 @@ def _run(task: Task, model: nn.Module, batch: Any, device: torch.device) -> Conf
     except Exception as exc:
         return ConfigError(
             "task",
-            task_name(task),
+            name,
             f"a loss computable from the model's output {describe(output)} and the target {describe(target)}",
-            f"it raised {_said(exc)}. Check the output width against the targets (data.num_classes), "
-            "task.criterion, or task.loss for where a model-computed loss is",
+            f"its loss or metric raised {_said(exc)}{_where(exc)}. Check the output width against the "
+            "targets (data.num_classes), task.criterion, or task.loss for where a model-computed loss is",
         )
     if not (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.is_floating_point()):
         return ConfigError(
             "task",
-            task_name(task),
+            name,
             "a loss that is a 0-dim floating-point tensor",
             f"the loss is {describe(loss)}; reduce it (mean) in the criterion or the task",
         )
     return None
+
+
+class _ModelCalls:
+    """Whether an exception raised in the task's forward came out of the model's own forward, and
+    what the model was given: a pre-hook and a hook on the model's top module count the calls that
+    entered and those that returned."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model, self.open = model, 0
+        self.given: Any = None
+        self.handles: list[Any] = []
+
+    def __enter__(self) -> _ModelCalls:
+        self.handles = [
+            self.model.register_forward_pre_hook(self._entered, with_kwargs=True),
+            self.model.register_forward_hook(self._returned),
+        ]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def _entered(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.open += 1
+        self.given = kwargs if kwargs and not args else args[0] if len(args) == 1 and not kwargs else args
+
+    def _returned(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.open -= 1
+
+    @property
+    def raised_inside(self) -> bool:
+        return self.open > 0
+
+
+def _forward_error(
+    name: str, task: Task, model: nn.Module, inputs: Any, calls: _ModelCalls, exc: Exception
+) -> ConfigError:
+    """The model raised on the data's own inputs (the built-in model call): the model's key. Any
+    other failure is the task's: its own code raised, or it gave the model something it refused."""
+    model_name = _model_target(model)
+    if calls.raised_inside and task.plain_forward:
+        return ConfigError(
+            "model",
+            model_name,
+            f"a model that accepts the task's inputs {describe(inputs)} (2 training samples)",
+            f"task {name} called it and it raised {_said(exc)}. {SHAPE_HINT}",
+        )
+    if calls.raised_inside:
+        return ConfigError(
+            "task",
+            name,
+            f"a step that calls the model with what it accepts; the batches are {describe(inputs)}",
+            f"the task called the model ({model_name}) with {describe(calls.given)} and the model raised "
+            f"{_said(exc)}. Check what the task passes the model (which item of the batch), or make the "
+            "model take it (e.g. model.in_features, by default ${data.num_features})",
+        )
+    return ConfigError(
+        "task",
+        name,
+        f"a task whose step runs on the data set's batches {describe(inputs)}",
+        f"the task's own code raised {_said(exc)}{_where(exc)}. It runs on 2 training samples before any "
+        "rank starts: fix it there (a missing import, a name, the batch's structure)",
+    )
 
 
 def _samples(data: Any, key: str) -> list[Any]:
@@ -193,7 +259,7 @@ def _check_pipeline(cfg: dict[str, Any], task: Task, inputs: Any, target: Any) -
             "strategy",
             spec.name,
             "a task whose model call is model(inputs) with one input tensor and one target tensor",
-            f"{task_name(task)} gives the model {describe(inputs)} and the loss {describe(target)}; pipeline "
+            f"{_target(cfg)} gives the model {describe(inputs)} and the loss {describe(target)}; pipeline "
             "stages pass one tensor from stage to stage and compute the loss on the last one, so keyword "
             "arguments, several inputs or a loss inside the model cannot be split. Use strategy=fsdp or "
             "ddp for this task.",
@@ -249,12 +315,25 @@ def _target(cfg: dict[str, Any]) -> str:
     return str(task.get("_target_")) if isinstance(task, dict) else str(task)
 
 
-def task_name(task: Task) -> str:
-    return getattr(task, "name", None) or f"{type(task).__module__}.{type(task).__qualname__}"
-
-
 def _model_target(model: nn.Module) -> str:
     return f"{type(model).__module__}.{type(model).__qualname__}"
+
+
+def _where(exc: BaseException) -> str:
+    """` (at FILE:LINE)`: the innermost frame of the traceback outside torch, Hydra and the standard
+    library, which is the line of the task's code that raised or called what raised."""
+    import sysconfig
+    import traceback
+
+    site = Path(torch.__file__).parent.parent
+    libraries = (f"{site / 'torch'}{os.sep}", f"{site / 'hydra'}{os.sep}")
+
+    def library(filename: str) -> bool:
+        stdlib = filename.startswith(sysconfig.get_paths()["stdlib"]) and "-packages" not in filename
+        return stdlib or filename.startswith(libraries)
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not library(f.filename)]
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 
 def _said(exc: BaseException) -> str:

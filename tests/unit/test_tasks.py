@@ -354,6 +354,91 @@ def test_dry_step_failures_exit_2_before_any_rank(case: str, scratch: Path) -> N
     print(f"{case}: exit 2 after {elapsed:.1f} s")  # reported in the notes, not asserted (shared CI)
 
 
+# A user's step as docs/your-own-code.md shows it, without its `import torch`; and a Task subclass
+# whose metric code raises. The data sets' batches are (x, y) pairs or, with Pairs, (x, x') pairs.
+USER_TASKS = """\
+import torch.nn.functional as F
+from disttrain.tasks import Classification
+
+
+def contrastive(model, batch, temperature: float = 0.1):
+    a, b = batch
+    za, zb = F.normalize(model(a), dim=-1), F.normalize(model(b), dim=-1)
+    logits = za @ zb.T / temperature
+    return F.cross_entropy(logits, torch.arange(len(a), device=logits.device)), len(a)
+
+
+class Accuracy(Classification):
+    def metric_sum(self, output, target):
+        return (output.argmax(dim=-1) == target).sum().to(torch.float64)
+"""
+
+PAIRS = """\
+import torch
+from torch.utils.data import Dataset
+
+
+class Pairs(Dataset):
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        x = torch.randn(64, generator=torch.Generator().manual_seed(i))
+        return x, x + 0.1
+"""
+
+PAIRED = ["data.train._target_=mylab.data.Pairs", "data.val._target_=mylab.data.Pairs"]
+# (id, overrides, the task's target, words the paragraph holds)
+TASK_FAILURES = [
+    (
+        "model-given-labels",
+        ["task._target_=mylab.tasks.contrastive", "task.temperature=0.05"],
+        "mylab.tasks.contrastive",
+        ["called the model (disttrain.models.mlp.MLP) with tensor [2] int64", "IndexError"],
+    ),
+    (
+        "name-error-in-step",
+        ["task._target_=mylab.tasks.contrastive", *PAIRED],
+        "mylab.tasks.contrastive",
+        ["NameError: name 'torch' is not defined", "tasks.py:9)"],
+    ),
+    (
+        "name-error-in-metric",
+        ["task._target_=mylab.tasks.Accuracy"],
+        "mylab.tasks.Accuracy",
+        ["NameError: name 'torch' is not defined", "tasks.py:14)"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "overrides", "target", "words"), TASK_FAILURES, ids=[c[0] for c in TASK_FAILURES]
+)
+def test_an_error_in_the_tasks_step_names_the_task(
+    case: str, overrides: list[str], target: str, words: list[str], scratch: Path
+) -> None:
+    """Docs-as-written review 3.3: the contrastive recipe's failure said `model=...MLP is not valid`,
+    printed `_DeferredTarget(<function contrastive at 0x...>)`, and hinted at the model's width.
+    A failure in the task's code, or the model refusing what the task gave it, names the task."""
+    write_module(scratch, "mylab.tasks", USER_TASKS)
+    write_module(scratch, "mylab.data", PAIRS)
+    proc = disttrain_in_process("train", *overrides, cwd=scratch)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("disttrain: config error:")]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith(f"disttrain: config error: task={target} is not valid. Allowed: ")
+    assert "HINT: " in errors[0] and all(w in errors[0] for w in words), errors[0]
+    assert "Traceback" not in proc.stderr and "_DeferredTarget" not in proc.stderr
+    assert " at 0x" not in proc.stderr and "model=" not in proc.stderr
+    assert proc.stdout == "" and not (scratch / "runs").exists()
+
+
+def test_a_step_functions_name_is_its_target() -> None:
+    """Hydra hands a configured function over as a partial: its name, not the partial's repr."""
+    task = build_task({"_target_": "torch.nn.functional.mse_loss", "reduction": "sum"})
+    assert isinstance(task, StepFunction) and task.name == "torch.nn.functional.mse_loss"
+
+
 def test_dry_step_accepts_every_client_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same user code configured right passes: dict batches by field name, a reshape in YAML."""
     _user_code(tmp_path)
