@@ -102,7 +102,7 @@ def library_log_into(log_dir: Path, *names: str) -> Iterator[None]:
     CLI's own paragraph says what happened; the file keeps torch's account. Only logging's public
     API: a handler on each logger and `propagate` off, both restored afterwards."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    handler = _LogFile(log_dir / LAUNCHER_LOG, encoding="utf-8")
+    handler = _LogFile(log_dir / LAUNCHER_LOG, encoding="utf-8", delay=True)  # made when written to
     handler.setFormatter(logging.Formatter("%(asctime)s [launcher] %(levelname)s %(name)s: %(message)s"))
     loggers = [logging.getLogger(name) for name in names]
     before = [lg.propagate for lg in loggers]
