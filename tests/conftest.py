@@ -17,6 +17,10 @@ LONGEST_FIRST = (
     "integration/test_multinode_private.py",
     "integration/test_multinode.py",
     "integration/test_clients.py",
+    # ~100 documented commands in one worker (~55 s alone); listed nowhere, it started last and ran
+    # alone at the end (2026-11-25: 533 s CI)
+    "integration/test_docs.py",
+    "integration/test_data_streams.py",  # two sweeps (7 + 7 jobs) and a kill run: ~80 s at -n 4
     "integration/test_resume.py",
     "unit/test_cli.py",
     "integration/test_engine_depth.py",
@@ -24,7 +28,6 @@ LONGEST_FIRST = (
     "integration/test_strategies_dp.py",
     "integration/test_user_code.py",
     "integration/test_init_export.py",  # two sweeps (2 + 6 jobs): ~40 s alone at load 5, 2026-11-25
-    "integration/test_data_streams.py",  # two sweeps (6 + 6 jobs) and a kill run: ~41 CPU-s without it
     "integration/test_tools.py",
     "integration/test_strategies_mp.py",
     "integration/test_k8s_pods.py",
