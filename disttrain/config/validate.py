@@ -425,9 +425,10 @@ def _check_resume_path(cfg: dict[str, Any]) -> None:
 
 def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     """Checks that look at the machine and build data and model; returns data set sizes."""
-    from disttrain.observe.log import prints_into_log
+    from disttrain.observe.log import prints_into_log, transformers_quiet
 
-    with prints_into_log():  # the dry build's prints: the ranks print them again, into their logs
+    # the dry build's prints and transformers' warnings: the ranks print them again, into their logs
+    with prints_into_log(), transformers_quiet():
         return _check_runtime(cfg)
 
 

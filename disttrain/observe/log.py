@@ -165,6 +165,35 @@ def prints_into_log() -> Iterator[None]:
             stream.flush()
 
 
+@contextlib.contextmanager
+def transformers_quiet() -> Iterator[None]:
+    """The parent's dry build of a Hugging Face model: transformers' own warnings (`bos_token_id must
+    be None or an integer within the vocabulary`, once per check) stay off the console; each rank
+    logs them again into its log. `TRANSFORMERS_VERBOSITY` (read by transformers at its import)
+    covers a first import inside the check, `set_verbosity` an earlier one; afterwards the level is
+    what it was (or transformers' default, WARNING), so a one-rank run in this process logs them."""
+    key = "TRANSFORMERS_VERBOSITY"
+    saved = os.environ.get(key)
+    before = sys.modules.get("transformers.utils.logging")
+    level = before.get_verbosity() if before is not None else None
+    if before is not None:
+        before.set_verbosity(logging.ERROR)
+    os.environ[key] = "error"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = saved
+        after = sys.modules.get("transformers.utils.logging")
+        if after is not None:
+            named = logging.getLevelName(saved.upper()) if saved else logging.WARNING
+            after.set_verbosity(
+                level if level is not None else named if isinstance(named, int) else logging.WARNING
+            )
+
+
 def teardown_logging() -> None:
     log = get_logger()
     for h in list(log.handlers):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 SCRIPT = """
 import os, sys, warnings
@@ -56,3 +59,20 @@ def test_rank0_keeps_disttrain_lines_on_the_console_and_the_rest_in_its_log(tmp_
     text = (tmp_path / "rank0.log").read_text()
     for line in ("profiler_start", "returned a view tensor", "bos_token_id", "step 1/2", "step 2/2"):
         assert line in text, text
+
+
+def test_transformers_warnings_of_the_dry_build_stay_off_the_console(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Docs-as-written review 3.4: the parent's dry build of an HF model printed transformers'
+    config warnings on the console (each rank logs them again). Quiet inside, restored after."""
+    tl = pytest.importorskip("transformers.utils.logging")
+    from disttrain.observe.log import transformers_quiet
+
+    tl.set_verbosity(logging.WARNING)
+    with transformers_quiet():
+        tl.get_logger("transformers.configuration_utils").warning("bos_token_id must be None")
+    assert "bos_token_id" not in capfd.readouterr().err
+    assert tl.get_verbosity() == logging.WARNING
+    tl.get_logger("transformers.configuration_utils").warning("after the check")
+    assert "after the check" in capfd.readouterr().err
