@@ -46,22 +46,26 @@ def check_one_fp16_overflow(records: list[dict[str, Any]]) -> None:
     assert records[-1]["train/loss"] < records[0]["train/loss"], [r["train/loss"] for r in records]
 
 
-def disttrain_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def disttrain_in_process(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`disttrain ARGS...` as `disttrain.cli.main` in this process, in `cwd`: what the console script
-    runs, minus an interpreter start-up (and, for `train`, a torch import) per call.
+    runs, minus an interpreter start-up and a torch import per call, and for a multi-rank run minus
+    the fork server's start (~3 CPU-s): this process's server, started by its first run, serves
+    every later one, as it serves every job of a sweep (launch/forkserver.py).
 
-    For checks that end before any rank starts (config mistakes, dry runs), and for one-rank runs,
-    which the CLI trains in its own process anyway (`launch`: world size 1, no child): the exit
-    code is main()'s return value or SystemExit code, stdout/stderr are what it wrote; an
-    exception escaping main() is the traceback a user would see, so it fails the test. The
-    environment is scrubbed as for the console script, and the cwd, sys.path, os.environ and what
-    a rank changes for its process (threads, logging, excepthook, signal handlers, RNGs) are
-    restored afterwards; modules imported from `cwd` (the user's code of this call) are unloaded,
-    so the next call imports its own.
+    The exit code is main()'s return value or SystemExit code; stdout/stderr are what it and the
+    ranks it started wrote (fd-level: the ranks write to their launcher's descriptors); an exception
+    escaping main() is the traceback a user would see, so it fails the test. The environment is
+    scrubbed as for the console script (`env`: this environment instead, scrubbed too), and the cwd,
+    sys.path, os.environ and what a launcher or a rank changes for its process (threads, logging,
+    excepthook, signal handlers, RNGs) are restored afterwards; modules imported from `cwd` (the
+    user's code of this call) are unloaded, so the next call imports its own. A rank still alive
+    when the call returns (or that an exception, a pytest timeout, left behind) is killed, and
+    the former fails the test, as `run_command` fails a process that outlived its run.
     """
     from disttrain.cli import main
 
-    out, err = io.StringIO(), io.StringIO()
     saved_cwd, saved_path, saved_env = os.getcwd(), list(sys.path), dict(os.environ)
     saved_process = _process_state()
     # A package of the same name that an earlier test imported from its own folder (`mylab`) would
@@ -73,17 +77,23 @@ def disttrain_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[s
         if name.partition(".")[0] in local and _stale(sys.modules[name])
     }
     saved_modules = set(sys.modules)
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
     for key in SCRUB:
         os.environ.pop(key, None)
     # The console script's sys.path has no '' (the cwd): only the CLI itself may add the cwd.
     sys.path[:] = [p for p in sys.path if p not in ("", ".")]
     os.chdir(cwd)
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with _captured_fds() as (out, err):
             try:
                 rc = main(list(args))
             except SystemExit as exc:
                 rc = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except BaseException:
+        _kill_ranks(wait=0.0)
+        raise
     finally:
         os.chdir(saved_cwd)
         sys.path[:] = saved_path
@@ -95,10 +105,71 @@ def disttrain_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[s
                 del sys.modules[name]
         sys.modules.update(shadowed)
         _restore_process_state(saved_process)
-    return subprocess.CompletedProcess(["disttrain", *args], rc, out.getvalue(), err.getvalue())
+    left = _kill_ranks(wait=10.0)
+    assert not left, f"ranks {left} outlived `disttrain {' '.join(args)}` (killed them)\n{err.text[-3000:]}"
+    return subprocess.CompletedProcess(["disttrain", *args], rc, out.text, err.text)
 
 
-_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+def _kill_ranks(wait: float) -> dict[int, int]:
+    """SIGKILL the ranks below this process still alive after `wait` seconds; {rank: pid} of those."""
+    import time
+
+    from disttrain.launch.forkserver import rank_pids
+
+    deadline = time.monotonic() + wait
+    while (left := rank_pids(os.getpid())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left.values():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+class _Captured:
+    text = ""
+
+
+@contextlib.contextmanager
+def _captured_fds() -> Any:
+    """What the call writes to stdout and stderr, from Python (sys.stdout, sys.stderr) and from the
+    processes it starts: the ranks of a multi-rank run fork from the fork server and write to the
+    descriptors their launcher (this process) has (launch/forkserver.py LauncherStdio), so fds 1
+    and 2 point at a file of this call's while it runs, and the Python streams write through to
+    them (one order for both)."""
+    import tempfile
+
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    results = (_Captured(), _Captured())
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        saved = (os.dup(1), os.dup(2))
+        try:
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            with (
+                open(1, "wb", buffering=0, closefd=False) as raw_out,
+                open(2, "wb", buffering=0, closefd=False) as raw_err,
+            ):
+                text_out, text_err = (
+                    io.TextIOWrapper(raw, encoding="utf-8", errors="replace", write_through=True)
+                    for raw in (raw_out, raw_err)
+                )
+                with contextlib.redirect_stdout(text_out), contextlib.redirect_stderr(text_err):
+                    yield results
+                text_out.flush()
+                text_err.flush()
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            for file, result in ((out, results[0]), (err, results[1])):
+                file.seek(0)
+                result.text = file.read().decode("utf-8", errors="replace")
+
+
+# SIGQUIT too: torch's elastic agent (a launcher in this process) sets it with TERM, INT and HUP
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def _process_state() -> dict[str, Any]:

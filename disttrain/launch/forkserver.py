@@ -138,8 +138,59 @@ def rank_environment(launcher_env: dict[str, str]) -> dict[str, str]:
     return {**launcher_env, **agent}
 
 
-def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str]) -> None:
-    """A forked rank: the launcher's environment, then `entry.run(run_dir)` as `python -m entry` would.
+class LauncherStdio:
+    """The launcher's stdout and stderr as they are when it starts the ranks, for each forked rank.
+
+    A rank forked from the server inherits the server's stdout and stderr: the launcher's when the
+    server started. A process that runs several launches through one server (a sweep, a notebook or
+    a test harness that sends each run's output somewhere else) needs every rank to write where its
+    own launcher writes now, as a `python -m disttrain.worker` child would. Pickled into a rank's
+    arguments while multiprocessing hands them to the server, this passes the launcher's two
+    descriptors along (`multiprocessing.reduction.DupFd`: SCM_RIGHTS over the server's socket);
+    `install()`, first thing in the rank, puts them in place. Pickled anywhere else it carries
+    nothing (the rank keeps what it inherited)."""
+
+    def __init__(self, fds: tuple[int | None, int | None] = (None, None)) -> None:
+        self.fds = fds
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        from multiprocessing import context, reduction
+
+        if context.get_spawning_popen() is None:
+            return (LauncherStdio, ())
+        return (_received_stdio, tuple(reduction.DupFd(fd) if _is_open(fd) else None for fd in (1, 2)))
+
+    def install(self) -> None:
+        import sys
+
+        for target, fd, stream in ((1, self.fds[0], sys.stdout), (2, self.fds[1], sys.stderr)):
+            if fd is None or fd == target:
+                continue
+            with contextlib.suppress(Exception):
+                stream.flush()
+            os.dup2(fd, target)
+            os.close(fd)
+        self.fds = (None, None)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _received_stdio(out: Any, err: Any) -> LauncherStdio:
+    """In the rank, unpickling its arguments: the descriptors the server received for it."""
+    return LauncherStdio(tuple(None if h is None else h.detach() for h in (out, err)))  # type: ignore[arg-type]
+
+
+def rank_entry(
+    entry: str, run_dir: str, launcher_env: dict[str, str], stdio: LauncherStdio | None = None
+) -> None:
+    """A forked rank: the launcher's environment, stdout and stderr, then `entry.run(run_dir)` as
+    `python -m entry` would.
 
     Exit codes match `disttrain.dist.rank_main`: a ConfigError is 2 (its paragraph is in the error
     file torchelastic's @record wrote), a signal stop exits as the signal would."""
@@ -147,6 +198,8 @@ def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str]) -> None:
 
     from disttrain.config.errors import ConfigError
 
+    if stdio is not None:
+        stdio.install()
     detach_from_server()
     environ = rank_environment(launcher_env)
     os.environ.clear()

@@ -10,7 +10,13 @@ from disttrain.config.errors import ConfigError
 from disttrain.launch.base import Launcher
 from disttrain.launch.environ import patched_environ
 from disttrain.launch.errors import LaunchError, error_summary, exit_code_message
-from disttrain.launch.forkserver import START_METHOD, detach_from_server, launcher_env, warm_up
+from disttrain.launch.forkserver import (
+    START_METHOD,
+    LauncherStdio,
+    detach_from_server,
+    launcher_env,
+    warm_up,
+)
 from disttrain.launch.registry import launcher_config
 
 
@@ -36,8 +42,12 @@ class SpawnLauncher(Launcher):
         launch_spawn(cfg, run_dir, entry)
 
 
-def _rank_main(local_rank: int, run_dir: str, entry: str, environ: dict[str, str]) -> None:
-    """A rank forked from the fork server: the launcher's environment (the server's is older)."""
+def _rank_main(
+    local_rank: int, run_dir: str, entry: str, environ: dict[str, str], stdio: LauncherStdio
+) -> None:
+    """A rank forked from the fork server: the launcher's environment, stdout and stderr (the
+    server's are older)."""
+    stdio.install()
     detach_from_server()
     os.environ.clear()
     os.environ.update(environ)
@@ -74,7 +84,7 @@ def launch_spawn(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.wor
         # rank: the launcher's own cleanup, kept in logs/launcher.log (the failure paragraph names
         # the rank that failed).
         with patched_environ(updates), library_log_into(RunDir(run_dir).logs, "torch.multiprocessing"):
-            args = (str(run_dir), entry, launcher_env())
+            args = (str(run_dir), entry, launcher_env(), LauncherStdio())
             mp.start_processes(_rank_main, args=args, nprocs=nproc, join=True, start_method=START_METHOD)
     except mp.ProcessRaisedException as exc:
         raise LaunchError(exc.error_index, error_summary(str(exc)), run_dir) from None

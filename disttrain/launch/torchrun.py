@@ -18,7 +18,13 @@ from disttrain.launch.errors import (
     is_secondary,
     stopped_message,
 )
-from disttrain.launch.forkserver import START_METHOD, launcher_env, rank_entry, warm_up
+from disttrain.launch.forkserver import (
+    START_METHOD,
+    LauncherStdio,
+    launcher_env,
+    rank_entry,
+    warm_up,
+)
 from disttrain.launch.registry import launcher_config
 
 
@@ -99,7 +105,9 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
     try:
         warm_up(cfg)  # started after the static checks already, unless the caller skipped prestart
         with library_log_into(RunDir(run_dir).logs, *TORCH_LAUNCH_LOGGERS):  # off the console
-            elastic_launch(launch_config(cfg, run_dir), rank_entry)(entry, str(run_dir), launcher_env())
+            elastic_launch(launch_config(cfg, run_dir), rank_entry)(
+                entry, str(run_dir), launcher_env(), LauncherStdio()
+            )
     except RendezvousError as exc:
         from disttrain.launch.multinode import RendezvousFailure, endpoint
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-# `disttrain ARGS...` in this process, for the commands that start no rank (export, plan, show, a
-# refused train or rerun): the unit tests' runner (tests/shared_support.py), re-exported to the tests.
-from shared_support import disttrain_in_process as cli_in_process  # noqa: F401
+# `disttrain ARGS...` in this process (the unit tests' runner, tests/shared_support.py): the commands
+# that start no rank, and runs whose ranks fork from this worker's fork server (run_cli, run_sweep).
+from shared_support import disttrain_in_process as cli_in_process
 
 from disttrain.launch.forkserver import live_processes
 
@@ -188,15 +188,23 @@ def run_cli(
     expect_rc: int = 0,
     timeout: float = DEFAULT_TIMEOUT,
     env: dict[str, str] | None = None,
+    separate: bool = False,
 ) -> tuple[subprocess.CompletedProcess[str], Path | None]:
     """`disttrain train [flags] FAST... overrides...` in `tmp_path`: the process and the run dir it made.
 
-    Fails unless the exit code is `expect_rc` and at most one new run dir appeared (exactly one on
-    success). The run dir is None when none was created.
+    The CLI runs in this process (`cli_in_process`: its ranks are real processes, forked from this
+    worker's fork server, which every such run shares; ~1 CPU-s a run instead of ~5), or with
+    `separate` as the console script in a process of its own, bounded by `timeout` (what a test of
+    the CLI's own process needs: its exit, its signals, its children). Fails unless the exit code is
+    `expect_rc` and at most one new run dir appeared (exactly one on success). The run dir is None
+    when none was created.
     """
     before = set(find_run_dirs(tmp_path))
     cmd = [CLI, "train", *flags, *FAST, *pinned_backend(*overrides), *overrides]
-    proc = run_command(cmd, tmp_path, timeout, env)
+    if separate:
+        proc = run_command(cmd, tmp_path, timeout, env)
+    else:
+        proc = cli_in_process(*cmd[1:], cwd=tmp_path, env=env or clean_env())
     if proc.returncode != expect_rc:
         pytest.fail(
             f"`{' '.join(cmd)}` exited {proc.returncode}, expected {expect_rc}\n"
