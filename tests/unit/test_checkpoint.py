@@ -27,7 +27,7 @@ from disttrain import checkpoint
 from disttrain.checkpoint import store
 from disttrain.config.fingerprint import config_diff, config_hash, shaping_config
 from disttrain.data.samplers import ResumableSampler
-from disttrain.engine.rng import rng_state, set_rng_state
+from disttrain.rng import rng_state, set_rng_state
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -124,7 +124,7 @@ from torch import nn
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict
 from disttrain import checkpoint
-from disttrain.engine.rng import rng_state
+from disttrain.rng import rng_state
 ckpt = sys.argv[1]
 model = nn.Linear(256, 256); opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in (1, 2):

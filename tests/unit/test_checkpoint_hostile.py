@@ -26,7 +26,7 @@ from disttrain import checkpoint
 from disttrain.checkpoint import store
 from disttrain.checkpoint.manager import DiskFull, named_disk_full
 from disttrain.checkpoint.reading import CorruptCheckpoint
-from disttrain.engine.rng import rng_state
+from disttrain.rng import rng_state
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

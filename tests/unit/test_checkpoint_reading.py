@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from disttrain import checkpoint
 from disttrain.checkpoint import store
-from disttrain.engine.rng import rng_state
+from disttrain.rng import rng_state
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

@@ -107,7 +107,7 @@ def test_safetensors_export_never_writes_through_the_old_temp_name(tmp_path: Pat
     from torch import nn
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from disttrain.engine.rng import rng_state
+    from disttrain.rng import rng_state
 
     victim = _victim(tmp_path)
     model = nn.Linear(4, 2)

@@ -39,7 +39,7 @@ from disttrain.tasks import batch as batches
 
 log = get_logger()
 
-ENTRY = "disttrain.engine.evaluate"
+ENTRY = "disttrain.eval_worker"
 
 
 def run(run_dir: str | Path) -> dict[str, Any] | None:
