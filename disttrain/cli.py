@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
 
         sys.stdout.write(f"disttrain {__version__}\n")
         return 0
-    if argv[0] == "__complete":  # the completion scripts' query (see disttrain.completion)
-        from disttrain.completion import cmd_complete
+    if argv[0] == "__complete":  # the completion scripts' query (see disttrain.commands.completion)
+        from disttrain.commands.completion import cmd_complete
 
         return cmd_complete(argv[1:])
     command = COMMANDS.get(argv[0])

@@ -13,12 +13,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-
-def choose_backend(name: str) -> str:
-    """`auto` is nccl when CUDA GPUs are present, else gloo."""
-    if name == "auto":
-        return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-    return name
+from disttrain.config.gpus import choose_backend
 
 
 @dataclass(frozen=True)
@@ -96,7 +91,7 @@ def init_process_group(env: DistEnv, timeout_s: float, cpu_collectives: bool = F
         kwargs["store"] = attempt_store(timeout_s)
     backend = group_backend(env.backend, cpu_collectives)
     if backend != env.backend and env.local_rank == 0:
-        from disttrain.observe.traps import warn_gloo_across_nodes
+        from disttrain.traps import warn_gloo_across_nodes
 
         warn_gloo_across_nodes(
             "the default group's gloo part (CPU tensors)", env.world_size, env.local_world_size

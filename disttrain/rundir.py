@@ -20,7 +20,7 @@ import yaml
 from disttrain.safefile import open_append, write_atomic
 
 CONFIG = "config.yaml"
-JOB = "job.json"  # an eval/predict job folder (disttrain.engine.evaluate)
+JOB = "job.json"  # an eval/predict job folder (disttrain.eval_worker)
 HISTORY = "commands.txt"
 STATUS = "status.json"
 
@@ -367,7 +367,7 @@ def record_orphaned(run_dir: Path, launcher: int, what: str) -> None:
     import logging
     import time
 
-    from disttrain.launch.forkserver import launcher_alive
+    from disttrain.procs import launcher_alive
 
     if launcher_alive(launcher):
         return

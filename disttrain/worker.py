@@ -28,9 +28,8 @@ from disttrain.engine.ema import build_ema
 from disttrain.engine.guards import Guards
 from disttrain.engine.loop import Engine, Parts, global_batch, total_steps
 from disttrain.engine.optim import build_optimizer, build_scheduler
-from disttrain.engine.rng import seed_everything
 from disttrain.engine.state import TrainState
-from disttrain.launch.forkserver import launcher_alive, linger_after_a_peer_died, name_process
+from disttrain.launch.forkserver import linger_after_a_peer_died
 from disttrain.models import build_model, set_activation_checkpointing
 from disttrain.observe.envreport import report_env
 from disttrain.observe.log import (
@@ -44,6 +43,8 @@ from disttrain.observe.log import (
 from disttrain.observe.metrics import NullMetrics, make_metrics
 from disttrain.observe.profiler import make_profiler
 from disttrain.observe.summary import record_summary
+from disttrain.procs import launcher_alive, name_process
+from disttrain.rng import seed_everything
 from disttrain.rundir import RunDir, read_config, record_orphaned, refuse_planted_links
 from disttrain.shared_dir import check_shared, checkpoint_dir
 from disttrain.strategies import build_strategy, specs

@@ -53,7 +53,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from disttrain import checkpoint
-from disttrain.engine.rng import rng_state
+from disttrain.rng import rng_state
 
 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
 

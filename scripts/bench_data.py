@@ -63,7 +63,7 @@ def rss_kb(pid: int) -> int:
 
 def train(path: Path, run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One CLI run on `path`; each rank's peak RSS (MB) sampled from /proc, and its metrics."""
-    from disttrain.launch.forkserver import rank_pids
+    from disttrain.procs import rank_pids
 
     cmd = [
         sys.executable, "-m", "disttrain", "train", "model=gpt", "data=tokens", f"data.path={path}",

@@ -18,8 +18,8 @@ import time
 import torch
 
 from disttrain.data.text import load_text
-from disttrain.engine.amp import Precision
 from disttrain.models.gpt import GPT
+from disttrain.strategies.precision import Precision
 from disttrain.tasks import LanguageModel
 
 

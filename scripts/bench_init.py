@@ -77,7 +77,7 @@ def rank_main(rank: int, side: str, args: argparse.Namespace, folder: str, port:
 
     from disttrain import checkpoint
     from disttrain.checkpoint import init_from
-    from disttrain.engine.rng import rng_state
+    from disttrain.rng import rng_state
 
     shard(nn.Sequential(nn.Linear(2, 2)))  # the mesh and FSDP's first-use costs, outside the peak
 

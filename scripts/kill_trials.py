@@ -87,7 +87,7 @@ def last_step(run_dir: Path) -> int:
 
 def rank_pid(run_dir: Path, rank: int) -> int | None:
     """The pid of `rank` of the run in `run_dir` (its launcher's pid is in status.json)."""
-    from disttrain.launch.forkserver import rank_pids
+    from disttrain.procs import rank_pids
 
     try:
         launcher = json.loads((run_dir / "status.json").read_text())["pid"]

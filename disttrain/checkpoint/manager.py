@@ -29,9 +29,9 @@ from disttrain import checkpoint
 from disttrain.config.fingerprint import config_diff, config_hash, shaping_config
 from disttrain.config.schema import CheckpointConfig
 from disttrain.dist import DistEnv, default_store
-from disttrain.engine.rng import rng_state
-from disttrain.observe.traps import warn_gloo_across_nodes
+from disttrain.rng import rng_state
 from disttrain.shared_dir import checkpoint_dir
+from disttrain.traps import warn_gloo_across_nodes
 
 if TYPE_CHECKING:  # DCP (and DTensor with it) is imported at the first save or load, not at rank start
     from torch.distributed.checkpoint.stateful import Stateful

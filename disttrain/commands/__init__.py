@@ -19,7 +19,7 @@ COMMANDS: dict[str, str] = {
     "runs": "disttrain.tools.runs:cmd_runs",
     "show": "disttrain.tools.runs:cmd_show",
     "compare": "disttrain.tools.runs:cmd_compare",
-    "completion": "disttrain.completion:cmd_completion",
+    "completion": "disttrain.commands.completion:cmd_completion",
 }
 
 # Commands that build the user's `_target_`s (`_target_: mylab.nets.Net` from the working directory).

@@ -15,7 +15,7 @@ def compose_checked(overrides: list[str], args: Any, runtime: bool) -> dict[str,
     """Compose with `train`'s flags (--config-dir/--config-name), resolve, run the static checks
     (and the runtime ones: the machine, a dry build); ConfigError on any mistake."""
     from disttrain.config import compose, resolve
-    from disttrain.config.validate import check_runtime, check_static
+    from disttrain.preflight.checks import check_runtime, check_static
     from disttrain.timing import mark
 
     # Composed once, with Hydra's own node: `train` takes the run dir from it (commands.train._own_run_dir).

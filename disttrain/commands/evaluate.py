@@ -5,7 +5,7 @@ folder, plus overrides typed as `resume` types them (`nproc_per_node=1`, `strate
 checkpoint reshards; `data.val.KEY=VALUE`, or `data.val=FILE` for arrays in the formats data=files
 reads). The run's config.yaml stays as it is: the config with the overrides is frozen into a job
 folder (`RUN/evals/eval-TIMESTAMP`, holding the ranks' logs), whose ranks the configured launcher
-starts with `disttrain.engine.evaluate` as their entry, exactly as `train` starts its workers.
+starts with `disttrain.eval_worker` as their entry, exactly as `train` starts its workers.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def eval_config(
     """The run's saved config with the overrides, checked as `train` checks it (statically and
     on this machine); a run dir someone else made only with --trust (its `_target_`s are code)."""
     from disttrain.commands.resume import apply_overrides
-    from disttrain.config.validate import check_runtime, check_static
+    from disttrain.preflight.checks import check_runtime, check_static
     from disttrain.rundir import read_config
     from disttrain.trust import check_trusted
 
@@ -275,7 +275,7 @@ def launch_job(
     """Freeze `cfg` into `job_dir` with job.json, start the ranks, wait: what rank 0 wrote."""
     import json
 
-    from disttrain.engine.evaluate import ENTRY, JOB
+    from disttrain.eval_worker import ENTRY, JOB
     from disttrain.launch import LaunchError, launch
     from disttrain.rundir import command_line, freeze, write_json
 

@@ -101,7 +101,7 @@ def cmd_rerun(rest: list[str]) -> int:
 
     from disttrain.commands.resume import apply_overrides
     from disttrain.commands.train import freeze_and_launch
-    from disttrain.config.validate import check_runtime, check_static
+    from disttrain.preflight.checks import check_runtime, check_static
     from disttrain.rundir import read_config
     from disttrain.trust import check_trusted, take_trust_flag
 

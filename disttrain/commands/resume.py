@@ -234,9 +234,9 @@ def cmd_resume(rest: list[str]) -> int:
     import yaml
 
     from disttrain.commands.train import freeze_and_launch
-    from disttrain.config.validate import check_runtime, check_static
     from disttrain.launch.registry import launcher_for
     from disttrain.owner import hold
+    from disttrain.preflight.checks import check_runtime, check_static
     from disttrain.rundir import command_line, read_config, refuse_if_running, refuse_planted_links
     from disttrain.trust import check_trusted, take_trust_flag
 

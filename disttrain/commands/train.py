@@ -27,7 +27,7 @@ def freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str]) 
 def _shell_completion(request: str) -> int:
     """`train -sc install=bash` / `--shell-completion query=zsh`: disttrain's script, not Hydra's
     (whose script calls `disttrain -sc` and parses the line with `train` in it)."""
-    from disttrain.completion import SCRIPTS, cmd_complete, cmd_completion
+    from disttrain.commands.completion import SCRIPTS, cmd_complete, cmd_completion
 
     action, _, shell = request.partition("=")
     shell = shell or "bash"
@@ -186,10 +186,10 @@ def _hydra_quote(value: str) -> str:
 
 def _multinode_run_dir(cfg: dict[str, Any], overrides: list[str]) -> list[str]:
     """Several nodes (by hand): a run dir name every node derives alike, unless hydra.run.dir is set."""
-    from disttrain.config.launch_checks import rehearsal_warning
     from disttrain.launch.multinode import run_dir_name
     from disttrain.launch.registry import launcher_for
     from disttrain.launch.slurm import check_allocation
+    from disttrain.preflight.launch_checks import rehearsal_warning
 
     check_allocation(cfg)  # inside srun: SLURM_NNODES / SLURM_NTASKS against nodes
     if cfg["nodes"] == 1 or launcher_for(cfg).scheduler:  # the scheduler names the nodes' run dirs
@@ -233,7 +233,7 @@ def _hydra_task(cfg: Any) -> dict[str, Any] | None:
 
     from disttrain.config import resolve
     from disttrain.config.errors import ConfigError
-    from disttrain.config.validate import check_runtime, check_static
+    from disttrain.preflight.checks import check_runtime, check_static
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir).resolve()
@@ -338,8 +338,8 @@ def print_summary(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _train_as_launched_rank(args: Any) -> int:
-    """Inside a rank torchrun/Kubeflow/TorchX/srun started: see disttrain.launch.external."""
-    from disttrain.launch.external import train_as_launched_rank
+    """Inside a rank torchrun/Kubeflow/TorchX/srun started: see disttrain.commands.launched."""
+    from disttrain.commands.launched import train_as_launched_rank
 
     return train_as_launched_rank(args)
 

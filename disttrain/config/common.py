@@ -1,6 +1,6 @@
 """Leaf helpers of the config schemas, the checks and the strategy specs (no disttrain imports).
 
-Kept apart so that `config/schema.py`, `config/validate.py` and `strategies/specs/` can all use them
+Kept apart so that `config/schema.py`, `preflight/checks.py` and `strategies/specs/` can all use them
 without importing one another: the help-carrying dataclass field and the world size.
 """
 

@@ -9,17 +9,47 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from disttrain.config.errors import ConfigError, _fields, translate, translated, unknown_key_hint
 from disttrain.config.gpus import resolve_nproc
-from disttrain.config.launch_checks import elastic_nodes
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 CONFIG_NAME = "config"
+
+
+def elastic_nodes(cfg: dict[str, Any]) -> None:
+    """`nodes=MIN:MAX` (torchrun's --nnodes syntax) becomes nodes=MAX, launcher.min_nodes=MIN.
+
+    Every later step (checks, launch, the frozen config and its hash) then sees one spelling.
+    """
+    value = cfg.get("nodes")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return
+    match = None if isinstance(value, bool) else re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", str(value))
+    low, high = (int(match[1]), int(match[2] or match[1])) if match else (0, 0)
+    if not match or not 1 <= low <= high:
+        raise ConfigError(
+            "nodes",
+            value,
+            "an integer >= 1, or MIN:MAX with 1 <= MIN <= MAX (elastic membership)",
+            "nodes=2 needs both nodes; nodes=1:2 starts with whichever of 2 nodes arrive (at least 1).",
+        )
+    given = cfg["launcher"]["min_nodes"]
+    if match[2] is not None and given not in (0, low):
+        raise ConfigError(
+            "launcher.min_nodes",
+            given,
+            f"0 or {low} (nodes={value} already sets the minimum)",
+            "write the range once: nodes=MIN:MAX, or nodes=MAX launcher.min_nodes=MIN.",
+        )
+    cfg["nodes"] = high
+    if match[2] is not None:
+        cfg.setdefault("launcher", {})["min_nodes"] = low
 
 
 def config_dir() -> Path:

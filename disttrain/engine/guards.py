@@ -19,7 +19,7 @@ from torch import nn
 from disttrain import checkpoint
 from disttrain.config.schema import DebugConfig
 from disttrain.dist import DistEnv
-from disttrain.engine.amp import Precision
+from disttrain.strategies.precision import Precision
 
 log = logging.getLogger("disttrain")
 

@@ -21,13 +21,11 @@ from disttrain.config.schema import TrainerConfig
 from disttrain.data.loaders import loader_batches
 from disttrain.data.streams import LOADER, first_samples, is_stream
 from disttrain.dist import DistEnv, default_store
-from disttrain.engine.amp import Precision
 from disttrain.engine.ema import NullEMA
 from disttrain.engine.guards import AnomalyError, DesyncError, Guards
 from disttrain.engine.hangs import HangWatch, Progress, explain, frames_of_traceback
 from disttrain.engine.monitor import Monitoring
 from disttrain.engine.optim import total_steps as total_steps  # its home: the schedule's length
-from disttrain.engine.rng import set_rng_state
 from disttrain.engine.signals import FAILED_KEY, StopFlag, StopUnagreed
 from disttrain.engine.state import TrainState
 from disttrain.observe import gpu_memory
@@ -35,7 +33,9 @@ from disttrain.observe.metrics import NullMetrics
 from disttrain.observe.profiler import NullProfiler
 from disttrain.observe.progress import make_progress
 from disttrain.observe.throughput import Throughput, count_flops
+from disttrain.rng import set_rng_state
 from disttrain.strategies.base import Strategy
+from disttrain.strategies.precision import Precision
 from disttrain.tasks import Task
 from disttrain.tasks import batch as batches
 

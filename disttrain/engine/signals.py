@@ -31,7 +31,7 @@ def local_rank_gone(launcher: int) -> bool:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", 0) or 0)
     if not launcher or local < 2:
         return False
-    from disttrain.launch.forkserver import rank_pids
+    from disttrain.procs import rank_pids
 
     try:
         return len(rank_pids(launcher)) < local

@@ -50,7 +50,7 @@ def flight_recorder_environment(cfg: dict[str, Any], run_dir: Path) -> dict[str,
     """nccl: torch's flight recorder on, dumped on a timeout into the run's logs/ (one file per
     rank, `nccl_trace_rank_N`; read with `torchfrtrace RUN/logs -p nccl_trace_rank_`). Off for gloo, which has none. A
     value the user exported wins."""
-    from disttrain.dist import choose_backend
+    from disttrain.config.gpus import choose_backend
     from disttrain.rundir import RunDir
 
     if "nccl" not in choose_backend(cfg["backend"]["name"]):

@@ -195,7 +195,7 @@ def nccl_watchdog(cfg: dict[str, Any]) -> bool:
     CUDA machine) and torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING default (1; 3 also tears down)."""
     import os
 
-    from disttrain.dist import choose_backend
+    from disttrain.config.gpus import choose_backend
 
     backend = choose_backend(cfg["backend"]["name"])
     mode = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")

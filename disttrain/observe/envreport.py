@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from disttrain.observe.traps import check_traps, network_interfaces, shm_bytes
+from disttrain.traps import check_traps, network_interfaces, shm_bytes
 
 PREFIXES = ("MASTER_", "NCCL_", "GLOO_", "SLURM_", "TORCHELASTIC_", "CUDA_VISIBLE")
 EXACT = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")

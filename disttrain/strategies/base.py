@@ -14,7 +14,7 @@ from torch import nn
 
 from disttrain.config.schema import AmpConfig
 from disttrain.dist import DistEnv
-from disttrain.engine.amp import Precision
+from disttrain.strategies.precision import Precision
 from disttrain.strategies.specs import StrategyConfig
 from disttrain.tasks import Task
 

@@ -23,9 +23,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from disttrain.engine.amp import DTYPES
 from disttrain.models.parallel import has_forward
 from disttrain.strategies.base import Strategy, place_unsharded
+from disttrain.strategies.precision import DTYPES
 from disttrain.strategies.specs.sharded import FSDPStrategyConfig
 
 log = logging.getLogger("disttrain")

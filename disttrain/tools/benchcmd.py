@@ -95,8 +95,8 @@ def make_spec(args: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
 def compose_checked(args: argparse.Namespace) -> dict[str, Any]:
     """The same composition and static checks as `train`, plus the GPU checks the backend needs."""
     from disttrain.config import compose, resolve
-    from disttrain.config.gpus import check_nccl_ranks
-    from disttrain.config.validate import check_static
+    from disttrain.preflight.checks import check_static
+    from disttrain.preflight.gpus import check_nccl_ranks
 
     cfg = resolve(compose(args.overrides, args.config_dir), args.overrides)
     if args.timeout is not None:
@@ -109,7 +109,7 @@ def compose_checked(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_bench(rest: list[str]) -> int:
     args = parser().parse_intermixed_args(rest)
     cfg = compose_checked(args)
-    from disttrain.dist import choose_backend
+    from disttrain.config.gpus import choose_backend
     from disttrain.launch import launched_externally
 
     spec = make_spec(args, on_gpu=choose_backend(cfg["backend"]["name"]) == "nccl")

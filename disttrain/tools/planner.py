@@ -268,7 +268,7 @@ def cmd_plan(rest: list[str]) -> int:
     )
     args = p.parse_intermixed_args(rest)
     from disttrain.config import ConfigError, compose, resolve
-    from disttrain.config.validate import check_static
+    from disttrain.preflight.checks import check_static
 
     if args.load_at is not None and not args.simulate:  # a usage mistake: said before composing
         raise ConfigError(
@@ -301,7 +301,7 @@ def load_layout(args: argparse.Namespace) -> dict[str, Any]:
     import shlex
 
     from disttrain.config import ConfigError, compose, resolve
-    from disttrain.config.validate import check_static
+    from disttrain.preflight.checks import check_static
     from disttrain.tools.simulate_load import target_overrides
 
     extra = shlex.split(args.load_at)

@@ -337,8 +337,8 @@ def show(run_dir: Path) -> dict[str, Any]:
 
 def live_ranks(run_dir: Path) -> list[dict[str, int]]:
     """[{rank, world, pid}] of the run's live ranks on this machine, found by the command-line title
-    each rank gives itself (`disttrain rank R/W RUN_DIR`, launch.forkserver.name_process)."""
-    from disttrain.launch.forkserver import live_ranks as found
+    each rank gives itself (`disttrain rank R/W RUN_DIR`, procs.name_process)."""
+    from disttrain.procs import live_ranks as found
 
     return found(run_dir)
 

@@ -26,7 +26,7 @@ import pytest
 # that start no rank, and runs whose ranks fork from this worker's fork server (run_cli, run_sweep).
 from shared_support import disttrain_in_process as cli_in_process
 
-from disttrain.launch.forkserver import live_processes
+from disttrain.procs import live_processes
 
 # The console script installed next to this interpreter (the real entry point users run).
 CLI = (
@@ -228,8 +228,8 @@ def train_in_process(run_dir: Path, *overrides: str) -> Path:
     import torch.distributed as dist
 
     from disttrain.config import compose, resolve
-    from disttrain.config.validate import check_static
     from disttrain.dist import DistEnv
+    from disttrain.preflight.checks import check_static
     from disttrain.worker import train
 
     args = [*FAST, *pinned_backend(*overrides), *overrides]

@@ -639,7 +639,7 @@ def _checks_only(rest: list[str]) -> int:
 
     from disttrain.commands.config import compose_checked
     from disttrain.commands.hydra_app import parse_args
-    from disttrain.config.validate import check_runtime
+    from disttrain.preflight.checks import check_runtime
 
     args = parse_args(rest)
     cfg = compose_checked(args.overrides, args, runtime=False)

@@ -97,7 +97,7 @@ def _wait_for_step(proc: subprocess.Popen[str], run_dir: Path, step: int, timeou
 
 def _rank_pid(run_dir: Path, rank: int) -> int:
     """The pid of `rank` of the run in `run_dir` (its launcher's pid is in status.json)."""
-    from disttrain.launch.forkserver import rank_pids
+    from disttrain.procs import rank_pids
 
     pid = rank_pids(json.loads((run_dir / "status.json").read_text())["pid"]).get(rank)
     if pid is None:

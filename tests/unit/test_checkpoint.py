@@ -24,10 +24,12 @@ from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from disttrain import checkpoint
-from disttrain.checkpoint import store
+from disttrain.checkpoint import dcp_read as ckpt_dcp_read
+from disttrain.checkpoint import files as ckpt_files
+from disttrain.checkpoint import writing as ckpt_writing
 from disttrain.config.fingerprint import config_diff, config_hash, shaping_config
 from disttrain.data.samplers import ResumableSampler
-from disttrain.engine.rng import rng_state, set_rng_state
+from disttrain.rng import rng_state, set_rng_state
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -123,15 +125,16 @@ import sys, torch
 from torch import nn
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict
+from pathlib import Path
 from disttrain import checkpoint
-from disttrain.engine.rng import rng_state
+from disttrain.rng import rng_state
 ckpt = sys.argv[1]
 model = nn.Linear(256, 256); opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in (1, 2):
     msd, osd = get_state_dict(model, opt)
     if step == 2:
         print("saving 2", flush=True)
-    checkpoint.save(checkpoint.Path(ckpt), step, {"model": msd, "optim": osd}, rng_state(), {"step": step},
+    checkpoint.save(Path(ckpt), step, {"model": msd, "optim": osd}, rng_state(), {"step": step},
                     rank=0, keep=3, verify="hash")
     print("saved", step, flush=True)
     import os; os.environ["DISTTRAIN_TEST_SAVE_SLEEP"] = "60"
@@ -256,7 +259,7 @@ def test_metadata_unpickler_admits_exactly_a_fixed_list() -> None:
     import io
 
     modules = {m for m, _ in expected} | {"builtins", "os", "pickle", "torch.distributed.checkpoint"}
-    unpickler = store._SafeUnpickler(io.BytesIO(b""))
+    unpickler = ckpt_dcp_read._SafeUnpickler(io.BytesIO(b""))
     admitted = set()
     for module in sorted(modules):
         names = set(dir(importlib.import_module(module))) | {"os.system", "torch.load", "__builtins__"}
@@ -416,7 +419,7 @@ def _rehash(path: Path) -> None:
     """Rewrite the manifest for the files as they are now: what someone editing a checkpoint does."""
     manifest = json.loads((path / "manifest.json").read_text())
     manifest["files"] = {
-        f.name: store._file_digest(f, True) for f in path.iterdir() if f.name != "manifest.json"
+        f.name: ckpt_files._file_digest(f, True) for f in path.iterdir() if f.name != "manifest.json"
     }
     (path / "manifest.json").write_text(json.dumps(manifest))
 
@@ -468,15 +471,15 @@ def test_checksums_computed_while_writing_equal_each_files_checksum(tmp_path: Pa
     fresh xxh3_64 of every file on disk, for DCP's shards, .metadata, rng and meta.json alike."""
     model, opt = _trained()
     msd, osd = get_state_dict(model, opt)
-    writer = store._writer(tmp_path / "w", with_hash=True)
+    writer = ckpt_writing._writer(tmp_path / "w", with_hash=True)
     torch.distributed.checkpoint.save({"model": msd, "optim": osd}, storage_writer=writer, no_dist=True)
-    on_disk = {f.name: store._file_digest(f, True) for f in (tmp_path / "w").iterdir()}
+    on_disk = {f.name: ckpt_files._file_digest(f, True) for f in (tmp_path / "w").iterdir()}
     assert writer.fs.digests == on_disk and len(on_disk) == 1 + checkpoint.WRITER_THREADS
     _save(tmp_path / "ckpt", 1, model, opt)
     path = tmp_path / "ckpt" / "step_00000001"
     manifest = json.loads((path / "manifest.json").read_text())["files"]
     assert manifest == {
-        f.name: store._file_digest(f, True) for f in path.iterdir() if f.name != "manifest.json"
+        f.name: ckpt_files._file_digest(f, True) for f in path.iterdir() if f.name != "manifest.json"
     }
 
 
@@ -487,7 +490,7 @@ def test_a_write_through_the_hashing_file_never_follows_a_planted_symlink(tmp_pa
         (tmp_path / f"w{i}").mkdir()
         (tmp_path / f"victim{i}").write_text("keep")
         (tmp_path / f"w{i}" / f"__0_{i}.distcp").symlink_to(tmp_path / f"victim{i}")
-        writer = store._writer(tmp_path / f"w{i}", with_hash=True)
+        writer = ckpt_writing._writer(tmp_path / f"w{i}", with_hash=True)
         with pytest.raises((CheckpointException, OSError)):  # ELOOP, raised or wrapped by DCP
             torch.distributed.checkpoint.save({"x": torch.ones(3)}, storage_writer=writer, no_dist=True)
         assert (tmp_path / f"victim{i}").read_text() == "keep"
@@ -507,9 +510,9 @@ def test_commit_hashes_from_disk_a_file_whose_digest_is_missing_or_stale(tmp_pat
     path = tmp_path / "step_00000001"
     files = json.loads((path / "manifest.json").read_text())["files"]
     assert files["a"]["xxh3_64"] == "0" * 16, "a digest of the right size is trusted (it came from the write)"
-    assert files["b"] == store._file_digest(path / "b", True), "a wrong size is re-hashed from disk"
-    assert files["c"] == store._file_digest(path / "c", True), "new manifests carry xxh3_64 only"
-    assert files[".metadata"] == store._file_digest(path / ".metadata", True)
+    assert files["b"] == ckpt_files._file_digest(path / "b", True), "a wrong size is re-hashed from disk"
+    assert files["c"] == ckpt_files._file_digest(path / "c", True), "new manifests carry xxh3_64 only"
+    assert files[".metadata"] == ckpt_files._file_digest(path / ".metadata", True)
 
 
 def test_async_save_commits_in_the_background_and_reuses_its_staging_buffers(tmp_path: Path) -> None:
@@ -535,7 +538,7 @@ def test_async_save_commits_in_the_background_and_reuses_its_staging_buffers(tmp
     assert checkpoint.problem(tmp_path / "step_00000001") is None
     loaded, _ = _load_into(tmp_path / "step_00000001")
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in expected.items())
-    stager = store._Background.stager
+    stager = ckpt_writing._Background.stager
     staged = {id(s) for s in stager._state_dict_stager._cached_storage_mapping.values()}
     second = checkpoint.save(
         tmp_path, 2, {"model": msd, "optim": osd}, rng_state(), dict(meta, step=2), rank=0, keep=3,

@@ -115,9 +115,12 @@ def test_async_staging_is_pinned_and_non_blocking_on_cuda_only(monkeypatch: pyte
     refuses non-blocking staging without an accelerator). The rank's device decides."""
     import torch.distributed.checkpoint.staging as staging
 
-    from disttrain.checkpoint import store
+    from disttrain.checkpoint import writing as ckpt_writing
 
-    cuda, cpu = store.staging_options(torch.device("cuda", 3)), store.staging_options(torch.device("cpu"))
+    cuda, cpu = (
+        ckpt_writing.staging_options(torch.device("cuda", 3)),
+        ckpt_writing.staging_options(torch.device("cpu")),
+    )
     assert (cuda.use_pinned_memory, cuda.use_non_blocking_copy, cuda.use_async_staging) == (True, True, True)
     assert (cpu.use_pinned_memory, cpu.use_non_blocking_copy, cpu.use_async_staging) == (False, False, True)
     assert not cuda.use_shared_memory and not cpu.use_shared_memory
@@ -126,9 +129,9 @@ def test_async_staging_is_pinned_and_non_blocking_on_cuda_only(monkeypatch: pyte
     monkeypatch.setattr(staging, "DefaultStager", lambda options: built.append(options))
     # both class attributes, restored together: a stager left as this fake's None beside a real
     # executor made a later async save in this process fail ('NoneType' has no attribute 'stage')
-    monkeypatch.setattr(store._Background, "executor", None)
-    monkeypatch.setattr(store._Background, "stager", None)
-    executor, _ = store._Background.start(torch.device("cuda", 3))
+    monkeypatch.setattr(ckpt_writing._Background, "executor", None)
+    monkeypatch.setattr(ckpt_writing._Background, "stager", None)
+    executor, _ = ckpt_writing._Background.start(torch.device("cuda", 3))
     executor.shutdown()
     assert built == [cuda]
 
@@ -138,24 +141,28 @@ def test_cuda_staging_before_torch_2_13_gets_a_fresh_stager_per_save(monkeypatch
     second async save on an H100 failed: KeyError <class 'type'>): there every save builds one."""
     import torch.distributed.checkpoint.staging as staging
 
-    from disttrain.checkpoint import store
+    from disttrain.checkpoint import writing as ckpt_writing
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert store.stager_reusable(cuda, "2.13.0+cu130") and store.stager_reusable(cuda, "2.14.0a0+git1")
-    assert not store.stager_reusable(cuda, "2.11.0+cu130") and store.stager_reusable(cpu, "2.11.0")
+    assert ckpt_writing.stager_reusable(cuda, "2.13.0+cu130") and ckpt_writing.stager_reusable(
+        cuda, "2.14.0a0+git1"
+    )
+    assert not ckpt_writing.stager_reusable(cuda, "2.11.0+cu130") and ckpt_writing.stager_reusable(
+        cpu, "2.11.0"
+    )
 
     built: list[object] = []
     monkeypatch.setattr(staging, "DefaultStager", lambda options: built.append(object()) or built[-1])
-    monkeypatch.setattr(store._Background, "executor", None)
-    monkeypatch.setattr(store._Background, "stager", None)
+    monkeypatch.setattr(ckpt_writing._Background, "executor", None)
+    monkeypatch.setattr(ckpt_writing._Background, "stager", None)
     for reusable, expected in ((True, 1), (False, 3)):
         built.clear()
-        monkeypatch.setattr(store._Background, "stager", None)
-        monkeypatch.setattr(store, "stager_reusable", lambda device, r=reusable: r)
-        stagers = [store._Background.start(cuda)[1] for _ in range(3)]
+        monkeypatch.setattr(ckpt_writing._Background, "stager", None)
+        monkeypatch.setattr(ckpt_writing, "stager_reusable", lambda device, r=reusable: r)
+        stagers = [ckpt_writing._Background.start(cuda)[1] for _ in range(3)]
         assert len(built) == expected and len({id(s) for s in stagers}) == expected
-    assert store._Background.executor is not None
-    store._Background.executor.shutdown()
+    assert ckpt_writing._Background.executor is not None
+    ckpt_writing._Background.executor.shutdown()
 
 
 def test_the_manager_stages_from_the_ranks_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

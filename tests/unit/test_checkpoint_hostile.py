@@ -23,10 +23,13 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from disttrain import checkpoint
-from disttrain.checkpoint import store
+from disttrain.checkpoint import fallback as ckpt_fallback
+from disttrain.checkpoint import files as ckpt_files
+from disttrain.checkpoint import layout as ckpt_layout
+from disttrain.checkpoint import reading as ckpt_reading
 from disttrain.checkpoint.manager import DiskFull, named_disk_full
 from disttrain.checkpoint.reading import CorruptCheckpoint
-from disttrain.engine.rng import rng_state
+from disttrain.rng import rng_state
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -40,7 +43,7 @@ def _save(ckpt_dir: Path, step: int) -> Path:
     checkpoint.save(
         ckpt_dir, step, {"model": msd, "optim": osd}, rng_state(), meta, rank=0, keep=3, verify="hash"
     )
-    return ckpt_dir / store.step_name(step)
+    return ckpt_dir / ckpt_layout.step_name(step)
 
 
 # --------------------------------------------------------------------------------------- D13
@@ -50,12 +53,12 @@ def test_a_manifest_naming_a_file_outside_its_folder_is_refused(tmp_path: Path) 
     path = _save(tmp_path / "ck", 10)
     outside = tmp_path / "ck" / "outside.bin"
     outside.write_bytes(b"x" * 64)
-    manifest = json.loads((path / store.MANIFEST).read_text())
-    manifest["files"]["../outside.bin"] = store.file_digest(outside, "xxh3_64")
-    (path / store.MANIFEST).write_text(json.dumps(manifest))
-    why = store.problem(path)
+    manifest = json.loads((path / ckpt_layout.MANIFEST).read_text())
+    manifest["files"]["../outside.bin"] = ckpt_reading.file_digest(outside, "xxh3_64")
+    (path / ckpt_layout.MANIFEST).write_text(json.dumps(manifest))
+    why = ckpt_fallback.problem(path)
     assert why is not None and "outside the checkpoint folder" in why
-    assert store.choose(tmp_path / "ck") is None
+    assert ckpt_fallback.choose(tmp_path / "ck") is None
 
 
 def test_a_planted_link_inside_a_checkpoint_is_not_read(tmp_path: Path) -> None:
@@ -64,7 +67,7 @@ def test_a_planted_link_inside_a_checkpoint_is_not_read(tmp_path: Path) -> None:
     (tmp_path / "elsewhere.pt").write_bytes(rng.read_bytes())
     rng.unlink()
     rng.symlink_to(tmp_path / "elsewhere.pt")
-    assert "is not a regular file" in (store.problem(path) or "")
+    assert "is not a regular file" in (ckpt_fallback.problem(path) or "")
 
 
 # --------------------------------------------------------------------------------------- D12
@@ -90,10 +93,10 @@ def test_a_deflate_bomb_is_refused_before_torch_load(tmp_path: Path) -> None:
     assert bomb.stat().st_size < n // 500  # ~1,000x amplification
     assert torch.load(bomb, weights_only=True).numel() == n  # torch.load inflates it in full
     with pytest.raises(CorruptCheckpoint, match="is compressed"):
-        store.load(bomb)
+        ckpt_files.load(bomb)
     ok = tmp_path / "ok.pt"
     torch.save({"a": torch.arange(5)}, ok)
-    assert torch.equal(store.load(ok)["a"], torch.arange(5))  # torch.save's own files still load
+    assert torch.equal(ckpt_files.load(ok)["a"], torch.arange(5))  # torch.save's own files still load
 
 
 # --------------------------------------------------------------------------------------- D17
@@ -122,7 +125,7 @@ def test_files_written_atomically_keep_the_users_umask(tmp_path: Path, umask_022
     from disttrain.safefile import write_atomic
 
     write_atomic(tmp_path / "config.yaml", b"a: 1\n")
-    store.save_atomic({"x": torch.ones(1)}, tmp_path / "final.pt")
+    ckpt_files.save_atomic({"x": torch.ones(1)}, tmp_path / "final.pt")
     assert (tmp_path / "config.yaml").stat().st_mode & 0o777 == 0o644  # before: 0600
     assert (tmp_path / "final.pt").stat().st_mode & 0o777 == 0o644
     os.umask(0o077)

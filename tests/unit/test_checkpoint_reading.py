@@ -18,8 +18,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from disttrain import checkpoint
-from disttrain.checkpoint import store
-from disttrain.engine.rng import rng_state
+from disttrain.checkpoint import files as ckpt_files
+from disttrain.rng import rng_state
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -198,4 +198,4 @@ def test_the_manifest_checksum_is_xxh3_64_of_the_file(tmp_path: Path) -> None:
     for name, entry in files.items():
         data = (path / name).read_bytes()
         assert entry == {"size": len(data), "xxh3_64": xxhash.xxh3_64(data).hexdigest()}, name
-    assert store._file_digest(path / "meta.json", True) == files["meta.json"]
+    assert ckpt_files._file_digest(path / "meta.json", True) == files["meta.json"]

@@ -11,7 +11,7 @@ import pytest
 
 from disttrain import __version__
 from disttrain.cli import main
-from disttrain.completion import candidates
+from disttrain.commands.completion import candidates
 
 
 def _bash_complete(words: list[str], tmp_path: Path) -> list[str]:

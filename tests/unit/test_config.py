@@ -13,7 +13,7 @@ from unit_support import BAD_RUNTIME, BAD_STATIC, Bad, checked, split_flags
 from disttrain.config import ConfigError, compose, config_dir, expand_sweep, resolve
 from disttrain.config.errors import one_of
 from disttrain.config.keyhelp import key_rows
-from disttrain.config.validate import check_static
+from disttrain.preflight.checks import check_static
 
 # What the foundation issue promises in each group; new options may be added, none removed.
 PROMISED = {

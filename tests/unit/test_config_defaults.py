@@ -29,11 +29,11 @@ ALLOWED = {
     # An error message names the nested node's `_target_`, else its parent spec's.
     ("config/instantiate.py", "_target_"),
     # A message names the data set: its `name`, else its `_target_`, else "?".
-    ("config/validate.py", "name"),
+    ("preflight/checks.py", "name"),
     # `time` of a checkpoint's meta JSON (data read from disk), not launcher.time.
     ("launch/errors.py", "time"),
     # Shows what a user's data set gave when its node has no `targets` key: not a default.
-    ("tasks/dry_step.py", "targets"),
+    ("preflight/dry_step.py", "targets"),
     # torch.optim.SGD's own default for a swapped `optim._target_` (a clean node), not SGDConfig's 0.9.
     ("tools/planner.py", "momentum"),
 }

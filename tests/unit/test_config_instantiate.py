@@ -18,12 +18,13 @@ import torch
 from unit_support import checked, write_module
 
 from disttrain.config import ConfigError, compose, config_dir, resolve
+from disttrain.config.gpus import choose_backend
 from disttrain.config.instantiate import build, locate
-from disttrain.config.validate import check_runtime, check_static
 from disttrain.data import build_datasets
-from disttrain.dist import DistEnv, choose_backend
+from disttrain.dist import DistEnv
 from disttrain.engine.optim import build_optimizer, build_scheduler, effective_lr, lr_lambda
 from disttrain.models import build_model
+from disttrain.preflight.checks import check_runtime, check_static
 from disttrain.strategies import build_strategy, specs
 
 DIGITS = 1797  # images in the bundled data set

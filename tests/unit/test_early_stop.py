@@ -134,7 +134,7 @@ def watched() -> dict[str, Any]:
     ],
 )
 def test_settings_are_checked_before_launch(watched: dict[str, Any], key: str, value: Any) -> None:
-    from disttrain.config.validate import check_static
+    from disttrain.preflight.checks import check_static
 
     cfg = copy.deepcopy(watched)
     parent, _, leaf = key.rpartition(".")

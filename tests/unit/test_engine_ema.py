@@ -108,7 +108,7 @@ def test_ema_under_fsdp_equals_averaged_model_and_resumes_bitwise(
     assert [r["step"] for r in records] == [10, 20] and all("val/acc" in r for r in records)
 
     # `disttrain eval --ema` of the run (its rank code, in this process) gives the same val_ema/loss.
-    from disttrain.engine.evaluate import evaluate
+    from disttrain.eval_worker import evaluate
 
     cfg = checked([*ONE, *SMALL, "strategy=fsdp", *ema])
     env = DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu"))

@@ -14,7 +14,7 @@ import torch
 import yaml
 from unit_support import checked, disttrain_in_process
 
-from disttrain.engine.evaluate import predict, write_predictions
+from disttrain.eval_worker import predict, write_predictions
 from disttrain.rundir import RunDir
 
 
@@ -159,7 +159,7 @@ def test_a_task_predict_hook_and_dict_outputs(tmp_path: Path) -> None:
 
 def test_a_batch_level_loss_beside_per_sample_outputs_is_dropped() -> None:
     """`model_loss` models return (logits, loss): predict keeps the logits, one row per sample."""
-    from disttrain.engine.evaluate import _per_sample
+    from disttrain.eval_worker import _per_sample
 
     logits, loss = torch.randn(4, 3), torch.tensor(0.5)
     assert torch.equal(_per_sample((logits, loss), 4), logits)

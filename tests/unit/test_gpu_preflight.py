@@ -17,9 +17,10 @@ from unit_support import checked
 
 from disttrain.config import compose, resolve
 from disttrain.config.errors import ConfigError
-from disttrain.config.gpus import check_bf16, check_nccl_ranks
-from disttrain.config.validate import check_runtime
-from disttrain.dist import DistEnv, choose_backend
+from disttrain.config.gpus import choose_backend
+from disttrain.dist import DistEnv
+from disttrain.preflight.checks import check_runtime
+from disttrain.preflight.gpus import check_bf16, check_nccl_ranks
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -150,7 +151,7 @@ def test_ranks_bound_one_gpu_per_task_pass_the_rank_count_check(
 
 # ------------------------------------------------------------------ #9 the rank's own CUDA RNG
 def test_rng_saves_only_the_ranks_own_device(gpus: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from disttrain.engine import rng
+    from disttrain import rng
 
     gpus(8)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
@@ -177,7 +178,7 @@ def test_rng_saves_only_the_ranks_own_device(gpus: Any, monkeypatch: pytest.Monk
 def test_resume_restores_the_ranks_own_cuda_rng_with_fewer_visible_gpus(
     gpus: Any, monkeypatch: pytest.MonkeyPatch, saved: Any, device: int, restored: list[int]
 ) -> None:
-    from disttrain.engine import rng
+    from disttrain import rng
 
     gpus(4)
     calls: list[tuple[int, torch.device]] = []
@@ -244,7 +245,7 @@ def test_mfu_divides_by_the_gpus_a_rank_drives_and_fp32_uses_the_tf32_peak(gpus:
 def test_tf32_matmuls_on_cuda_by_default_with_a_switch(
     monkeypatch: pytest.MonkeyPatch, tf32: bool, device: str, calls: list[str]
 ) -> None:
-    from disttrain.engine.amp import Precision
+    from disttrain.strategies.precision import Precision
 
     seen: list[str] = []
     monkeypatch.setattr(torch, "set_float32_matmul_precision", seen.append)

@@ -1,4 +1,4 @@
-"""launch/forkserver.py's /proc reader: what `rank_pids`, `launcher_alive` and the integration
+"""procs.py, the /proc reader: what `rank_pids`, `launcher_alive` and the integration
 harness (its process-group sweep) see of a process, on real child processes."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from disttrain.launch.forkserver import live_processes, proc_stat, rank_pids
+from disttrain.procs import live_processes, proc_stat, rank_pids
 
 pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux /proc"),

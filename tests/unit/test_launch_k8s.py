@@ -169,7 +169,7 @@ def test_bad_k8s_settings_name_the_key(overrides: tuple[str, ...], key: str) -> 
 
 
 def test_mount_paths_are_compared_normalised() -> None:
-    from disttrain.config.k8s_checks import CONFIG_MOUNT, mount_path
+    from disttrain.launch.k8s_checks import CONFIG_MOUNT, mount_path
 
     assert CONFIG_MOUNT == k8s.CONFIG_MOUNT
     assert [mount_path(p) for p in ("/data/", "/data/./x", "//data", "/", "/a/../b", "data")] == [
@@ -263,7 +263,7 @@ def test_a_pod_with_another_node_count_fails(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_kubectl_is_needed_to_submit_but_not_inside_a_pod(monkeypatch: pytest.MonkeyPatch) -> None:
     """The frozen config says dry_run=false; a pod has no kubectl and must train, not submit."""
-    from disttrain.config import k8s_checks
+    from disttrain.launch import k8s_checks
 
     cfg = checked([*K8S, "launcher.kubectl=/no/such/kubectl"])
     for k in TRAINJOB_POD:

@@ -162,7 +162,7 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
 
 def test_several_nodes_on_loopback_are_a_rehearsal_with_a_warning() -> None:
     """master_addr=127.0.0.1 with nodes=2 is allowed (torchrun allows it): a one-host rehearsal."""
-    from disttrain.config.launch_checks import rehearsal_warning
+    from disttrain.preflight.launch_checks import rehearsal_warning
 
     cfg = checked(["nodes=2"])  # the default master_addr is 127.0.0.1: no error any more
     warning = rehearsal_warning(cfg)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from disttrain import checkpoint
-from disttrain.checkpoint import store
+from disttrain.checkpoint import files as ckpt_files
 from disttrain.observe.log import setup_logging, teardown_logging
 from disttrain.rundir import write_json
 from disttrain.safefile import open_append, write_atomic
@@ -58,7 +58,7 @@ def test_write_synced_refuses_a_symlink(tmp_path: Path) -> None:
     victim = _victim(tmp_path)
     (tmp_path / "meta.json").symlink_to(victim)
     with pytest.raises(OSError):
-        store._write_synced(tmp_path / "meta.json", b"{}")
+        ckpt_files._write_synced(tmp_path / "meta.json", b"{}")
     assert victim.read_text() == "precious\n"
 
 
@@ -107,7 +107,7 @@ def test_safetensors_export_never_writes_through_the_old_temp_name(tmp_path: Pat
     from torch import nn
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from disttrain.engine.rng import rng_state
+    from disttrain.rng import rng_state
 
     victim = _victim(tmp_path)
     model = nn.Linear(4, 2)

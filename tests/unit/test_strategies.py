@@ -24,8 +24,8 @@ from unit_support import checked, disttrain, run_env
 
 import disttrain as package
 from disttrain.config import ConfigError, compose, resolve
-from disttrain.config.validate import check_static
 from disttrain.dist import DistEnv
+from disttrain.preflight.checks import check_static
 from disttrain.strategies import build_strategy, specs
 from disttrain.strategies.specs import StrategySpec
 
@@ -206,7 +206,7 @@ def test_amp_support_comes_from_the_specs() -> None:
 
 
 def test_fsdp_dtype_names_are_the_precision_dtypes() -> None:
-    from disttrain.engine.amp import DTYPES
+    from disttrain.strategies.precision import DTYPES
     from disttrain.strategies.specs.sharded import DTYPE_NAMES
 
     assert set(DTYPE_NAMES) == set(DTYPES)

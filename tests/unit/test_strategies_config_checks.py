@@ -13,7 +13,7 @@ from unit_support import disttrain_in_process, write_module
 
 from disttrain.config import compose, resolve
 from disttrain.config.errors import ConfigError
-from disttrain.config.validate import check_static
+from disttrain.preflight.checks import check_static
 
 FAST = ("trainer.progress=false", "threads_per_rank=1")
 

@@ -326,7 +326,7 @@ def test_dry_step_on_the_meta_device_names_the_same_key(
     case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Models above CPU_FIRST_MAX_PARAMS take the dry step on the meta device: the same paragraph."""
-    from disttrain.tasks import dry_step
+    from disttrain.preflight import dry_step
 
     _user_code(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))

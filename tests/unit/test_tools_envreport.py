@@ -8,7 +8,7 @@ from pathlib import Path
 
 from unit_support import disttrain_in_process
 
-from disttrain.observe.traps import check_traps, ifname_matches
+from disttrain.traps import check_traps, ifname_matches
 
 NAMES = ["lo", "eth0", "eth1", "ib0"]
 BASE = {"cpu_count": 8, "cpu_affinity": 8, "interfaces": [{"name": n} for n in NAMES], "shm_bytes": 8 << 30}

@@ -22,7 +22,7 @@ from shared_support import SCRUB
 from shared_support import disttrain_in_process as disttrain_in_process  # the unit tests import it here
 
 from disttrain.config import compose, resolve
-from disttrain.config.validate import check_runtime, check_static
+from disttrain.preflight.checks import check_runtime, check_static
 
 # The console script installed next to this interpreter: the entry point users run.
 CLI = (

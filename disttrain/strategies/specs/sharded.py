@@ -27,7 +27,7 @@ from disttrain.strategies.specs.core import (
 )
 from disttrain.strategies.specs.data_parallel import warn_single_rank
 
-DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the keys of disttrain.engine.amp.DTYPES
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the keys of disttrain.strategies.precision.DTYPES
 
 
 @dataclass

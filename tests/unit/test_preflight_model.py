@@ -1,4 +1,4 @@
-"""disttrain.models.checked: the parent's pre-launch checks take the user's model factory as written
+"""disttrain.preflight.model: the parent's pre-launch checks take the user's model factory as written
 (issue 23): a `from_pretrained` target is checked through its config on the meta device, a factory
 that loads its own weights file is never built for real in the parent, and any other exception from
 a factory is one paragraph."""
@@ -16,7 +16,7 @@ import torch
 from unit_support import checked, write_module
 
 from disttrain.config.errors import ConfigError
-from disttrain.models.checked import model_for_checks
+from disttrain.preflight.model import model_for_checks
 
 HF = "transformers.AutoModelForCausalLM.from_pretrained"
 LM = ("data=text", "data.block_size=32", "task=model_loss", "task.call={input_ids: x, labels: x}")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from unit_support import checked, disttrain_in_process
 
-from disttrain.config import launch_checks
 from disttrain.config.errors import ConfigError
+from disttrain.preflight import launch_checks
 
 
 @pytest.fixture

@@ -13,14 +13,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from disttrain import traps
 from disttrain.checkpoint.manager import Checkpointer, ModelState
 from disttrain.config.schema import CheckpointConfig
 from disttrain.dist import DistEnv, init_process_group
 from disttrain.engine.state import TrainState
-from disttrain.observe import traps
-from disttrain.observe.traps import gloo_across_nodes
 from disttrain.strategies.base import Strategy
 from disttrain.strategies.specs.data_parallel import SingleStrategyConfig
+from disttrain.traps import gloo_across_nodes
 
 NICS = ["lo", "docker0", "eth0", "ib0", "ib1"]
 

@@ -39,7 +39,7 @@ from disttrain.tasks import batch as batches
 
 log = get_logger()
 
-ENTRY = "disttrain.engine.evaluate"
+ENTRY = "disttrain.eval_worker"
 
 
 def run(run_dir: str | Path) -> dict[str, Any] | None:
@@ -223,7 +223,7 @@ def write_predictions(rows: list[tuple[int, Any]], out: Path) -> None:
     """`.pt`: one tensor stacked over the samples (or a dict of them), torch.load(weights_only=True)
     reads it; `.npy`: the stacked tensor as a NumPy array; otherwise JSON lines, one per sample:
     {"index": i, "output": [...]} (a dict output: its keys beside "index")."""
-    from disttrain.checkpoint.store import save_atomic
+    from disttrain.checkpoint.files import save_atomic
     from disttrain.safefile import write_atomic
 
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from disttrain.config import launch_checks
 from disttrain.config.errors import ConfigError, _show, one_of
 from disttrain.config.schema import NO_DECAY, CosineSchedConfig, OptimConfig
 from disttrain.config.typed import own_key
 from disttrain.launch.registry import launcher_names, launcher_specs
 from disttrain.observe.sinks import check_sinks
+from disttrain.preflight import launch_checks
 from disttrain.strategies import specs
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -438,12 +438,12 @@ def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     mark("runtime_checks_start")
     import torch
 
-    from disttrain.config.gpus import check_bf16, check_nccl_ranks
     from disttrain.data import build_datasets
     from disttrain.data.streams import is_stream
-    from disttrain.models.checked import model_for_checks
+    from disttrain.preflight.dry_step import dry_step
+    from disttrain.preflight.gpus import check_bf16, check_nccl_ranks
+    from disttrain.preflight.model import model_for_checks
     from disttrain.tasks import build_task
-    from disttrain.tasks.dry_step import dry_step
 
     mark("runtime_imports")
     launch_checks.check_runtime(cfg)
@@ -465,7 +465,7 @@ def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
             f"{cfg['trainer']['batch_size']} x grad_accum {cfg['trainer']['grad_accum']} = {per_step} samples; "
             "lower trainer.batch_size or use fewer ranks.",
         )
-    model = model_for_checks(cfg["model"])  # never loads weights: see disttrain.models.checked
+    model = model_for_checks(cfg["model"])  # never loads weights: see disttrain.preflight.model
     if model.meta is not None:
         with torch.device("meta"):
             check_optim_runtime(cfg, model.meta, 1 if streams else len(train) // per_step)

@@ -87,7 +87,7 @@ def _hydra_candidates(words: list[str], current: str) -> list[str]:
 
 def candidates(line: str) -> list[str]:
     """Completions of the last word of `line` (the command line up to the cursor)."""
-    from disttrain.cli import COMMANDS
+    from disttrain.commands import COMMANDS
 
     words = line.split()
     current = "" if not words or line.endswith((" ", "\t")) else words.pop()

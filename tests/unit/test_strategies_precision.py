@@ -1,4 +1,4 @@
-"""disttrain.engine.amp and guards: autocast on CPU, fp16 loss scaling skips overflow steps."""
+"""disttrain.strategies.precision and guards: autocast on CPU, fp16 loss scaling skips overflow steps."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from disttrain.engine.amp import Precision
+from disttrain.strategies.precision import Precision
 
 CPU = torch.device("cpu")
 

@@ -1,0 +1,79 @@
+"""The parent's GPU checks before launch: no more nccl ranks than GPUs on the node, and no bf16
+on GPUs without bf16 tensor cores unless asked for. `nproc_per_node=auto` became a number at
+compose time (`disttrain.config.gpus`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from disttrain.config.errors import ConfigError
+from disttrain.config.gpus import choose_backend
+
+
+def check_nccl_ranks(cfg: dict[str, Any]) -> int:
+    """Refuse more local ranks than GPUs whenever the ranks would use nccl (`backend=auto` included:
+    it becomes nccl in the ranks on a CUDA machine). Returns the node's visible GPUs (0 on CPU)."""
+    import torch
+
+    name, nproc = str(cfg["backend"]["name"]), int(cfg["nproc_per_node"])
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if choose_backend(name) != "nccl":
+        return gpus
+    if gpus == 0:
+        raise ConfigError(
+            "backend",
+            name,
+            f"auto or gloo on this machine (torch.cuda.is_available() is False, torch {torch.__version__})",
+            "nccl needs CUDA GPUs; use backend=gloo or backend=auto.",
+        )
+    if nproc > gpus and not _bound_per_task(nproc, gpus):
+        via = "" if name == "nccl" else f" (backend={name} becomes nccl on this CUDA machine)"
+        raise ConfigError(
+            "nproc_per_node",
+            nproc,
+            f"<= {gpus} (the GPUs visible on this node) with nccl{via}",
+            f"set nproc_per_node={gpus} or nproc_per_node=auto (one rank per GPU), "
+            f"or backend=gloo to run {nproc} CPU ranks.",
+        )
+    return gpus
+
+
+def _bound_per_task(nproc: int, gpus: int) -> bool:
+    """Inside ranks an outside launcher started (srun --gpus-per-task=1): each sees only its own
+    GPU(s), fewer than the local ranks; DistEnv.from_env (dist.cuda_index) already chose its device."""
+    from disttrain.launch import launched_externally
+
+    return launched_externally() and nproc % gpus == 0
+
+
+def check_bf16(cfg: dict[str, Any], gpus: int) -> None:
+    """amp=bf16 on GPUs without bf16 tensor cores (compute capability < 8.0: V100, T4) passes
+    torch.cuda.is_bf16_supported() (emulation) but runs several times slower than fp16: refused
+    before launch, unless `amp.bf16_emulation=true` (then a warning)."""
+    import torch
+
+    amp = cfg["amp"]
+    if amp["name"] != "bf16" or gpus == 0 or choose_backend(str(cfg["backend"]["name"])) != "nccl":
+        return
+    major, minor = torch.cuda.get_device_capability(0)
+    if (major, minor) >= (8, 0):
+        return
+    name = torch.cuda.get_device_name(0)
+    if amp.get("bf16_emulation"):
+        import logging
+
+        logging.getLogger("disttrain").warning(
+            "amp=bf16 on %s (compute capability %d.%d < 8.0) runs emulated, several times slower than "
+            "amp=fp16 (amp.bf16_emulation=true)",
+            name,
+            major,
+            minor,
+        )
+        return
+    raise ConfigError(
+        "amp",
+        "bf16",
+        f"off or fp16 on {name} (compute capability {major}.{minor}; bf16 tensor cores need 8.0, Ampere)",
+        "use amp=fp16 (native on this GPU, with loss scaling; where the strategy allows it) or amp=off, or "
+        "amp.bf16_emulation=true to run bf16 emulated (slowly) anyway.",
+    )

@@ -1,0 +1,147 @@
+"""Processes as Linux /proc shows them: the name and title a rank gives itself, whether its
+launcher lives, the ranks below a launcher. Read by the ranks (rundir's orphan record, the stop
+flag's check for a dead peer), the launcher and the tests; no disttrain imports, so any layer may.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+
+def launcher_alive(launcher: int) -> bool:
+    """Whether the launcher lives: it is this rank's parent, or (a rank forked from the launcher's
+    fork server, launch/forkserver.py) a live, non-zombie process."""
+    if os.getppid() == launcher:
+        return True
+    if not os.environ.get("DISTTRAIN_RANK_PARENT"):
+        return False
+    return proc_stat(launcher) is not None
+
+
+# ------------------------------------------------------------------------------ finding the ranks
+class ProcStat(NamedTuple):
+    """The fields of /proc/PID/stat that the launcher and the tests read."""
+
+    pid: int
+    comm: str  # the process name (15 bytes at most; may hold spaces and parentheses)
+    state: str  # R, S, D, T, Z (zombie), X (dead), ...
+    ppid: int
+    pgrp: int  # the process group
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """Process `pid` as Linux /proc/PID/stat shows it; None once it has gone or is a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+        # The name sits in parentheses and may itself hold ") ": the fields follow the last ')'.
+        head, tail = stat.rsplit(")", 1)
+        state, ppid, pgrp = tail.split()[:3]
+        proc = ProcStat(int(pid), head.split("(", 1)[1], state, int(ppid), int(pgrp))
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if proc.state in ("Z", "X") else proc
+
+
+def live_processes() -> list[ProcStat]:
+    """Every process on this machine that is neither a zombie nor dead (Linux /proc)."""
+    pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    return [proc for proc in map(proc_stat, pids) if proc is not None]
+
+
+RANK_NAME = "disttrain r{rank}"  # the process name (Linux comm, 15 bytes) a rank gives itself
+RANK_TITLE = "disttrain rank {rank}/{world} {run_dir}"  # its command line (ps aux, top -c, htop, py-spy)
+
+
+def name_process(rank: int, world: int | None = None, run_dir: str | None = None) -> None:
+    """Name this rank's process `disttrain rN` (what `ps -o comm`, top and the kernel show) and, given
+    `world` and `run_dir`, title its command line `disttrain rank R/W RUN_DIR` (`set_title`): a
+    forked rank's command line would otherwise be the fork server's (`python -c from
+    multiprocessing.forkserver import main ...`), the same for every rank of every run."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    if world is not None and run_dir is not None:
+        set_title(RANK_TITLE.format(rank=rank, world=world, run_dir=run_dir))
+    try:
+        name = RANK_NAME.format(rank=rank).encode()[:15]
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        return
+
+
+def set_title(title: str) -> bool:
+    """Write `title` over this process's command line, as setproctitle(3), nginx and PostgreSQL do.
+
+    Linux shows a process's command line (/proc/PID/cmdline) straight from the memory the kernel put
+    its argv strings in at exec, between the `arg_start` and `arg_end` addresses of /proc/self/stat.
+    Python keeps its own copies (sys.argv, sys.orig_argv), so that memory is free to overwrite: the
+    title, truncated to fit (never past `arg_end`, never into the environment behind it), then NULs
+    to the end, so the last byte stays the NUL that tells the kernel the area holds no more. A
+    forked rank's area is its own copy of the fork server's (copy-on-write): the server's stays.
+    False (nothing written) where the addresses cannot be read. Linux only."""
+    import ctypes
+
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        # proc(5): arg_start and arg_end are fields 48 and 49; the text after ')' starts at field 3.
+        start, end = int(fields[48 - 3]), int(fields[49 - 3])
+    except (OSError, ValueError, IndexError):
+        return False
+    size = end - start
+    if start <= 0 or size < 2:
+        return False
+    text = title.encode(errors="replace").replace(b"\0", b" ")[: size - 1]
+    ctypes.memmove(start, text + b"\0" * (size - len(text)), size)
+    return True
+
+
+def read_title(pid: int) -> str | None:
+    """Process `pid`'s command line with its arguments joined by spaces (None once it has gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return b" ".join(arg for arg in raw.split(b"\0") if arg).decode(errors="replace")
+
+
+def live_ranks(run_dir: str | os.PathLike[str]) -> list[dict[str, int]]:
+    """[{rank, world, pid}] of this machine's live rank processes of the run in `run_dir`, by their
+    command-line titles (`name_process`), by rank. Linux /proc; nothing elsewhere."""
+    from pathlib import Path
+
+    want = Path(run_dir).resolve()
+    prefix = RANK_TITLE.split("{", 1)[0]
+    found = []
+    for proc in live_processes():
+        title = read_title(proc.pid)
+        if not title or not title.startswith(prefix):
+            continue
+        rank_world, _, path = title[len(prefix) :].partition(" ")
+        rank, _, world = rank_world.partition("/")
+        if rank.isdigit() and world.isdigit() and path and Path(path).resolve() == want:
+            found.append({"rank": int(rank), "world": int(world), "pid": proc.pid})
+    return sorted(found, key=lambda r: (r["rank"], r["pid"]))
+
+
+def rank_pids(launcher: int) -> dict[int, int]:
+    """{rank: pid} of the live ranks below process `launcher` (Linux /proc; by their process name)."""
+    live = live_processes()
+    parents = {p.pid: p.ppid for p in live}
+    names = {p.pid: p.comm for p in live}
+    found = {}
+    prefix = RANK_NAME.format(rank="")
+    for pid, comm in names.items():
+        if not comm.startswith(prefix) or not comm[len(prefix) :].isdigit():
+            continue
+        up, seen = parents.get(pid), 0
+        while up and up != launcher and seen < 64:
+            up, seen = parents.get(up), seen + 1
+        if up == launcher:
+            found[int(comm[len(prefix) :])] = pid
+    return found
