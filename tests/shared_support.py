@@ -114,7 +114,7 @@ def _kill_ranks(wait: float) -> dict[int, int]:
     """SIGKILL the ranks below this process still alive after `wait` seconds; {rank: pid} of those."""
     import time
 
-    from disttrain.launch.forkserver import rank_pids
+    from disttrain.procs import rank_pids
 
     deadline = time.monotonic() + wait
     while (left := rank_pids(os.getpid())) and time.monotonic() < deadline:
