@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from disttrain.config.errors import ConfigError
-from disttrain.config.schema import SlurmLauncherConfig
 from disttrain.launch.base import Launcher
 from disttrain.launch.multinode import node_bounds
 from disttrain.launch.registry import launcher_config
+from disttrain.launch.specs.slurm import SlurmLauncherConfig
 from disttrain.safefile import write_text_atomic
 
 SCRIPT = "slurm/job.sbatch"
