@@ -39,7 +39,7 @@ def node_overrides(overrides: list[str], environ: Environ) -> list[str] | None:
         return None
     from disttrain.launch.slurm import allocation_overrides
 
-    return allocation_overrides(overrides)
+    return allocation_overrides(overrides, environ)
 
 
 def check_node(cfg: dict[str, Any]) -> None:
