@@ -8,7 +8,9 @@ config.yaml -> launcher -> one worker per rank -> summary.
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,26 +41,35 @@ def _shell_completion(request: str) -> int:
     return cmd_completion([shell if shell in SCRIPTS else ""])
 
 
-def cmd_train(rest: list[str]) -> int:
-    from disttrain.launch import launched_externally
-    from disttrain.launch.kubeflow_env import kubeflow_node_env, node_overrides
-    from disttrain.launch.slurm import allocation_overrides
+def environment_overrides(overrides: list[str], environ: Mapping[str, str]) -> list[str] | None:
+    """Where a scheduler or agent started this process (the launcher whose `detect` holds:
+    `disttrain.launch.specs.detected`): `overrides` plus the node settings it gives a node's
+    launcher (an srun step: node_rank, master_addr; a Kubeflow pod: nodes, node_rank, ...); None
+    when this process is a rank someone else started (RANK and WORLD_SIZE, and no node's launcher).
+    """
+    from disttrain.launch.specs import detected
 
+    spec = detected(environ)
+    node = spec.node_settings(overrides, environ) if spec else None
+    if node is None and "RANK" in environ and "WORLD_SIZE" in environ:
+        return None
+    return overrides if node is None else node
+
+
+def cmd_train(rest: list[str]) -> int:
     args = _hydra_args(rest)
     if not sys.stderr.isatty():
         # No colour codes in a file or pipe: the libraries a sweep brings (optuna's colorlog handler)
         # honour NO_COLOR (no-color.org), as rich does; a terminal keeps its colours.
-        import os
-
         os.environ.setdefault("NO_COLOR", "1")
     if args.shell_completion:
         return _shell_completion(" ".join(args.overrides))
-    # A Kubeflow pod running `disttrain train` is a node launcher (PyTorchJob's RANK is its node rank).
-    if launched_externally() and kubeflow_node_env() is None:
+    # A rank torchrun (or srun, or a pod) started trains as one; a node's launcher inside an srun step
+    # or a Kubeflow pod (PyTorchJob's RANK is its node's) takes node_rank, master_addr, ... from there.
+    node = environment_overrides(args.overrides, os.environ)
+    if node is None:
         return _train_as_launched_rank(args)
-    # inside a Kubeflow pod or an srun step: node_rank, master_addr (and port) from their variables
-    slurm = allocation_overrides(node_overrides(args.overrides))
-    rest, args.overrides = [*rest, *slurm[len(args.overrides) :]], slurm
+    rest, args.overrides = [*rest, *node[len(args.overrides) :]], node
     command = rest
     if not (args.help or args.hydra_help or args.info or args.shell_completion):
         if not args.cfg:
@@ -188,10 +199,12 @@ def _multinode_run_dir(cfg: dict[str, Any], overrides: list[str]) -> list[str]:
     """Several nodes (by hand): a run dir name every node derives alike, unless hydra.run.dir is set."""
     from disttrain.launch.multinode import run_dir_name
     from disttrain.launch.registry import launcher_for
-    from disttrain.launch.slurm import check_allocation
+    from disttrain.launch.specs import detected
     from disttrain.preflight.launch_checks import rehearsal_warning
 
-    check_allocation(cfg)  # inside srun: SLURM_NNODES / SLURM_NTASKS against nodes
+    spec = detected(os.environ)
+    if spec is not None:
+        spec.check_node_env(cfg)  # inside an srun step: SLURM_NNODES / SLURM_NTASKS against nodes
     if cfg["nodes"] == 1 or launcher_for(cfg).scheduler:  # the scheduler names the nodes' run dirs
         return []
     warning = rehearsal_warning(cfg)

@@ -4,8 +4,10 @@ YAML files under the top-level ``configs/`` (``disttrain/configs/`` in the wheel
 (``defaults: [base_ddp]``), so an unknown key or a wrong type fails at compose time.  ``model`` and
 ``data`` are typed ``Any`` at the top level: they are the plug-in points for the user's own
 ``_target_``; the built-in options still carry a schema.
-The strategies' dataclasses live with their specs (``disttrain/strategies/specs/``): ``register()``
-stores one ``base_<name>`` node per registered spec.
+The plug-ins' dataclasses live with their specs, beside their code (``disttrain/strategies/specs/``,
+``disttrain/launch/specs/``, ``disttrain/tasks/specs.py``, ``disttrain/models/specs.py``,
+``disttrain/data/specs.py``): ``register()`` stores one ``base_<name>`` node per registered spec.
+This module keeps the bases they extend (``LauncherConfig``, ``TaskConfig``, ``DataConfig``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from omegaconf import II, MISSING, DictConfig
 
 from disttrain.config.common import help_field as _h
 from disttrain.config.names import NO_DECAY as NO_DECAY  # optim.param_groups (the engine imports names)
-from disttrain.strategies.specs import StrategyConfig, config_classes
+from disttrain.config.registry import Registry, config_nodes
+from disttrain.strategies.specs import STRATEGIES, StrategyConfig
 
 
 # ----------------------------------------------------------------------------------------- backend
@@ -28,43 +31,7 @@ class BackendConfig:
     timeout: float = _h("seconds a collective may wait before the rank fails instead of hanging", 300.0)
 
 
-# --------------------------------------------------------------------------------------- model/data
-@dataclass
-class MLPConfig:
-    _target_: str = "disttrain.models.mlp.MLP"
-    in_features: int = _h("input width (from the data set)", II("data.num_features"))
-    num_classes: int = _h("output width (from the data set)", II("data.num_classes"))
-    hidden: list[int] = _h("hidden layer widths", factory=lambda: [128, 128])
-    dropout: float = _h("dropout probability after each hidden layer", 0.0)
-    activation: str = _h("relu, gelu or tanh", "relu")
-
-
-@dataclass
-class CNNConfig:
-    _target_: str = "disttrain.models.cnn.CNN"
-    in_features: int = _h(
-        "pixels of one square single-channel image (from the data set)", II("data.num_features")
-    )
-    num_classes: int = _h("output width (from the data set)", II("data.num_classes"))
-    channels: list[int] = _h(
-        "channels of each 3x3 conv block (each pools 2x while the side is even)", factory=lambda: [16, 32]
-    )
-    hidden: int = _h("width of the classifier's hidden Linear", 64)
-
-
-@dataclass
-class GPTConfig:
-    _target_: str = "disttrain.models.gpt.GPT"
-    vocab_size: int = _h("tokens (from the data set: 256 for bytes)", II("data.num_classes"))
-    block_size: int = _h("context length (from the data set)", II("data.num_features"))
-    dim: int = _h("embedding width", 64)
-    n_layers: int = _h("transformer blocks", 2)
-    n_heads: int = _h("attention heads (divide dim; a multiple of the tp degree)", 4)
-    mlp_ratio: int = _h("MLP hidden width = mlp_ratio x dim", 4)
-    dropout: float = _h("dropout on embeddings, attention and residual branches", 0.0)
-    tie_weights: bool = _h("the head shares the token embedding (false for strategy=pipeline)", True)
-
-
+# ------------------------------------------------------------------------------------------- data
 @dataclass
 class DataConfig:
     name: str = _h("data set name (for logs)", MISSING)
@@ -96,273 +63,10 @@ class DataConfig:
     )
 
 
-def _digits(split: str) -> Any:
-    """load_digits' node for one split: both splits cut the same shuffle at the same fraction."""
-    return field(
-        default_factory=lambda: {
-            "_target_": "disttrain.data.digits.load_digits",
-            "split": split,
-            "val_fraction": 0.2,
-            "seed": 0,
-        }
-    )
-
-
-@dataclass
-class DigitsDataConfig(DataConfig):
-    name: str = "digits"
-    num_features: int = 64
-    num_classes: int = 10
-    train: Any = _digits("train")
-    val: Any = _digits("val")
-
-
-def _synthetic(split: str, size: str) -> Any:
-    """make_synthetic's node for one split, wired to the data keys: the splits differ in size only."""
-    return field(
-        default_factory=lambda: {
-            "_target_": "disttrain.data.synthetic.make_synthetic",
-            "num_samples": II(f"data.{size}"),
-            "num_features": II("data.num_features"),
-            "num_classes": II("data.num_classes"),
-            "noise": II("data.noise"),
-            "seed": II("data.seed"),
-            "targets": II("data.targets"),
-            "split": split,
-        }
-    )
-
-
-@dataclass
-class SyntheticDataConfig(DataConfig):
-    name: str = "synthetic"
-    num_features: int = 32
-    num_classes: int = 4
-    num_samples: int = _h("training samples", 2048)
-    num_val_samples: int = _h("validation samples", 512)
-    noise: float = _h("std of the noise added around each class centre", 1.0)
-    seed: int = _h("seed of the generated data (independent of the run seed)", 1234)
-    train: Any = _synthetic("train", size="num_samples")
-    val: Any = _synthetic("val", size="num_val_samples")
-
-
-def _text(split: str) -> Any:
-    """load_text's node for one split, wired to the data keys."""
-    return field(
-        default_factory=lambda: {
-            "_target_": "disttrain.data.text.load_text",
-            "path": II("data.path"),
-            "block_size": II("data.block_size"),
-            "val_fraction": II("data.val_fraction"),
-            "split": split,
-        }
-    )
-
-
-@dataclass
-class TextDataConfig(DataConfig):
-    name: str = "text"
-    path: str | None = _h("a text file (bytes are tokens); null: the shipped Python reference corpus", None)
-    block_size: int = _h("tokens per sample (the model's context length)", 64)
-    val_fraction: float = _h("the file's last fraction validates", 0.1)
-    num_features: int = II("data.block_size")
-    num_classes: int = 256
-    train: Any = _text("train")
-    val: Any = _text("val")
-
-
-def _files(path: str) -> Any:
-    """load_files' node for one split: the arrays at data.<path>."""
-    return field(
-        default_factory=lambda: {
-            "_target_": "disttrain.data.files.load_files",
-            "path": II(f"data.{path}"),
-            "targets": II("data.targets"),
-        }
-    )
-
-
-@dataclass
-class FilesDataConfig(DataConfig):
-    name: str = "files"
-    path: str = _h(
-        "training arrays: .npz (keys x, y), .pt (dict x, y or tuple) or .csv (label last)", MISSING
-    )
-    val_path: str | None = _h("validation arrays in the same format; null: no validation", None)
-    train: Any = _files("path")
-    val: Any = _files("val_path")
-
-
-def _tokens(split: str) -> Any:
-    """load_tokens' node for one split, wired to the data keys."""
-    return field(
-        default_factory=lambda: {
-            "_target_": "disttrain.data.tokens.load_tokens",
-            "path": II("data.path"),
-            "block_size": II("data.block_size"),
-            "dtype": II("data.dtype"),
-            "sampling": II("data.sampling"),
-            "val_path": II("data.val_path"),
-            "val_fraction": II("data.val_fraction"),
-            "seed": II("seed"),
-            "split": split,
-        }
-    )
-
-
-@dataclass
-class TokensDataConfig(DataConfig):
-    name: str = "tokens"
-    path: str = _h("a token file (nanoGPT's .bin: raw little-endian ids) or a glob of shards", MISSING)
-    dtype: str = _h("the ids' type: uint16 (vocab <= 65536) or uint32", "uint16")
-    block_size: int = _h("tokens per sample (the model's context length)", 256)
-    sampling: str = _h(
-        "random (nanoGPT's windows at random offsets, drawn from seed and sample index) or sequential "
-        "(non-overlapping windows in order)",
-        "random",
-    )
-    val_path: str | None = _h(
-        "a validation token file or glob (read in order); null: the held-out tail", None
-    )
-    val_fraction: float = _h("with no val_path: the last fraction of the tokens validates (0: none)", 0.0)
-    num_features: int = II("data.block_size")
-    num_classes: int = _h("vocabulary size (the model's output width): above the largest token id", 50304)
-    shuffle: bool = _h("reorder the windows every epoch (random sampling is random already)", False)
-    train: Any = _tokens("train")
-    val: Any = _tokens("val")
-
-
-def _hf(role: str) -> Any:
-    """load_hf's node for one role (train or val), wired to the data keys. `data.map` is built by
-    load_hf itself (as a function, not called), so Hydra must not instantiate it first."""
-    return field(
-        default_factory=lambda: {
-            "_target_": "disttrain.data.hf.load_hf",
-            "_recursive_": False,
-            "path": II("data.path"),
-            "format": II("data.format"),
-            "split": II("data.split"),
-            "columns": II("data.columns"),
-            "map": II("data.map"),
-            "map_batched": II("data.map_batched"),
-            "streaming": II("data.streaming"),
-            "val_split": II("data.val_split"),
-            "val_path": II("data.val_path"),
-            "role": role,
-        }
-    )
-
-
-@dataclass
-class HFDataConfig(DataConfig):
-    name: str = "hf"
-    path: str = _h(
-        "a folder saved with Dataset.save_to_disk, or data files (.json/.jsonl, .parquet, .txt, .csv; "
-        "a glob for several)",
-        MISSING,
-    )
-    format: str | None = _h(
-        "json, parquet, text or csv; null: from the suffix (a folder: save_to_disk)", None
-    )
-    split: str = _h("the training split: a name (a saved DatasetDict's), or a slice: train[:90%]", "train")
-    val_split: str | None = _h(
-        "validation from the same source: a split name or a slice (train[90%:]); null: none", None
-    )
-    val_path: str | None = _h("validation from its own folder or files (split data.split); null: none", None)
-    columns: list[str] | None = _h("the columns that become batch fields; null: all", None)
-    map: Any = _h(
-        "a function applied to every row with Dataset.map, by _target_ (its other keys are bound); "
-        "empty or null: none",
-        factory=dict,
-    )
-    map_batched: bool = _h("data.map takes and returns a batch of rows (a dict of lists)", False)
-    streaming: bool = _h(
-        "read as a stream (an IterableDataset split by data-parallel rank); needs trainer.max_steps", False
-    )
-    train: Any = _hf("train")
-    val: Any = _hf("val")
-
-
-def _mix() -> Any:
-    """load_mix's node: it builds each source itself (naming data.mix.<name> in errors)."""
-    return field(
-        default_factory=lambda: {
-            "_target_": "disttrain.data.mix.load_mix",
-            "_recursive_": False,
-            "sources": II("data.mix"),
-            "size": II("data.size"),
-            "seed": II("data.seed"),
-        }
-    )
-
-
-@dataclass
-class MixDataConfig(DataConfig):
-    name: str = "mix"
-    mix: dict[str, Any] = _h(
-        "the sources by name: each a data set spec (_target_ and its keys, or builtin: synthetic/text/"
-        "digits/files/hf with their keys) plus weight (its share of the samples)",
-        factory=dict,
-    )
-    size: int | None = _h(
-        "samples in one epoch of the mixture; null: the most without repeating a source", None
-    )
-    seed: int = _h(
-        "seed of which sample of which source comes where (independent of the sources)", II("seed")
-    )
-    train: Any = _mix()
-
-
 # ------------------------------------------------------------------------------------------- task
 @dataclass
 class TaskConfig:
     _target_: str = _h("a disttrain.tasks.Task subclass, or a function step(model, batch) -> loss", MISSING)
-
-
-@dataclass
-class CriterionTaskConfig(TaskConfig):
-    criterion: Any = _h(
-        "loss = criterion(model(inputs), target): any torch.nn loss or yours, by _target_", None
-    )
-    inputs: str = _h("batch field the model gets: x (item 0 of a tuple), an index, or a dict key", "x")
-    target: str = _h(
-        "batch field the loss compares with: y (item 1 of a tuple), an index, or a dict key", "y"
-    )
-
-
-def _criterion(target: str) -> Any:
-    return field(default_factory=lambda: {"_target_": target}, metadata={"help": "the loss, by _target_"})
-
-
-@dataclass
-class ClassificationTaskConfig(CriterionTaskConfig):
-    _target_: str = "disttrain.tasks.Classification"
-    criterion: Any = _criterion("torch.nn.CrossEntropyLoss")
-
-
-@dataclass
-class RegressionTaskConfig(CriterionTaskConfig):
-    _target_: str = "disttrain.tasks.Regression"
-    criterion: Any = _criterion("torch.nn.MSELoss")
-
-
-@dataclass
-class LMTaskConfig(CriterionTaskConfig):
-    _target_: str = "disttrain.tasks.LanguageModel"
-    criterion: Any = _criterion("torch.nn.CrossEntropyLoss")
-
-
-@dataclass
-class ModelLossTaskConfig(TaskConfig):
-    _target_: str = "disttrain.tasks.ModelLoss"
-    call: Any = _h(
-        "model arguments -> batch fields, e.g. {idx: x, targets: y}; null: the whole batch "
-        "(a dict as keyword arguments)",
-        None,
-    )
-    loss: Any = _h("where the loss is when not a 0-dim tensor, .loss, ['loss'] or a tuple's one scalar", None)
-    tokens: str | None = _h("a model argument whose elements count as tokens (tokens/s), e.g. idx", None)
-    perplexity: bool = _h("also report */ppl = exp(loss)", False)
 
 
 # -------------------------------------------------------------------------------------------- amp
@@ -462,7 +166,9 @@ class CosineSchedConfig(SchedConfig):
 @dataclass
 class LauncherConfig:
     name: str = _h(
-        "the launcher's registered name (disttrain.launch.registry): torchrun, spawn, slurm, k8s", MISSING
+        "the launcher's registered name: torchrun, spawn, slurm, k8s, or one a package registers "
+        "(disttrain.launch.specs)",
+        MISSING,
     )
     max_restarts: int = _h("torchrun: restarts of the whole group after a rank fails", 0)
     monitor_interval: float = _h("torchrun: seconds between worker health checks", 0.1)
@@ -475,59 +181,6 @@ class LauncherConfig:
         "SIGTERM/SIGINT: seconds the ranks get to finish the step and save before SIGKILL (torchrun)",
         120.0,
     )
-
-
-@dataclass
-class TorchrunLauncherConfig(LauncherConfig):
-    name: str = "torchrun"
-
-
-@dataclass
-class SlurmLauncherConfig(LauncherConfig):
-    """An sbatch script in the run dir; srun starts one torchrun agent per node."""
-
-    name: str = "slurm"
-    partition: str | None = _h("sbatch --partition; null: the cluster's default", None)
-    time: str | None = _h("sbatch --time limit, e.g. 04:00:00 or 2-00:00:00; null: partition default", None)
-    gpus_per_node: int = _h("sbatch --gpus-per-node; 0: none requested", 0)
-    cpus_per_task: int = _h("sbatch --cpus-per-task (one task per node runs every local rank); 0: unset", 0)
-    account: str | None = _h("sbatch --account", None)
-    qos: str | None = _h("sbatch --qos", None)
-    extra: list[str] = _h('more lines for the script head, e.g. "#SBATCH --constraint=a100"', factory=list)
-    signal_before_s: int = _h("seconds before the time limit Slurm sends SIGUSR1: checkpoint + requeue", 120)
-    dry_run: bool = _h("print the sbatch script (and write it to the run dir) without submitting", False)
-
-
-@dataclass
-class K8sLauncherConfig(LauncherConfig):
-    """A Kubeflow TrainJob (or PyTorchJob) manifest in the run dir; kubectl applies it."""
-
-    name: str = "k8s"
-    image: str | None = _h("container image with disttrain and your code installed (required)", None)
-    namespace: str = _h("Kubernetes namespace of the job and its ConfigMap", "default")
-    api: str = _h(
-        "trainjob (Kubeflow Trainer v2) or pytorchjob (the legacy v1 training-operator)", "trainjob"
-    )
-    runtime: str = _h("trainjob: the ClusterTrainingRuntime to run on", "torch-distributed")
-    gpus_per_node: int = _h("nvidia.com/gpu per pod (one rank per GPU); 0: none requested", 0)
-    cpu: str | None = _h("CPU request and limit per pod, e.g. 8 or 7500m; null: the cluster's default", None)
-    memory: str | None = _h("memory request and limit per pod, e.g. 64Gi; null: the cluster's default", None)
-    env: dict[str, str] = _h(
-        "extra environment variables of every pod: +launcher.env.NCCL_DEBUG=INFO", factory=dict
-    )
-    pvc: str | None = _h(
-        "PersistentVolumeClaim (ReadWriteMany) for the run dir; null: a per-pod emptyDir", None
-    )
-    run_root: str = _h("where the run dir volume is mounted; the run dir is RUN_ROOT/JOB_NAME", "/runs")
-    volumes: list[str] = _h("more PVCs to mount as CLAIM:MOUNT_PATH, e.g. [datasets:/data]", factory=list)
-    service_account: str | None = _h("serviceAccountName of the pods (e.g. for object-store access)", None)
-    kubectl: str = _h("the kubectl program that applies the manifest", "kubectl")
-    dry_run: bool = _h("print the manifest (and write it to the run dir) without applying it", False)
-
-
-@dataclass
-class SpawnLauncherConfig(LauncherConfig):
-    name: str = "spawn"
 
 
 # --------------------------------------------------------------------------------------- trainer
@@ -766,37 +419,20 @@ _REGISTERED: list[Any] = []  # what the ConfigStore holds: [key of the registrie
 
 def register() -> None:
     """Store every schema in Hydra's ConfigStore (idempotent). Every composition calls it, and
-    storing costs about a quarter of a composition: done again only when a strategy or launcher
-    was registered since (the ConfigStore hands out copies, so its nodes stay as stored)."""
+    storing costs about a quarter of a composition: done again only when a registry (strategies,
+    launchers, tasks, models, data) changed since (the ConfigStore hands out copies, so its nodes
+    stay as stored). The plug-in groups hold one `base_<name>` per registered spec."""
     from hydra.core.config_store import ConfigStore  # ranks read the dataclasses only
 
-    from disttrain.launch.registry import launcher_specs
-
     cs = ConfigStore.instance()
-    strategies = config_classes()
-    key = (id(cs.repo), tuple(strategies.items()), tuple((s.name, s.config) for s in launcher_specs()))
+    plugins = {group: config_nodes(registry) for group, registry in plugin_registries().items()}
+    key = (id(cs.repo), tuple((g, tuple(n.items())) for g, n in plugins.items()))
     if _REGISTERED and _REGISTERED[0] == key:
         return
     cs.store(name="base_config", node=Config)
     groups: dict[str, dict[str, type]] = {
         "backend": {"base_backend": BackendConfig},
-        "strategy": strategies,  # one `base_<name>` per registered strategy spec
-        "model": {"base_mlp": MLPConfig, "base_cnn": CNNConfig, "base_gpt": GPTConfig},
-        "data": {
-            "base_digits": DigitsDataConfig,
-            "base_synthetic": SyntheticDataConfig,
-            "base_text": TextDataConfig,
-            "base_files": FilesDataConfig,
-            "base_tokens": TokensDataConfig,
-            "base_hf": HFDataConfig,
-            "base_mix": MixDataConfig,
-        },
-        "task": {
-            "base_classification": ClassificationTaskConfig,
-            "base_regression": RegressionTaskConfig,
-            "base_lm": LMTaskConfig,
-            "base_model_loss": ModelLossTaskConfig,
-        },
+        **plugins,  # strategy, launcher, task, model, data: one `base_<name>` per registered spec
         "amp": {"base_amp": AmpConfig},
         "optim": {"base_adamw": AdamWConfig, "base_sgd": SGDConfig},
         "sched": {
@@ -804,13 +440,23 @@ def register() -> None:
             "base_cosine": CosineSchedConfig,
             "base_onecycle": OneCycleSchedConfig,
         },
-        "launcher": {f"base_{spec.name}": spec.config for spec in launcher_specs()},
         "checkpoint": {"base_checkpoint": CheckpointConfig},
     }
     for group, nodes in groups.items():
         for name, node in nodes.items():
             cs.store(group=group, name=name, node=_open(group, node))
     _REGISTERED[:] = [key]
+
+
+def plugin_registries() -> dict[str, Registry[Any]]:
+    """Config group -> the registry of its plug-ins (each spec's module is imported lazily: the
+    launchers', tasks', models' and data's spec modules are torch-free, as the strategies' are)."""
+    from disttrain.data.specs import DATA
+    from disttrain.launch.specs import LAUNCHERS
+    from disttrain.models.specs import MODELS
+    from disttrain.tasks.specs import TASKS
+
+    return {"strategy": STRATEGIES, "model": MODELS, "data": DATA, "task": TASKS, "launcher": LAUNCHERS}
 
 
 # Groups whose node (or, for data, whose train/val nodes) is a `_target_` plug-in point.

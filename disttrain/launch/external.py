@@ -37,19 +37,19 @@ def fill_local_env() -> None:
 
 
 def launcher_name() -> str:
-    """Which outside launcher started this rank, as far as its environment tells."""
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        return "torchrun"  # also TorchX dist.ddp, Kubeflow's torchrun-based runtimes, SkyPilot recipes
-    if any(k.startswith("PET_") for k in os.environ) or "KUBERNETES_SERVICE_HOST" in os.environ:
-        return "kubeflow"
-    if "SLURM_JOB_ID" in os.environ:
-        return "srun"
-    return "env"
+    """Which outside launcher started this rank, as its environment tells: the detected launcher's
+    name for it (`disttrain.launch.specs.started_by`: torchrun, also TorchX dist.ddp, Kubeflow's
+    torchrun-based runtimes, SkyPilot recipes; kubeflow; srun; a plug-in's), else env."""
+    from disttrain.launch.specs import started_by
+
+    return started_by(os.environ)
 
 
 def launch_command() -> list[str]:
     """The command the user ran: torchrun's own command line when torchrun started this rank."""
-    if launcher_name() == "torchrun":
+    from disttrain.launch.specs import torchrun
+
+    if torchrun.detect(os.environ):  # the agent's command line is the one the user ran
         with contextlib.suppress(OSError):
             raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
             agent = [a.decode(errors="replace") for a in raw.split(b"\0") if a]

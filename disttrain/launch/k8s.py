@@ -23,11 +23,11 @@ from typing import Any
 import yaml
 
 from disttrain.config.errors import ConfigError
-from disttrain.config.schema import K8sLauncherConfig
 from disttrain.launch import k8s_checks
 from disttrain.launch.base import Launcher
 from disttrain.launch.k8s_checks import k8s_name
 from disttrain.launch.registry import launcher_config
+from disttrain.launch.specs.k8s import K8sLauncherConfig
 from disttrain.rundir import RunDir
 from disttrain.safefile import write_text_atomic
 

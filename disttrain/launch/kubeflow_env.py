@@ -55,3 +55,8 @@ def node_overrides(overrides: list[str], environ: Mapping[str, str] | None = Non
     given = {o.split("=", 1)[0].lstrip("+") for o in overrides}
     keys = ("nodes", "node_rank", "nproc_per_node", "master_addr", "master_port")
     return [*overrides, *(f"{k}={node[k]}" for k in keys if k not in given and node[k] is not None)]
+
+
+def pod_node_overrides(overrides: list[str], environ: Mapping[str, str]) -> list[str] | None:
+    """In a Kubeflow pod that is a node's launcher: `overrides` plus its node settings; else None."""
+    return node_overrides(overrides, environ) if kubeflow_node_env(environ) is not None else None

@@ -1,54 +1,44 @@
-"""The launcher registry: one torch-free spec per launcher, iterated by the schema, the checks and
-`launch`. A new launcher is one module (a `Launcher` subclass), one `register_launcher(spec)` and one
-YAML under `configs/launcher/` (or a `--config-dir`) whose defaults name `base_<name>`.
+"""The launcher of a resolved config, through the registry (`disttrain.launch.specs.LAUNCHERS`):
+`launch`, the checks and the commands ask here, and nothing else compares launcher names.
+A new launcher is one module (a `Launcher` subclass, its config and its spec, registered in the
+`disttrain.launchers` entry-point group) and one YAML under `launcher/` whose defaults name
+`base_<name>`: see `disttrain.launch.specs`.
 """
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from disttrain.config import schema
+from disttrain.launch.specs import LAUNCHERS, LauncherSpec
 
 if TYPE_CHECKING:
     from disttrain.launch.base import Launcher
 
+__all__ = [
+    "LAUNCHERS",
+    "LauncherSpec",
+    "launcher_config",
+    "launcher_for",
+    "launcher_names",
+    "launcher_spec",
+    "launcher_specs",
+    "register_launcher",
+]
 
-@dataclass(frozen=True)
-class LauncherSpec:
-    """What config and checks know of a launcher without importing it."""
-
-    name: str  # `launcher.name`, and the schema's ConfigStore name `launcher/base_<name>`
-    config: type[schema.LauncherConfig]  # its typed config: the only home of its defaults
-    target: str  # "module:Class" of its `Launcher`, imported only when it is checked or runs
-    help: str  # one line for `launcher.name`'s allowed values
-
-    def load(self) -> Launcher:
-        module, _, cls = self.target.partition(":")
-        launcher: Launcher = getattr(importlib.import_module(module), cls)()
-        return launcher
-
-
-_SPECS: dict[str, LauncherSpec] = {}
-
-
-def register_launcher(spec: LauncherSpec) -> None:
-    """Add (or replace) a launcher; the next compose stores its schema as `launcher/base_<name>`."""
-    _SPECS[spec.name] = spec
+register_launcher = LAUNCHERS.register
 
 
 def launcher_specs() -> tuple[LauncherSpec, ...]:
-    return tuple(_SPECS.values())
+    return tuple(LAUNCHERS.all())
 
 
 def launcher_names() -> tuple[str, ...]:
-    return tuple(_SPECS)
+    return tuple(LAUNCHERS.names())
 
 
 def launcher_spec(cfg: dict[str, Any]) -> LauncherSpec:
-    """The spec of `cfg`'s launcher (`launcher.name` is checked against the registry first)."""
-    return _SPECS[cfg["launcher"]["name"]]
+    """The spec of `cfg`'s launcher (an unknown `launcher.name`: the ConfigError listing the known)."""
+    return LAUNCHERS.get(cfg["launcher"]["name"])
 
 
 def launcher_for(cfg: dict[str, Any]) -> Launcher:
@@ -60,32 +50,3 @@ def launcher_config(cfg: dict[str, Any]) -> Any:
     from disttrain.config.typed import typed
 
     return typed(launcher_spec(cfg).config, cfg["launcher"])
-
-
-for _spec in (
-    LauncherSpec(
-        "torchrun",
-        schema.TorchrunLauncherConfig,
-        "disttrain.launch.torchrun:TorchrunLauncher",
-        "torchrun (the default): torch's elastic agent starts each node's ranks",
-    ),
-    LauncherSpec(
-        "spawn",
-        schema.SpawnLauncherConfig,
-        "disttrain.launch.spawn:SpawnLauncher",
-        "spawn: torch.multiprocessing on one node",
-    ),
-    LauncherSpec(
-        "slurm",
-        schema.SlurmLauncherConfig,
-        "disttrain.launch.slurm:SlurmLauncher",
-        "slurm: submits an sbatch job",
-    ),
-    LauncherSpec(
-        "k8s",
-        schema.K8sLauncherConfig,
-        "disttrain.launch.k8s:K8sLauncher",
-        "k8s: applies a Kubeflow TrainJob",
-    ),
-):
-    register_launcher(_spec)

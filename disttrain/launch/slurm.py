@@ -15,14 +15,15 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from disttrain.config.errors import ConfigError
-from disttrain.config.schema import SlurmLauncherConfig
 from disttrain.launch.base import Launcher
 from disttrain.launch.multinode import node_bounds
 from disttrain.launch.registry import launcher_config
+from disttrain.launch.specs.slurm import SlurmLauncherConfig
 from disttrain.safefile import write_text_atomic
 
 SCRIPT = "slurm/job.sbatch"
@@ -197,15 +198,24 @@ def submit(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str | None
     return job
 
 
-def allocation_overrides(overrides: list[str]) -> list[str]:
+def node_overrides(overrides: list[str], environ: Mapping[str, str]) -> list[str] | None:
+    """An srun step's task is a node's launcher unless RANK/WORLD_SIZE make it one rank of an
+    srun that starts every rank (`srun --ntasks=WORLD ... python -m disttrain train`)."""
+    if "SLURM_STEP_ID" not in environ or ("RANK" in environ and "WORLD_SIZE" in environ):
+        return None
+    return allocation_overrides(overrides, environ)
+
+
+def allocation_overrides(overrides: list[str], environ: Mapping[str, str] | None = None) -> list[str]:
     """Inside an srun step with one task per node: node_rank and master_addr from SLURM's env."""
-    if "SLURM_JOB_ID" not in os.environ or "SLURM_STEP_ID" not in os.environ:
+    env = os.environ if environ is None else environ
+    if "SLURM_JOB_ID" not in env or "SLURM_STEP_ID" not in env:
         return overrides
     given = {o.split("=", 1)[0].lstrip("+") for o in overrides}
     extra = []
-    if "node_rank" not in given and "SLURM_NODEID" in os.environ:
-        extra.append(f"node_rank={os.environ['SLURM_NODEID']}")
-    if "master_addr" not in given and int(os.environ.get("SLURM_NNODES", "1")) > 1:
+    if "node_rank" not in given and "SLURM_NODEID" in env:
+        extra.append(f"node_rank={env['SLURM_NODEID']}")
+    if "master_addr" not in given and int(env.get("SLURM_NNODES", "1")) > 1:
         extra.append(f"master_addr={first_host()}")
     return [*overrides, *extra]
 

@@ -123,6 +123,9 @@ def check_static(cfg: dict[str, Any]) -> None:
     _check_optim(cfg)
     _check_loader(cfg)
     _check_targets(cfg)
+    from disttrain.tasks import specs as task_specs  # a registered task's checks of its own keys
+
+    task_specs.check_static(cfg)
     _check_data(cfg)
     threads = cfg["threads_per_rank"]
     if threads is not None and threads < 1:

@@ -11,288 +11,45 @@ strategies only call these methods, so any batch structure, model signature or l
   Hugging Face `model(input_ids=x, labels=x).loss`);
 - your own subclass of `Task` (contrastive pairs, per-sample weights, several inputs), or a function
   `step(model, batch) -> loss | (loss, samples)`.
+
+`disttrain.tasks` itself is torch-free: the task specs (`disttrain.tasks.specs`, what config and
+`--help` read) import without torch, and the classes below load from `disttrain.tasks.builtin` at
+their first use (`disttrain.tasks.Classification` as a `_target_`, `from disttrain.tasks import Task`).
 """
 
 from __future__ import annotations
 
-import inspect
-import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-from disttrain.tasks.batch import describe, field, leading_size
-
-
-class Task:
-    """`criterion(model(batch[inputs]), batch[target])`; the base of every task.
-
-    Override any method: `unpack` (batch -> inputs, target), `forward` (the model call), `loss`,
-    `metric_sum` (the metric's numerator summed over the batch's samples), `count` and `tokens`.
-    """
-
-    metric: str | None = None  # reported as val/<metric>: metric_sum / samples, all ranks together
-    perplexity: bool = False  # also report exp(loss) as */ppl
-
-    def __init__(
-        self, criterion: Callable[..., torch.Tensor] | None = None, inputs: str = "x", target: str = "y"
-    ):
-        self.criterion = criterion if criterion is not None else self.default_criterion()
-        self.inputs, self.target = inputs, target
-
-    def default_criterion(self) -> Callable[..., torch.Tensor] | None:
-        """The criterion when none is configured (the built-in tasks' nn.*Loss; the base: none)."""
-        return None
-
-    def setup(self, device: torch.device) -> Task:
-        """Move the criterion's buffers (e.g. class weights) to the run's device."""
-        if isinstance(self.criterion, nn.Module):
-            self.criterion.to(device)
-        return self
-
-    # ------------------------------------------------------------------------------ the step
-    def unpack(self, batch: Any) -> tuple[Any, Any]:
-        """(inputs, target) of a batch: the fields `task.inputs` and `task.target` (x, y)."""
-        if isinstance(batch, (tuple, list)) and len(batch) != 2 and (self.inputs, self.target) == ("x", "y"):
-            raise ValueError(
-                f"the batch is {describe(batch)}: {type(self).__name__} reads x (item 0) as inputs and "
-                f"y (item 1) as target, and would silently ignore the rest"
-            )
-        return field(batch, self.inputs), field(batch, self.target)
-
-    def forward(self, model: nn.Module, inputs: Any, target: Any) -> Any:
-        """The model call: model(**inputs) for a dict, model(*inputs) for a tuple, else model(inputs)."""
-        return call_model(model, inputs)
-
-    def loss(self, output: Any, target: Any) -> torch.Tensor:
-        if self.criterion is None:
-            raise TypeError(f"{type(self).__name__} has no criterion: set task.criterion._target_")
-        return self.criterion(output, target)
-
-    def metric_sum(self, output: Any, target: Any) -> torch.Tensor | None:
-        """The metric's numerator summed over the batch (divided by all samples later); None: none."""
-        return None
-
-    def count(self, inputs: Any, target: Any) -> int:
-        """Samples in the batch (validation weights and throughput): the target's first dimension."""
-        return leading_size(target) or leading_size(inputs)
-
-    def tokens(self, inputs: Any, target: Any) -> int:
-        """Tokens in the batch, for tokens/s (0: not a sequence task)."""
-        return 0
-
-    def derived(self, values: dict[str, float]) -> dict[str, float]:
-        """Metrics computed from the all-reduced ones (perplexity from the mean loss)."""
-        if not self.perplexity:
-            return {}
-        return {
-            k.replace("loss", "ppl"): math.exp(min(values[k], 50.0))
-            for k in ("val/loss", "train/loss")
-            if k in values
-        }
-
-    # ------------------------------------------------------------------------------ composed
-    def eval_sums(self, output: Any, inputs: Any, target: Any) -> torch.Tensor:
-        """[loss x n, metric numerator, n] in float64: summed over ranks, then divided by n."""
-        loss = self.loss(output, target)
-        n = self.count(inputs, target)
-        metric = self.metric_sum(output, target)
-        zero = torch.zeros((), dtype=torch.float64, device=loss.device)
-        return torch.stack(
-            [
-                loss.detach().to(torch.float64) * n,
-                zero if metric is None else metric.to(torch.float64),
-                zero + float(n),
-            ]
-        )
-
-    @property
-    def plain_forward(self) -> bool:
-        """Whether the model is called as model(inputs) (what a pipeline of stages can run)."""
-        return type(self).forward is Task.forward
-
-
-class Classification(Task):
-    """Cross-entropy (or your criterion) on class logits; the metric is accuracy."""
-
-    metric = "acc"
-
-    def default_criterion(self) -> Callable[..., torch.Tensor] | None:
-        return nn.CrossEntropyLoss()
-
-    def metric_sum(self, output: Any, target: Any) -> torch.Tensor | None:
-        return (output.argmax(dim=-1) == target).sum().to(torch.float64)
-
-
-class Regression(Task):
-    """Mean squared error (or your criterion); the reported metric is the MSE itself."""
-
-    metric = "mse"
-
-    def default_criterion(self) -> Callable[..., torch.Tensor] | None:
-        return nn.MSELoss()
-
-    def metric_sum(self, output: Any, target: Any) -> torch.Tensor | None:
-        per_sample = F.mse_loss(output, target, reduction="none").reshape(len(target), -1).mean(dim=1)
-        return per_sample.sum().to(torch.float64)
-
-
-class LanguageModel(Task):
-    """Cross-entropy per token over (batch, time, vocab) logits; the metric is next-token accuracy
-    (per sample: the mean over its tokens); perplexity = exp(mean loss)."""
-
-    metric = "acc"
-    perplexity = True
-
-    def default_criterion(self) -> Callable[..., torch.Tensor] | None:
-        return nn.CrossEntropyLoss()
-
-    def loss(self, output: Any, target: Any) -> torch.Tensor:
-        return super().loss(output.flatten(0, -2).float(), target.flatten())
-
-    def metric_sum(self, output: Any, target: Any) -> torch.Tensor | None:
-        hits = (output.argmax(dim=-1) == target).to(torch.float64)
-        return hits.reshape(len(target), -1).mean(dim=1).sum()
-
-    def tokens(self, inputs: Any, target: Any) -> int:
-        return int(target.numel())
-
-
-class ModelLoss(Task):
-    """The model computes its own loss: `model(**{arg: batch[field] for arg, field in call})`.
-
-    `call` maps the model's arguments to batch fields (`{idx: x, targets: y}` for nanoGPT). Hugging
-    Face causal LMs shift `labels` themselves: give them the *unshifted* ids (`{input_ids: x,
-    labels: x}`); mapping labels to the already shifted `y` would train two tokens ahead. Without
-    `call` the whole batch is passed (a dict as keyword arguments, a tuple as positional ones).
-
-    The loss is found in the output as a 0-dim tensor, `.loss`, `["loss"]`, or the single 0-dim
-    tensor in a tuple; `loss` (an attribute, key or index) names it for anything else.
-    """
-
-    def __init__(
-        self,
-        call: Mapping[str, str] | None = None,
-        loss: str | int | None = None,
-        tokens: str | None = None,
-        perplexity: bool = False,
-    ):
-        super().__init__(None)
-        self.call = dict(call) if call else None
-        self.loss_at = loss
-        self.tokens_arg = tokens
-        self.perplexity = perplexity
-
-    def unpack(self, batch: Any) -> tuple[Any, Any]:
-        if self.call is None:
-            return batch, None
-        return {arg: field(batch, name) for arg, name in self.call.items()}, None
-
-    def loss(self, output: Any, target: Any) -> torch.Tensor:
-        return find_loss(output, self.loss_at)
-
-    def count(self, inputs: Any, target: Any) -> int:
-        return leading_size(inputs)
-
-    def tokens(self, inputs: Any, target: Any) -> int:
-        if self.tokens_arg is None:
-            return 0
-        return int(field(inputs, self.tokens_arg).numel())
-
-
-class StepFunction(Task):
-    """Your function as the whole step: `fn(model, batch) -> loss` or `(loss, samples)`."""
-
-    def __init__(self, fn: Callable[..., Any]):
-        super().__init__(None)
-        self.fn = fn
-        plain = getattr(fn, "func", fn)  # Hydra's partial (task.temperature=...) wraps the function
-        self.name = (
-            f"{getattr(plain, '__module__', '?')}.{getattr(plain, '__qualname__', type(plain).__name__)}"
-        )
-
-    def unpack(self, batch: Any) -> tuple[Any, Any]:
-        return batch, None
-
-    def forward(self, model: nn.Module, inputs: Any, target: Any) -> Any:
-        return self.fn(model, inputs)
-
-    def loss(self, output: Any, target: Any) -> torch.Tensor:
-        loss = output[0] if isinstance(output, tuple) else output
-        if not (isinstance(loss, torch.Tensor) and loss.dim() == 0):
-            raise TypeError(
-                f"task {self.name} returned {describe(output)}: it must return a 0-dim loss tensor "
-                "or (loss, samples)"
-            )
-        return loss
-
-    def eval_sums(self, output: Any, inputs: Any, target: Any) -> torch.Tensor:
-        loss = self.loss(output, target)
-        n = int(output[1]) if isinstance(output, tuple) and len(output) > 1 else leading_size(inputs)
-        zero = torch.zeros((), dtype=torch.float64, device=loss.device)
-        return torch.stack([loss.detach().to(torch.float64) * n, zero, zero + float(n)])
-
-
-def call_model(model: nn.Module, inputs: Any) -> Any:
-    if isinstance(inputs, Mapping):
-        return model(**inputs)
-    if isinstance(inputs, (tuple, list)):
-        return model(*inputs)
-    return model(inputs)
-
-
-def find_loss(output: Any, at: str | int | None = None) -> torch.Tensor:
-    """The 0-dim loss tensor in a model's output (see ModelLoss); TypeError names what is there."""
-    found: Any = None
-    if at is not None:
-        if isinstance(at, int) or (isinstance(at, str) and at.lstrip("-").isdigit()):
-            found = output[int(at)]
-        elif isinstance(output, Mapping):
-            found = output.get(at)
-        else:
-            found = getattr(output, at, None)
-    elif isinstance(output, torch.Tensor):
-        found = output
-    elif isinstance(getattr(output, "loss", None), torch.Tensor):
-        found = output.loss
-    elif isinstance(output, Mapping) and isinstance(output.get("loss"), torch.Tensor):
-        found = output["loss"]
-    elif isinstance(output, (tuple, list)):
-        scalars = [v for v in output if isinstance(v, torch.Tensor) and v.dim() == 0]
-        found = scalars[0] if len(scalars) == 1 else None
-    if isinstance(found, torch.Tensor) and found.dim() == 0:
-        return found
-    fields = list(output.keys()) if isinstance(output, Mapping) else None
-    if fields is None and hasattr(output, "__dict__") and not isinstance(output, torch.Tensor):
-        fields = [k for k in vars(output) if not k.startswith("_")]
-    where = f"task.loss={at!r} names {describe(found)}" if at is not None else "no 0-dim loss tensor in it"
-    raise TypeError(
-        f"the model returned {type(output).__name__} {describe(output)}"
-        + (f" with fields {fields}" if fields else "")
-        + f": {where}. The loss is looked up as a 0-dim tensor, .loss, ['loss'] or the single 0-dim "
-        "tensor of a tuple; set task.loss to its attribute, key or index"
+if TYPE_CHECKING:
+    from disttrain.tasks.builtin import (
+        Classification,
+        LanguageModel,
+        ModelLoss,
+        Regression,
+        StepFunction,
+        Task,
+        build_task,
+        call_model,
+        find_loss,
     )
 
+__all__ = [
+    "Classification",
+    "LanguageModel",
+    "ModelLoss",
+    "Regression",
+    "StepFunction",
+    "Task",
+    "build_task",
+    "call_model",
+    "find_loss",
+]
 
-def build_task(spec: Any) -> Task:
-    """The run's task from the `task` node; a plain function target becomes a StepFunction."""
-    from disttrain.config.instantiate import build, locate
 
-    target = locate(spec.get("_target_"), "task._target_") if isinstance(spec, Mapping) else None
-    if inspect.isfunction(target):
-        fn = build({**spec, "_partial_": True}, "task")
-        return StepFunction(fn)
-    task = build(spec, "task")
-    if not isinstance(task, Task):
-        from disttrain.config.errors import ConfigError
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from disttrain.tasks import builtin
 
-        raise ConfigError(
-            "task._target_",
-            spec.get("_target_"),
-            "a subclass of disttrain.tasks.Task, or a function step(model, batch) -> loss",
-            "subclass Task and override what differs (unpack, forward, loss, metric_sum, count).",
-        )
-    return task
+        return getattr(builtin, name)
+    raise AttributeError(f"module 'disttrain.tasks' has no attribute {name!r}")

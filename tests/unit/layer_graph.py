@@ -50,7 +50,11 @@ class Import:
 # only that layer (config/, safefile, timing).
 PLACED = {
     "disttrain.strategies.specs": "config",  # StrategySpec and each strategy's config class
-    "disttrain.launch.registry": "config",  # LauncherSpec: each launcher's name, config class, impl path
+    "disttrain.launch.specs": "config",  # LauncherSpec, LAUNCHERS: each launcher's name, config, detect()
+    "disttrain.launch.registry": "config",  # the launcher of a config (launcher_for, launcher_config)
+    "disttrain.tasks.specs": "config",  # TASKS: the built-in tasks' names and configs
+    "disttrain.models.specs": "config",  # MODELS: the built-in models' names and configs
+    "disttrain.data.specs": "config",  # DATA: the built-in data sets' names and configs
     "disttrain.launch.base": "config",  # the Launcher protocol a LauncherSpec loads (imports nothing)
     "disttrain.models.parallel": "config",  # the plan language the strategy specs check a model against
 }

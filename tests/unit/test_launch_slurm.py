@@ -68,8 +68,8 @@ def test_newline_payload_is_refused_before_anything_is_written(override: str, sc
 
 def test_time_with_a_trailing_newline_is_refused() -> None:
     """A config file's `launcher.time: "04:00:00\\n"` passed `re.match(...$)` (reliability D23)."""
-    from disttrain.config.schema import SlurmLauncherConfig
     from disttrain.launch.slurm import check_static
+    from disttrain.launch.specs.slurm import SlurmLauncherConfig
 
     check_static(SlurmLauncherConfig(time="1-04:00:00"))
     for bad in ("04:00:00\n", "04:00:00\r", "4h"):

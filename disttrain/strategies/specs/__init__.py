@@ -6,6 +6,7 @@
 from disttrain.strategies.specs.core import (
     ENTRY_POINTS,
     PIPELINE_LAYERS,
+    STRATEGIES,
     TP_PLAN,
     PlanShape,
     StrategyConfig,
@@ -29,6 +30,7 @@ from disttrain.strategies.specs.core import (
 __all__ = [
     "ENTRY_POINTS",
     "PIPELINE_LAYERS",
+    "STRATEGIES",
     "TP_PLAN",
     "PlanShape",
     "StrategyConfig",

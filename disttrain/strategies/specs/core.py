@@ -5,9 +5,10 @@ its data-parallel degree, the mixed precision it supports, its rows in `disttrai
 class that runs it (imported lazily). The schema (`base_<name>` nodes), the checks, `build_strategy`
 and the planner iterate this registry; nothing else compares strategy names.
 
-Built-in specs live in this package, one module per family; a package of yours adds one with an
-entry point in the `disttrain.strategies` group (a module that calls `register`, or a spec object),
-or by calling `register` before the config is composed (tests, notebooks).
+Built-in specs live in this package, one module per family; the registry is `STRATEGIES`, a
+`disttrain.config.registry.Registry` like every plug-in kind's: a package of yours adds a strategy
+with an entry point in the `disttrain.strategies` group (a module that calls `register`, or a spec
+object), or by calling `register` before the config is composed (tests, notebooks).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from typing import Any
 from omegaconf import MISSING
 
 from disttrain.config.common import help_field, world_size
-from disttrain.config.errors import ConfigError, one_of
+from disttrain.config.errors import ConfigError
+from disttrain.config.registry import Registry, config_nodes
 
-ENTRY_POINTS = "disttrain.strategies"
 AMP_MODES = frozenset({"bf16", "fp16"})
 # Model abilities a strategy may need (see disttrain.models.parallel).
 TP_PLAN, PIPELINE_LAYERS = "tp_plan", "pipeline_layers"
@@ -159,86 +160,22 @@ class StrategySpec:
         return typed(self.config_cls, node)
 
 
-_SPECS: dict[str, StrategySpec] = {}
-_BUILTIN = (
-    "disttrain.strategies.specs.data_parallel",
-    "disttrain.strategies.specs.sharded",
-    "disttrain.strategies.specs.model_parallel",
+STRATEGIES: Registry[StrategySpec] = Registry(
+    "strategies",
+    key="strategy.name",
+    spec_type=StrategySpec,
+    builtin=(
+        "disttrain.strategies.specs.data_parallel",
+        "disttrain.strategies.specs.sharded",
+        "disttrain.strategies.specs.model_parallel",
+    ),
+    hint="choose the strategy group option: strategy=ddp.",
+    describe=lambda spec: spec.impl,
 )
-_LOADED = {"builtin": False, "plugins": False}
-
-
-def register(spec: StrategySpec, replace: bool = False) -> StrategySpec:
-    """Add `spec` to the registry (idempotent for the same object); returns it."""
-    known = _SPECS.get(spec.name)
-    if known is not None and known is not spec and not replace:
-        raise ValueError(f"a strategy named {spec.name!r} is already registered ({known.impl})")
-    _SPECS[spec.name] = spec
-    return spec
-
-
-def unregister(name: str) -> None:
-    """Remove a spec (tests that register a strategy of their own)."""
-    _SPECS.pop(name, None)
-
-
-def _load_builtin() -> None:
-    if not _LOADED["builtin"]:
-        _LOADED["builtin"] = True
-        for module in _BUILTIN:
-            importlib.import_module(module)
-
-
-def discover() -> None:
-    """Import every installed plugin of the `disttrain.strategies` entry-point group (once)."""
-    _load_builtin()
-    if _LOADED["plugins"]:
-        return
-    _LOADED["plugins"] = True
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=ENTRY_POINTS):
-        try:
-            found = ep.load()
-        except Exception as exc:
-            raise ConfigError(
-                f"entry point {ENTRY_POINTS}:{ep.name}",
-                ep.value,
-                "an importable module or StrategySpec",
-                f"importing it failed ({type(exc).__name__}: {exc}); fix or uninstall the package "
-                f"that declares it ({getattr(ep.dist, 'name', '?')}).",
-            ) from None
-        for spec in found if isinstance(found, list | tuple) else [found]:
-            if isinstance(spec, StrategySpec):
-                register(spec)
-
-
-def rediscover() -> None:
-    """Scan the entry points again (after installing a plugin in this process: tests)."""
-    _LOADED["plugins"] = False
-    discover()
-
-
-def all() -> list[StrategySpec]:
-    """Every registered spec, built-ins first, in registration order."""
-    discover()
-    return list(_SPECS.values())
-
-
-def names() -> list[str]:
-    return [s.name for s in all()]
-
-
-def get(name: str) -> StrategySpec:
-    """The spec called `name`, or a ConfigError listing the known names."""
-    _load_builtin()
-    if name not in _SPECS:
-        discover()
-    if name not in _SPECS:
-        raise ConfigError(
-            "strategy.name", name, one_of(names()), "choose the strategy group option: strategy=ddp."
-        )
-    return _SPECS[name]
+ENTRY_POINTS = STRATEGIES.group
+# The registry's contract under the names the strategies' callers use.
+register, unregister, discover = STRATEGIES.register, STRATEGIES.unregister, STRATEGIES.discover
+rediscover, all, names, get = STRATEGIES.rediscover, STRATEGIES.all, STRATEGIES.names, STRATEGIES.get
 
 
 def of(cfg: dict[str, Any]) -> tuple[StrategySpec, Any]:
@@ -278,4 +215,4 @@ def at_least(key: str, value: Any, low: int, hint: str) -> int:
 
 def config_classes() -> dict[str, type]:
     """ConfigStore node name -> dataclass: `base_<name>` for every spec."""
-    return {f"base_{spec.name}": spec.config_cls for spec in all()}
+    return config_nodes(STRATEGIES)
