@@ -146,18 +146,22 @@ def _captured_fds() -> Any:
         try:
             os.dup2(out.fileno(), 1)
             os.dup2(err.fileno(), 2)
-            with (
-                open(1, "wb", buffering=0, closefd=False) as raw_out,
-                open(2, "wb", buffering=0, closefd=False) as raw_err,
-            ):
-                text_out, text_err = (
-                    io.TextIOWrapper(raw, encoding="utf-8", errors="replace", write_through=True)
-                    for raw in (raw_out, raw_err)
+            # Never closed: a logging handler made during the call (a rank's console handler, a
+            # library's own) keeps its stream and may write to it later, as to a StringIO; it then
+            # writes to whatever fds 1 and 2 are by then (closefd=False: the fds stay this process's).
+            text_out, text_err = (
+                io.TextIOWrapper(
+                    open(fd, "wb", buffering=0, closefd=False),  # noqa: SIM115 (see above)
+                    encoding="utf-8",
+                    errors="replace",
+                    write_through=True,
                 )
-                with contextlib.redirect_stdout(text_out), contextlib.redirect_stderr(text_err):
-                    yield results
-                text_out.flush()
-                text_err.flush()
+                for fd in (1, 2)
+            )
+            with contextlib.redirect_stdout(text_out), contextlib.redirect_stderr(text_err):
+                yield results
+            text_out.flush()
+            text_err.flush()
         finally:
             os.dup2(saved[0], 1)
             os.dup2(saved[1], 2)

@@ -181,6 +181,14 @@ def find_run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob("config.yaml") if p.parent.name != ".hydra")
 
 
+def in_main_thread() -> bool:
+    """Whether the CLI can run in this process now: torch's elastic agent sets signal handlers,
+    which only the main thread may (a test that runs a sweep in a thread pool gets a process)."""
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
 def run_cli(
     tmp_path: Path,
     *overrides: str,
@@ -194,14 +202,14 @@ def run_cli(
 
     The CLI runs in this process (`cli_in_process`: its ranks are real processes, forked from this
     worker's fork server, which every such run shares; ~1 CPU-s a run instead of ~5), or with
-    `separate` as the console script in a process of its own, bounded by `timeout` (what a test of
-    the CLI's own process needs: its exit, its signals, its children). Fails unless the exit code is
+    `separate` (or outside the main thread) as the console script in a process of its own, bounded
+    by `timeout` (what a test of the CLI's own process needs: its exit, its signals, its children). Fails unless the exit code is
     `expect_rc` and at most one new run dir appeared (exactly one on success). The run dir is None
     when none was created.
     """
     before = set(find_run_dirs(tmp_path))
     cmd = [CLI, "train", *flags, *FAST, *pinned_backend(*overrides), *overrides]
-    if separate:
+    if separate or not in_main_thread():
         proc = run_command(cmd, tmp_path, timeout, env)
     else:
         proc = cli_in_process(*cmd[1:], cwd=tmp_path, env=env or clean_env())

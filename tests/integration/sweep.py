@@ -28,6 +28,7 @@ from .conftest import (
     clean_env,
     cli_in_process,
     find_run_dirs,
+    in_main_thread,
     pinned_backend,
     read_yaml,
     run_command,
@@ -139,7 +140,7 @@ def run_sweep(
         *common, *(o for overrides in runs.values() for o in overrides)
     )  # gloo, unless `gpu`
     cmd = [CLI, "train", "-m", "--config-dir", str(conf), f"+case={','.join(cases)}", *FAST, *pin, *common]
-    if separate:
+    if separate or not in_main_thread():
         proc = run_command(cmd, cwd, timeout=budget * len(runs))
     else:  # the CLI in this process: its jobs' ranks fork from this worker's server (run_cli)
         proc = cli_in_process(*cmd[1:], cwd=cwd, env=clean_env())
