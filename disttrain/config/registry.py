@@ -175,6 +175,20 @@ class TargetSpec:
         return typed(self.config, node)
 
 
+def check_chosen(registry: Registry[TargetSpec], cfg: dict[str, Any], key: str) -> None:
+    """The pre-launch checks of each spec of `registry` whose target the run's `key` node builds
+    (its `_target_`; a data node's is its train split's), given that node as the spec's config."""
+    node = cfg.get(key)
+    if not isinstance(node, dict):
+        return
+    target = node.get("_target_")
+    if target is None and isinstance(node.get("train"), dict):
+        target = node["train"].get("_target_")
+    for spec in registry.all():
+        if spec.check_static is not None and spec.target == target:
+            spec.check_static(cfg, spec.typed(node))
+
+
 def config_nodes(registry: Registry[Any]) -> dict[str, type]:
     """ConfigStore node name -> config class: `base_<name>` for every spec of `registry`."""
     return {f"base_{spec.name}": getattr(spec, "config", None) or spec.config_cls for spec in registry.all()}

@@ -98,6 +98,18 @@ def check_name(cfg: dict[str, Any]) -> None:
         )
 
 
+def _check_plugins(cfg: dict[str, Any]) -> None:
+    """The checks a registered task, model or data set declares for its own keys (its spec's
+    `check_static`), for the one the run builds."""
+    from disttrain.config.registry import check_chosen
+    from disttrain.data.specs import DATA
+    from disttrain.models.specs import MODELS
+    from disttrain.tasks.specs import TASKS
+
+    for registry, key in ((TASKS, "task"), (MODELS, "model"), (DATA, "data")):
+        check_chosen(registry, cfg, key)
+
+
 def check_static(cfg: dict[str, Any]) -> None:
     """Checks that need only the resolved config."""
     check_name(cfg)
@@ -123,9 +135,7 @@ def check_static(cfg: dict[str, Any]) -> None:
     _check_optim(cfg)
     _check_loader(cfg)
     _check_targets(cfg)
-    from disttrain.tasks import specs as task_specs  # a registered task's checks of its own keys
-
-    task_specs.check_static(cfg)
+    _check_plugins(cfg)
     _check_data(cfg)
     threads = cfg["threads_per_rank"]
     if threads is not None and threads < 1:

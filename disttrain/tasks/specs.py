@@ -84,12 +84,3 @@ LM = TASKS.register(TargetSpec("lm", LMTaskConfig, LMTaskConfig._target_, "next-
 MODEL_LOSS = TASKS.register(
     TargetSpec("model_loss", ModelLossTaskConfig, ModelLossTaskConfig._target_, "the model computes its loss")
 )
-
-
-def check_static(cfg: dict[str, Any]) -> None:
-    """The pre-launch checks of the task spec whose target the run's `task` node builds."""
-    node = cfg.get("task")
-    target = node.get("_target_") if isinstance(node, dict) else None
-    for spec in TASKS.all():
-        if spec.check_static is not None and spec.target == target:
-            spec.check_static(cfg, spec.typed(node))

@@ -269,3 +269,34 @@ def test_the_toy_launcher_detects_its_environment_before_the_built_ins(toys: str
     rank = {"TOY_JOB_ID": "42", "RANK": "1", "WORLD_SIZE": "2"}
     assert environment_overrides([], rank) is None and started_by(rank) == "toy"
     assert detected({}) is None and started_by({"RANK": "0", "WORLD_SIZE": "1"}) == "env"
+
+
+@pytest.mark.parametrize(
+    ("registry", "key", "overrides"),
+    [(MODELS, "model.in_features", ["model=mlp"]), (DATA, "data.size", ["data=synthetic"])],
+    ids=["model", "data"],
+)
+def test_a_model_or_data_spec_checks_its_own_keys_when_the_run_builds_it(
+    registry: Registry[TargetSpec], key: str, overrides: list[str]
+) -> None:
+    """A registered model's or data set's `check_static` runs with the pre-launch checks, given its
+    node typed, for the spec whose target the run builds (a data node's: its train split's), and
+    for no other."""
+    builtin = registry.get(overrides[0].partition("=")[2])
+    seen: list[Any] = []
+
+    def refuse(cfg: dict[str, Any], node: Any) -> None:
+        seen.append(node)
+        raise ConfigError(key, "x", "what the plug-in allows", "the plug-in's own hint.")
+
+    probe = replace(builtin, name="probe", check_static=refuse)
+    registry.register(probe)
+    try:
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            checked(overrides)
+        assert len(seen) == 1 and isinstance(seen[0], builtin.config), seen
+        other = "model=gpt" if registry is MODELS else "data=digits"
+        checked([other])  # a run that builds another target never calls it
+        assert len(seen) == 1
+    finally:
+        registry.unregister("probe")
