@@ -182,9 +182,13 @@ def git_state(directory: Path) -> dict[str, Any]:
 
 
 def program() -> list[str]:
-    """How the user started disttrain: `disttrain`, or `python -m disttrain` (argv[0] __main__.py)."""
-    name = Path(sys.argv[0]).name
-    return [Path(sys.executable).name, "-m", "disttrain"] if name == "__main__.py" else [name]
+    """How the user started disttrain: `python -m disttrain` (argv[0] is disttrain's __main__.py), or
+    `disttrain`: the console script, and the shell command that does what `disttrain.cli.main` did
+    when another program called it (`python -c`, a notebook, a test runner)."""
+    path = Path(sys.argv[0])
+    if path.name == "__main__.py" and path.parent.name == "disttrain":
+        return [Path(sys.executable).name, "-m", "disttrain"]
+    return ["disttrain"]
 
 
 def git_diff(directory: Path) -> str:

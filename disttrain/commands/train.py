@@ -168,7 +168,7 @@ def _own_run_dir(cfg: dict[str, Any], args: Any, overrides: list[str], command: 
         full = compose(overrides, args.config_dir, args.config_name or "config", with_hydra=True)
     run_dir = Path(str(full.hydra.run.dir)).absolute()
     rundir.check_path(run_dir)
-    launcher_for(cfg).check_command(run_dir, [Path(sys.argv[0]).name, "train", *command])
+    launcher_for(cfg).check_command(run_dir, [*rundir.program(), "train", *command])
     if any(o.lstrip("+").startswith("hydra.run.dir=") for o in overrides):
         return rundir.reuse(run_dir, cfg, shared=cfg["nodes"] > 1)  # the nodes share one dir
     claimed = rundir.claim(run_dir)

@@ -162,3 +162,22 @@ def test_a_rank_records_its_dead_launcher_only(tmp_path: Path) -> None:
     status = rundir.read_status(tmp_path)
     assert status["status"] == "interrupted" and status["ended"] > 0
     assert status["error"] == f"the launcher (pid {gone}) died; the ranks stopped at step 3 on the signal"
+
+
+@pytest.mark.parametrize(
+    ("argv0", "expected"),
+    [
+        ("/venv/bin/disttrain", ["disttrain"]),
+        ("/src/disttrain/__main__.py", [Path(sys.executable).name, "-m", "disttrain"]),
+        ("-c", ["disttrain"]),  # cli.main called from `python -c`, a notebook or a test harness
+        ("", ["disttrain"]),
+        ("/venv/lib/python3.11/site-packages/pytest/__main__.py", ["disttrain"]),  # python -m pytest
+    ],
+)
+def test_command_txt_names_the_command_a_shell_would_run(
+    argv0: str, expected: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from disttrain.rundir import program
+
+    monkeypatch.setattr(sys, "argv", [argv0, "train"])
+    assert program() == expected
