@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CLI, FAST, QUICK, find_run_dirs, read_yaml, run_command, train_losses
+from .conftest import FAST, QUICK, cli_in_process, find_run_dirs, read_yaml, train_losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(360)]
 
@@ -14,8 +14,8 @@ LRS = (1e-3, 1e-2)
 
 
 def test_sweep_gives_one_complete_run_per_value(tmp_path: Path) -> None:
-    cmd = [CLI, "train", "-m", f"optim.lr={LRS[0]},{LRS[1]}", *FAST, *QUICK, "sched=constant"]
-    proc = run_command(cmd, tmp_path, timeout=300)
+    cmd = ["train", "-m", f"optim.lr={LRS[0]},{LRS[1]}", *FAST, *QUICK, "sched=constant"]
+    proc = cli_in_process(*cmd, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     runs = find_run_dirs(tmp_path)

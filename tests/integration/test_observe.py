@@ -99,7 +99,7 @@ def straight(trackers_root: Path) -> Path:
 def _killed_and_resumed(root: Path, name: str, tracker: str, sig: str = "SIGKILL") -> Path:
     """A run stopped at step 10 by `sig` (SIGKILL: the checkpoint is step 8's; SIGTERM: the engine
     saves one as it stops), then `disttrain resume`d; its run dir."""
-    from tests.integration.conftest import CLI, FAST, run_command, write_module
+    from tests.integration.conftest import CLI, FAST, cli_in_process, run_command, write_module
 
     write_module(root, "killsink", KILLER)
     marker = root / f"{name}.marker"
@@ -108,7 +108,7 @@ def _killed_and_resumed(root: Path, name: str, tracker: str, sig: str = "SIGKILL
     stopped = run_command(cmd, root)
     killed = root / name
     assert stopped.returncode != 0 and marker.exists(), stopped.stderr[-3000:]
-    resumed = run_command([CLI, "resume", str(killed)], root)
+    resumed = cli_in_process("resume", str(killed), cwd=root)  # its ranks fork from this worker's server
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     return killed
 
@@ -154,12 +154,12 @@ def test_rerun_of_a_finished_two_rank_run_is_bitwise_equal(baseline: tuple[objec
 
     import torch
 
-    from tests.integration.conftest import CLI, cli_in_process, final_weights, run_command, train_losses
+    from tests.integration.conftest import cli_in_process, final_weights, train_losses
 
     _, run_dir = baseline
     cwd = Path(json.loads((run_dir / "git.json").read_text())["repo"])  # the baseline's git repo
     new = cwd / "rerun_of_baseline"
-    proc = run_command([CLI, "rerun", str(run_dir), "--run-dir", str(new)], cwd)
+    proc = cli_in_process("rerun", str(run_dir), "--run-dir", str(new), cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "warning" not in proc.stderr, "same SHA, clean tree: no warning"
     assert proc.stdout.startswith("done: ") and str(new) in proc.stdout
@@ -185,14 +185,14 @@ def test_optuna_sweep_over_an_interval_runs_both_trials(tmp_path: Path) -> None:
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     import yaml
 
-    from tests.integration.conftest import CLI, FAST, find_run_dirs, run_command
+    from tests.integration.conftest import FAST, cli_in_process, find_run_dirs
 
     cmd = [
-        CLI, "train", "-m", *FAST, "launcher=spawn", "nproc_per_node=1", "data=synthetic", "trainer.max_steps=3",
+        "train", "-m", *FAST, "launcher=spawn", "nproc_per_node=1", "data=synthetic", "trainer.max_steps=3",
         "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=1",
         "optim.lr=interval(1e-4,1e-2)",
     ]  # fmt: skip
-    proc = run_command(cmd, tmp_path, timeout=300)
+    proc = cli_in_process(*cmd, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = find_run_dirs(tmp_path)
     assert len(runs) == 2 and all((r / "summary.json").is_file() for r in runs)

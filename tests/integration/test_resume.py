@@ -16,7 +16,7 @@ import pytest
 import torch
 import xxhash
 
-from .conftest import CLI, cli_in_process, final_weights, read_yaml, run_cli, run_command, train_losses
+from .conftest import cli_in_process, final_weights, read_yaml, run_cli, train_losses
 from .sweep import Sweep, run_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # two sweeps: 3 + 5 x JOB_BUDGET
@@ -109,9 +109,7 @@ def test_resume_two_ranks_to_one_then_back_to_two(root: Path, straight: Path, re
     assert sorted(b) == list(range(18, STEPS + 1))
     assert max(abs(a[s] - b[s]) for s in b) < 1e-5, {s: (a[s], b[s]) for s in b}
 
-    proc = run_command(
-        [CLI, "resume", str(one), "nproc_per_node=2", f"trainer.max_steps={STEPS + 10}"], root, 120
-    )
+    proc = cli_in_process("resume", str(one), "nproc_per_node=2", f"trainer.max_steps={STEPS + 10}", cwd=root)
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = _log(one)
     assert "world size 1 -> 2" in log and "resuming from" in log
@@ -191,7 +189,7 @@ def test_a_checkpoint_only_one_rank_cannot_load_is_skipped_by_every_rank(root: P
     (bad / "manifest.json").write_text(json.dumps(manifest))
     (branch / "checkpoints" / "final.pt").unlink()
 
-    proc = run_command([CLI, "resume", str(branch)], root, 120)
+    proc = cli_in_process("resume", str(branch), cwd=root)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "cannot load checkpoint" in (branch / "logs" / "rank1.log").read_text()
     log = _log(branch)
@@ -233,7 +231,7 @@ def test_rerun_of_a_finished_run_keeps_its_summary(tmp_path: Path) -> None:
     assert run_dir is not None
     summary = (run_dir / "summary.json").read_bytes()
     fast = ("trainer.progress=false", "threads_per_rank=1")
-    proc = run_command([CLI, "train", *fast, *one], tmp_path)
+    proc = cli_in_process("train", *fast, *one, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "no step ran" in proc.stdout + proc.stderr
     assert (run_dir / "summary.json").read_bytes() == summary

@@ -315,8 +315,8 @@ def test_predict_writes_one_row_per_sample_in_dataset_order(runs: Sweep, tmp_pat
 
     run, n = runs["fsdp"], 101
     out = tmp_path / "preds.jsonl"
-    cmd = [CLI, "predict", str(run), "--out", str(out), f"data.val.num_samples={n}", "threads_per_rank=1"]
-    proc = run_command(cmd, tmp_path, timeout=120)
+    cmd = ["predict", str(run), "--out", str(out), f"data.val.num_samples={n}", "threads_per_rank=1"]
+    proc = cli_in_process(*cmd, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"predict: {n} rows -> {out}" in proc.stdout
     rows = [json.loads(line) for line in out.read_text().splitlines()]

@@ -102,21 +102,21 @@ def test_runs_show_compare_and_plan_on_finished_failed_interrupted_runs(
     _, failed = run_cli(tmp_path, *QUICK, "model._target_=mylab.bad.Bad", *wired, expect_rc=1, timeout=120)
     interrupted = _interrupt_a_run(tmp_path)
 
-    runs = _json(run_command([CLI, "runs", "runs", "--json"], tmp_path, timeout=60))["runs"]
+    runs = _json(cli_in_process("runs", "runs", "--json", cwd=tmp_path))["runs"]
     status = {Path(r["run_dir"]): r for r in runs}
     assert status[done]["status"] == "finished" and status[done]["step"] == 6
     assert status[failed]["status"] == "failed" and "boom in forward" in status[failed]["error"]
     assert status[interrupted]["status"] == "interrupted"
     assert {r["strategy"] for r in runs} == {"ddp"} and {r["world_size"] for r in runs} == {2}
 
-    shown = _json(run_command([CLI, "show", str(done), "--json"], tmp_path, timeout=60))
+    shown = _json(cli_in_process("show", str(done), "--json", cwd=tmp_path))
     assert {"key": "trainer.max_steps", "default": -1, "run": 6} in shown["config_diff_vs_defaults"]
     assert shown["final_metrics"]["steps"] == 6 and shown["checkpoints"][0]["path"].endswith("final.pt")
     assert shown["reproduce"].startswith("disttrain train ") and "trainer.max_steps=6" in shown["reproduce"]
-    cmp = _json(run_command([CLI, "compare", str(done), str(failed), "--json"], tmp_path, timeout=60))
+    cmp = _json(cli_in_process("compare", str(done), str(failed), "--json", cwd=tmp_path))
     assert {d["key"] for d in cmp["config_diff"]} >= {"model._target_"}
     assert any(m["metric"] == "steps" for m in cmp["metrics"])
-    table = run_command([CLI, "runs", "runs"], tmp_path, timeout=60)
+    table = cli_in_process("runs", "runs", cwd=tmp_path, env=clean_env())  # COLUMNS=200: whole cells
     assert table.returncode == 0 and "interrupted" in table.stdout and "failed" in table.stdout
 
     # plan vs the measured state of the 2-rank ddp run: fp32 params + grads + AdamW's two moments
