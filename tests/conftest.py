@@ -43,6 +43,18 @@ def _rank(item: pytest.Item) -> int:
     return next((i for i, name in enumerate(LONGEST_FIRST) if path.endswith(name)), len(LONGEST_FIRST))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker computes on one intra-op thread: the README's four workers share two cores,
+    and torch's default (a thread per core) in each would oversubscribe them (the checks' dry steps
+    and the in-process runs' parents compute here; a rank sets its own count, threads_per_rank)."""
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 
