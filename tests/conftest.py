@@ -5,29 +5,30 @@ from __future__ import annotations
 import pytest
 
 # The modules that take longest (wall seconds at `-n 4 --dist loadscope` on the 2-core CI machine,
-# measured 2026-11-23), longest first. xdist hands each worker one module at a time in collection
-# order (--no-loadscope-reorder in pyproject.toml): starting these first keeps a long module from
-# running alone at the end while the other workers idle. Slurm's and the fault tests' waits
-# overlap the CPU-bound modules (at -n 4, two workers wait while two keep the cores busy). A
-# module not listed runs after these, in the usual order.
+# measured 2026-11-26), in the order xdist hands them out (--no-loadscope-reorder in pyproject.toml):
+# each worker starts with two (scopes i and i+4 of this order), then takes the next free one. The
+# first four pair the two that mostly wait (the fault tests' kills and restarts, Slurm's scheduler)
+# with the two longest CPU-bound ones, so the cores are busy from the start (four waiting modules
+# first left ~0.4 of a core idle for ~100 s); the mixed ones (nodes, trackers) come second. A module
+# not listed runs after these, in the usual order.
 LONGEST_FIRST = (
-    "integration/test_faults.py",
-    "integration/test_slurm.py",
-    "integration/test_observe.py",
-    "integration/test_multinode_private.py",
-    "integration/test_multinode.py",
-    "integration/test_clients.py",
-    # ~100 documented commands in one worker (~55 s alone); listed nowhere, it started last and ran
-    # alone at the end (2026-11-25: 533 s CI)
+    "integration/test_faults.py",  # ~105 s, waits for kills, restarts, a hang's timeout
+    "integration/test_slurm.py",  # ~110 s, waits for Slurm's scheduler
+    "integration/test_clients.py",  # one 14-job sweep: ~115 s
+    # ~100 documented commands in one worker (~140 s at -n 4); listed nowhere, it started last and
+    # ran alone at the end (2026-11-25: 533 s CI)
     "integration/test_docs.py",
+    "integration/test_multinode_private.py",
+    "integration/test_observe.py",
     "integration/test_data_streams.py",  # two sweeps (7 + 7 jobs) and a kill run: ~80 s at -n 4
-    "integration/test_resume.py",
-    "unit/test_cli.py",
     "integration/test_engine_depth.py",
+    "integration/test_multinode.py",
+    "integration/test_init_export.py",  # two sweeps (2 + 6 jobs)
+    "unit/test_cli.py",
     "unit/test_config.py",
+    "integration/test_resume.py",
     "integration/test_strategies_dp.py",
     "integration/test_user_code.py",
-    "integration/test_init_export.py",  # two sweeps (2 + 6 jobs): ~40 s alone at load 5, 2026-11-25
     "integration/test_tools.py",
     "integration/test_strategies_mp.py",
     "integration/test_k8s_pods.py",
