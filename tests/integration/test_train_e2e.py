@@ -164,3 +164,23 @@ def test_now_resolved_once(spawn_run: tuple[subprocess.CompletedProcess[str], Pa
     stamp = read_yaml(run_dir / "config.yaml")["name"]
     assert isinstance(stamp, str) and STAMP.match(stamp), f"stamp {stamp!r} is not one concrete time"
     assert (run_dir / "config.yaml").read_text().count(stamp) == 1
+
+
+def test_runs_through_one_fork_server_each_write_where_their_launcher_writes(tmp_path: Path) -> None:
+    """LauncherStdio: one process launching runs one after the other through its one fork server
+    (these runs are in the pytest worker, as a sweep's jobs are in the CLI), each run's rank 0
+    writes to the stderr its launcher had at that launch, not to the server's (the first run's)."""
+    from multiprocessing import forkserver
+
+    servers = []
+    for name, launcher in (("one", "torchrun"), ("two", "spawn"), ("three", "torchrun")):
+        (tmp_path / name).mkdir()
+        proc, run_dir = run_cli(
+            tmp_path / name, "data=synthetic", "trainer.max_steps=2", f"launcher={launcher}"
+        )
+        assert run_dir is not None
+        ours = [line for line in proc.stderr.splitlines() if line.startswith("[disttrain] rank 0 of 2 ")]
+        assert len(ours) == 1 and ours[0].endswith(f"run dir {run_dir}"), proc.stderr[-2000:]
+        assert "step 2 val:" in proc.stderr, proc.stderr[-2000:]
+        servers.append(getattr(forkserver._forkserver, "_forkserver_pid", None))
+    assert servers[0] is not None and len(set(servers)) == 1, f"one server served the three runs: {servers}"
