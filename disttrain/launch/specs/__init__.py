@@ -17,12 +17,11 @@ from the environment (`node_overrides`: an srun step, a Kubeflow pod) and checks
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from disttrain.config.registry import Registry
+from disttrain.config.registry import Registry, load_target
 from disttrain.config.schema import LauncherConfig
 
 if TYPE_CHECKING:
@@ -78,17 +77,13 @@ class LauncherSpec:
             found(cfg)
 
     def load(self) -> Launcher:
-        module, _, cls = self.target.partition(":")
-        launcher: Launcher = getattr(importlib.import_module(module), cls)()
+        launcher: Launcher = load_target(self.target)()
         return launcher
 
 
 def _function(ref: Any) -> Any:
     """A function, or the one a "module:function" path names (imported now), or None."""
-    if isinstance(ref, str):
-        module, _, name = ref.partition(":")
-        return getattr(importlib.import_module(module), name)
-    return ref
+    return load_target(ref) if isinstance(ref, str) else ref
 
 
 LAUNCHERS: Registry[LauncherSpec] = Registry(
