@@ -186,9 +186,7 @@ def _received_stdio(out: Any, err: Any) -> LauncherStdio:
     return LauncherStdio(tuple(None if h is None else h.detach() for h in (out, err)))  # type: ignore[arg-type]
 
 
-def rank_entry(
-    entry: str, run_dir: str, launcher_env: dict[str, str], stdio: LauncherStdio | None = None
-) -> None:
+def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str], stdio: LauncherStdio) -> None:
     """A forked rank: the launcher's environment, stdout and stderr, then `entry.run(run_dir)` as
     `python -m entry` would.
 
@@ -198,8 +196,7 @@ def rank_entry(
 
     from disttrain.config.errors import ConfigError
 
-    if stdio is not None:
-        stdio.install()
+    stdio.install()
     detach_from_server()
     environ = rank_environment(launcher_env)
     os.environ.clear()

@@ -181,12 +181,24 @@ def find_run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob("config.yaml") if p.parent.name != ".hydra")
 
 
-def in_main_thread() -> bool:
-    """Whether the CLI can run in this process now: torch's elastic agent sets signal handlers,
-    which only the main thread may (a test that runs a sweep in a thread pool gets a process)."""
+def run_disttrain(
+    cmd: Sequence[str],
+    cwd: Path,
+    timeout: float = DEFAULT_TIMEOUT,
+    env: dict[str, str] | None = None,
+    separate: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """`cmd` ([CLI, ARGS...]) in this process (`cli_in_process`: the ranks it starts are real
+    processes, forked from this worker's fork server, which every such run shares; ~1 CPU-s a run
+    instead of ~5), or with `separate` as the console script in a process of its own, bounded by
+    `timeout` (what a test of the CLI's own process needs: its exit, its signals, its children).
+    Outside the main thread always the latter: torch's elastic agent sets signal handlers, which
+    only the main thread may (a test that runs a sweep in a thread pool gets a process)."""
     import threading
 
-    return threading.current_thread() is threading.main_thread()
+    if separate or threading.current_thread() is not threading.main_thread():
+        return run_command(cmd, cwd, timeout, env)
+    return cli_in_process(*cmd[1:], cwd=cwd, env=env or clean_env())
 
 
 def run_cli(
@@ -200,19 +212,13 @@ def run_cli(
 ) -> tuple[subprocess.CompletedProcess[str], Path | None]:
     """`disttrain train [flags] FAST... overrides...` in `tmp_path`: the process and the run dir it made.
 
-    The CLI runs in this process (`cli_in_process`: its ranks are real processes, forked from this
-    worker's fork server, which every such run shares; ~1 CPU-s a run instead of ~5), or with
-    `separate` (or outside the main thread) as the console script in a process of its own, bounded
-    by `timeout` (what a test of the CLI's own process needs: its exit, its signals, its children). Fails unless the exit code is
-    `expect_rc` and at most one new run dir appeared (exactly one on success). The run dir is None
-    when none was created.
+    In this process, or with `separate` in a process of its own (`run_disttrain`). Fails unless the
+    exit code is `expect_rc` and at most one new run dir appeared (exactly one on success). The run
+    dir is None when none was created.
     """
     before = set(find_run_dirs(tmp_path))
     cmd = [CLI, "train", *flags, *FAST, *pinned_backend(*overrides), *overrides]
-    if separate or not in_main_thread():
-        proc = run_command(cmd, tmp_path, timeout, env)
-    else:
-        proc = cli_in_process(*cmd[1:], cwd=tmp_path, env=env or clean_env())
+    proc = run_disttrain(cmd, tmp_path, timeout, env, separate)
     if proc.returncode != expect_rc:
         pytest.fail(
             f"`{' '.join(cmd)}` exited {proc.returncode}, expected {expect_rc}\n"

@@ -21,18 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import (
-    CLI,
-    FAST,
-    _tail,
-    clean_env,
-    cli_in_process,
-    find_run_dirs,
-    in_main_thread,
-    pinned_backend,
-    read_yaml,
-    run_command,
-)
+from .conftest import CLI, FAST, _tail, find_run_dirs, pinned_backend, read_yaml, run_disttrain
 
 JOB_BUDGET = 60.0  # seconds per job (a 20-step 2-rank run trains in ~3 s); a sweep gets the sum
 
@@ -123,8 +112,8 @@ def run_sweep(
     separate: bool = False,
 ) -> Sweep:
     """`disttrain train -m` in `cwd`: one job per entry of `runs` (name -> its own overrides), in that
-    order, each with FAST + `common` too; in this process (as `run_cli`), or with `separate` as the
-    console script in a process of its own, bounded by `budget` seconds per job. `config_dir`: the
+    order, each with FAST + `common` too; in this process, or with `separate` in a process of its own,
+    bounded by `budget` seconds per job (`run_disttrain`). `config_dir`: the
     user's own --config-dir, which gets the case/ group (else a new one in `cwd`)."""
     # a key both in `common` and in a run's own overrides would silently take common's value
     shared = {o.lstrip("+~").partition("=")[0] for o in common}
@@ -140,10 +129,7 @@ def run_sweep(
         *common, *(o for overrides in runs.values() for o in overrides)
     )  # gloo, unless `gpu`
     cmd = [CLI, "train", "-m", "--config-dir", str(conf), f"+case={','.join(cases)}", *FAST, *pin, *common]
-    if separate or not in_main_thread():
-        proc = run_command(cmd, cwd, timeout=budget * len(runs))
-    else:  # the CLI in this process: its jobs' ranks fork from this worker's server (run_cli)
-        proc = cli_in_process(*cmd[1:], cwd=cwd, env=clean_env())
+    proc = run_disttrain(cmd, cwd, timeout=budget * len(runs), separate=separate)
     jobs: dict[str, Path | None] = dict.fromkeys(runs)
     for run_dir in find_run_dirs(cwd):
         case = next(
