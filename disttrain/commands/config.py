@@ -4,23 +4,23 @@ and the helpers `train` shares with it (compose + check, every key's help)."""
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.commands.hydra_app import parse_args
 
-COMPOSED: dict[tuple[str, ...], Any] = {}  # each job's composition with its `hydra` node (run dir)
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
-def compose_checked(overrides: list[str], args: Any, runtime: bool) -> dict[str, Any]:
+def compose_checked(overrides: list[str], args: Any, runtime: bool) -> tuple[dict[str, Any], DictConfig]:
     """Compose with `train`'s flags (--config-dir/--config-name), resolve, run the static checks
-    (and the runtime ones: the machine, a dry build); ConfigError on any mistake."""
+    (and the runtime ones: the machine, a dry build); ConfigError on any mistake. The checked config
+    and the composition it came from, with Hydra's node (`train` takes the run dir from it)."""
     from disttrain.config import compose, resolve
     from disttrain.preflight.checks import check_runtime, check_static
     from disttrain.timing import mark
 
-    # Composed once, with Hydra's own node: `train` takes the run dir from it (commands.train._own_run_dir).
     full = compose(overrides, args.config_dir, args.config_name or "config", with_hydra=True)
-    COMPOSED[tuple(overrides)] = full
     cfg = resolve(full, overrides)
     check_static(cfg)
     mark("static_checks")
@@ -30,7 +30,7 @@ def compose_checked(overrides: list[str], args: Any, runtime: bool) -> dict[str,
         prestart(cfg)  # e.g. the ranks' fork server imports torch while the checks below run
         check_runtime(cfg)
         mark("runtime_checks")
-    return cfg
+    return cfg, full
 
 
 def key_help(args: Any, footer: str = "") -> int:
@@ -51,6 +51,6 @@ def cmd_config(rest: list[str]) -> int:
     if args.help:
         sys.stdout.write("usage: disttrain config [--config-dir DIR] [key=value ...]\n\n")
         return key_help(args)
-    cfg = compose_checked(args.overrides, args, runtime=False)
+    cfg, _ = compose_checked(args.overrides, args, runtime=False)
     sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
     return 0

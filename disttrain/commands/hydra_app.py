@@ -41,29 +41,6 @@ def run_main(task: Callable[[Any], Any], config_path: str, config_name: str, arg
         sys.argv = saved
 
 
-def known_mode(modes: list[Any]) -> None:
-    """`@hydra.main` composes the whole config one extra time only to read `hydra.mode`
-    (`Hydra.get_mode`, ~0.2 s before every run); a single run's checks composed the same config and
-    overrides already, and put its mode in `modes` (popped once).
-
-    Private: `Hydra.get_mode` is internal and `hydra.main` offers no way to pass a known mode, so
-    the method is wrapped (once per process); with `modes` empty it calls Hydra's own.
-    """
-    from hydra._internal.hydra import Hydra
-
-    original = Hydra.get_mode
-    if getattr(original, "_disttrain", False):
-        return
-
-    def get_mode(self: Hydra, config_name: str | None, overrides: list[str]) -> Any:
-        if modes:
-            return modes.pop()
-        return original(self, config_name, overrides)
-
-    get_mode._disttrain = True  # type: ignore[attr-defined]
-    Hydra.get_mode = get_mode  # type: ignore[method-assign]
-
-
 GROUPS_RESOLVER = "disttrain_groups"
 
 

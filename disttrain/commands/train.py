@@ -1,20 +1,25 @@
 """`disttrain train`: compose and check every job, claim its run dir, freeze, launch, summarise.
 
-argv -> compose + checks (every job, before anything is written) -> run dir claimed -> the job runs
-(one run: `_run_job`, directly; a sweep: each job under `@hydra.main`, `_hydra_task`) -> frozen
-config.yaml -> launcher -> one worker per rank -> summary.
+argv -> compose + checks (every job, before anything is written) -> run dir claimed -> each job
+runs (`_run_job`: one run, or each job of a basic sweep, without `@hydra.main`; a sweeper or
+launcher plugin, or Hydra callbacks: under `@hydra.main`, `_hydra_task`) -> frozen config.yaml ->
+launcher -> one worker per rank -> summary.
 `resume` and `rerun` train through `freeze_and_launch`.
+
+No module state: the checked jobs and the command line travel as arguments (`Jobs`), also into
+the task `@hydra.main` runs.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from disttrain.commands.config import COMPOSED as _COMPOSED
 from disttrain.commands.config import compose_checked as _compose_checked
 from disttrain.commands.config import key_help as _key_help
 from disttrain.commands.hydra_app import parse_args as _hydra_args
@@ -23,7 +28,26 @@ from disttrain.commands.hydra_app import parse_args as _hydra_args
 def freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
     """Write the frozen run dir for the checked `cfg`, launch its ranks (or submit its job), wait;
     the run's summary, or None when a scheduler trains it or it wrote none."""
-    return _freeze_and_launch(cfg, run_dir, overrides)
+    from disttrain.rundir import command_line
+
+    return _freeze_and_launch(cfg, run_dir, overrides, command_line())
+
+
+@dataclass
+class Jobs:
+    """What `train` checked before anything was written, handed to whatever runs the jobs.
+
+    `checked`: each job's config (keyed by its overrides), resolved and with its `_target_` nodes
+    settled (config/clean.py), so a job runs exactly what was checked; `composed`: the same
+    compositions with Hydra's node (run and sweep dirs, job settings); `command`: the user's
+    command line for command.txt (with the run or sweep dir this command claimed)."""
+
+    config_dir: str | None
+    config_name: str
+    checked: dict[tuple[str, ...], dict[str, Any]] = field(default_factory=dict)
+    composed: dict[tuple[str, ...], Any] = field(default_factory=dict)
+    command: list[str] = field(default_factory=list)
+    multirun: bool = False
 
 
 def _shell_completion(request: str) -> int:
@@ -70,47 +94,144 @@ def cmd_train(rest: list[str]) -> int:
     if node is None:
         return _train_as_launched_rank(args)
     rest, args.overrides = [*rest, *node[len(args.overrides) :]], node
-    command = rest
-    if not (args.help or args.hydra_help or args.info or args.shell_completion):
-        if not args.cfg:
-            _say_checking()
-        # Check every job before Hydra creates a single run dir: nothing half-written on bad input.
-        from disttrain.config import expand_sweep
+    jobs = Jobs(args.config_dir, args.config_name or "config", multirun=bool(args.multirun))
+    if args.help:  # Hydra's help (the groups and their options), then every key once, with its help
+        try:
+            _run_hydra_app(rest, jobs)
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise
+        return _key_help(args, footer="\nUse --hydra-help to view Hydra specific help\n")
+    if args.hydra_help or args.info:
+        return _run_hydra_app(rest, jobs)
+    if not args.cfg:
+        _say_checking()
+    # Check every job before anything is written: nothing half-written on bad input.
+    from disttrain.config import expand_sweep
+    from disttrain.rundir import program
 
-        # A sweeper plugin's syntax (Optuna's interval(...)) expands only inside the plugin: then the
-        # base job is checked here and every job again as the plugin launches it (_hydra_task).
-        for job in expand_sweep(args.overrides) if args.multirun else [args.overrides]:
-            cfg = _compose_checked(job, args, runtime=not args.cfg)
-            _CHECKED[tuple(job)] = cfg
-        _CHECKED_FROM[:] = [args.config_dir, args.config_name or "config"]
+    # A sweeper plugin's syntax (Optuna's interval(...)) expands only inside the plugin: then the
+    # base job is checked here and every job again as the plugin launches it (_hydra_task).
+    for job in expand_sweep(args.overrides) if args.multirun else [args.overrides]:
+        cfg, jobs.composed[tuple(job)] = _compose_checked(job, args, runtime=not args.cfg)
+        jobs.checked[tuple(job)] = cfg
+    if args.cfg:
         if (
             (args.cfg == "job" or (args.cfg == "hydra" and args.resolve))
             and not args.multirun
             and not args.package
         ):
-            return _print_cfg(args)
-        if args.multirun and not args.cfg:
-            rest = [*rest, *_own_sweep_dir(args, expand_sweep(args.overrides)[0])]
-        if not args.multirun and not args.cfg:
-            extra = _multinode_run_dir(cfg, args.overrides)
-            command = [*rest, *extra]  # every node derives the same dir: part of the command
-            run_dir = _own_run_dir(cfg, args, [*args.overrides, *extra], command)
-            composed = _COMPOSED[tuple(args.overrides)]
-            if not args.help and not composed.hydra.callbacks:
-                from disttrain.rundir import program
+            return _print_cfg(args, jobs)
+        return _run_hydra_app(rest, jobs)  # Hydra prints what it composes
+    if args.multirun:
+        first = next(iter(jobs.composed.values()))
+        sweep_dir, claimed = _own_sweep_dir(args, first)
+        rest = [*rest, *claimed]
+        jobs.command = [*program(), "train", *rest]
+        if _basic_sweep(first, args.overrides):
+            return _run_sweep(jobs, sweep_dir)
+        return _run_hydra_app(rest, jobs)
+    extra = _multinode_run_dir(cfg, args.overrides)
+    command = [*rest, *extra]  # every node derives the same dir: part of the command
+    full = jobs.composed[tuple(args.overrides)]
+    run_dir = _own_run_dir(cfg, args, [*args.overrides, *extra], command, full)
+    jobs.command = [*program(), "train", *command]
+    if not full.hydra.callbacks:
+        return _run_job(cfg, run_dir, task_overrides(args.overrides), full.hydra.job, jobs.command)
+    return _run_hydra_app([*command, f"hydra.run.dir={_hydra_quote(str(run_dir))}"], jobs)
 
-                _COMMAND[:] = [*program(), "train", *command]
-                return _run_job(cfg, run_dir, task_overrides(args.overrides), composed.hydra.job)
-            rest = [*command, f"hydra.run.dir={_hydra_quote(str(run_dir))}"]
-            _KNOWN_MODE[:] = [composed.hydra.mode]
-    if args.help:  # Hydra's help (the groups and their options), then every key once, with its help
+
+_BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+_BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+
+
+def _basic_sweep(full: Any, overrides: list[str]) -> bool:
+    """`-m` that Hydra's own sweeper and launcher would run one job after the other, in this process,
+    with nothing of the user's around the jobs (no callbacks, no `hydra.sweeper.params` in a config,
+    no sweeper plugin's syntax): `_run_sweep` runs it. Anything else runs under `@hydra.main`."""
+    from disttrain.config.compose import plugin_sweep
+
+    hydra = full.hydra
+    return (
+        hydra.sweeper.get("_target_") == _BASIC_SWEEPER
+        and hydra.launcher.get("_target_") == _BASIC_LAUNCHER
+        and not hydra.callbacks
+        and not hydra.sweeper.get("params")
+        and not plugin_sweep(overrides)
+    )
+
+
+def _run_sweep(jobs: Jobs, sweep_dir: Path) -> int:
+    """A basic sweep: every checked job in turn, in `sweep_dir/<hydra.sweep.subdir>` (the job's
+    number by default), as Hydra's BasicLauncher runs them, but without `@hydra.main`, which would
+    compose each job twice more (~0.2 CPU-s a job) only to hand it what `train` already checked.
+    Like Hydra's, the sweep stops at the first job that fails, with that job's exit status."""
+    sys.stderr.write(f"disttrain: launching {len(jobs.checked)} jobs in {sweep_dir}\n")
+    for num, (key, cfg) in enumerate(jobs.checked.items()):
+        full = jobs.composed[key]
+        overrides = task_overrides(list(key))
+        sys.stderr.write(f"disttrain: \t#{num} : {' '.join(overrides)}\n")
+        rc = _run_job(cfg, _sweep_job_dir(full, sweep_dir, num), overrides, full.hydra.job, jobs.command)
+        if rc:
+            return rc
+    return 0
+
+
+def _sweep_job_dir(full: Any, sweep_dir: Path, num: int) -> Path:
+    """Job `num`'s folder: `hydra.sweep.subdir` evaluated as Hydra's launcher evaluates it (with
+    `hydra.job.num` and `hydra.job.id` set, and the `${hydra:...}` resolver on this job's config)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    with read_write(full.hydra), open_dict(full.hydra):
+        full.hydra.job.num = num
+        full.hydra.job.id = num
+    hydra_config = HydraConfig.instance()
+    saved = hydra_config.cfg
+    hydra_config.set_config(full)
+    try:
+        job_dir = sweep_dir / str(OmegaConf.select(full, "hydra.sweep.subdir"))
+    finally:
+        hydra_config.cfg = saved
+    job_dir.mkdir(parents=True, exist_ok=True)
+    return job_dir
+
+
+@contextmanager
+def _job_context(run_dir: Path, job: Any) -> Iterator[None]:
+    """What Hydra's job runner does around a job, undone after it: `hydra.job.env_set` in the
+    environment, `hydra.job.chdir` into the run dir."""
+    saved_env = {str(k): os.environ.get(str(k)) for k in job.env_set}
+    cwd = os.getcwd()
+    os.environ.update({str(k): str(v) for k, v in job.env_set.items()})
+    if job.chdir:
+        os.chdir(run_dir)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _run_job(cfg: dict[str, Any], run_dir: Path, overrides: list[str], job: Any, command: list[str]) -> int:
+    """One checked job (a run, or a basic sweep's job) trains without `@hydra.main`, which would
+    compose the config again (~0.4 CPU-s before every run) only to hand the job a run dir and
+    overrides this command already holds. What Hydra's job runner would do for it is done here
+    (`_job_context`). An error that escapes the job is reported as Hydra reports it (overrides,
+    traceback), exit 1."""
+    import traceback
+
+    with _job_context(run_dir, job):
         try:
-            _run_hydra_app(rest, args.config_name or "config", command)
-        except SystemExit as exc:
-            if exc.code not in (0, None):
-                raise
-        return _key_help(args, footer="\nUse --hydra-help to view Hydra specific help\n")
-    return _run_hydra_app(rest, args.config_name or "config", command)
+            _freeze_and_launch(cfg, run_dir, overrides, command)
+        except Exception:
+            sys.stderr.write(f"Error executing job with overrides: {overrides}\n{traceback.format_exc()}")
+            return 1
+    return 0
 
 
 def _say_checking() -> None:
@@ -123,26 +244,6 @@ def _say_checking() -> None:
         sys.stderr.flush()
 
 
-def _run_job(cfg: dict[str, Any], run_dir: Path, overrides: list[str], job: Any) -> int:
-    """One run (no sweep, no Hydra callbacks): the checked job trains without `@hydra.main`, which
-    would compose the config a second time (~0.4 CPU-s before every run) only to hand the job a
-    run dir and overrides this command already holds. What Hydra's job runner would do for it is
-    done here: `hydra.job.env_set` into the environment, `hydra.job.chdir` into the run dir. An
-    error that escapes the job is reported as Hydra reports it (overrides, traceback), exit 1."""
-    import os
-    import traceback
-
-    os.environ.update({str(k): str(v) for k, v in job.env_set.items()})
-    if job.chdir:
-        os.chdir(run_dir)
-    try:
-        _freeze_and_launch(cfg, run_dir, overrides)
-    except Exception:
-        sys.stderr.write(f"Error executing job with overrides: {overrides}\n{traceback.format_exc()}")
-        return 1
-    return 0
-
-
 def task_overrides(overrides: list[str]) -> list[str]:
     """The job's own overrides, as Hydra's `hydra.overrides.task` lists them: without the `hydra.*`
     keys and `hydra/...` groups (those configure Hydra, not the job)."""
@@ -153,18 +254,18 @@ def task_overrides(overrides: list[str]) -> list[str]:
     return [o for o in overrides if not (key(o) == "hydra" or key(o).startswith(("hydra.", "hydra/")))]
 
 
-def _own_run_dir(cfg: dict[str, Any], args: Any, overrides: list[str], command: list[str]) -> Path:
-    """This invocation's run dir, created before Hydra runs the job (Hydra would reuse any).
+def _own_run_dir(cfg: dict[str, Any], args: Any, overrides: list[str], command: list[str], full: Any) -> Path:
+    """This invocation's run dir, created before the job runs (Hydra would reuse any).
 
     The default `runs/NAME/TIMESTAMP` is claimed exclusively (a taken one gets a -1 suffix); a
     `hydra.run.dir=PATH` the user chose is continued only with the same config (see rundir.reuse).
-    Both are checked to be writable first: one paragraph instead of a traceback after the freeze."""
+    Both are checked to be writable first: one paragraph instead of a traceback after the freeze.
+    `full` is the checks' composition; composed again only when the command added a key."""
     from disttrain import rundir
     from disttrain.config import compose
     from disttrain.launch.registry import launcher_for
 
-    full = _COMPOSED.get(tuple(overrides))  # the checks' composition, unless the command added a key
-    if full is None:
+    if overrides != list(args.overrides):  # the multi-node run dir every node derives
         full = compose(overrides, args.config_dir, args.config_name or "config", with_hydra=True)
     run_dir = Path(str(full.hydra.run.dir)).absolute()
     rundir.check_path(run_dir)
@@ -178,16 +279,16 @@ def _own_run_dir(cfg: dict[str, Any], args: Any, overrides: list[str], command: 
     return claimed
 
 
-def _own_sweep_dir(args: Any, first_job: list[str]) -> list[str]:
-    """`-m`: the sweep's folder (`runs/NAME/multirun_TIMESTAMP`) claimed exclusively, as a run dir."""
+def _own_sweep_dir(args: Any, first: Any) -> tuple[Path, list[str]]:
+    """`-m`: the sweep's folder (`runs/NAME/multirun_TIMESTAMP`, from the first job's composition
+    `first`) claimed exclusively, as a run dir; with the override that names it to Hydra."""
     from disttrain import rundir
-    from disttrain.config import compose
 
+    sweep_dir = Path(str(first.hydra.sweep.dir)).absolute()
     if any(o.lstrip("+").startswith("hydra.sweep.dir=") for o in args.overrides):
-        return []  # the user's own folder: its job subdirs are theirs to reuse
-    full = compose(first_job, args.config_dir, args.config_name or "config", with_hydra=True)
-    sweep_dir = rundir.claim(Path(str(full.hydra.sweep.dir)).absolute())
-    return [f"hydra.sweep.dir={_hydra_quote(str(sweep_dir))}"]
+        return sweep_dir, []  # the user's own folder: its job subdirs are theirs to reuse
+    sweep_dir = rundir.claim(sweep_dir)
+    return sweep_dir, [f"hydra.sweep.dir={_hydra_quote(str(sweep_dir))}"]
 
 
 def _hydra_quote(value: str) -> str:
@@ -215,33 +316,27 @@ def _multinode_run_dir(cfg: dict[str, Any], overrides: list[str]) -> list[str]:
     return [f"hydra.run.dir={run_dir_name(cfg)}"]
 
 
-# The user's command line for command.txt: Hydra must see sys.argv without the `train` subcommand.
-_COMMAND: list[str] = []
-
-# The checked config of each job (keyed by its overrides), with its `_target_` nodes settled
-# (config/clean.py): the job runs exactly what was checked, not Hydra's unsettled composition.
-_CHECKED: dict[tuple[str, ...], dict[str, Any]] = {}
-_CHECKED_FROM: list[Any] = [None, "config"]  # --config-dir, --config-name of those checks
-_KNOWN_MODE: list[Any] = []  # a single run's hydra.mode, from that composition (hydra_app.known_mode)
-
-
-def _run_hydra_app(rest: list[str], config_name: str, command: list[str] | None = None) -> int:
-    from disttrain.commands.hydra_app import known_mode, register_help_resolver, run_main
+def _run_hydra_app(rest: list[str], jobs: Jobs) -> int:
+    """`rest` under `@hydra.main`: help, `--cfg`/`--info` prints, and the jobs `train` does not run
+    itself (a sweeper or launcher plugin's, or any with Hydra callbacks), each through `_hydra_task`
+    with `jobs`."""
+    from disttrain.commands.hydra_app import register_help_resolver, run_main
     from disttrain.config import config_dir
     from disttrain.config.schema import register
 
     register()
     register_help_resolver()  # config.yaml's hydra.help.template lists the groups through it
-    known_mode(_KNOWN_MODE)
-    from disttrain.rundir import program
 
-    _COMMAND[:] = [*program(), "train", *(rest if command is None else command)]
-    run_main(_hydra_task, str(config_dir()), config_name, rest)
+    def task(cfg: Any) -> Any:
+        return _hydra_task(jobs)
+
+    run_main(task, str(config_dir()), jobs.config_name, rest)
     return 0
 
 
-def _hydra_task(cfg: Any) -> dict[str, Any] | None:
-    """Runs once per job in the parent: freeze the resolved config, launch, summarise."""
+def _hydra_task(jobs: Jobs) -> dict[str, Any] | float | None:
+    """Runs once per job that `@hydra.main` runs, in the parent: freeze the checked config, launch,
+    summarise. A job that a sweeper plugin chose (Optuna) is composed, settled and checked now."""
     from hydra.core.hydra_config import HydraConfig
 
     from disttrain.config import resolve
@@ -252,24 +347,22 @@ def _hydra_task(cfg: Any) -> dict[str, Any] | None:
     run_dir = Path(hc.runtime.output_dir).resolve()
     overrides = list(hc.overrides.task)
     plugin = "BasicSweeper" not in str(hc.sweeper.get("_target_", "BasicSweeper"))
-    checked = _CHECKED.get(tuple(overrides))
-    if checked is None and str(hc.mode) == "RunMode.RUN" and len(_CHECKED) == 1:
-        # One run: the job cmd_train checked (hc.overrides.task shows `${...}` values resolved,
-        # `model.in_features=64`, so the key misses; checking it again cost a compose and a dry step).
-        checked = next(iter(_CHECKED.values()))
-    if checked is None:  # a job a sweeper plugin chose (Optuna): compose, settle and check it now
+    # One run is the job `train` checked (hc.overrides.task shows `${...}` values resolved,
+    # `model.in_features=64`, so its key may miss).
+    checked = next(iter(jobs.checked.values())) if not jobs.multirun else jobs.checked.get(tuple(overrides))
+    if checked is None:
         from disttrain.config import compose
 
         try:
-            checked = resolve(compose(overrides, *_CHECKED_FROM), overrides)
+            checked = resolve(compose(overrides, jobs.config_dir, jobs.config_name), overrides)
             check_static(checked)
             check_runtime(checked)
         except ConfigError as exc:
             sys.stderr.write(f"disttrain: {exc}\n")
             raise SystemExit(2) from None
-    summary = _freeze_and_launch(checked, run_dir, overrides)
+    summary = _freeze_and_launch(checked, run_dir, overrides, jobs.command)
     if plugin and summary is not None:
-        return _objective(summary)  # type: ignore[return-value]
+        return _objective(summary)
     return summary
 
 
@@ -281,9 +374,11 @@ def _objective(summary: dict[str, Any]) -> float:
     return float("nan")
 
 
-def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
+def _freeze_and_launch(
+    cfg: dict[str, Any], run_dir: Path, overrides: list[str], command: list[str]
+) -> dict[str, Any] | None:
     from disttrain.launch import LaunchError, launch, submit
-    from disttrain.rundir import command_line, freeze, run_status
+    from disttrain.rundir import freeze, run_status
     from disttrain.timing import mark
 
     mark("hydra_task")
@@ -291,8 +386,8 @@ def _freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str])
     reshaped = same_global_batch(cfg, run_dir)
     if reshaped:  # frozen as the ranks will train it: config.yaml and the checkpoints agree
         sys.stderr.write(f"disttrain: resuming at another world size: {reshaped}\n")
-    freeze(run_dir, cfg, overrides, _COMMAND or command_line())
-    if submit(cfg, run_dir, _COMMAND or command_line()):
+    freeze(run_dir, cfg, overrides, command)
+    if submit(cfg, run_dir, command):
         return None  # a scheduler's nodes train (sbatch, a Kubeflow job); status.json is theirs
     try:
         with run_status(run_dir):  # status.json: running -> finished / failed / interrupted
@@ -357,33 +452,21 @@ def _train_as_launched_rank(args: Any) -> int:
     return train_as_launched_rank(args)
 
 
-def _print_cfg(args: Any) -> int:
+def _print_cfg(args: Any, jobs: Jobs) -> int:
     """`train --cfg job`: what config.yaml will hold (resolved, `_target_` nodes settled: Hydra would
     print its composition before that, `${...}` and all) and `train --cfg hydra --resolve`: Hydra deletes the job's keys before
     resolving the `hydra` node, so its `${name}` (hydra.run.dir) fails; here it resolves against the
     whole config, as at run time. Values only a running job has (hydra.job.num) stay `???`."""
     from omegaconf import OmegaConf, open_dict
 
-    from disttrain.config import compose
+    if args.cfg == "job":  # what config.yaml will hold: resolved once, `_target_` nodes settled
+        import yaml
 
-    cfg = compose(
-        args.overrides, args.config_dir, args.config_name or "config", with_hydra=args.cfg == "hydra"
-    )
-    if args.cfg == "job":
-        checked = _CHECKED.get(tuple(args.overrides))
-        if checked is not None:  # what config.yaml will hold: resolved once, `_target_` nodes settled
-            import yaml
-
-            sys.stdout.write(yaml.safe_dump(checked, sort_keys=False))
-            return 0
-        from disttrain.config.gpus import resolve_nproc
-
-        job = OmegaConf.to_container(cfg, resolve=True)
-        resolve_nproc(job)  # type: ignore[arg-type]  # nproc_per_node=auto as the run freezes it
-        sys.stdout.write(OmegaConf.to_yaml(job))
+        sys.stdout.write(yaml.safe_dump(jobs.checked[tuple(args.overrides)], sort_keys=False))
         return 0
     from hydra.core.hydra_config import HydraConfig
 
+    cfg = jobs.composed[tuple(args.overrides)]
     HydraConfig.instance().set_config(cfg)  # the `${hydra:...}` resolver, as under @hydra.main
     OmegaConf.set_readonly(cfg.hydra, None)  # as Hydra's own --cfg does (compose hands it read-only)
     with open_dict(cfg.hydra):

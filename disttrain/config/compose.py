@@ -248,14 +248,9 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     """
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
 
-    parser = OverridesParser.create()
-    parsed = parser.parse_overrides(overrides)
-    plugin_syntax = any(
-        o.is_sweep_override() and not isinstance(o.value(), ChoiceSweep | RangeSweep) for o in parsed
-    )
-    if plugin_syntax or any(o.key_or_group == "hydra/sweeper" for o in parsed):
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    if plugin_sweep(overrides):
         # A sweeper plugin (hydra/sweeper=optuna, interval(...)) chooses the values: the base job is
         # checked here, every job as the plugin launches it.
         return [
@@ -267,3 +262,16 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
         ]
     batches = BasicSweeper.split_arguments(parsed, None)
     return [list(job) for batch in batches for job in batch]
+
+
+def plugin_sweep(overrides: list[str]) -> bool:
+    """Whether a sweeper plugin chooses the jobs: `hydra/sweeper=...` is set, or a sweep uses syntax
+    only a plugin expands (Optuna's `interval(...)`; `glob(...)`, which Hydra expands against the
+    config groups as it launches); Hydra's basic sweeper takes choices (`a,b`) and ranges here."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return any(o.key_or_group == "hydra/sweeper" for o in parsed) or any(
+        o.is_sweep_override() and not isinstance(o.value(), ChoiceSweep | RangeSweep) for o in parsed
+    )

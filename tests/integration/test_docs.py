@@ -642,7 +642,7 @@ def _checks_only(rest: list[str]) -> int:
     from disttrain.preflight.checks import check_runtime
 
     args = parse_args(rest)
-    cfg = compose_checked(args.overrides, args, runtime=False)
+    cfg, _ = compose_checked(args.overrides, args, runtime=False)
     check_runtime(cfg)
     sys.stdout.write("checked\n")
     return 0

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
+
+from disttrain.testing import FAULT_MLP
 
 from .conftest import FAST, QUICK, cli_in_process, find_run_dirs, read_yaml, train_losses
 
@@ -14,12 +17,14 @@ LRS = (1e-3, 1e-2)
 
 
 def test_sweep_gives_one_complete_run_per_value(tmp_path: Path) -> None:
-    cmd = ["train", "-m", f"optim.lr={LRS[0]},{LRS[1]}", *FAST, *QUICK, "sched=constant"]
+    # hydra.sweep.subdir evaluated per job, as Hydra's launcher evaluates it (job number, job config)
+    subdir = "hydra.sweep.subdir=lr${optim.lr}_${hydra.job.num}"
+    cmd = ["train", "-m", f"optim.lr={LRS[0]},{LRS[1]}", *FAST, *QUICK, "sched=constant", subdir]
     proc = cli_in_process(*cmd, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     runs = find_run_dirs(tmp_path)
-    assert [d.name for d in runs] == ["0", "1"], runs
+    assert [d.name for d in runs] == [f"lr{LRS[0]}_0", f"lr{LRS[1]}_1"], runs
     sweep = runs[0].parent
     assert runs[1].parent == sweep and sweep.name.startswith("multirun_"), sweep
     assert sum(line.startswith("done: 6 steps") for line in proc.stdout.splitlines()) == 2
@@ -36,9 +41,27 @@ def test_sweep_gives_one_complete_run_per_value(tmp_path: Path) -> None:
         assert (run_dir / "checkpoints" / "final.pt").is_file()
         assert len(train_losses(run_dir)) == 6
         assert (run_dir / "tensorboard").is_dir()
+        # a basic sweep's jobs run without @hydra.main (whose job runner writes .hydra/ into each);
+        # each job's command.txt is the sweep's command, with the sweep dir it claimed
+        assert not (run_dir / ".hydra").exists()
+        command = shlex.split((run_dir / "command.txt").read_text())
+        assert command[1:3] == ["train", "-m"] and f"hydra.sweep.dir='{sweep}'" in command, command
 
     # Both jobs start from the same weights and batch (step 1's loss is taken before any update);
     # after that the lr shows: each job ran its own config.
     slow, fast = (train_losses(d) for d in runs)
     assert slow[0] == pytest.approx(fast[0], abs=1e-6)
     assert abs(slow[-1] - fast[-1]) > 1e-3 and fast[-1] < slow[-1], (slow, fast)
+
+
+def test_a_failed_job_stops_the_sweep_with_its_exit_status(tmp_path: Path) -> None:
+    """As Hydra's basic sweeper does: the sweep stops at the first job that fails, with that job's
+    exit status; the jobs after it never start (job 1 would have trained: raise_at=0 never raises)."""
+    cmd = ["train", "-m", "+model.raise_at=2,0", *FAST, *FAULT_MLP, "data=synthetic", "trainer.max_steps=4"]
+    proc = cli_in_process(*cmd, "nproc_per_node=1", "strategy=single", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (failed,) = find_run_dirs(tmp_path)
+    assert failed.name == "0" and not (failed.parent / "1").exists(), find_run_dirs(tmp_path)
+    assert read_yaml(failed / "status.json")["status"] == "failed"
+    assert "injected failure at training forward 2" in proc.stderr, proc.stderr[-3000:]
+    assert "launching 2 jobs" in proc.stderr and "#1 :" not in proc.stderr, proc.stderr[-3000:]
