@@ -35,8 +35,11 @@ from typing import Any
 # which a rank imports at its first save or load (checkpoint.manager defers it: a rank forked from
 # here has it already), and torch._dynamo: every rank imports it (~0.4-0.9 CPU-s) whether or not it
 # compiles, since building an optimizer (`add_param_group`) and its every step (`_use_grad`: a
-# `torch._dynamo.graph_break()`) do, so it is imported once per node here rather than once per rank.
-# Never the user's modules. This module first: SERVER_ENV is the server's own environment.
+# `torch._dynamo.graph_break()`) do, so it is imported once per node here rather than once per rank;
+# and TensorBoard's writer (tensorboard, protobuf, absl: ~0.08 CPU-s), which rank 0 of every run
+# imports for the default `tensorboard` sink: here it is paid while the parent still checks, and
+# once per server, not once per run of a sweep. Never the user's modules. This module first:
+# SERVER_ENV is the server's own environment.
 PRELOAD = [
     "disttrain.launch.forkserver",
     "disttrain.worker",
@@ -44,6 +47,7 @@ PRELOAD = [
     "numpy.random",
     "torch.distributed.checkpoint",
     "torch._dynamo",
+    "torch.utils.tensorboard",
 ]
 
 # The server's environment when it imported this module (in a rank: before the agent's keys).

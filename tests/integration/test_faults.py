@@ -24,7 +24,7 @@ from .conftest import (
     clean_env,
     final_weights,
     run_cli,
-    run_command,
+    run_disttrain,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -217,7 +217,7 @@ def test_sigterm_far_from_a_log_step_saves_and_resumes_bitwise(
     assert "Received 15 death signal" in (run_dir / "logs" / "launcher.log").read_text()
     assert not _group_members(proc.pid), "ranks outlived the CLI"
 
-    resumed = run_command(
+    resumed = run_disttrain(
         [CLI, "resume", str(run_dir), f"trainer.max_steps={STEPS}", "model.delay=0"], tmp_path, 120
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
@@ -256,7 +256,7 @@ def test_sigkill_of_the_launcher_saves_a_signal_checkpoint_and_leaves_no_rank(
     assert f"the launcher (pid {proc.pid}) died" in status["error"], status
     assert f"stopped at step {meta['step']} on the signal" in status["error"], status
 
-    resumed = run_command(
+    resumed = run_disttrain(
         [CLI, "resume", str(run_dir), f"trainer.max_steps={STEPS}", "model.delay=0"], tmp_path, 120
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]

@@ -14,7 +14,16 @@ import pytest
 
 from disttrain.tools.collectives import OPS
 
-from .conftest import CLI, FAST, QUICK, _kill_group, clean_env, cli_in_process, run_cli, run_command
+from .conftest import (
+    CLI,
+    FAST,
+    QUICK,
+    _kill_group,
+    clean_env,
+    cli_in_process,
+    run_cli,
+    run_disttrain,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +36,7 @@ def _json(proc: subprocess.CompletedProcess[str]) -> dict:
 
 
 def test_bench_comm_every_collective_correct_on_two_ranks(tmp_path: Path) -> None:
-    proc = run_command([*BENCH, "--max-bytes", "64K", "threads_per_rank=1"], tmp_path, timeout=120)
+    proc = run_disttrain([*BENCH, "--max-bytes", "64K", "threads_per_rank=1"], tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = _json(proc)
     assert (
@@ -68,7 +77,7 @@ def test_bench_comm_names_a_wrong_result_and_a_timeout(tmp_path: Path) -> None:
         "launcher=spawn",
         "threads_per_rank=1",
     ]
-    proc = run_command(cmd, tmp_path, timeout=120, env=wrong)
+    proc = run_disttrain(cmd, tmp_path, timeout=120, env=wrong)
     assert proc.returncode == 1, proc.stderr[-3000:]
     errors = _json(proc)["errors"]
     assert {(e["op"], e["rank"]) for e in errors} == {("all_gather", 1)} and len(errors) == 2  # both sizes
@@ -76,7 +85,7 @@ def test_bench_comm_names_a_wrong_result_and_a_timeout(tmp_path: Path) -> None:
 
     hang = clean_env(DISTTRAIN_COMMBENCH_FAULT="hang:broadcast:1")
     cmd = [*BENCH, "--ops", "broadcast", "--max-bytes", "8", "--timeout", "3", "threads_per_rank=1"]
-    proc = run_command(cmd, tmp_path, timeout=120, env=hang)
+    proc = run_disttrain(cmd, tmp_path, timeout=120, env=hang)
     assert proc.returncode == 1
     assert "broadcast of 8 B failed on rank 0 of 2" in proc.stderr and "backend.timeout=3 s" in proc.stderr
 
