@@ -184,7 +184,7 @@ def _switch_group(typed: Any, group: str, option: Any, line: str) -> None:
         raise ConfigError(group, option, allowed, hint)
     option_cfg = compose([line])[group]  # the option's own values and schema, as `train` composes it
     node = _option_schema(group, {k: option_cfg[k] for k in ("name", "_target_") if k in option_cfg})
-    values = OmegaConf.to_container(option_cfg, resolve=False)  # ${amp.dtype}: from the saved config
+    values = OmegaConf.to_container(option_cfg, resolve=False, enum_to_str=True)  # ${amp.dtype}: saved
     typed[group] = OmegaConf.merge(node, values) if node is not None else values
 
 

@@ -121,7 +121,11 @@ def clean_node(key: str, written: Any) -> Any:
     """The node a swapped `_target_` starts from: disttrain's own keys (optim, sched) + the user's."""
     from disttrain.config.schema import OptimConfig, TargetSchedConfig
 
-    user = OmegaConf.to_container(written, resolve=False) if isinstance(written, DictConfig) else {}
+    user = (
+        OmegaConf.to_container(written, resolve=False, enum_to_str=True)
+        if isinstance(written, DictConfig)
+        else {}
+    )
     base = {"optim": OptimConfig, "sched": TargetSchedConfig}.get(key)
     if base is None:
         return user
@@ -147,7 +151,7 @@ def check_builtin_keys(cfg: DictConfig, key: str) -> None:
     info = builtin(cfg, key)
     if info is None:
         return
-    node = OmegaConf.to_container(OmegaConf.select(cfg, key), resolve=False)
+    node = OmegaConf.to_container(OmegaConf.select(cfg, key), resolve=False, enum_to_str=True)
     assert isinstance(node, dict)
     allowed = [k for k in info.keys if not k.startswith("_")]
     for raw, value in node.items():

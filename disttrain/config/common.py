@@ -7,6 +7,7 @@ without importing one another: the help-carrying dataclass field and the world s
 from __future__ import annotations
 
 from dataclasses import field
+from enum import Enum
 from typing import Any
 
 from omegaconf import MISSING
@@ -17,6 +18,18 @@ def help_field(text: str, default: Any = MISSING, factory: Any = None) -> Any:
     if factory is not None:
         return field(default_factory=factory, metadata={"help": text})
     return field(default=default, metadata={"help": text})
+
+
+class Choice(str, Enum):
+    """A closed choice of the schema (`trainer.detect_anomaly: AnomalyMode`): OmegaConf refuses any
+    other value when the config is composed, `--help` lists the members, and a member reads, compares
+    and prints as its value (`mode == "skip"`, f"{mode}" -> "skip"). Member names are the values."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
 
 
 def world_size(cfg: dict[str, Any]) -> int:

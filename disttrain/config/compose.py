@@ -193,7 +193,8 @@ def resolve(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, An
             with _open(cfg):
                 del cfg["hydra"]
         _check_missing(cfg)
-        container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+        # closed choices (config.common.Choice) as their plain strings: config.yaml is plain YAML
+        container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
     except Exception as exc:
         err = translate(exc, overrides or [])
         if err is None:

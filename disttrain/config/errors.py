@@ -39,6 +39,26 @@ def _fields(object_type: Any) -> list[str]:
     return []
 
 
+def choice_help(key: str) -> str:
+    """The schema's help text of a closed choice (`trainer.detect_anomaly`), found by walking the
+    top-level schema; a group's block (data, optim) by its base class. Empty if none is found."""
+    import typing
+
+    from disttrain.config.schema import Config, DataConfig, OptimConfig
+
+    bases: dict[str, Any] = {"data": DataConfig, "optim": OptimConfig}  # open groups: their bases
+    parts = key.split(".")
+    node: Any = Config
+    for i, part in enumerate(parts):
+        fields = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else {}
+        if part not in fields:
+            return ""
+        if i == len(parts) - 1:
+            return str(fields[part].metadata.get("help", ""))
+        node = bases.get(part) if node is Config and part in bases else typing.get_type_hints(node).get(part)
+    return ""
+
+
 def _has_target(object_type: Any) -> bool:
     return (
         object_type is not None
@@ -179,6 +199,14 @@ def translate(exc: BaseException, overrides: list[str]) -> ConfigError | None:
             "${...}",
             "an interpolation that resolves",
             f"the interpolation failed: {str(cause).splitlines()[0]}",
+        )
+    choice = re.search(r"Invalid value '(.*)', expected one of \[(.*)\]", text)
+    if choice is not None and full_key:  # a closed choice (config.common.Choice): the schema's members
+        return ConfigError(
+            full_key,
+            choice[1],
+            one_of(m.strip() for m in choice[2].split(",")),
+            f"{choice_help(full_key) or 'pick one of them'}.",
         )
     if isinstance(cause, OmegaConfBaseException) and full_key:
         # Any other schema violation (null for a non-optional field, a scalar for a list, deleting a

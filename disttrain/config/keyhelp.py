@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from enum import Enum
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -67,7 +68,10 @@ def key_rows(cfg: DictConfig, prefix: str = "") -> list[tuple[str, str, str, str
             continue
         value = OmegaConf.to_container(node) if OmegaConf.is_list(node) else node._value()  # type: ignore[union-attr]
         shown = "???" if OmegaConf.is_missing(cfg, str(key)) else _show(value)
-        rows.append((name, _type_name(f.type) if f is not None else type(value).__name__, shown, text))
+        kind = _type_name(f.type) if f is not None else type(value).__name__
+        if isinstance(value, Enum):  # a closed choice: its members
+            kind = "|".join(str(m.value) for m in type(value))
+        rows.append((name, kind, shown, text))
     return rows
 
 

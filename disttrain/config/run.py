@@ -24,6 +24,7 @@ from disttrain.config.schema import (
     AmpConfig,
     BackendConfig,
     CheckpointConfig,
+    Config,
     DebugConfig,
     InitConfig,
     LauncherConfig,
@@ -32,7 +33,7 @@ from disttrain.config.schema import (
     ProfilerConfig,
     TrainerConfig,
 )
-from disttrain.config.typed import typed
+from disttrain.config.typed import own_key, typed
 from disttrain.strategies.specs import StrategyConfig
 
 OPEN_NODES = ("model", "data", "task", "optim", "sched")
@@ -112,28 +113,30 @@ class Run(Mapping[str, Any]):
         world = World(
             nodes=int(plain["nodes"]),
             nproc_per_node=int(plain["nproc_per_node"]),
-            node_rank=int(plain.get("node_rank", 0)),
-            master_addr=str(plain.get("master_addr", "127.0.0.1")),
-            master_port=int(plain.get("master_port", 0)),
+            node_rank=int(own_key(plain, Config, "node_rank")),
+            master_addr=str(own_key(plain, Config, "master_addr")),
+            master_port=int(own_key(plain, Config, "master_port")),
         )
         return cls(
             world=world,
-            backend=typed(BackendConfig, plain["backend"]),
-            strategy=STRATEGIES.get(plain["strategy"]["name"]).typed(plain["strategy"]),
-            amp=typed(AmpConfig, plain["amp"]),
-            launcher=typed(LAUNCHERS.get(plain["launcher"]["name"]).config, plain["launcher"]),
-            trainer=typed(TrainerConfig, plain.get("trainer")),
-            checkpoint=typed(CheckpointConfig, plain.get("checkpoint")),
-            init=typed(InitConfig, plain.get("init")),
-            plan=typed(PlanConfig, plain.get("plan")),
-            observe=typed(ObserveConfig, plain.get("observe")),
-            debug=typed(DebugConfig, plain.get("debug")),
-            profiler=typed(ProfilerConfig, plain.get("profiler")),
-            name=str(plain.get("name", "default")),
-            seed=int(plain.get("seed", 0)),
-            resume=plain.get("resume"),
-            threads_per_rank=plain.get("threads_per_rank"),
-            profile=bool(plain.get("profile", False)),
+            backend=typed(BackendConfig, plain["backend"], "backend"),
+            strategy=typed(
+                STRATEGIES.get(plain["strategy"]["name"]).config_cls, plain["strategy"], "strategy"
+            ),
+            amp=typed(AmpConfig, plain["amp"], "amp"),
+            launcher=typed(LAUNCHERS.get(plain["launcher"]["name"]).config, plain["launcher"], "launcher"),
+            trainer=typed(TrainerConfig, plain.get("trainer"), "trainer"),
+            checkpoint=typed(CheckpointConfig, plain.get("checkpoint"), "checkpoint"),
+            init=typed(InitConfig, plain.get("init"), "init"),
+            plan=typed(PlanConfig, plain.get("plan"), "plan"),
+            observe=typed(ObserveConfig, plain.get("observe"), "observe"),
+            debug=typed(DebugConfig, plain.get("debug"), "debug"),
+            profiler=typed(ProfilerConfig, plain.get("profiler"), "profiler"),
+            name=str(own_key(plain, Config, "name")),
+            seed=int(own_key(plain, Config, "seed")),
+            resume=own_key(plain, Config, "resume"),
+            threads_per_rank=own_key(plain, Config, "threads_per_rank"),
+            profile=bool(own_key(plain, Config, "profile")),
             _plain=plain,
         )
 

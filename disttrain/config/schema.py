@@ -18,16 +18,68 @@ from typing import Any
 
 from omegaconf import II, MISSING, DictConfig
 
+from disttrain.config.common import Choice
 from disttrain.config.common import help_field as _h
 from disttrain.config.names import NO_DECAY as NO_DECAY  # optim.param_groups (the engine imports names)
 from disttrain.config.registry import Registry, config_nodes
 from disttrain.strategies.specs import STRATEGIES, StrategyConfig
 
 
+# ------------------------------------------------------------------------------------ closed choices
+class BackendName(Choice):
+    auto = "auto"
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+class Targets(Choice):
+    classes = "classes"
+    values = "values"
+
+
+class Shard(Choice):
+    none = "none"
+    auto = "auto"
+
+
+class ComputeDtype(Choice):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class ScaleLr(Choice):
+    none = "none"
+    linear = "linear"
+
+
+class AnomalyMode(Choice):
+    off = "off"
+    stop = "stop"
+    skip = "skip"
+
+
+class OomMode(Choice):
+    off = "off"
+    auto_microbatch = "auto_microbatch"
+
+
+class Mode(Choice):
+    min = "min"
+    max = "max"
+
+
+class Verify(Choice):
+    size = "size"
+    hash = "hash"
+
+
 # ----------------------------------------------------------------------------------------- backend
 @dataclass
 class BackendConfig:
-    name: str = _h("process-group backend: auto (nccl with CUDA GPUs, else gloo), gloo or nccl", "auto")
+    name: BackendName = _h(
+        "process-group backend: auto (nccl with CUDA GPUs, else gloo), gloo or nccl", BackendName.auto
+    )
     timeout: float = _h("seconds a collective may wait before the rank fails instead of hanging", 300.0)
 
 
@@ -35,10 +87,10 @@ class BackendConfig:
 @dataclass
 class DataConfig:
     name: str = _h("data set name (for logs)", MISSING)
-    targets: str = _h(
+    targets: Targets = _h(
         "what built-in data sets make as targets: classes (int64 labels) or values (float); "
         "set by the task group",
-        "classes",
+        Targets.classes,
     )
     num_features: int = _h("input width the model sees", MISSING)
     num_classes: int = _h("number of classes (output width for regression)", MISSING)
@@ -50,11 +102,11 @@ class DataConfig:
     prefetch_factor: int | None = _h("batches each worker loads ahead (num_workers > 0); null: 2", None)
     drop_last: bool = _h("drop the last incomplete batch of an epoch", True)
     shuffle: bool = _h("reshuffle the training set every epoch (seeded)", True)
-    shard: str = _h(
+    shard: Shard = _h(
         "a stream (IterableDataset): none (it gives each rank and worker its own part itself) or auto "
         "(disttrain splits it: element i to the reader with i % (replicas x workers) == its slot); "
         "map-style data is always split by the sampler",
-        "none",
+        Shard.none,
     )
     stateful: bool = _h(
         "a stream's position goes into each checkpoint (torchdata StatefulDataLoader, per rank and "
@@ -73,7 +125,9 @@ class TaskConfig:
 @dataclass
 class AmpConfig:
     name: str = _h("mixed precision: off, bf16 or fp16 (dynamic loss scaling)", "off")
-    dtype: str = _h("compute dtype under autocast: float32, bfloat16 or float16", "float32")
+    dtype: ComputeDtype = _h(
+        "compute dtype under autocast: float32, bfloat16 or float16", ComputeDtype.float32
+    )
     init_scale: float = _h("fp16: initial loss scale", 65536.0)
     growth_interval: int = _h("fp16: steps without overflow before the scale doubles", 2000)
     tf32: bool = _h(
@@ -97,7 +151,7 @@ class OptimConfig:
     _partial_: bool = True
     lr: float = _h("base learning rate (before scale_lr)", 1e-3)
     weight_decay: float = _h("decoupled (AdamW) or L2 (SGD) weight decay", 0.0)
-    scale_lr: str = _h("none, or linear: lr x world size (the linear scaling rule)", "none")
+    scale_lr: ScaleLr = _h("none, or linear: lr x world size (the linear scaling rule)", ScaleLr.none)
     param_groups: Any = _h(
         "null: one group; no_decay_bias_norm_embed: weight decay only on >=2-D weights that are not "
         "embeddings; or a `_target_` factory called with the model that returns torch param groups",
@@ -187,7 +241,7 @@ class LauncherConfig:
 @dataclass
 class EarlyStopConfig:
     monitor: str = _h("the validation metric watched (val/loss, val/acc, val/ppl, ...)", "val/loss")
-    mode: str = _h("min: lower is better (a loss); max: higher is better (accuracy)", "min")
+    mode: Mode = _h("min: lower is better (a loss); max: higher is better (accuracy)", Mode.min)
     patience: int = _h(
         "stop after this many validations in a row without improvement (all ranks agree: the "
         "metric is reduced across ranks); 0: never stop early",
@@ -232,13 +286,13 @@ class TrainerConfig:
         "Triton's launcher on GPU; slim CUDA images without one fail at the first compiled step)",
         False,
     )
-    detect_anomaly: str = _h(
-        "non-finite loss/grad norm: off, stop (fail naming step and rank) or skip", "off"
+    detect_anomaly: AnomalyMode = _h(
+        "non-finite loss/grad norm: off, stop (fail naming step and rank) or skip", AnomalyMode.off
     )
-    oom: str = _h(
+    oom: OomMode = _h(
         "out-of-memory in a step: off (fail) or auto_microbatch (halve micro-batch, same math; "
         "strategy=single or dp only)",
-        "off",
+        OomMode.off,
     )
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     val_at_start: bool = _h(
@@ -360,7 +414,9 @@ class CheckpointConfig:
         None,
     )
     keep: int = _h("committed checkpoints to keep (the newest N; older ones are deleted)", 3)
-    verify: str = _h("check at load: size (file sizes vs manifest) or hash (+ xxh3_64 of every byte)", "hash")
+    verify: Verify = _h(
+        "check at load: size (file sizes vs manifest) or hash (+ xxh3_64 of every byte)", Verify.hash
+    )
     on_signal: bool = _h("SIGTERM/SIGINT: every rank saves a checkpoint, then exits", True)
     on_error: bool = _h("an exception on every rank at the same step saves an emergency checkpoint", True)
     export_final: bool = _h("also write checkpoints/final.pt: the consolidated model for plain PyTorch", True)
@@ -372,7 +428,7 @@ class CheckpointConfig:
     monitor: str | None = _h(
         "the validation metric keep_best ranks by; null: trainer.early_stop.monitor", None
     )
-    mode: str | None = _h("min or max for checkpoint.monitor; null: trainer.early_stop.mode", None)
+    mode: Mode | None = _h("min or max for checkpoint.monitor; null: trainer.early_stop.mode", None)
 
 
 @dataclass

@@ -19,13 +19,28 @@ from omegaconf import OmegaConf
 T = TypeVar("T")
 
 
-def typed(cls: type[T], node: Any) -> T:
-    """`node` (a dict, DictConfig or already an instance of `cls`) as an instance of `cls`."""
+def typed(cls: type[T], node: Any, key: str = "") -> T:
+    """`node` (a dict, DictConfig or already an instance of `cls`) as an instance of `cls`.
+
+    A value the schema refuses (a wrong type, a closed choice's stranger: a hand-edited config.yaml)
+    is the ConfigError naming it as `key.<its key>`."""
+    from omegaconf.errors import OmegaConfBaseException
+
     if isinstance(node, cls):
         return node
-    base = OmegaConf.structured(cls)
-    merged = OmegaConf.merge(base, node if node is not None else {})
-    obj = OmegaConf.to_object(merged)
+    try:
+        base = OmegaConf.structured(cls)
+        merged = OmegaConf.merge(base, node if node is not None else {})
+        obj = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        from disttrain.config.errors import translate
+
+        inner = getattr(exc, "full_key", None)
+        exc.full_key = ".".join(str(part) for part in (key, inner) if part)
+        err = translate(exc, [])
+        if err is None:
+            raise
+        raise err from None
     if not isinstance(obj, cls):  # a schema node with init=False (a keyword field) comes back as is
         raise TypeError(f"{cls.__name__}: OmegaConf returned {type(obj).__name__}")
     return obj
@@ -34,7 +49,7 @@ def typed(cls: type[T], node: Any) -> T:
 def as_dict(obj: Any) -> dict[str, Any]:
     """A typed node back to a plain dict (for YAML, hashing and logs)."""
     if is_dataclass(obj) and not isinstance(obj, type):
-        out = OmegaConf.to_container(OmegaConf.structured(obj), resolve=True)
+        out = OmegaConf.to_container(OmegaConf.structured(obj), resolve=True, enum_to_str=True)
         assert isinstance(out, dict)
         return out  # type: ignore[return-value]
     if isinstance(obj, dict):

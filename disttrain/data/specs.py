@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import II, MISSING
 
+from disttrain.config.common import Choice
 from disttrain.config.common import help_field as _h
 from disttrain.config.registry import Registry, TargetSpec, target_registry
 from disttrain.config.schema import DataConfig
@@ -140,16 +141,26 @@ def _tokens(split: str) -> Any:
     )
 
 
+class TokenDtype(Choice):
+    uint16 = "uint16"
+    uint32 = "uint32"
+
+
+class Sampling(Choice):
+    random = "random"
+    sequential = "sequential"
+
+
 @dataclass
 class TokensDataConfig(DataConfig):
     name: str = "tokens"
     path: str = _h("a token file (nanoGPT's .bin: raw little-endian ids) or a glob of shards", MISSING)
-    dtype: str = _h("the ids' type: uint16 (vocab <= 65536) or uint32", "uint16")
+    dtype: TokenDtype = _h("the ids' type: uint16 (vocab <= 65536) or uint32", TokenDtype.uint16)
     block_size: int = _h("tokens per sample (the model's context length)", 256)
-    sampling: str = _h(
+    sampling: Sampling = _h(
         "random (nanoGPT's windows at random offsets, drawn from seed and sample index) or sequential "
         "(non-overlapping windows in order)",
-        "random",
+        Sampling.random,
     )
     val_path: str | None = _h(
         "a validation token file or glob (read in order); null: the held-out tail", None

@@ -21,7 +21,6 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-SHARD = ("none", "auto")
 LOADER = "loader"  # the name of a stream's position among a checkpoint's per-rank states
 
 

@@ -10,25 +10,21 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from disttrain.config.common import Choice
 from disttrain.config.errors import ConfigError, _show, one_of
-from disttrain.config.schema import NO_DECAY, CosineSchedConfig, OptimConfig
+from disttrain.config.schema import NO_DECAY, CosineSchedConfig, OptimConfig, ScaleLr, Shard, Targets
 from disttrain.config.typed import own_key
+from disttrain.data.specs import Sampling, TokenDtype
 from disttrain.launch.registry import launcher_names, launcher_specs
 from disttrain.observe.sinks import check_sinks
 from disttrain.preflight import launch_checks
 from disttrain.strategies import specs
 
-BACKENDS = ("auto", "gloo", "nccl")
 SCHEDULES = ("constant", "cosine")
-TARGETS = ("classes", "values")
-SCALE_LR = ("none", "linear")
 AMP = {"off": "float32", "bf16": "bfloat16", "fp16": "float16"}
-ANOMALY = ("off", "stop", "skip")
-OOM = ("off", "auto_microbatch")
-VERIFY = ("size", "hash")
-SHARD = ("none", "auto")  # data.shard (disttrain.data.streams)
-SAMPLING = ("random", "sequential")  # data=tokens
-TOKEN_DTYPES = ("uint16", "uint32")
+# The closed choices are the schema's (config.common.Choice): composition refuses any other value in
+# a typed block. Those below sit in the open `_target_` groups (data, optim), where a node the user
+# wrote without the schema is checked here against the same members.
 
 
 def _at_least(cfg: dict[str, Any], key: str, low: float, hint: str) -> None:
@@ -37,8 +33,10 @@ def _at_least(cfg: dict[str, Any], key: str, low: float, hint: str) -> None:
         raise ConfigError(key, value, f"a number >= {low:g}", hint)
 
 
-def _choice(cfg: dict[str, Any], key: str, allowed: tuple[Any, ...], hint: str) -> None:
+def _choice(cfg: dict[str, Any], key: str, allowed: tuple[Any, ...] | type[Choice], hint: str) -> None:
     value = _get(cfg, key)
+    if isinstance(allowed, type):
+        allowed = tuple(m.value for m in allowed)
     if value not in allowed:
         raise ConfigError(key, value, one_of("null" if a is None else a for a in allowed), hint)
 
@@ -46,12 +44,10 @@ def _choice(cfg: dict[str, Any], key: str, allowed: tuple[Any, ...], hint: str) 
 def _check_monitoring(cfg: dict[str, Any]) -> None:
     """trainer.early_stop and checkpoint.keep_best watch a validation metric: its mode, counts and
     a validation set to measure it on (a run without one would never stop or keep a best)."""
-    _choice(cfg, "trainer.early_stop.mode", ("min", "max"), "min for a loss, max for accuracy.")
     _at_least(cfg, "trainer.early_stop.patience", 0, "0 never stops early.")
     _at_least(cfg, "trainer.early_stop.min_delta", 0, "0 counts any improvement.")
     ckpt = cfg["checkpoint"]
     _at_least(cfg, "checkpoint.keep_best", 0, "0 keeps no best checkpoints beside the newest `keep`.")
-    _choice(cfg, "checkpoint.mode", (None, "min", "max"), "null follows trainer.early_stop.mode.")
     used = [
         key
         for key, on in (
@@ -120,7 +116,6 @@ def check_static(cfg: dict[str, Any]) -> None:
         raise ConfigError(
             "node_rank", cfg["node_rank"], f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0."
         )
-    _choice(cfg, "backend.name", BACKENDS, "auto picks nccl when CUDA GPUs are present, else gloo.")
     check_sinks(cfg)
     _at_least(cfg, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
     spec, strategy = specs.of(cfg)  # an unknown strategy.name, or keys of another strategy
@@ -140,11 +135,16 @@ def check_static(cfg: dict[str, Any]) -> None:
     threads = cfg["threads_per_rank"]
     if threads is not None and threads < 1:
         raise ConfigError("threads_per_rank", threads, "null (cores / local ranks) or >= 1", "leave it null.")
+    # Last: every typed block through its schema, as the ranks will read it (a config that did not
+    # come through composition, a hand-edited config.yaml, meets the closed choices here).
+    from disttrain.config.run import Run
+
+    Run.of(cfg)
 
 
 def _check_targets(cfg: dict[str, Any]) -> None:
     if "targets" in cfg["data"]:
-        _choice(cfg, "data.targets", TARGETS, "the task group sets it: task=regression makes values.")
+        _choice(cfg, "data.targets", Targets, "the task group sets it: task=regression makes values.")
     if not isinstance(cfg.get("task"), dict) or not cfg["task"].get("_target_"):
         raise ConfigError(
             "task",
@@ -215,7 +215,6 @@ def _check_checkpoint(cfg: dict[str, Any]) -> None:
     import os
 
     _at_least(cfg, "checkpoint.keep", 1, "keep >= 1; the newest committed checkpoint is never deleted.")
-    _choice(cfg, "checkpoint.verify", VERIFY, "size checks file sizes (fast); hash also checks contents.")
     ckpt_dir = cfg["checkpoint"]["dir"]
     if ckpt_dir is not None and (not str(ckpt_dir).strip() or "://" in str(ckpt_dir)):
         raise ConfigError(
@@ -256,13 +255,6 @@ def _check_trainer(cfg: dict[str, Any]) -> None:
         raise ConfigError("trainer.max_steps", t["max_steps"], "-1 (use max_epochs) or >= 1", "e.g. 1000.")
     if t["max_steps"] == -1:
         _at_least(cfg, "trainer.max_epochs", 1, "train at least one epoch, or set trainer.max_steps.")
-    _choice(
-        cfg,
-        "trainer.detect_anomaly",
-        ANOMALY,
-        "stop fails the run at the first NaN/inf; skip drops the step.",
-    )
-    _choice(cfg, "trainer.oom", OOM, "auto_microbatch splits each micro-batch in two after an OOM.")
     _check_monitoring(cfg)
     spec = specs.get(cfg["strategy"]["name"])
     if t["compile"] and not spec.compile:
@@ -317,7 +309,7 @@ def _check_ema(cfg: dict[str, Any]) -> None:
 def _check_optim(cfg: dict[str, Any]) -> None:
     if cfg["optim"]["lr"] <= 0:
         raise ConfigError("optim.lr", cfg["optim"]["lr"], "a number > 0", "e.g. optim.lr=3e-4.")
-    _choice(cfg, "optim.scale_lr", SCALE_LR, "linear multiplies lr by the world size.")
+    _choice(cfg, "optim.scale_lr", ScaleLr, "linear multiplies lr by the world size.")
     groups = own_key(cfg["optim"], OptimConfig, "param_groups")  # a run frozen before the key: null
     if groups not in (None, NO_DECAY) and not (isinstance(groups, dict) and "_target_" in groups):
         raise ConfigError(
@@ -362,13 +354,11 @@ def _check_data(cfg: dict[str, Any]) -> None:
     if "num_val_samples" in data:
         _at_least(cfg, "data.num_val_samples", 0, "validation samples to generate; 0 validates on nothing.")
     if "shard" in data:
-        _choice(cfg, "data.shard", SHARD, "auto: disttrain splits a stream; none: the stream splits itself.")
+        _choice(cfg, "data.shard", Shard, "auto: disttrain splits a stream; none: the stream splits itself.")
     if "sampling" in data:
-        _choice(cfg, "data.sampling", SAMPLING, "random: nanoGPT's random windows; sequential: in order.")
+        _choice(cfg, "data.sampling", Sampling, "random: nanoGPT's random windows; sequential: in order.")
     if "dtype" in data and "sampling" in data:
-        _choice(
-            cfg, "data.dtype", TOKEN_DTYPES, "the dtype the token file was written with (nanoGPT: uint16)."
-        )
+        _choice(cfg, "data.dtype", TokenDtype, "the dtype the token file was written with (nanoGPT: uint16).")
     if "val_fraction" in data:
         fraction = data["val_fraction"]
         if fraction is None or not 0.0 <= fraction < 1.0:

@@ -330,3 +330,53 @@ def test_every_swept_job_composes() -> None:
     assert {(c["optim"]["_target_"], c["data"]["name"]) for c in cfgs} == {
         (o, d) for o in ("torch.optim.AdamW", "torch.optim.SGD") for d in ("digits", "synthetic")
     }
+
+
+# ---------------------------------------------- issue 25: closed choices are str enums in the schema
+CLOSED = {
+    "backend.name": ("auto", "gloo", "nccl"),
+    "trainer.detect_anomaly": ("off", "stop", "skip"),
+    "trainer.oom": ("off", "auto_microbatch"),
+    "trainer.early_stop.mode": ("min", "max"),
+    "checkpoint.verify": ("size", "hash"),
+    "checkpoint.mode": ("min", "max"),
+    "amp.dtype": ("float32", "bfloat16", "float16"),
+    "optim.scale_lr": ("none", "linear"),
+    "data.shard": ("none", "auto"),
+}
+
+
+@pytest.mark.parametrize("key", list(CLOSED))
+def test_a_closed_choice_is_refused_at_composition_naming_its_members(key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        compose([f"{key}=bogus"])
+    err = info.value
+    assert (err.key, err.value, err.allowed) == (key, "bogus", "one of " + ", ".join(CLOSED[key]))
+    assert err.hint and err.hint != "pick one of them.", "the hint is the schema's help of the key"
+
+
+def test_closed_choices_freeze_as_plain_strings_and_read_typed_as_members() -> None:
+    from disttrain.config.common import Choice
+    from disttrain.config.run import Run
+
+    cfg = resolve(compose(["trainer.detect_anomaly=skip", "checkpoint.mode=max"]))
+    assert type(cfg["trainer"]["detect_anomaly"]) is str and type(cfg["backend"]["name"]) is str
+    assert "skip" in yaml.safe_dump(cfg)  # config.yaml stays plain YAML
+    run = Run.of(cfg)
+    mode = run.trainer.detect_anomaly
+    assert isinstance(mode, Choice) and mode == "skip" and f"{mode}" == "skip" and str(mode) == "skip"
+    assert run.checkpoint.mode == "max" and run.backend.name == "auto"
+    rows = {key: kind for key, kind, _, _ in key_rows(compose([]))}
+    assert rows["trainer.detect_anomaly"] == "off|stop|skip" and rows["checkpoint.verify"] == "size|hash"
+
+
+def test_a_hand_edited_closed_choice_is_named_before_launch() -> None:
+    """A config that did not come through composition (an edited config.yaml a resume reads)."""
+    from disttrain.preflight.checks import check_static
+
+    cfg = resolve(compose(["data=synthetic"]))
+    cfg["trainer"]["oom"] = "retry"
+    with pytest.raises(ConfigError) as info:
+        check_static(cfg)
+    assert (info.value.key, info.value.value) == ("trainer.oom", "retry"), str(info.value)
+    assert info.value.allowed == "one of off, auto_microbatch"
