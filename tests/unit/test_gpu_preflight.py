@@ -16,9 +16,9 @@ import torch.distributed as dist
 from unit_support import checked_run
 
 from disttrain.config import compose, resolve
-from disttrain.config.run import Run
 from disttrain.config.errors import ConfigError
 from disttrain.config.gpus import choose_backend
+from disttrain.config.run import Run
 from disttrain.dist import DistEnv
 from disttrain.preflight.checks import check_runtime
 from disttrain.preflight.gpus import check_bf16, check_nccl_ranks

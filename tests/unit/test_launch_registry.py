@@ -13,8 +13,8 @@ from unit_support import checked, checked_run, write_module
 
 import disttrain
 from disttrain.config import ConfigError
-from disttrain.launch import launch, submit
 from disttrain.config.run import Run
+from disttrain.launch import launch, submit
 from disttrain.launch.registry import LAUNCHERS, launcher_for, launcher_names
 
 TOY = """
