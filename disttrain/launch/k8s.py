@@ -301,10 +301,11 @@ def check_pod(run: Run) -> None:
     if node is None:
         return
     for key in ("nodes", "nproc_per_node"):
-        if node[key] is not None and node[key] != int(run[key]):
+        configured = getattr(run.world, key)
+        if node[key] is not None and node[key] != configured:
             raise ConfigError(
                 key,
-                run[key],
+                configured,
                 f"{node[key]} (PET_{'NNODES' if key == 'nodes' else 'NPROC_PER_NODE'} set by the operator)",
                 "the job's numNodes/numProcPerNode (replicas/nprocPerNode) must match the frozen config; "
                 "submit again with launcher=k8s rather than editing the manifest.",
