@@ -30,7 +30,7 @@ def train_as_launched_rank(args: Any) -> int:
     composed = run_of(
         resolve(compose(args.overrides, args.config_dir, args.config_name or "config"), args.overrides)
     )
-    env = DistEnv.from_env(composed.backend.name)
+    env = DistEnv.from_env(str(composed.backend.name))
     run = launched_shape(composed, env)  # before the checks: data size vs the real world size
     check_static(run)
     check_runtime(run)

@@ -392,9 +392,7 @@ def _check_data(run: Run) -> None:
     if "sampling" in data:
         _choice(run, "data.sampling", Sampling, "random: nanoGPT's random windows; sequential: in order.")
     if "dtype" in data and "sampling" in data:
-        _choice(
-            run, "data.dtype", TokenDtype, "the dtype the token file was written with (nanoGPT: uint16)."
-        )
+        _choice(run, "data.dtype", TokenDtype, "the dtype the token file was written with (nanoGPT: uint16).")
     if "val_fraction" in data:
         fraction = data["val_fraction"]
         if fraction is None or not 0.0 <= fraction < 1.0:

@@ -147,7 +147,7 @@ def _as_launched_rank(args: argparse.Namespace, run: Run, spec: dict[str, Any]) 
     from disttrain.launch import threads_per_rank
     from disttrain.tools.commbench import run_in_group
 
-    env = DistEnv.from_env(run.backend.name)
+    env = DistEnv.from_env(str(run.backend.name))
     torch.set_num_threads(threads_per_rank(run))
     report = run_in_group(env, run, spec)
     return show(report, args.json) if env.is_zero else 0

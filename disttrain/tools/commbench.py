@@ -189,7 +189,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     run_dir = Path(run_dir)
     run_ = Run.of(read_config(run_dir))
     spec = json.loads((run_dir / SPEC).read_text())
-    env = DistEnv.from_env(run_.backend.name)
+    env = DistEnv.from_env(str(run_.backend.name))
     setup_logging(RunDir(run_dir).logs, env.rank, to_console=False)
     from disttrain.launch import threads_per_rank
 

@@ -372,11 +372,11 @@ def test_closed_choices_freeze_as_plain_strings_and_read_typed_as_members() -> N
 
 def test_a_hand_edited_closed_choice_is_named_before_launch() -> None:
     """A config that did not come through composition (an edited config.yaml a resume reads)."""
-    from disttrain.preflight.checks import check_static
+    from disttrain.preflight.checks import check_static, run_of
 
     cfg = resolve(compose(["data=synthetic"]))
     cfg["trainer"]["oom"] = "retry"
     with pytest.raises(ConfigError) as info:
-        check_static(cfg)
+        check_static(run_of(cfg))
     assert (info.value.key, info.value.value) == ("trainer.oom", "retry"), str(info.value)
     assert info.value.allowed == "one of off, auto_microbatch"
