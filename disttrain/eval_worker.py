@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, default_collate
 
 from disttrain.checkpoint.manager import Checkpointer, ModelState
+from disttrain.config.run import Run
 from disttrain.config.schema import CheckpointConfig, EmaConfig
 from disttrain.config.typed import typed
 from disttrain.dist import DistEnv, destroy_process_group, init_process_group
@@ -58,7 +59,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     setup_logging(RunDir(job_dir).logs, env.rank, to_console=env.is_zero)
     set_threads(cfg, env)
     try:
-        init_process_group(env, cfg["backend"]["timeout"], cpu_collectives=specs.cpu_collectives(cfg))
+        init_process_group(env, cfg["backend"]["timeout"], cpu_collectives=specs.cpu_collectives(Run.of(cfg)))
         return evaluate(cfg, env, job)
     except BaseException:
         log.exception("rank %d failed", env.rank)

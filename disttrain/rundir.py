@@ -13,11 +13,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from disttrain.safefile import open_append, write_atomic
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 CONFIG = "config.yaml"
 JOB = "job.json"  # an eval/predict job folder (disttrain.eval_worker)
@@ -127,14 +130,14 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     return cfg
 
 
-def freeze(run_dir: Path, cfg: dict[str, Any], overrides: list[str], argv: list[str]) -> None:
+def freeze(run_dir: Path, run: Run, overrides: list[str], argv: list[str]) -> None:
     """Write config.yaml (resolved once), overrides.yaml, the command line and the git state.
 
     command.txt keeps the command that created the run; commands.txt lists every command that
     froze into it (`disttrain resume RUN ...` included), one per line."""
     run_dir.mkdir(parents=True, exist_ok=True)
     rd = RunDir(run_dir)
-    _write_text(rd.config, yaml.safe_dump(cfg, sort_keys=False))
+    _write_text(rd.config, yaml.safe_dump(run.to_dict(), sort_keys=False))
     _write_text(rd.overrides, yaml.safe_dump(list(overrides)))
     if not rd.command.exists():  # the command that made the run stays as it was
         _write_text(rd.command, shlex.join(argv) + "\n")
@@ -293,7 +296,7 @@ def claim(run_dir: Path) -> Path:
     raise _unusable(run_dir, FileExistsError(f"{run_dir}-1 .. -9999 all exist"))
 
 
-def reuse(run_dir: Path, cfg: dict[str, Any], shared: bool = False) -> Path:
+def reuse(run_dir: Path, run: Run, shared: bool = False) -> Path:
     """An explicit `hydra.run.dir=PATH`: continue in it (resume=auto), but only with the same config
     and never while another launcher still runs there. `shared`: several nodes launch into it."""
     from disttrain.config.errors import ConfigError
@@ -313,7 +316,7 @@ def reuse(run_dir: Path, cfg: dict[str, Any], shared: bool = False) -> Path:
     if (run_dir / CONFIG).is_file():
         refuse_if_running(run_dir, "hydra.run.dir")
         saved = read_config(run_dir)
-        changed = changed_keys(saved, cfg)
+        changed = changed_keys(saved, run.to_dict())
         if changed and read_status(run_dir).get("status") == "finished":
             shown = ", ".join(changed[:5]) + (", ..." if len(changed) > 5 else "")
             raise ConfigError(

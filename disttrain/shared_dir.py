@@ -10,22 +10,30 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from disttrain.config.errors import ConfigError
+from disttrain.config.run import Run
 from disttrain.rundir import RunDir
 
 KEY = "checkpoint.dir"
 
 
-def checkpoint_dir(cfg: dict[str, Any], run_dir: Path) -> Path:
-    """`checkpoint.dir` (relative: to the working directory), else `<run dir>/checkpoints`."""
-    chosen = cfg["checkpoint"]["dir"]
+def checkpoint_dir(run: Run | Mapping[str, Any], run_dir: Path) -> Path:
+    """`checkpoint.dir` (relative: to the working directory), else `<run dir>/checkpoints`. Of a
+    run, or of a plain config (config.yaml as a rank reads it, until the ranks hold a Run)."""
+    chosen = _chosen(run)
     return Path(str(chosen)).absolute() if chosen else RunDir(run_dir).checkpoints
 
 
-def check_shared(cfg: dict[str, Any], run_dir: Path, env: Any) -> None:
+def _chosen(run: Run | Mapping[str, Any]) -> str | None:
+    chosen: str | None = run.checkpoint.dir if isinstance(run, Run) else run["checkpoint"]["dir"]
+    return chosen
+
+
+def check_shared(run: Run | Mapping[str, Any], run_dir: Path, env: Any) -> None:
     """Node 0 writes a token into the checkpoint dir; every other rank looks for it there.
 
     A collective on every rank (only with several nodes: one node always sees its own files).
@@ -35,7 +43,7 @@ def check_shared(cfg: dict[str, Any], run_dir: Path, env: Any) -> None:
 
     if not dist.is_initialized() or env.world_size == env.local_world_size:
         return
-    directory = checkpoint_dir(cfg, run_dir)
+    directory = checkpoint_dir(run, run_dir)
     box: list[Any] = [None]
     if env.is_zero:
         directory.mkdir(parents=True, exist_ok=True)
@@ -52,7 +60,7 @@ def check_shared(cfg: dict[str, Any], run_dir: Path, env: Any) -> None:
     if not blind:
         return
     where = ", ".join(f"node {n} ({h})" for n, h in blind)
-    given = cfg["checkpoint"]["dir"]
+    given = _chosen(run)
     raise ConfigError(
         KEY,
         given,

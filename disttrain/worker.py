@@ -18,6 +18,7 @@ from disttrain.checkpoint import init_from
 from disttrain.checkpoint.geometry import checkpoint_meta, keep_global_batch
 from disttrain.checkpoint.manager import Checkpointer, ModelState, resume_location, run_info
 from disttrain.config.errors import ConfigError
+from disttrain.config.run import Run
 from disttrain.config.schema import AmpConfig, CheckpointConfig, DebugConfig, ProfilerConfig, TrainerConfig
 from disttrain.config.typed import typed
 from disttrain.data import build_datasets
@@ -79,7 +80,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     if "RANK" in os.environ:
         die_with_parent(launcher)
     try:
-        init_process_group(env, cfg["backend"]["timeout"], cpu_collectives=specs.cpu_collectives(cfg))
+        init_process_group(env, cfg["backend"]["timeout"], cpu_collectives=specs.cpu_collectives(Run.of(cfg)))
         mark("process_group")
         if env.is_zero:
             log.info(
@@ -115,7 +116,11 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
 
 def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
     resume_from = resume_location(cfg, run_dir)
-    reshaped = keep_global_batch(cfg, checkpoint_meta(resume_from), data_parallel_degree(cfg, env))
+    meta = checkpoint_meta(resume_from)
+    reshaped = None
+    if meta is not None:
+        reshaped_run, reshaped = keep_global_batch(Run.of(cfg), meta, data_parallel_degree(cfg, env))
+        cfg = reshaped_run.to_dict() if reshaped else cfg
     if reshaped and env.is_zero:  # before the loaders exist: they take the resumed run's batch shape
         log.warning("resuming at another world size: %s", reshaped)
     strategy, parts = build_parts(cfg, env)

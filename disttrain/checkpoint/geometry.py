@@ -12,9 +12,12 @@ each step, the schedule's horizon and `max_epochs` stay, and a finished run stay
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 
 def batch_shape(batch_size: int, global_batch: int, replicas: int) -> tuple[int, int] | None:
@@ -44,42 +47,43 @@ def checkpoint_meta(location: Path | None) -> dict[str, Any] | None:
         return None
 
 
-def keep_global_batch(cfg: dict[str, Any], meta: dict[str, Any] | None, replicas: int) -> str | None:
-    """Set `trainer.batch_size`/`trainer.grad_accum` of `cfg` so that one step takes the checkpoint's
-    global batch at `replicas` data-parallel replicas. Returns what changed (None: nothing).
+def keep_global_batch(run: Run, meta: dict[str, Any] | None, replicas: int) -> tuple[Run, str | None]:
+    """`run` with `trainer.batch_size`/`trainer.grad_accum` such that one step takes the checkpoint's
+    global batch at `replicas` data-parallel replicas (a new Run), and what changed; `run` itself
+    and None when nothing changes.
 
     Only when the replicas differ from the checkpoint's and the batch keys are the checkpoint's own:
     a user who set a new batch shape on resume gets exactly that.
     """
     if meta is None:
-        return None
+        return run, None
     saved, saved_dp = meta.get("global_batch"), meta.get("dp_world_size")
     if not isinstance(saved, int) or not isinstance(saved_dp, int) or saved_dp == replicas or saved < 1:
-        return None
-    trainer = cfg["trainer"]
+        return run, None
+    trainer = run.trainer
     recorded = meta.get("config")
     flat: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
     if (flat.get("trainer.batch_size"), flat.get("trainer.grad_accum")) != (
-        trainer["batch_size"],
-        trainer["grad_accum"],
+        trainer.batch_size,
+        trainer.grad_accum,
     ):
-        return None
-    now = trainer["batch_size"] * trainer["grad_accum"] * replicas
+        return run, None
+    now = trainer.batch_size * trainer.grad_accum * replicas
     if now == saved:
-        return None
-    shape = batch_shape(trainer["batch_size"], saved, replicas)
+        return run, None
+    shape = batch_shape(trainer.batch_size, saved, replicas)
     if shape is None:
         raise ConfigError(
             "nproc_per_node",
-            cfg["nproc_per_node"],
+            run.world.nproc_per_node,
             f"a world whose {replicas} data-parallel replicas divide the checkpoint's global batch {saved}",
             f"the checkpoint was trained with {saved} samples per step on {saved_dp} replicas; resume on "
             f"a number of replicas that divides {saved} (e.g. {saved_dp}), or set trainer.batch_size and "
             "trainer.grad_accum yourself to train on with another global batch.",
         )
-    before = (trainer["batch_size"], trainer["grad_accum"])
-    trainer["batch_size"], trainer["grad_accum"] = shape
-    return (
+    before = (trainer.batch_size, trainer.grad_accum)
+    reshaped = run.updated({"trainer": {"batch_size": shape[0], "grad_accum": shape[1]}})
+    return reshaped, (
         f"data-parallel replicas {saved_dp} -> {replicas}: trainer.batch_size {before[0]} -> {shape[0]}, "
         f"trainer.grad_accum {before[1]} -> {shape[1]} keep the checkpoint's global batch of {saved}"
     )

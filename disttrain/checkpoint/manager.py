@@ -15,7 +15,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -133,7 +133,7 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def resume_location(cfg: dict[str, Any], run_dir: Path) -> Path | None:
+def resume_location(cfg: Mapping[str, Any], run_dir: Path) -> Path | None:
     """Where to continue from: a restart or resume=auto takes the run dir's own checkpoints first."""
     own = checkpoint_dir(cfg, run_dir)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0

@@ -11,26 +11,29 @@ from disttrain.commands.hydra_app import parse_args
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+    from disttrain.config.run import Run
 
-def compose_checked(overrides: list[str], args: Any, runtime: bool) -> tuple[dict[str, Any], DictConfig]:
-    """Compose with `train`'s flags (--config-dir/--config-name), resolve, run the static checks
-    (and the runtime ones: the machine, a dry build); ConfigError on any mistake. The checked config
-    and the composition it came from, with Hydra's node (`train` takes the run dir from it)."""
+
+def compose_checked(overrides: list[str], args: Any, runtime: bool) -> tuple[Run, DictConfig]:
+    """Compose with `train`'s flags (--config-dir/--config-name), resolve, build the Run and run
+    the static checks (and the runtime ones: the machine, a dry build); ConfigError on any mistake.
+    The checked run and the composition it came from, with Hydra's node (`train` takes the run dir
+    from it)."""
     from disttrain.config import compose, resolve
-    from disttrain.preflight.checks import check_runtime, check_static
+    from disttrain.preflight.checks import check_runtime, check_static, run_of
     from disttrain.timing import mark
 
     full = compose(overrides, args.config_dir, args.config_name or "config", with_hydra=True)
-    cfg = resolve(full, overrides)
-    check_static(cfg)
+    run = run_of(resolve(full, overrides))
+    check_static(run)
     mark("static_checks")
     if runtime:
         from disttrain.launch import prestart
 
-        prestart(cfg)  # e.g. the ranks' fork server imports torch while the checks below run
-        check_runtime(cfg)
+        prestart(run)  # e.g. the ranks' fork server imports torch while the checks below run
+        check_runtime(run)
         mark("runtime_checks")
-    return cfg, full
+    return run, full
 
 
 def key_help(args: Any, footer: str = "") -> int:
@@ -51,6 +54,6 @@ def cmd_config(rest: list[str]) -> int:
     if args.help:
         sys.stdout.write("usage: disttrain config [--config-dir DIR] [key=value ...]\n\n")
         return key_help(args)
-    cfg, _ = compose_checked(args.overrides, args, runtime=False)
-    sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
+    run, _ = compose_checked(args.overrides, args, runtime=False)
+    sys.stdout.write(yaml.safe_dump(run.to_dict(), sort_keys=False))
     return 0

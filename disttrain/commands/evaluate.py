@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 EVAL_USAGE = """\
 usage: disttrain eval RUN_DIR|CHECKPOINT_DIR [key=value ...] [--out FILE] [--ema] [--trust]
@@ -91,11 +94,11 @@ def _command(mode: str, rest: list[str], usage: str) -> int:
 
         location = checkpoint_dir(read_config(run_dir), run_dir)
     _check_checkpoint(location, rest[0], ema)  # before the checks that build the model and data
-    cfg, overrides = eval_config(run_dir, rest[1:], trusted, mode)
+    run, overrides = eval_config(run_dir, rest[1:], trusted, mode)
     out = _out_path(run_dir, out_arg, mode)
     job_dir = _job_dir(run_dir, mode)
     job = {"mode": mode, "checkpoint": str(location), "out": str(out), "ema": ema}
-    result = launch_job(cfg, job_dir, overrides, job)
+    result = launch_job(run, job_dir, overrides, job)
     if result is None:
         return 1
     report(mode, out, result)
@@ -135,13 +138,11 @@ def locate(given: str, usage: str) -> tuple[Path, Path]:
     return run_dir_arg(str(owning_run_dir(location, given)), usage), location
 
 
-def eval_config(
-    run_dir: Path, overrides: list[str], trusted: bool, mode: str
-) -> tuple[dict[str, Any], list[str]]:
+def eval_config(run_dir: Path, overrides: list[str], trusted: bool, mode: str) -> tuple[Run, list[str]]:
     """The run's saved config with the overrides, checked as `train` checks it (statically and
     on this machine); a run dir someone else made only with --trust (its `_target_`s are code)."""
     from disttrain.commands.resume import apply_overrides
-    from disttrain.preflight.checks import check_runtime, check_static
+    from disttrain.preflight.checks import check_runtime, check_static, run_of
     from disttrain.rundir import read_config
     from disttrain.trust import check_trusted
 
@@ -150,49 +151,54 @@ def eval_config(
     val_file = [o for o in overrides if o.startswith("data.val=")]
     rest = [o for o in overrides if not o.startswith("data.val=")]
     cfg = apply_overrides(saved, rest)
-    if val_file:
-        cfg["data"]["val"] = _val_spec(val_file[-1].split("=", 1)[1], cfg)
-    if not cfg["data"].get("val"):
+    if val_file:  # the whole node replaced, not merged into the run's own validation set
+        cfg = {**cfg, "data": {**cfg["data"], "val": _val_spec(val_file[-1].split("=", 1)[1], cfg["data"])}}
+    run = run_of(cfg)
+    if not run.data.get("val"):
         raise ConfigError(
             "data.val",
-            cfg["data"].get("val"),
+            run.data.get("val"),
             "a validation data set",
             f"the run has none: name one, e.g. `disttrain {mode} {run_dir} data.val=val.npz` (arrays x, y).",
         )
-    if int(cfg["nodes"]) != 1:
+    if run.world.nodes != 1:
         raise ConfigError(
             "nodes",
-            cfg["nodes"],
+            run.world.nodes,
             "1 (eval and predict run on this machine)",
             "add nodes=1 (and nproc_per_node=N).",
         )
     from disttrain.strategies import specs
 
-    if mode == "predict" and not specs.of(cfg)[0].whole_outputs:
+    if mode == "predict" and not specs.get(run.strategy.name).whole_outputs:
         raise ConfigError(
             "strategy",
-            cfg["strategy"]["name"],
+            run.strategy.name,
             "a strategy whose ranks each produce the whole model's output (single, ddp, fsdp, zero, tp, ...)",
             "the checkpoint reshards: add strategy=fsdp (or strategy=single nproc_per_node=1).",
         )
-    cfg["resume"] = "never"  # the job loads the checkpoint it names, never the job folder's own
-    cfg["checkpoint"]["async"] = False  # no background-save group for a job that never saves
-    cfg["profile"] = False
-    check_static(cfg)
-    check_runtime(cfg)
+    run = run.updated(
+        {
+            "resume": "never",  # the job loads the checkpoint it names, never the job folder's own
+            "checkpoint": {"async": False},  # no background-save group for a job that never saves
+            "profile": False,
+        }
+    )
+    check_static(run)
+    check_runtime(run)
     from disttrain.launch.registry import launcher_for
 
-    if launcher_for(cfg).scheduler:
+    if launcher_for(run).scheduler:
         raise ConfigError(
             "launcher",
-            cfg["launcher"].get("name"),
+            run.launcher.name,
             "a launcher that starts ranks on this machine (spawn, torchrun)",
             "add launcher=spawn; inside an allocation run the command on its first node.",
         )
-    return cfg, overrides
+    return run, overrides
 
 
-def _val_spec(value: str, cfg: dict[str, Any]) -> dict[str, Any]:
+def _val_spec(value: str, data: dict[str, Any]) -> dict[str, Any]:
     """`data.val=FILE`: arrays in the formats data=files reads, as that group builds them."""
     if value in ("null", "None", "~", ""):
         raise ConfigError(
@@ -207,7 +213,7 @@ def _val_spec(value: str, cfg: dict[str, Any]) -> dict[str, Any]:
             "check the path (relative to the directory you run disttrain in); "
             "data.val.KEY=VALUE changes one key of the run's own validation set instead.",
         )
-    return {"_target_": VAL_FILE_LOADER, "path": str(path.resolve()), "targets": cfg["data"]["targets"]}
+    return {"_target_": VAL_FILE_LOADER, "path": str(path.resolve()), "targets": data["targets"]}
 
 
 def _check_checkpoint(location: Path, given: str, ema: bool = False) -> None:
@@ -269,22 +275,20 @@ def _job_dir(run_dir: Path, mode: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"disttrain-{mode}-"))
 
 
-def launch_job(
-    cfg: dict[str, Any], job_dir: Path, overrides: list[str], job: dict[str, Any]
-) -> dict[str, Any] | None:
-    """Freeze `cfg` into `job_dir` with job.json, start the ranks, wait: what rank 0 wrote."""
+def launch_job(run: Run, job_dir: Path, overrides: list[str], job: dict[str, Any]) -> dict[str, Any] | None:
+    """Freeze `run` into `job_dir` with job.json, start the ranks, wait: what rank 0 wrote."""
     import json
 
     from disttrain.eval_worker import ENTRY, JOB
     from disttrain.launch import LaunchError, launch
     from disttrain.rundir import command_line, freeze, write_json
 
-    freeze(job_dir, cfg, overrides, command_line())
+    freeze(job_dir, run, overrides, command_line())
     write_json(job_dir / JOB, job)
     out = Path(job["out"])
     before = out.stat().st_mtime_ns if out.is_file() else None
     try:
-        launch(cfg, job_dir, entry=ENTRY)
+        launch(run, job_dir, entry=ENTRY)
     except LaunchError as exc:
         sys.stderr.write(f"disttrain: {job['mode']} {exc} (rank logs: {job_dir / 'logs'})\n")
         raise SystemExit(exc.exit_code) from None

@@ -164,25 +164,24 @@ def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt", ema: bool 
     import torch
 
     from disttrain import checkpoint
-    from disttrain.config.schema import CheckpointConfig
-    from disttrain.config.typed import own_key
+    from disttrain.config.run import Run
     from disttrain.models import build_model
     from disttrain.observe.log import setup_logging
     from disttrain.rundir import read_config
 
-    cfg = read_config(run_dir)
+    run = Run.of(read_config(run_dir))  # a run dir frozen before a key: the schema's default
     if location == run_dir:  # the run's checkpoint.dir, which may lie outside the run dir
         from disttrain.shared_dir import checkpoint_dir
 
-        location = checkpoint_dir(cfg, run_dir)
+        location = checkpoint_dir(run, run_dir)
     setup_logging(None, 0, to_console=True)
     with torch.device("cpu"):
-        model = build_model(cfg["model"])
+        model = build_model(run.model)
     if fmt == "hf":
-        check_hf_model(model, cfg["model"])
+        check_hf_model(model, run.model)
     # What built the weights: `_target_` and its arguments, so the file says which class loads it.
-    metadata = {"disttrain.model": json.dumps(cfg["model"], sort_keys=True), "format": "pt"}
-    verify = own_key(cfg["checkpoint"], CheckpointConfig, "verify")  # a run dir frozen before the key
+    metadata = {"disttrain.model": json.dumps(run.model, sort_keys=True), "format": "pt"}
+    verify = run.checkpoint.verify
     if ema:
         metadata["disttrain.weights"] = "ema"
     try:

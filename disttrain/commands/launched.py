@@ -19,20 +19,23 @@ def train_as_launched_rank(args: Any) -> int:
 
     from disttrain import worker
     from disttrain.config import compose, resolve
+    from disttrain.config.run import Run
     from disttrain.dist import DistEnv, exit_rank, init_process_group
     from disttrain.launch.external import agree, fill_local_env, launch_command, launched_shape, record
-    from disttrain.preflight.checks import check_runtime, check_static
+    from disttrain.preflight.checks import check_runtime, check_static, run_of
     from disttrain.rundir import freeze, run_status
     from disttrain.strategies import specs
 
     fill_local_env()
-    cfg = resolve(compose(args.overrides, args.config_dir, args.config_name or "config"), args.overrides)
-    env = DistEnv.from_env(cfg["backend"]["name"])
-    launched_shape(cfg, env)  # before the checks: data size vs the real world size
-    check_static(cfg)
-    check_runtime(cfg)
-    init_process_group(env, cfg["backend"]["timeout"], cpu_collectives=specs.cpu_collectives(cfg))
-    problem = agree(cfg, env)
+    composed = run_of(
+        resolve(compose(args.overrides, args.config_dir, args.config_name or "config"), args.overrides)
+    )
+    env = DistEnv.from_env(str(composed.backend.name))
+    run = launched_shape(composed, env)  # before the checks: data size vs the real world size
+    check_static(run)
+    check_runtime(run)
+    init_process_group(env, run.backend.timeout, cpu_collectives=specs.cpu_collectives(run))
+    problem = agree(run, env)
     if problem:
         sys.stderr.write(f"disttrain: {problem}\n")
         exit_rank(1)
@@ -41,21 +44,21 @@ def train_as_launched_rank(args: Any) -> int:
     if env.is_zero:
         full = compose(args.overrides, args.config_dir, args.config_name or "config", with_hydra=True)
         run_dir = Path(str(full.hydra.run.dir)).resolve()
-        freeze(run_dir, cfg, args.overrides, command)
-        box = [str(run_dir), cfg]
+        freeze(run_dir, run, args.overrides, command)
+        box = [str(run_dir), run.to_dict()]
     dist.broadcast_object_list(box, src=0)  # the frozen config itself, not a path only rank 0 sees
-    run_dir, frozen = Path(box[0]), box[1]
     local = max(1, env.local_world_size)
+    run_dir, frozen = Path(box[0]), Run.of(box[1]).updated({"node_rank": env.rank // local})
     # A node that does not see rank 0's run dir (no shared file system) keeps its own copy.
     own_copy = env.local_rank == 0 and not env.is_zero and not RunDir(run_dir).config.is_file()
     if own_copy:
-        freeze(run_dir, {**frozen, "node_rank": env.rank // local}, args.overrides, command)
+        freeze(run_dir, frozen, args.overrides, command)
     owners: list[Any] = [None] * env.world_size
     dist.all_gather_object(owners, env.is_zero or own_copy)  # also a barrier: every copy is written
     nodes_present = sorted({r // local for r in range(env.world_size)})
     writes_status = bool(owners[env.rank])
     if env.local_rank == 0:
-        record(run_dir, {**frozen, "node_rank": env.rank // local}, env, nodes_present, writes_status)
+        record(run_dir, frozen, env, nodes_present, writes_status)
     status = run_status(run_dir) if writes_status else contextlib.nullcontext()
     with status:
         worker.run(run_dir)

@@ -12,9 +12,12 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 RERUN_USAGE = """\
 usage: disttrain rerun RUN_DIR [key=value ...] [--run-dir NEW] [--trust]
@@ -78,19 +81,20 @@ def parse(rest: list[str]) -> tuple[Path, list[str], Path]:
     return run_dir, args[1:], target
 
 
-def own_checkpoints(cfg: dict[str, Any], target: Path, overrides: list[str]) -> str:
+def own_checkpoints(run: Run, target: Path, overrides: list[str]) -> tuple[Run, str]:
     """A rerun starts fresh in checkpoints of its own: the original's `checkpoint.dir` (kept in its
     frozen config with resume=auto) would be resumed, continued and pruned. One node: the new run
     dir's checkpoints/; several nodes (which need a shared folder): a sibling of the original's.
-    An explicit `checkpoint.dir=` override wins. Returns a note for the console."""
-    original = cfg["checkpoint"]["dir"]
+    An explicit `checkpoint.dir=` override wins. Returns the run to train and a note for the console."""
+    original = run.checkpoint.dir
     if not original or any(o.lstrip("+").startswith("checkpoint.dir=") for o in overrides):
-        return ""
-    nodes = cfg["nodes"]
-    shared = str(nodes) != "1"
-    cfg["checkpoint"]["dir"] = str(Path(str(original)).absolute().with_name(target.name)) if shared else None
-    where = cfg["checkpoint"]["dir"] or f"{target}/checkpoints"
-    return f" (checkpoints: {where}; the original's {original} stays as it is)"
+        return run, ""
+    shared = run.world.nodes != 1
+    own = str(Path(str(original)).absolute().with_name(target.name)) if shared else None
+    where = own or f"{target}/checkpoints"
+    return run.updated(
+        {"checkpoint": {"dir": own}}
+    ), f" (checkpoints: {where}; the original's {original} stays as it is)"
 
 
 def cmd_rerun(rest: list[str]) -> int:
@@ -101,7 +105,7 @@ def cmd_rerun(rest: list[str]) -> int:
 
     from disttrain.commands.resume import apply_overrides
     from disttrain.commands.train import freeze_and_launch
-    from disttrain.preflight.checks import check_runtime, check_static
+    from disttrain.preflight.checks import check_runtime, check_static, run_of
     from disttrain.rundir import read_config
     from disttrain.trust import check_trusted, take_trust_flag
 
@@ -109,10 +113,9 @@ def cmd_rerun(rest: list[str]) -> int:
     run_dir, overrides, target = parse(rest)
     saved_cfg = read_config(run_dir)
     check_trusted(run_dir, saved_cfg, trusted)  # someone else's _target_s: only with --trust
-    cfg = apply_overrides(saved_cfg, overrides)
-    note = own_checkpoints(cfg, target, overrides)
-    check_static(cfg)
-    check_runtime(cfg)
+    run, note = own_checkpoints(run_of(apply_overrides(saved_cfg, overrides)), target, overrides)
+    check_static(run)
+    check_runtime(run)
     for warning in code_warnings(run_dir, Path.cwd()):
         sys.stderr.write(f"disttrain rerun: warning: {warning}\n")
     saved = (
@@ -124,5 +127,5 @@ def cmd_rerun(rest: list[str]) -> int:
     from disttrain.owner import hold
 
     hold(target, target, "--run-dir", "run dir")  # two reruns into one folder: the second is refused
-    freeze_and_launch(cfg, target, [*(saved or []), *overrides])
+    freeze_and_launch(run, target, [*(saved or []), *overrides])
     return 0

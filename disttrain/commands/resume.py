@@ -236,7 +236,7 @@ def cmd_resume(rest: list[str]) -> int:
     from disttrain.commands.train import freeze_and_launch
     from disttrain.launch.registry import launcher_for
     from disttrain.owner import hold
-    from disttrain.preflight.checks import check_runtime, check_static
+    from disttrain.preflight.checks import check_runtime, check_static, run_of
     from disttrain.rundir import command_line, read_config, refuse_if_running, refuse_planted_links
     from disttrain.trust import check_trusted, take_trust_flag
 
@@ -250,15 +250,16 @@ def cmd_resume(rest: list[str]) -> int:
     check_trusted(run_dir, saved_cfg, trusted)  # someone else's _target_s: only with --trust
     cfg = apply_overrides(saved_cfg, overrides)
     refuse_planted_links(run_dir, "RUN_DIR", cfg)  # keep-N inside a linked folder deletes another run's
+    run = run_of(cfg)
     if not any(o.lstrip("+").startswith("resume=") for o in overrides):
-        cfg["resume"] = "auto"
-    check_static(cfg)
-    check_runtime(cfg)
-    launcher_for(cfg).check_command(run_dir, command_line())
+        run = run.updated({"resume": "auto"})
+    check_static(run)
+    check_runtime(run)
+    launcher_for(run).check_command(run_dir, command_line())
     saved = (
         yaml.safe_load((run_dir / "overrides.yaml").read_text())
         if (run_dir / "overrides.yaml").exists()
         else []
     )
-    freeze_and_launch(cfg, run_dir, [*(saved or []), *overrides])  # only now: the checks passed
+    freeze_and_launch(run, run_dir, [*(saved or []), *overrides])  # only now: the checks passed
     return 0

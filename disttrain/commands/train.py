@@ -18,33 +18,36 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.commands.config import compose_checked as _compose_checked
 from disttrain.commands.config import key_help as _key_help
 from disttrain.commands.hydra_app import parse_args as _hydra_args
 
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
-def freeze_and_launch(cfg: dict[str, Any], run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
-    """Write the frozen run dir for the checked `cfg`, launch its ranks (or submit its job), wait;
+
+def freeze_and_launch(run: Run, run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
+    """Write the frozen run dir for the checked `run`, launch its ranks (or submit its job), wait;
     the run's summary, or None when a scheduler trains it or it wrote none."""
     from disttrain.rundir import command_line
 
-    return _freeze_and_launch(cfg, run_dir, overrides, command_line())
+    return _freeze_and_launch(run, run_dir, overrides, command_line())
 
 
 @dataclass
 class Jobs:
     """What `train` checked before anything was written, handed to whatever runs the jobs.
 
-    `checked`: each job's config (keyed by its overrides), resolved and with its `_target_` nodes
+    `checked`: each job's run (keyed by its overrides), resolved and with its `_target_` nodes
     settled (config/clean.py), so a job runs exactly what was checked; `composed`: the same
     compositions with Hydra's node (run and sweep dirs, job settings); `command`: the user's
     command line for command.txt (with the run or sweep dir this command claimed)."""
 
     config_dir: str | None
     config_name: str
-    checked: dict[tuple[str, ...], dict[str, Any]] = field(default_factory=dict)
+    checked: dict[tuple[str, ...], Run] = field(default_factory=dict)
     composed: dict[tuple[str, ...], Any] = field(default_factory=dict)
     command: list[str] = field(default_factory=list)
     multirun: bool = False
@@ -113,8 +116,8 @@ def cmd_train(rest: list[str]) -> int:
     # A sweeper plugin's syntax (Optuna's interval(...)) expands only inside the plugin: then the
     # base job is checked here and every job again as the plugin launches it (_hydra_task).
     for job in expand_sweep(args.overrides) if args.multirun else [args.overrides]:
-        cfg, jobs.composed[tuple(job)] = _compose_checked(job, args, runtime=not args.cfg)
-        jobs.checked[tuple(job)] = cfg
+        run, jobs.composed[tuple(job)] = _compose_checked(job, args, runtime=not args.cfg)
+        jobs.checked[tuple(job)] = run
     if args.cfg:
         if (
             (args.cfg == "job" or (args.cfg == "hydra" and args.resolve))
@@ -131,13 +134,13 @@ def cmd_train(rest: list[str]) -> int:
         if _basic_sweep(first, args.overrides):
             return _run_sweep(jobs, sweep_dir)
         return _run_hydra_app(rest, jobs)
-    extra = _multinode_run_dir(cfg, args.overrides)
+    extra = _multinode_run_dir(run, args.overrides)
     command = [*rest, *extra]  # every node derives the same dir: part of the command
     full = jobs.composed[tuple(args.overrides)]
-    run_dir = _own_run_dir(cfg, args, [*args.overrides, *extra], command, full)
+    run_dir = _own_run_dir(run, args, [*args.overrides, *extra], command, full)
     jobs.command = [*program(), "train", *command]
     if not full.hydra.callbacks:
-        return _run_job(cfg, run_dir, task_overrides(args.overrides), full.hydra.job, jobs.command)
+        return _run_job(run, run_dir, task_overrides(args.overrides), full.hydra.job, jobs.command)
     return _run_hydra_app([*command, f"hydra.run.dir={_hydra_quote(str(run_dir))}"], jobs)
 
 
@@ -167,11 +170,11 @@ def _run_sweep(jobs: Jobs, sweep_dir: Path) -> int:
     compose each job twice more (~0.2 CPU-s a job) only to hand it what `train` already checked.
     Like Hydra's, the sweep stops at the first job that fails, with that job's exit status."""
     sys.stderr.write(f"disttrain: launching {len(jobs.checked)} jobs in {sweep_dir}\n")
-    for num, (key, cfg) in enumerate(jobs.checked.items()):
+    for num, (key, run) in enumerate(jobs.checked.items()):
         full = jobs.composed[key]
         overrides = task_overrides(list(key))
         sys.stderr.write(f"disttrain: \t#{num} : {' '.join(overrides)}\n")
-        rc = _run_job(cfg, _sweep_job_dir(full, sweep_dir, num), overrides, full.hydra.job, jobs.command)
+        rc = _run_job(run, _sweep_job_dir(full, sweep_dir, num), overrides, full.hydra.job, jobs.command)
         if rc:
             return rc
     return 0
@@ -217,7 +220,7 @@ def _job_context(run_dir: Path, job: Any) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def _run_job(cfg: dict[str, Any], run_dir: Path, overrides: list[str], job: Any, command: list[str]) -> int:
+def _run_job(run: Run, run_dir: Path, overrides: list[str], job: Any, command: list[str]) -> int:
     """One checked job (a run, or a basic sweep's job) trains without `@hydra.main`, which would
     compose the config again (~0.4 CPU-s before every run) only to hand the job a run dir and
     overrides this command already holds. What Hydra's job runner would do for it is done here
@@ -227,7 +230,7 @@ def _run_job(cfg: dict[str, Any], run_dir: Path, overrides: list[str], job: Any,
 
     with _job_context(run_dir, job):
         try:
-            _freeze_and_launch(cfg, run_dir, overrides, command)
+            _freeze_and_launch(run, run_dir, overrides, command)
         except Exception:
             sys.stderr.write(f"Error executing job with overrides: {overrides}\n{traceback.format_exc()}")
             return 1
@@ -254,7 +257,7 @@ def task_overrides(overrides: list[str]) -> list[str]:
     return [o for o in overrides if not (key(o) == "hydra" or key(o).startswith(("hydra.", "hydra/")))]
 
 
-def _own_run_dir(cfg: dict[str, Any], args: Any, overrides: list[str], command: list[str], full: Any) -> Path:
+def _own_run_dir(run: Run, args: Any, overrides: list[str], command: list[str], full: Any) -> Path:
     """This invocation's run dir, created before the job runs (Hydra would reuse any).
 
     The default `runs/NAME/TIMESTAMP` is claimed exclusively (a taken one gets a -1 suffix); a
@@ -269,9 +272,9 @@ def _own_run_dir(cfg: dict[str, Any], args: Any, overrides: list[str], command: 
         full = compose(overrides, args.config_dir, args.config_name or "config", with_hydra=True)
     run_dir = Path(str(full.hydra.run.dir)).absolute()
     rundir.check_path(run_dir)
-    launcher_for(cfg).check_command(run_dir, [*rundir.program(), "train", *command])
+    launcher_for(run).check_command(run_dir, [*rundir.program(), "train", *command])
     if any(o.lstrip("+").startswith("hydra.run.dir=") for o in overrides):
-        return rundir.reuse(run_dir, cfg, shared=cfg["nodes"] > 1)  # the nodes share one dir
+        return rundir.reuse(run_dir, run, shared=run.world.nodes > 1)  # the nodes share one dir
     claimed = rundir.claim(run_dir)
     from disttrain.timing import mark
 
@@ -296,7 +299,7 @@ def _hydra_quote(value: str) -> str:
     return "'" + value.replace("'", "\\'") + "'"
 
 
-def _multinode_run_dir(cfg: dict[str, Any], overrides: list[str]) -> list[str]:
+def _multinode_run_dir(run: Run, overrides: list[str]) -> list[str]:
     """Several nodes (by hand): a run dir name every node derives alike, unless hydra.run.dir is set."""
     from disttrain.launch.multinode import run_dir_name
     from disttrain.launch.registry import launcher_for
@@ -305,15 +308,15 @@ def _multinode_run_dir(cfg: dict[str, Any], overrides: list[str]) -> list[str]:
 
     spec = detected(os.environ)
     if spec is not None:
-        spec.check_node_env(cfg)  # inside an srun step: SLURM_NNODES / SLURM_NTASKS against nodes
-    if cfg["nodes"] == 1 or launcher_for(cfg).scheduler:  # the scheduler names the nodes' run dirs
+        spec.check_node_env(run)  # inside an srun step: SLURM_NNODES / SLURM_NTASKS against nodes
+    if run.world.nodes == 1 or launcher_for(run).scheduler:  # the scheduler names the nodes' run dirs
         return []
-    warning = rehearsal_warning(cfg)
+    warning = rehearsal_warning(run)
     if warning:
         sys.stderr.write(f"disttrain: warning: {warning}\n")
     if any(o.startswith("hydra.run.dir=") for o in overrides):
         return []
-    return [f"hydra.run.dir={run_dir_name(cfg)}"]
+    return [f"hydra.run.dir={run_dir_name(run)}"]
 
 
 def _run_hydra_app(rest: list[str], jobs: Jobs) -> int:
@@ -341,7 +344,7 @@ def _hydra_task(jobs: Jobs) -> dict[str, Any] | float | None:
 
     from disttrain.config import resolve
     from disttrain.config.errors import ConfigError
-    from disttrain.preflight.checks import check_runtime, check_static
+    from disttrain.preflight.checks import check_runtime, check_static, run_of
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir).resolve()
@@ -354,7 +357,7 @@ def _hydra_task(jobs: Jobs) -> dict[str, Any] | float | None:
         from disttrain.config import compose
 
         try:
-            checked = resolve(compose(overrides, jobs.config_dir, jobs.config_name), overrides)
+            checked = run_of(resolve(compose(overrides, jobs.config_dir, jobs.config_name), overrides))
             check_static(checked)
             check_runtime(checked)
         except ConfigError as exc:
@@ -375,41 +378,41 @@ def _objective(summary: dict[str, Any]) -> float:
 
 
 def _freeze_and_launch(
-    cfg: dict[str, Any], run_dir: Path, overrides: list[str], command: list[str]
+    run: Run, run_dir: Path, overrides: list[str], command: list[str]
 ) -> dict[str, Any] | None:
     from disttrain.launch import LaunchError, launch, submit
     from disttrain.rundir import freeze, run_status
     from disttrain.timing import mark
 
     mark("hydra_task")
-    own_checkpoint_dir(cfg, run_dir)
-    reshaped = same_global_batch(cfg, run_dir)
+    own_checkpoint_dir(run, run_dir)
+    run, reshaped = same_global_batch(run, run_dir)
     if reshaped:  # frozen as the ranks will train it: config.yaml and the checkpoints agree
         sys.stderr.write(f"disttrain: resuming at another world size: {reshaped}\n")
-    freeze(run_dir, cfg, overrides, command)
-    if submit(cfg, run_dir, command):
+    freeze(run_dir, run, overrides, command)
+    if submit(run, run_dir, command):
         return None  # a scheduler's nodes train (sbatch, a Kubeflow job); status.json is theirs
     try:
         with run_status(run_dir):  # status.json: running -> finished / failed / interrupted
-            launch(cfg, run_dir)
+            launch(run, run_dir)
     except LaunchError as exc:
         sys.stderr.write(f"disttrain: {exc}\n")
         raise SystemExit(exc.exit_code) from None
     return print_summary(run_dir)
 
 
-def same_global_batch(cfg: dict[str, Any], run_dir: Path) -> str | None:
+def same_global_batch(run: Run, run_dir: Path) -> tuple[Run, str | None]:
     """Resumed at another data-parallel size (`disttrain resume RUN nproc_per_node=1`, `train
-    resume=PATH` on another world): the batch shape that keeps the checkpoint's global batch, set in
-    `cfg`; what changed, or None."""
+    resume=PATH` on another world): the run with the batch shape that keeps the checkpoint's global
+    batch, and what changed (`run` itself and None: nothing)."""
     from disttrain.checkpoint.geometry import checkpoint_meta, keep_global_batch
     from disttrain.checkpoint.manager import resume_location
     from disttrain.strategies import specs
 
-    return keep_global_batch(cfg, checkpoint_meta(resume_location(cfg, run_dir)), specs.dp_degree(cfg))
+    return keep_global_batch(run, checkpoint_meta(resume_location(run, run_dir)), specs.dp_degree(run))
 
 
-def own_checkpoint_dir(cfg: dict[str, Any], run_dir: Path) -> None:
+def own_checkpoint_dir(run: Run, run_dir: Path) -> None:
     """An explicit `checkpoint.dir`: one launcher at a time (its lock, held until this command
     ends), and never another run's checkpoints unless `resume=` names them. Node 0 speaks for a
     multi-node run (every node shares the folder). A scheduler's job (Slurm, Kubernetes) is not
@@ -418,11 +421,11 @@ def own_checkpoint_dir(cfg: dict[str, Any], run_dir: Path) -> None:
     from disttrain.launch.registry import launcher_for
     from disttrain.shared_dir import checkpoint_dir
 
-    if not cfg["checkpoint"]["dir"] or cfg["node_rank"] != 0 or launcher_for(cfg).scheduler:
+    if not run.checkpoint.dir or run.world.node_rank != 0 or launcher_for(run).scheduler:
         return
-    directory = checkpoint_dir(cfg, run_dir)
+    directory = checkpoint_dir(run, run_dir)
     owner.hold(directory, run_dir, "checkpoint.dir", "checkpoint folder")
-    owner.claim_checkpoints(directory, run_dir, cfg["resume"])
+    owner.claim_checkpoints(directory, run_dir, run.resume)
 
 
 def print_summary(run_dir: Path) -> dict[str, Any] | None:
@@ -462,7 +465,7 @@ def _print_cfg(args: Any, jobs: Jobs) -> int:
     if args.cfg == "job":  # what config.yaml will hold: resolved once, `_target_` nodes settled
         import yaml
 
-        sys.stdout.write(yaml.safe_dump(jobs.checked[tuple(args.overrides)], sort_keys=False))
+        sys.stdout.write(yaml.safe_dump(jobs.checked[tuple(args.overrides)].to_dict(), sort_keys=False))
         return 0
     from hydra.core.hydra_config import HydraConfig
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from dataclasses import field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import MISSING
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 
 def help_field(text: str, default: Any = MISSING, factory: Any = None) -> Any:
@@ -32,11 +35,12 @@ class Choice(str, Enum):
         return format(str(self.value), spec)
 
 
-def world_size(cfg: dict[str, Any]) -> int:
+def world_size(run: Run) -> int:
     """Ranks of the run: nodes x nproc_per_node (after `resolve`, `nodes` is the maximum)."""
-    return int(cfg["nodes"]) * int(cfg["nproc_per_node"])
+    return run.world.size
 
 
-def world_shape(cfg: dict[str, Any]) -> str:
+def world_shape(run: Run) -> str:
     """The world size with where it comes from, for error messages."""
-    return f"nodes x nproc_per_node = {cfg['nodes']} x {cfg['nproc_per_node']} = {world_size(cfg)}"
+    world = run.world
+    return f"nodes x nproc_per_node = {world.nodes} x {world.nproc_per_node} = {world.size}"

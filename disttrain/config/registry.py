@@ -22,9 +22,12 @@ import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from disttrain.config.errors import ConfigError, one_of
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 GROUP_PREFIX = "disttrain."
 
@@ -161,13 +164,14 @@ def load_target(target: str) -> Any:
 class TargetSpec:
     """A built-in task, model or data set: its name (the group option `base_<name>`), its typed config
     (whose `_target_` default is `target`), one line of help, and optional pre-launch checks of its
-    own keys: `check_static(cfg, typed)` with the resolved config and its node as the config class."""
+    own keys: `check_static(run, typed)` with the run (`disttrain.config.run.Run`) and its node as
+    the config class."""
 
     name: str
     config: type
     target: str  # what the node builds: a dotted path (the config's `_target_`, if it has one)
     help: str
-    check_static: Callable[[dict[str, Any], Any], None] | None = None
+    check_static: Callable[[Run, Any], None] | None = None
 
     def typed(self, node: Any) -> Any:
         from disttrain.config.typed import typed
@@ -175,10 +179,10 @@ class TargetSpec:
         return typed(self.config, node)
 
 
-def check_chosen(registry: Registry[TargetSpec], cfg: dict[str, Any], key: str) -> None:
+def check_chosen(registry: Registry[TargetSpec], run: Run, key: str) -> None:
     """The pre-launch checks of each spec of `registry` whose target the run's `key` node builds
     (its `_target_`; a data node's is its train split's), given that node as the spec's config."""
-    node = cfg.get(key)
+    node = run.get(key)  # an open `_target_` node (task, model, data): a copy
     if not isinstance(node, dict):
         return
     target = node.get("_target_")
@@ -186,7 +190,7 @@ def check_chosen(registry: Registry[TargetSpec], cfg: dict[str, Any], key: str) 
         target = node["train"].get("_target_")
     for spec in registry.all():
         if spec.check_static is not None and spec.target == target:
-            spec.check_static(cfg, spec.typed(node))
+            spec.check_static(run, spec.typed(node))
 
 
 def config_nodes(registry: Registry[Any]) -> dict[str, type]:

@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.launch.environ import patched_environ
 from disttrain.launch.errors import LaunchError
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 __all__ = ["LaunchError", "launch", "launched_externally", "prestart", "submit"]
 
@@ -23,15 +26,15 @@ def launched_externally() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def threads_per_rank(cfg: dict[str, Any]) -> int:
-    return cfg["threads_per_rank"] or max(1, len(os.sched_getaffinity(0)) // cfg["nproc_per_node"])
+def threads_per_rank(run: Run) -> int:
+    return run.threads_per_rank or max(1, len(os.sched_getaffinity(0)) // run.world.nproc_per_node)
 
 
-def rank_environment(cfg: dict[str, Any]) -> Any:
+def rank_environment(run: Run) -> Any:
     """Variables every rank inherits; restored afterwards (multirun launches again)."""
     return patched_environ(
         {
-            "OMP_NUM_THREADS": str(threads_per_rank(cfg)),
+            "OMP_NUM_THREADS": str(threads_per_rank(run)),
             "DISTTRAIN_LAUNCH_TIME": repr(time.time()),
             # `python -m disttrain.worker` would put the cwd first on sys.path, ahead of torch and
             # yaml (a stray yaml.py in a shared folder would run); the worker appends it instead.
@@ -46,14 +49,14 @@ WORKER = "disttrain.worker"
 FLIGHT_RECORDER_ENTRIES = "2000"  # the last collectives of each group, kept in a ring (a few hundred kB)
 
 
-def flight_recorder_environment(cfg: dict[str, Any], run_dir: Path) -> dict[str, str]:
+def flight_recorder_environment(run: Run, run_dir: Path) -> dict[str, str]:
     """nccl: torch's flight recorder on, dumped on a timeout into the run's logs/ (one file per
     rank, `nccl_trace_rank_N`; read with `torchfrtrace RUN/logs -p nccl_trace_rank_`). Off for gloo, which has none. A
     value the user exported wins."""
     from disttrain.config.gpus import choose_backend
     from disttrain.rundir import RunDir
 
-    if "nccl" not in choose_backend(cfg["backend"]["name"]):
+    if "nccl" not in choose_backend(run.backend.name):
         return {}
     wanted = {
         "TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
@@ -63,41 +66,41 @@ def flight_recorder_environment(cfg: dict[str, Any], run_dir: Path) -> dict[str,
     return {k: v for k, v in wanted.items() if k not in os.environ}
 
 
-def submit(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> bool:
+def submit(run: Run, run_dir: Path, command: list[str]) -> bool:
     """Hand the frozen run to the launcher's scheduler (sbatch, kubectl). True: it did, and the
     scheduler's nodes train (status.json is theirs); False: call `launch` here."""
     from disttrain.launch.registry import launcher_for
 
-    return launcher_for(cfg).submit(cfg, run_dir, command)
+    return launcher_for(run).submit(run, run_dir, command)
 
 
-def prestart(cfg: dict[str, Any]) -> None:
+def prestart(run: Run) -> None:
     """After the static checks: let the launcher warm up what its ranks will need (a fork server
     importing torch) while the parent runs the runtime checks. Nothing for a run in this process."""
-    from disttrain.launch.registry import launcher_config, launcher_for
+    from disttrain.launch.registry import launcher_for
 
-    if _in_process(cfg, launcher_config(cfg)):
+    if _in_process(run):
         return
-    launcher_for(cfg).prestart(cfg)
+    launcher_for(run).prestart(run)
 
 
-def _in_process(cfg: dict[str, Any], launcher: Any) -> bool:
-    return bool(cfg["nodes"] * cfg["nproc_per_node"] == 1 and launcher.max_restarts == 0)
+def _in_process(run: Run) -> bool:
+    return run.world.size == 1 and run.launcher.max_restarts == 0
 
 
-def launch(cfg: dict[str, Any], run_dir: Path, entry: str = WORKER) -> None:
-    """Start the ranks for `cfg` and wait for them; raise LaunchError naming the first failure.
+def launch(run: Run, run_dir: Path, entry: str = WORKER) -> None:
+    """Start the ranks for `run` and wait for them; raise LaunchError naming the first failure.
 
     `entry` is the per-rank module: it has `run(run_dir)` and runs it from `python -m entry RUN_DIR`.
     """
-    from disttrain.launch.registry import launcher_config, launcher_for
+    from disttrain.launch.registry import launcher_for
     from disttrain.timing import mark
 
     mark("launch")
-    with rank_environment(cfg), patched_environ(flight_recorder_environment(cfg, run_dir)):
-        if _in_process(cfg, launcher_config(cfg)):
+    with rank_environment(run), patched_environ(flight_recorder_environment(run, run_dir)):
+        if _in_process(run):
             import importlib
 
             importlib.import_module(entry).run(run_dir)  # fairseq's call_main: one rank, no child
         else:
-            launcher_for(cfg).launch(cfg, run_dir, entry)
+            launcher_for(run).launch(run, run_dir, entry)

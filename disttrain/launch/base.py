@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 
 class Launcher(Protocol):
@@ -19,29 +22,29 @@ class Launcher(Protocol):
     # run dir each node derives and the rendezvous port, so none of them is chosen or probed here.
     scheduler: ClassVar[bool] = False
 
-    def check_static(self, cfg: dict[str, Any]) -> None:
+    def check_static(self, run: Run) -> None:
         """Checks of the resolved config that need no machine; raise ConfigError."""
 
-    def check_runtime(self, cfg: dict[str, Any]) -> None:
+    def check_runtime(self, run: Run) -> None:
         """Checks of this machine before anything is written (a program on PATH); raise ConfigError."""
 
     def check_command(self, run_dir: Path, command: list[str]) -> None:
         """The run dir and command line it would write somewhere (a job script), checked before the
         run dir is claimed; raise ConfigError."""
 
-    def prestart(self, cfg: dict[str, Any]) -> None:
+    def prestart(self, run: Run) -> None:
         """Called once the static checks passed, before the runtime checks (model build, dry step):
         start what makes the ranks' start-up cheaper, e.g. a warm fork server. It must start no
         rank and write nothing (a failed runtime check follows); what it starts must end with this
         process."""
 
-    def submit(self, cfg: dict[str, Any], run_dir: Path, command: list[str]) -> bool:
+    def submit(self, run: Run, run_dir: Path, command: list[str]) -> bool:
         """Hand the frozen run to a scheduler. True: it did, the scheduler's nodes train and
         status.json is theirs; False: `launch` starts the ranks here."""
         return False
 
     @abstractmethod
-    def launch(self, cfg: dict[str, Any], run_dir: Path, entry: str) -> None:
+    def launch(self, run: Run, run_dir: Path, entry: str) -> None:
         """Start this node's ranks running `entry` (`python -m entry RUN_DIR`) and wait for them;
         raise LaunchError naming the first failure. Every launcher implements it (a subclass that
         does not cannot be instantiated)."""

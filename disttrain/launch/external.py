@@ -13,9 +13,12 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.launch.multinode import config_diff, config_hash, flatten
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 
 def fill_local_env() -> None:
@@ -60,25 +63,29 @@ def launch_command() -> list[str]:
     return command_line()
 
 
-def launched_shape(cfg: dict[str, Any], env: Any) -> None:
-    """The world the outside launcher made, written into the config every rank checks and freezes.
+def launched_shape(run: Run, env: Any) -> Run:
+    """The run with the world the outside launcher made: what every rank checks and freezes.
 
     `disttrain resume` of this run dir then launches the same world, and data-size checks see it.
     """
     local = max(1, env.local_world_size)
-    cfg["nproc_per_node"] = local
-    cfg["nodes"] = max(1, env.world_size // local)
-    cfg["node_rank"] = int(os.environ.get("GROUP_RANK", env.rank // local))
-    cfg["launcher"] = {**cfg["launcher"], "min_nodes": 0}
+    return run.updated(
+        {
+            "nproc_per_node": local,
+            "nodes": max(1, env.world_size // local),
+            "node_rank": int(os.environ.get("GROUP_RANK", env.rank // local)),
+            "launcher": {"min_nodes": 0},
+        }
+    )
 
 
-def agree(cfg: dict[str, Any], env: Any) -> str | None:
+def agree(run: Run, env: Any) -> str | None:
     """Every rank's config against rank 0's: None, or the message naming the keys that differ."""
     import torch.distributed as dist
 
-    mine = json.loads(json.dumps(flatten(cfg), default=str))
+    mine = json.loads(json.dumps(flatten(run), default=str))
     views: list[Any] = [None] * env.world_size
-    dist.all_gather_object(views, (config_hash(cfg), mine))
+    dist.all_gather_object(views, (config_hash(run), mine))
     local = max(1, env.local_world_size)
     for rank, (theirs_hash, theirs) in enumerate(views):
         if theirs_hash != views[0][0]:
@@ -91,15 +98,20 @@ def agree(cfg: dict[str, Any], env: Any) -> str | None:
     return None
 
 
-def record(run_dir: Path, cfg: dict[str, Any], env: Any, present: list[int], owner: bool) -> None:
+def record(run_dir: Path, run: Run, env: Any, present: list[int], owner: bool) -> None:
     """rendezvous_node<K>.json (the config hash, every node), launch.json (how the ranks were
     started: the run dir's owner, i.e. rank 0 or a node keeping its own copy)."""
     from disttrain.rundir import write_json
 
-    node = int(cfg["node_rank"])
+    node = run.world.node_rank
     write_json(
         run_dir / f"rendezvous_node{node}.json",
-        {"config_hash": config_hash(cfg), "node_rank": node, "nodes": present, "launcher": launcher_name()},
+        {
+            "config_hash": config_hash(run),
+            "node_rank": node,
+            "nodes": present,
+            "launcher": launcher_name(),
+        },
     )
     if not owner:
         return
@@ -109,8 +121,8 @@ def record(run_dir: Path, cfg: dict[str, Any], env: Any, present: list[int], own
             "launcher": launcher_name(),
             "command": launch_command(),
             "world_size": env.world_size,
-            "nodes": cfg["nodes"],
-            "nproc_per_node": cfg["nproc_per_node"],
+            "nodes": run.world.nodes,
+            "nproc_per_node": run.world.nproc_per_node,
             "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
         },
     )

@@ -27,7 +27,10 @@ import importlib
 import multiprocessing
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 # What the server imports before forking: the rank's whole import graph (torch, the engine, the
 # strategies' common modules), hydra.utils (every rank's `_target_` builds instantiate through it:
@@ -56,14 +59,14 @@ SERVER_ENV = dict(os.environ)
 START_METHOD = "forkserver"
 
 
-def warm_up(cfg: dict[str, Any] | None = None) -> None:
+def warm_up(run: Run | None = None) -> None:
     """Start this process's fork server with the rank modules preloaded (idempotent, returns at once)."""
     from multiprocessing import forkserver
 
     from disttrain.launch.environ import patched_environ
 
     ctx = multiprocessing.get_context(START_METHOD)
-    ctx.set_forkserver_preload(preload(cfg))
+    ctx.set_forkserver_preload(preload(run))
     # The server runs `python -c ...`, which would put the cwd first on sys.path (Python 3.11 does
     # not apply the parent's sys.path to the server): a stray torch.py or yaml.py in the cwd would
     # be imported. PYTHONSAFEPATH keeps it out; each rank gets the launcher's sys.path when forked.
@@ -74,8 +77,8 @@ def warm_up(cfg: dict[str, Any] | None = None) -> None:
         _STOP_AT_EXIT.append(stop)
 
 
-def preload(cfg: dict[str, Any] | None = None) -> list[str]:
-    """The modules the server imports for `cfg`'s ranks: the same for every run (see PRELOAD)."""
+def preload(run: Run | None = None) -> list[str]:
+    """The modules the server imports for `run`'s ranks: the same for every run (see PRELOAD)."""
     return list(PRELOAD)
 
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
@@ -26,10 +26,12 @@ from disttrain.config.errors import ConfigError
 from disttrain.launch import k8s_checks
 from disttrain.launch.base import Launcher
 from disttrain.launch.k8s_checks import k8s_name
-from disttrain.launch.registry import launcher_config
 from disttrain.launch.specs.k8s import K8sLauncherConfig
 from disttrain.rundir import RunDir
 from disttrain.safefile import write_text_atomic
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 MANIFEST = "k8s/job.yaml"
 CONFIG_MOUNT = "/etc/disttrain"  # the ConfigMap's mount point in every pod
@@ -48,26 +50,26 @@ class K8sLauncher(Launcher):
 
     scheduler = True
 
-    def check_static(self, cfg: dict[str, Any]) -> None:
-        k8s_checks.check_static(cfg)
+    def check_static(self, run: Run) -> None:
+        k8s_checks.check_static(run)
 
-    def check_runtime(self, cfg: dict[str, Any]) -> None:
-        k8s_checks.check_runtime(cfg)
+    def check_runtime(self, run: Run) -> None:
+        k8s_checks.check_runtime(run)
 
-    def submit(self, cfg: dict[str, Any], run_dir: Path, command: list[str]) -> bool:
+    def submit(self, run: Run, run_dir: Path, command: list[str]) -> bool:
         if in_pod():  # a pod of the job: train here, as one node
-            check_pod(cfg)
+            check_pod(run)
             return False
-        submit(cfg, run_dir)  # the job's pods train, each into its own <run_root>/<job>
+        submit(run, run_dir)  # the job's pods train, each into its own <run_root>/<job>
         return True
 
-    def launch(self, cfg: dict[str, Any], run_dir: Path, entry: str) -> None:
+    def launch(self, run: Run, run_dir: Path, entry: str) -> None:
         from disttrain.launch.torchrun import launch_torchrun
 
-        launch_torchrun(cfg, run_dir, entry)
+        launch_torchrun(run, run_dir, entry)
 
 
-def job_name(cfg: dict[str, Any], run_dir: Path, now: float | None = None) -> str:
+def job_name(run: Run, run_dir: Path, now: float | None = None) -> str:
     """`<name>-YYYYMMDD-HHMMSS-<4 hex of the run dir>` (UTC): a DNS-1035 label, unique per sweep job.
 
     `name` is lower-cased with _ and . as -; the run dir's hash tells apart the jobs of one `-m`
@@ -75,14 +77,14 @@ def job_name(cfg: dict[str, Any], run_dir: Path, now: float | None = None) -> st
     """
     stamp = time.strftime(STAMP, time.gmtime(time.time() if now is None else now))
     tag = hashlib.sha256(str(run_dir).encode()).hexdigest()[:4]
-    name = f"{k8s_name(cfg['name'])}-{stamp}-{tag}"
+    name = f"{k8s_name(run.name)}-{stamp}-{tag}"
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= JOB_NAME_MAX, name
     return name
 
 
-def pod_command(cfg: dict[str, Any], job: str) -> list[str]:
+def pod_command(run: Run, job: str) -> list[str]:
     """What every pod runs: train the mounted frozen config into the run dir `<run_root>/<job>`."""
-    run_dir = f"{launcher_config(cfg).run_root.rstrip('/')}/{job}"
+    run_dir = f"{cast(K8sLauncherConfig, run.launcher).run_root.rstrip('/')}/{job}"
     return [
         "disttrain",
         "train",
@@ -95,9 +97,9 @@ def pod_command(cfg: dict[str, Any], job: str) -> list[str]:
     ]
 
 
-def manifests(cfg: dict[str, Any], frozen: str, job: str) -> list[dict[str, Any]]:
+def manifests(run: Run, frozen: str, job: str) -> list[dict[str, Any]]:
     """[ConfigMap with the frozen config, TrainJob or PyTorchJob]."""
-    lc: K8sLauncherConfig = launcher_config(cfg)
+    lc = cast(K8sLauncherConfig, run.launcher)
     meta = {
         "name": job,
         "namespace": lc.namespace,
@@ -110,15 +112,15 @@ def manifests(cfg: dict[str, Any], frozen: str, job: str) -> list[dict[str, Any]
         "data": {f"{CONFIG_NAME}.yaml": frozen},
     }
     build = trainjob if lc.api == "trainjob" else pytorchjob
-    return [config_map, build(cfg, job, meta)]
+    return [config_map, build(run, job, meta)]
 
 
-def trainjob(cfg: dict[str, Any], job: str, meta: dict[str, Any]) -> dict[str, Any]:
+def trainjob(run: Run, job: str, meta: dict[str, Any]) -> dict[str, Any]:
     """Trainer v2: the runtime's `node` job; volumes and the service account as a runtime patch."""
-    lc: K8sLauncherConfig = launcher_config(cfg)
+    lc = cast(K8sLauncherConfig, run.launcher)
     pod: dict[str, Any] = {
-        "volumes": volumes(cfg, job),
-        "containers": [{"name": "node", "volumeMounts": mounts(cfg)}],
+        "volumes": volumes(run, job),
+        "containers": [{"name": "node", "volumeMounts": mounts(run)}],
     }
     if lc.service_account:
         pod["serviceAccountName"] = lc.service_account
@@ -135,11 +137,11 @@ def trainjob(cfg: dict[str, Any], job: str, meta: dict[str, Any]) -> dict[str, A
             },
             "trainer": {
                 "image": lc.image,
-                "command": pod_command(cfg, job),
-                "numNodes": int(cfg["nodes"]),
-                "numProcPerNode": int(cfg["nproc_per_node"]),
-                "resourcesPerNode": resources(cfg),
-                "env": env(cfg),
+                "command": pod_command(run, job),
+                "numNodes": run.world.nodes,
+                "numProcPerNode": run.world.nproc_per_node,
+                "resourcesPerNode": resources(run),
+                "env": env(run),
             },
             "runtimePatches": [
                 {"manager": "disttrain", "trainingRuntimeSpec": {"template": {"spec": patch}}}
@@ -148,19 +150,19 @@ def trainjob(cfg: dict[str, Any], job: str, meta: dict[str, Any]) -> dict[str, A
     }
 
 
-def pytorchjob(cfg: dict[str, Any], job: str, meta: dict[str, Any]) -> dict[str, Any]:
+def pytorchjob(run: Run, job: str, meta: dict[str, Any]) -> dict[str, Any]:
     """The v1 training-operator's PyTorchJob: one Master pod (node 0) and nodes-1 Worker pods."""
-    lc: K8sLauncherConfig = launcher_config(cfg)
+    lc = cast(K8sLauncherConfig, run.launcher)
     container = {
         "name": "pytorch",  # the operator finds the master port on this container
         "image": lc.image,
-        "command": pod_command(cfg, job),
-        "env": env(cfg),
-        "resources": resources(cfg),
-        "volumeMounts": mounts(cfg),
+        "command": pod_command(run, job),
+        "env": env(run),
+        "resources": resources(run),
+        "volumeMounts": mounts(run),
         "ports": [{"name": "pytorchjob-port", "containerPort": TRAINER_PORT}],
     }
-    pod: dict[str, Any] = {"volumes": volumes(cfg, job), "containers": [container]}
+    pod: dict[str, Any] = {"volumes": volumes(run, job), "containers": [container]}
     if lc.service_account:
         pod["serviceAccountName"] = lc.service_account
 
@@ -169,18 +171,18 @@ def pytorchjob(cfg: dict[str, Any], job: str, meta: dict[str, Any]) -> dict[str,
         return {"replicas": n, "restartPolicy": "Never", "template": {"spec": pod}}
 
     specs = {"Master": replica(1)}
-    if int(cfg["nodes"]) > 1:
-        specs["Worker"] = replica(int(cfg["nodes"]) - 1)
+    if run.world.nodes > 1:
+        specs["Worker"] = replica(run.world.nodes - 1)
     return {
         "apiVersion": API["pytorchjob"][0],
         "kind": "PyTorchJob",
         "metadata": meta,
-        "spec": {"nprocPerNode": str(cfg["nproc_per_node"]), "pytorchReplicaSpecs": specs},
+        "spec": {"nprocPerNode": str(run.world.nproc_per_node), "pytorchReplicaSpecs": specs},
     }
 
 
-def resources(cfg: dict[str, Any]) -> dict[str, Any]:
-    lc: K8sLauncherConfig = launcher_config(cfg)
+def resources(run: Run) -> dict[str, Any]:
+    lc = cast(K8sLauncherConfig, run.launcher)
     sized = {k: str(v) for k, v in (("cpu", lc.cpu), ("memory", lc.memory)) if v is not None}
     limits = dict(sized)
     if lc.gpus_per_node:
@@ -188,15 +190,21 @@ def resources(cfg: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in (("limits", limits), ("requests", sized)) if v}
 
 
-def env(cfg: dict[str, Any]) -> list[dict[str, str]]:
-    values = {"PYTHONUNBUFFERED": "1", **{str(k): str(v) for k, v in launcher_config(cfg).env.items()}}
+def env(run: Run) -> list[dict[str, str]]:
+    values = {
+        "PYTHONUNBUFFERED": "1",
+        **{str(k): str(v) for k, v in cast(K8sLauncherConfig, run.launcher).env.items()},
+    }
     return [{"name": k, "value": v} for k, v in values.items()]
 
 
-def volumes(cfg: dict[str, Any], job: str) -> list[dict[str, Any]]:
-    lc: K8sLauncherConfig = launcher_config(cfg)
-    run: dict[str, Any] = {"persistentVolumeClaim": {"claimName": lc.pvc}} if lc.pvc else {"emptyDir": {}}
-    out = [{"name": "disttrain-config", "configMap": {"name": f"{job}-config"}}, {"name": "run-dir", **run}]
+def volumes(run: Run, job: str) -> list[dict[str, Any]]:
+    lc = cast(K8sLauncherConfig, run.launcher)
+    run_dir: dict[str, Any] = {"persistentVolumeClaim": {"claimName": lc.pvc}} if lc.pvc else {"emptyDir": {}}
+    out = [
+        {"name": "disttrain-config", "configMap": {"name": f"{job}-config"}},
+        {"name": "run-dir", **run_dir},
+    ]
     out += [
         {"name": f"volume-{i}", "persistentVolumeClaim": {"claimName": v.split(":", 1)[0]}}
         for i, v in enumerate(lc.volumes)
@@ -204,8 +212,8 @@ def volumes(cfg: dict[str, Any], job: str) -> list[dict[str, Any]]:
     return out
 
 
-def mounts(cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    lc: K8sLauncherConfig = launcher_config(cfg)
+def mounts(run: Run) -> list[dict[str, Any]]:
+    lc = cast(K8sLauncherConfig, run.launcher)
     out: list[dict[str, Any]] = [
         {"name": "disttrain-config", "mountPath": CONFIG_MOUNT, "readOnly": True},
         {"name": "run-dir", "mountPath": lc.run_root},
@@ -214,9 +222,9 @@ def mounts(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def render(cfg: dict[str, Any], run_dir: Path, job: str) -> str:
+def render(run: Run, run_dir: Path, job: str) -> str:
     """The manifest file: a comment head (how to apply, follow, delete), then the YAML documents."""
-    lc: K8sLauncherConfig = launcher_config(cfg)
+    lc = cast(K8sLauncherConfig, run.launcher)
     kind = API[lc.api][1]
     path, ns = run_dir / MANIFEST, lc.namespace
     head = [
@@ -230,7 +238,7 @@ def render(cfg: dict[str, Any], run_dir: Path, job: str) -> str:
         head.append(
             "# Run dir: an emptyDir per pod (lost with the pod); set launcher.pvc=CLAIM for a shared, kept one"
         )
-    docs = manifests(cfg, RunDir(run_dir).config.read_text(), job)
+    docs = manifests(run, RunDir(run_dir).config.read_text(), job)
     body = yaml.dump_all(docs, Dumper=_BlockDumper, sort_keys=False)
     return "\n".join(head) + "\n---\n" + body
 
@@ -246,11 +254,11 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 _BlockDumper.add_representer(str, _str)
 
 
-def submit(cfg: dict[str, Any], run_dir: Path) -> str:
+def submit(run: Run, run_dir: Path) -> str:
     """Write the manifest into the run dir; `kubectl apply` it unless dry_run. Returns the job name."""
-    lc: K8sLauncherConfig = launcher_config(cfg)
-    job = job_name(cfg, run_dir)
-    text = render(cfg, run_dir, job)
+    lc = cast(K8sLauncherConfig, run.launcher)
+    job = job_name(run, run_dir)
+    text = render(run, run_dir, job)
     path = run_dir / MANIFEST
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, text)  # a run dir is reused on resume: never through a planted link
@@ -285,7 +293,7 @@ def in_pod() -> bool:
     return kubeflow_node_env() is not None
 
 
-def check_pod(cfg: dict[str, Any]) -> None:
+def check_pod(run: Run) -> None:
     """In a pod: the operator's node count and processes per node must be the config's."""
     from disttrain.launch.kubeflow_env import kubeflow_node_env
 
@@ -293,10 +301,11 @@ def check_pod(cfg: dict[str, Any]) -> None:
     if node is None:
         return
     for key in ("nodes", "nproc_per_node"):
-        if node[key] is not None and node[key] != int(cfg[key]):
+        configured = getattr(run.world, key)
+        if node[key] is not None and node[key] != configured:
             raise ConfigError(
                 key,
-                cfg[key],
+                configured,
                 f"{node[key]} (PET_{'NNODES' if key == 'nodes' else 'NPROC_PER_NODE'} set by the operator)",
                 "the job's numNodes/numProcPerNode (replicas/nprocPerNode) must match the frozen config; "
                 "submit again with launcher=k8s rather than editing the manifest.",

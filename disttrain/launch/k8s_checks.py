@@ -9,9 +9,13 @@ from __future__ import annotations
 import posixpath
 import re
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from disttrain.config.errors import ConfigError, one_of
+from disttrain.launch.specs.k8s import K8sLauncherConfig
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # RFC 1123 label, at most 63 characters
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -31,27 +35,27 @@ def k8s_name(name: str) -> str:
     return re.sub(r"[_.]", "-", str(name).lower())
 
 
-def check_static(cfg: dict[str, Any]) -> None:
-    lc = cfg["launcher"]
-    if not lc["image"] or not IMAGE.fullmatch(str(lc["image"])):
+def check_static(run: Run) -> None:
+    lc = cast(K8sLauncherConfig, run.launcher)
+    if not lc.image or not IMAGE.fullmatch(str(lc.image)):
         raise ConfigError(
             "launcher.image",
-            lc["image"],
+            lc.image,
             "a container image reference with disttrain and your code installed",
             "e.g. launcher.image=ghcr.io/lab/train:1.4 (build it from your repo; every pod runs it).",
         )
-    if lc["api"] not in APIS:
+    if lc.api not in APIS:
         raise ConfigError(
             "launcher.api",
-            lc["api"],
+            lc.api,
             one_of(APIS),
             "trainjob needs Kubeflow Trainer v2; pytorchjob the v1 operator.",
         )
-    name = k8s_name(cfg["name"])
+    name = k8s_name(run.name)
     if len(name) > NAME_MAX or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
         raise ConfigError(
             "name",
-            cfg["name"],
+            run.name,
             f"with launcher=k8s: up to {NAME_MAX} letters, digits, '-', '_' or '.', starting with a letter "
             "and ending with a letter or digit (the job is NAME-YYYYMMDD-HHMMSS-abcd, a DNS label)",
             "e.g. name=gpt-small.",
@@ -59,53 +63,51 @@ def check_static(cfg: dict[str, Any]) -> None:
     for key, pattern in (("namespace", DNS_LABEL), ("runtime", DNS_SUBDOMAIN)):
         _name(lc, key, pattern)
     for key in ("service_account", "pvc"):
-        if lc[key] is not None:
+        if getattr(lc, key) is not None:
             _name(lc, key, DNS_SUBDOMAIN)
-    _resources(cfg)
-    _env(lc["env"])
+    _resources(run)
+    _env(lc.env)
     _volumes(lc)
-    if lc["min_nodes"]:
+    if lc.min_nodes:
         raise ConfigError(
             "launcher.min_nodes",
-            lc["min_nodes"],
+            lc.min_nodes,
             "0 with launcher=k8s (the job starts a fixed number of pods)",
-            f"use nodes={cfg['nodes']}.",
+            f"use nodes={run.world.nodes}.",
         )
-    if not str(lc["kubectl"]).strip():
-        raise ConfigError(
-            "launcher.kubectl", lc["kubectl"], "a program name or path", "the default is kubectl."
-        )
+    if not str(lc.kubectl).strip():
+        raise ConfigError("launcher.kubectl", lc.kubectl, "a program name or path", "the default is kubectl.")
 
 
-def _name(lc: dict[str, Any], key: str, pattern: re.Pattern[str]) -> None:
-    value = str(lc[key])
+def _name(lc: K8sLauncherConfig, key: str, pattern: re.Pattern[str]) -> None:
+    value = str(getattr(lc, key))
     if len(value) > (63 if pattern is DNS_LABEL else 253) or not pattern.fullmatch(value):
         raise ConfigError(
             f"launcher.{key}",
-            lc[key],
+            getattr(lc, key),
             "a Kubernetes name: lowercase letters, digits and '-'"
             + ("" if pattern is DNS_LABEL else " or '.'"),
             f"`kubectl get {'namespaces' if key == 'namespace' else key.replace('_', '')}` lists them.",
         )
 
 
-def _resources(cfg: dict[str, Any]) -> None:
-    lc = cfg["launcher"]
-    gpus = lc["gpus_per_node"]
+def _resources(run: Run) -> None:
+    lc = cast(K8sLauncherConfig, run.launcher)
+    gpus = lc.gpus_per_node
     if gpus is None or gpus < 0:
         raise ConfigError("launcher.gpus_per_node", gpus, "an integer >= 0", "0 requests no GPU.")
-    if gpus and int(cfg["nproc_per_node"]) > gpus:
+    if gpus and run.world.nproc_per_node > gpus:
         raise ConfigError(
             "nproc_per_node",
-            cfg["nproc_per_node"],
+            run.world.nproc_per_node,
             f"<= launcher.gpus_per_node={gpus} (one rank per GPU)",
             f"set nproc_per_node={gpus}.",
         )
     for key in ("cpu", "memory"):
-        if lc[key] is not None and not QUANTITY.fullmatch(str(lc[key])):
+        if getattr(lc, key) is not None and not QUANTITY.fullmatch(str(getattr(lc, key))):
             raise ConfigError(
                 f"launcher.{key}",
-                lc[key],
+                getattr(lc, key),
                 "a Kubernetes quantity, e.g. 8, 7500m, 64Gi",
                 "null leaves it to the cluster.",
             )
@@ -134,17 +136,17 @@ def mount_path(text: str) -> str | None:
     return None if path == "/" else path
 
 
-def _volumes(lc: dict[str, Any]) -> None:
-    run_root = mount_path(str(lc["run_root"]))
+def _volumes(lc: K8sLauncherConfig) -> None:
+    run_root = mount_path(str(lc.run_root))
     if run_root is None or run_root == CONFIG_MOUNT:
         raise ConfigError(
             "launcher.run_root",
-            lc["run_root"],
+            lc.run_root,
             f"an absolute path in the pod, without `..` (not / or {CONFIG_MOUNT})",
             "e.g. /runs.",
         )
     taken = {CONFIG_MOUNT, run_root}
-    for volume in lc["volumes"]:
+    for volume in lc.volumes:
         claim, _, text = str(volume).partition(":")
         path = mount_path(text)
         if not DNS_SUBDOMAIN.fullmatch(claim) or path is None or path in taken:
@@ -158,17 +160,17 @@ def _volumes(lc: dict[str, Any]) -> None:
         taken.add(path)
 
 
-def check_runtime(cfg: dict[str, Any]) -> None:
+def check_runtime(run: Run) -> None:
     """Before anything is written: kubectl must be there, unless this is a dry run or a job's pod."""
     from disttrain.launch.kubeflow_env import kubeflow_node_env
 
-    lc = cfg["launcher"]
-    if lc["dry_run"] or kubeflow_node_env() is not None:
+    lc = cast(K8sLauncherConfig, run.launcher)
+    if lc.dry_run or kubeflow_node_env() is not None:
         return
-    if shutil.which(str(lc["kubectl"])) is None:
+    if shutil.which(str(lc.kubectl)) is None:
         raise ConfigError(
             "launcher.kubectl",
-            lc["kubectl"],
+            lc.kubectl,
             "a kubectl on PATH (or its path) configured for your cluster",
             "install kubectl (https://kubernetes.io/docs/tasks/tools/) and point it at the cluster, set "
             "launcher.kubectl=/path/to/kubectl, or launcher.dry_run=true to only write and print the manifest.",

@@ -15,13 +15,15 @@ import socket
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.config import fingerprint
 from disttrain.launch.errors import LaunchError
-from disttrain.launch.registry import launcher_config
 from disttrain.launch.waiting import Announcer
 from disttrain.safefile import write_text_atomic
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 DEFAULT_PORT = 29500
 # Keys that may differ between nodes: they say *which* node this is, not what the run is.
@@ -36,24 +38,24 @@ class RendezvousFailure(LaunchError):
         self.rank, self.error, self.run_dir, self.exit_code = None, message, run_dir, 1
 
 
-def node_bounds(cfg: dict[str, Any]) -> tuple[int, int]:
+def node_bounds(run: Run) -> tuple[int, int]:
     """(fewest, most) nodes the run trains with: launcher.min_nodes (0: all of them) and nodes."""
-    nodes = int(cfg["nodes"])
-    return launcher_config(cfg).min_nodes or nodes, nodes
+    nodes = run.world.nodes
+    return run.launcher.min_nodes or nodes, nodes
 
 
-def endpoint(cfg: dict[str, Any]) -> tuple[str, int]:
-    return str(cfg["master_addr"]), int(cfg["master_port"] or DEFAULT_PORT)
+def endpoint(run: Run) -> tuple[str, int]:
+    return str(run.world.master_addr), int(run.world.master_port or DEFAULT_PORT)
 
 
-def flatten(cfg: Any) -> dict[str, Any]:
+def flatten(run: Run) -> dict[str, Any]:
     """{"trainer.max_epochs": 2, ...}: the config as dotted keys, without per-node keys."""
-    return fingerprint.flatten(cfg, PER_NODE_KEYS)
+    return fingerprint.flatten(run.to_dict(), PER_NODE_KEYS)
 
 
-def config_hash(cfg: dict[str, Any]) -> str:
+def config_hash(run: Run) -> str:
     """sha256 of the resolved config without per-node keys: equal on every node of one run."""
-    return fingerprint.digest(_plain(flatten(cfg)))
+    return fingerprint.digest(_plain(flatten(run)))
 
 
 def config_diff(mine: dict[str, Any], theirs: dict[str, Any], other: int = 0, limit: int = 12) -> list[str]:
@@ -75,34 +77,34 @@ def local_address(master_addr: str, port: int) -> str:
             return socket.getfqdn()
 
 
-def roll_call(cfg: dict[str, Any], run_dir: Path) -> Any:
+def roll_call(run: Run, run_dir: Path) -> Any:
     """Connect to (node 0: host) the store, check every node's config, wait for the others; while
     waiting, say what for and how to start the missing nodes (launch/waiting.py).
 
     Returns the store; it must stay alive (on node 0 it serves torchrun's rendezvous too).
     """
-    host, port = endpoint(cfg)
-    me, nodes = int(cfg["node_rank"]), int(cfg["nodes"])
-    need, _ = node_bounds(cfg)
+    host, port = endpoint(run)
+    me, nodes = run.world.node_rank, run.world.nodes
+    need, _ = node_bounds(run)
     missing = [0] if me else list(range(1, nodes))  # what the waiting lines name; the roll call updates it
-    with Announcer(cfg, run_dir, lambda: list(missing)):
-        store = _connect(cfg, run_dir)
-        prefix = f"disttrain/{cfg['name']}/roll_call"
-        mine = _plain(flatten(cfg))
+    with Announcer(run, run_dir, lambda: list(missing)):
+        store = _connect(run, run_dir)
+        prefix = f"disttrain/{run.name}/roll_call"
+        mine = _plain(flatten(run))
         store.set(f"{prefix}/node{me}", json.dumps(mine))
-        present = _wait_for_nodes(store, prefix, mine, cfg, run_dir, need, missing)
-    record = {"config_hash": config_hash(cfg), "master": f"{host}:{port}", "node_rank": me, "nodes": present}
+        present = _wait_for_nodes(store, prefix, mine, run, run_dir, need, missing)
+    record = {"config_hash": config_hash(run), "master": f"{host}:{port}", "node_rank": me, "nodes": present}
     write_text_atomic(run_dir / f"rendezvous_node{me}.json", json.dumps(record, indent=1) + "\n")
     return store
 
 
-def _connect(cfg: dict[str, Any], run_dir: Path) -> Any:
+def _connect(run: Run, run_dir: Path) -> Any:
     """The roll call's store: node 0 hosts it, the others connect (waiting up to rdzv_timeout)."""
     from torch.distributed import TCPStore
 
-    host, port = endpoint(cfg)
-    timeout = launcher_config(cfg).rdzv_timeout
-    me, nodes = int(cfg["node_rank"]), int(cfg["nodes"])
+    host, port = endpoint(run)
+    timeout = run.launcher.rdzv_timeout
+    me, nodes = run.world.node_rank, run.world.nodes
     try:
         return TCPStore(
             host,
@@ -134,7 +136,7 @@ def _wait_for_nodes(
     store: Any,
     prefix: str,
     mine: dict[str, Any],
-    cfg: dict[str, Any],
+    run: Run,
     run_dir: Path,
     need: int,
     missing: list[int] | None = None,
@@ -144,15 +146,15 @@ def _wait_for_nodes(
     Node 0 hosts the store: on a mismatch it waits (up to MISMATCH_LINGER_S) until the other node
     has read node 0's config, so that both name the differing keys; a node that loses the store
     anyway (node 0 stopped for another reason) says so in one paragraph."""
-    host, port = endpoint(cfg)
+    host, port = endpoint(run)
     try:
-        return _roll_call(store, prefix, mine, cfg, run_dir, need, [] if missing is None else missing)
+        return _roll_call(store, prefix, mine, run, run_dir, need, [] if missing is None else missing)
     except RendezvousFailure:
         raise
     except RuntimeError as exc:  # DistNetworkError, DistStoreError: the store's host went away
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise RendezvousFailure(
-            f"rendezvous failed: node {cfg['node_rank']} lost the roll call's store at master "
+            f"rendezvous failed: node {run.world.node_rank} lost the roll call's store at master "
             f"{host}:{port} ({type(exc).__name__}: {first})\n  HINT: node 0 stopped before the nodes "
             "assembled; its own error says why (a config mismatch, a bad input): fix it and start "
             "every node again.",
@@ -164,14 +166,14 @@ def _roll_call(
     store: Any,
     prefix: str,
     mine: dict[str, Any],
-    cfg: dict[str, Any],
+    run: Run,
     run_dir: Path,
     need: int,
     missing: list[int],
 ) -> list[int]:
-    host, port = endpoint(cfg)
-    me, nodes = int(cfg["node_rank"]), int(cfg["nodes"])
-    timeout = launcher_config(cfg).rdzv_timeout
+    host, port = endpoint(run)
+    me, nodes = run.world.node_rank, run.world.nodes
+    timeout = run.launcher.rdzv_timeout
     deadline = time.monotonic() + timeout
     checked: set[int] = {me}
     while True:
@@ -186,7 +188,7 @@ def _roll_call(
                     _linger(store, f"{prefix}/read{k}")
                 lines = "\n    ".join(diff)
                 raise RendezvousFailure(
-                    f"config mismatch: node {me} (hash {config_hash(cfg)[:12]}) and node {k} "
+                    f"config mismatch: node {me} (hash {config_hash(run)[:12]}) and node {k} "
                     f"(hash {fingerprint.digest(theirs)[:12]}) joined {host}:{port} with different configs:\n"
                     f"    {lines}\n  HINT: every node must run the same command and config files; "
                     "only node_rank differs.",
@@ -202,7 +204,7 @@ def _roll_call(
                 f"rendezvous timed out after {timeout:g} s (launcher.rdzv_timeout) at master "
                 f"{host}:{port}: node rank(s) {', '.join(map(str, missing))} never arrived "
                 f"({len(present)} of {need} needed: node(s) {', '.join(map(str, present))} present).\n"
-                f"  HINT: start `disttrain train ... nodes={cfg['nodes']} node_rank=K "
+                f"  HINT: start `disttrain train ... nodes={run.world.nodes} node_rank=K "
                 f"master_addr={host}` on the missing node(s), check they reach {host}:{port}, "
                 "or raise launcher.rdzv_timeout.",
                 run_dir,
@@ -224,6 +226,6 @@ def _plain(flat: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def run_dir_name(cfg: dict[str, Any]) -> str:
+def run_dir_name(run: Run) -> str:
     """The run dir every node derives alike when the user sets no hydra.run.dir."""
-    return f"runs/{cfg['name']}/nodes{cfg['nodes']}_{config_hash(cfg)[:10]}"
+    return f"runs/{run.name}/nodes{run.world.nodes}_{config_hash(run)[:10]}"

@@ -7,17 +7,17 @@ A new launcher is one module (a `Launcher` subclass, its config and its spec, re
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from disttrain.launch.specs import LAUNCHERS, LauncherSpec
 
 if TYPE_CHECKING:
+    from disttrain.config.run import Run
     from disttrain.launch.base import Launcher
 
 __all__ = [
     "LAUNCHERS",
     "LauncherSpec",
-    "launcher_config",
     "launcher_for",
     "launcher_names",
     "launcher_spec",
@@ -36,17 +36,10 @@ def launcher_names() -> tuple[str, ...]:
     return tuple(LAUNCHERS.names())
 
 
-def launcher_spec(cfg: dict[str, Any]) -> LauncherSpec:
-    """The spec of `cfg`'s launcher (an unknown `launcher.name`: the ConfigError listing the known)."""
-    return LAUNCHERS.get(cfg["launcher"]["name"])
+def launcher_spec(run: Run) -> LauncherSpec:
+    """The spec of `run`'s launcher (an unknown `launcher.name`: the ConfigError listing the known)."""
+    return LAUNCHERS.get(run.launcher.name)
 
 
-def launcher_for(cfg: dict[str, Any]) -> Launcher:
-    return launcher_spec(cfg).load()
-
-
-def launcher_config(cfg: dict[str, Any]) -> Any:
-    """`cfg["launcher"]` as its launcher's typed config (defaults filled, types checked)."""
-    from disttrain.config.typed import typed
-
-    return typed(launcher_spec(cfg).config, cfg["launcher"])
+def launcher_for(run: Run) -> Launcher:
+    return launcher_spec(run).load()

@@ -17,14 +17,16 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from disttrain.config.errors import ConfigError
 from disttrain.launch.base import Launcher
 from disttrain.launch.multinode import node_bounds
-from disttrain.launch.registry import launcher_config
 from disttrain.launch.specs.slurm import SlurmLauncherConfig
 from disttrain.safefile import write_text_atomic
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 SCRIPT = "slurm/job.sbatch"
 # sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
@@ -36,11 +38,11 @@ class SlurmLauncher(Launcher):
 
     scheduler = True
 
-    def check_static(self, cfg: dict[str, Any]) -> None:
-        check_static(launcher_config(cfg))
+    def check_static(self, run: Run) -> None:
+        check_static(cast(SlurmLauncherConfig, run.launcher))
 
-    def check_runtime(self, cfg: dict[str, Any]) -> None:
-        if not launcher_config(cfg).dry_run and shutil.which("sbatch") is None:
+    def check_runtime(self, run: Run) -> None:
+        if not cast(SlurmLauncherConfig, run.launcher).dry_run and shutil.which("sbatch") is None:
             raise ConfigError(
                 "launcher",
                 "slurm",
@@ -51,14 +53,14 @@ class SlurmLauncher(Launcher):
     def check_command(self, run_dir: Path, command: list[str]) -> None:
         check_script_inputs(run_dir, command)
 
-    def submit(self, cfg: dict[str, Any], run_dir: Path, command: list[str]) -> bool:
-        submit(cfg, run_dir, command)  # the job's nodes train; status.json is theirs
+    def submit(self, run: Run, run_dir: Path, command: list[str]) -> bool:
+        submit(run, run_dir, command)  # the job's nodes train; status.json is theirs
         return True
 
-    def launch(self, cfg: dict[str, Any], run_dir: Path, entry: str) -> None:
+    def launch(self, run: Run, run_dir: Path, entry: str) -> None:
         from disttrain.launch.torchrun import launch_torchrun
 
-        launch_torchrun(cfg, run_dir, entry)  # one node of the job (slurm_node): torchrun's agent
+        launch_torchrun(run, run_dir, entry)  # one node of the job (slurm_node): torchrun's agent
 
 
 def check_static(lc: SlurmLauncherConfig) -> None:
@@ -122,14 +124,14 @@ def check_script_inputs(run_dir: Path, command: list[str]) -> None:
         )
 
 
-def sbatch_script(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str:
+def sbatch_script(run: Run, run_dir: Path, command: list[str]) -> str:
     """The job script: the #SBATCH head first (sbatch stops reading directives at the first command),
     then srun of one node launcher per node. Paths are quoted; comments have control chars escaped."""
-    lc: SlurmLauncherConfig = launcher_config(cfg)
+    lc = cast(SlurmLauncherConfig, run.launcher)
     log = run_dir / "slurm" / "job-%j.out"
     head = [
-        f"--job-name={_sbatch_value('disttrain-' + str(cfg['name']))}",
-        f"--nodes={node_range(cfg)}",  # MIN-MAX: Slurm may start the job on fewer nodes (elastic)
+        f"--job-name={_sbatch_value('disttrain-' + str(run.name))}",
+        f"--nodes={node_range(run)}",  # MIN-MAX: Slurm may start the job on fewer nodes (elastic)
         "--ntasks-per-node=1",  # one torchrun agent per node; it starts nproc_per_node ranks
         f"--output={_sbatch_value(log)}",
         "--open-mode=append",  # a requeued job appends to the same log
@@ -169,13 +171,13 @@ def sbatch_script(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str
     return "\n".join(lines)
 
 
-def submit(cfg: dict[str, Any], run_dir: Path, command: list[str]) -> str | None:
+def submit(run: Run, run_dir: Path, command: list[str]) -> str | None:
     """Write the script into the run dir; sbatch it (not with dry_run). Returns the job id."""
-    script = sbatch_script(cfg, run_dir, command)
+    script = sbatch_script(run, run_dir, command)
     path = run_dir / SCRIPT
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, script, mode=0o755)  # a run dir is reused on resume: never through a link
-    if launcher_config(cfg).dry_run:
+    if cast(SlurmLauncherConfig, run.launcher).dry_run:
         sys.stdout.write(script)
         quoted = shlex.quote(str(path))
         sys.stdout.write(f"# dry run: not submitted. Script: {quoted}\n# submit it: sbatch {quoted}\n")
@@ -234,25 +236,25 @@ def first_host() -> str:
     return out.split()[0]
 
 
-def node_range(cfg: dict[str, Any]) -> str:
+def node_range(run: Run) -> str:
     """sbatch's --nodes: N, or MIN-MAX under elastic membership (nodes=MIN:MAX)."""
-    low, nodes = node_bounds(cfg)
+    low, nodes = node_bounds(run)
     return str(nodes) if low == nodes else f"{low}-{nodes}"
 
 
-def check_allocation(cfg: dict[str, Any]) -> None:
+def check_allocation(run: Run) -> None:
     """Inside an srun step: the allocation must match nodes and one launcher task per node."""
     if "SLURM_JOB_ID" not in os.environ or "SLURM_STEP_ID" not in os.environ:
         return
     nnodes = int(os.environ.get("SLURM_NNODES", "1"))
     ntasks = int(os.environ.get("SLURM_NTASKS", str(nnodes)))
-    (low, nodes), nproc = node_bounds(cfg), int(cfg["nproc_per_node"])
+    (low, nodes), nproc = node_bounds(run), run.world.nproc_per_node
     if not low <= nnodes <= nodes:
         raise ConfigError(
             "nodes",
-            node_range(cfg).replace("-", ":"),
+            node_range(run).replace("-", ":"),
             f"{nnodes} (SLURM_NNODES of job {os.environ['SLURM_JOB_ID']})",
-            f"allocate --nodes={node_range(cfg)}, or set nodes={nnodes}.",
+            f"allocate --nodes={node_range(run)}, or set nodes={nnodes}.",
         )
     if ntasks != nnodes:
         raise ConfigError(

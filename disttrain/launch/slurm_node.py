@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from disttrain.config.errors import ConfigError
+from disttrain.config.run import Run
 from disttrain.launch import LaunchError, launch
 from disttrain.launch.slurm import check_allocation, first_host
 from disttrain.rundir import read_config, run_status
@@ -25,16 +26,15 @@ from disttrain.rundir import read_config, run_status
 _SIGNALLED: list[int] = []
 
 
-def node_config(run_dir: Path) -> dict[str, Any]:
-    """The frozen config with this node's rank and the allocation's master (SlurmLauncher.launch
+def node_config(run_dir: Path) -> Run:
+    """The frozen run with this node's rank and the allocation's master (SlurmLauncher.launch
     runs torchrun's agent on it)."""
-    cfg = read_config(run_dir)
-    check_allocation(cfg)
-    cfg["node_rank"] = int(os.environ.get("SLURM_NODEID", "0"))
-    if int(cfg["nodes"]) > 1:
-        cfg["master_addr"] = first_host()
-        cfg["master_port"] = cfg["master_port"] or 29500
-    return cfg
+    run = Run.of(read_config(run_dir))
+    check_allocation(run)
+    node: dict[str, Any] = {"node_rank": int(os.environ.get("SLURM_NODEID", "0"))}
+    if run.world.nodes > 1:
+        node.update(master_addr=first_host(), master_port=run.world.master_port or 29500)
+    return run.updated(node)
 
 
 def _forward_usr1() -> None:
@@ -68,14 +68,14 @@ def main(argv: list[str]) -> int:
     run_dir = Path(argv[0]).resolve()
     _forward_usr1()
     try:
-        cfg = node_config(run_dir)
+        run = node_config(run_dir)
     except ConfigError as exc:
         sys.stderr.write(f"disttrain: {exc}\n")
         return 2
-    status = run_status(run_dir) if cfg["node_rank"] == 0 else contextlib.nullcontext()
+    status = run_status(run_dir) if run.world.node_rank == 0 else contextlib.nullcontext()
     try:
         with status:
-            launch(cfg, run_dir)
+            launch(run, run_dir)
     except LaunchError as exc:
         sys.stderr.write(f"disttrain: {exc}\n")
         # Only our own time-limit warning requeues: SIGTERM alone is scancel (stay stopped) or a

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from disttrain.config.errors import ConfigError
 from disttrain.launch.base import Launcher
@@ -17,16 +17,18 @@ from disttrain.launch.forkserver import (
     launcher_env,
     warm_up,
 )
-from disttrain.launch.registry import launcher_config
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 
 class SpawnLauncher(Launcher):
     """torch.multiprocessing.spawn: the ranks of one node, children of this process."""
 
-    def check_static(self, cfg: dict[str, Any]) -> None:
-        if int(cfg["nodes"]) > 1:
+    def check_static(self, run: Run) -> None:
+        if run.world.nodes > 1:
             raise ConfigError("launcher", "spawn", "nodes=1", "use launcher=torchrun for several nodes.")
-        restarts = launcher_config(cfg).max_restarts
+        restarts = run.launcher.max_restarts
         if restarts > 0:
             raise ConfigError(
                 "launcher.max_restarts",
@@ -35,11 +37,11 @@ class SpawnLauncher(Launcher):
                 "restarts come from torchrun's elastic agent: use launcher=torchrun.",
             )
 
-    def prestart(self, cfg: dict[str, Any]) -> None:
-        warm_up(cfg)
+    def prestart(self, run: Run) -> None:
+        warm_up(run)
 
-    def launch(self, cfg: dict[str, Any], run_dir: Path, entry: str) -> None:
-        launch_spawn(cfg, run_dir, entry)
+    def launch(self, run: Run, run_dir: Path, entry: str) -> None:
+        launch_spawn(run, run_dir, entry)
 
 
 def _rank_main(
@@ -62,14 +64,14 @@ def _rank_main(
     exit_rank(0)  # only after success: an exception still reaches mp.spawn's error queue
 
 
-def launch_spawn(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.worker") -> None:
+def launch_spawn(run: Run, run_dir: Path, entry: str = "disttrain.worker") -> None:
     import torch.multiprocessing as mp
 
     from disttrain.launch.loopback import loopback_store
     from disttrain.observe.log import library_log_into
     from disttrain.rundir import RunDir
 
-    nproc = cfg["nproc_per_node"]
+    nproc = run.world.nproc_per_node
     store = loopback_store(world_size=nproc, wait_for_workers=False)  # 127.0.0.1 only, not *:port
     updates = {
         "MASTER_ADDR": "127.0.0.1",
@@ -79,7 +81,7 @@ def launch_spawn(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.wor
         "LOCAL_WORLD_SIZE": str(nproc),
     }
     try:
-        warm_up(cfg)  # started after the static checks already, unless the caller skipped prestart
+        warm_up(run)  # started after the static checks already, unless the caller skipped prestart
         # torch's "Terminating process N via signal SIGTERM" as it stops the survivors of a failed
         # rank: the launcher's own cleanup, kept in logs/launcher.log (the failure paragraph names
         # the rank that failed).

@@ -8,7 +8,7 @@ import signal
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.launch.base import Launcher
 from disttrain.launch.errors import (
@@ -25,34 +25,38 @@ from disttrain.launch.forkserver import (
     rank_entry,
     warm_up,
 )
-from disttrain.launch.registry import launcher_config
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 
-def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
+def launch_config(run: Run, run_dir: Path) -> Any:
     from torch.distributed.launcher.api import LaunchConfig
 
     from disttrain.launch.multinode import endpoint, local_address, node_bounds
 
-    single = cfg["nodes"] == 1
-    launcher = launcher_config(cfg)
+    single = run.world.nodes == 1
+    launcher = run.launcher
     backend = "c10d"
     if single:
-        rdzv = "127.0.0.1:0" if not cfg["master_port"] else f"{cfg['master_addr']}:{cfg['master_port']}"
+        rdzv = (
+            "127.0.0.1:0" if not run.world.master_port else f"{run.world.master_addr}:{run.world.master_port}"
+        )
         local_addr: str | None = "127.0.0.1"
-        if cfg["master_addr"] in ("127.0.0.1", "localhost"):
+        if run.world.master_addr in ("127.0.0.1", "localhost"):
             from disttrain.launch.loopback import register_backend
 
             backend = register_backend()  # c10d, with its stores bound to 127.0.0.1 only
     else:
-        host, port = endpoint(cfg)
+        host, port = endpoint(run)
         rdzv, local_addr = f"{host}:{port}", local_address(host, port)
-    min_nodes, max_nodes = node_bounds(cfg)
+    min_nodes, max_nodes = node_bounds(run)
     return LaunchConfig(
         min_nodes=min_nodes,
         max_nodes=max_nodes,
-        nproc_per_node=cfg["nproc_per_node"],
+        nproc_per_node=run.world.nproc_per_node,
         # Multi-node: one id every node derives alike (the run name); the store is this run's own.
-        run_id=f"disttrain-{uuid.uuid4().hex[:8]}" if single else f"disttrain-{cfg['name']}",
+        run_id=f"disttrain-{uuid.uuid4().hex[:8]}" if single else f"disttrain-{run.name}",
         role="disttrain",
         rdzv_endpoint=rdzv,
         rdzv_backend=backend,
@@ -60,7 +64,7 @@ def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
         rdzv_configs={
             "timeout": int(launcher.rdzv_timeout),
             "last_call_timeout": int(launcher.rdzv_last_call),  # >= 1: checked before launch
-            "is_host": single and cfg["node_rank"] == 0,
+            "is_host": single and run.world.node_rank == 0,
         },
         max_restarts=launcher.max_restarts,
         monitor_interval=launcher.monitor_interval,
@@ -75,11 +79,11 @@ def launch_config(cfg: dict[str, Any], run_dir: Path) -> Any:
 class TorchrunLauncher(Launcher):
     """torch's elastic agent starts this node's ranks (one agent per node; c10d rendezvous)."""
 
-    def prestart(self, cfg: dict[str, Any]) -> None:
-        warm_up(cfg)
+    def prestart(self, run: Run) -> None:
+        warm_up(run)
 
-    def launch(self, cfg: dict[str, Any], run_dir: Path, entry: str) -> None:
-        launch_torchrun(cfg, run_dir, entry)
+    def launch(self, run: Run, run_dir: Path, entry: str) -> None:
+        launch_torchrun(run, run_dir, entry)
 
 
 # torch's launcher loggers: the elastic agent's (shutdown on a signal, "Closing process N via
@@ -87,7 +91,7 @@ class TorchrunLauncher(Launcher):
 TORCH_LAUNCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 
 
-def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.worker") -> None:
+def launch_torchrun(run: Run, run_dir: Path, entry: str = "disttrain.worker") -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -98,28 +102,28 @@ def launch_torchrun(cfg: dict[str, Any], run_dir: Path, entry: str = "disttrain.
 
     started = time.time()
     store = None
-    if cfg["nodes"] > 1:
+    if run.world.nodes > 1:
         from disttrain.launch.multinode import roll_call
 
-        store = roll_call(cfg, run_dir)  # config check + wait for the nodes; node 0 hosts the store
+        store = roll_call(run, run_dir)  # config check + wait for the nodes; node 0 hosts the store
     try:
-        warm_up(cfg)  # started after the static checks already, unless the caller skipped prestart
+        warm_up(run)  # started after the static checks already, unless the caller skipped prestart
         with library_log_into(RunDir(run_dir).logs, *TORCH_LAUNCH_LOGGERS):  # off the console
-            elastic_launch(launch_config(cfg, run_dir), rank_entry)(
+            elastic_launch(launch_config(run, run_dir), rank_entry)(
                 entry, str(run_dir), launcher_env(), LauncherStdio()
             )
     except RendezvousError as exc:
         from disttrain.launch.multinode import RendezvousFailure, endpoint
 
-        host, port = endpoint(cfg)
+        host, port = endpoint(run)
         raise RendezvousFailure(
-            f"rendezvous at master {host}:{port} failed on node {cfg['node_rank']}: "
+            f"rendezvous at master {host}:{port} failed on node {run.world.node_rank}: "
             f"{type(exc).__name__}: {exc}\n  HINT: check every node runs the same command and "
             "reaches the master address; raise launcher.rdzv_timeout for slow starts.",
             run_dir,
         ) from None
     except ChildFailedError as exc:
-        watchdog = nccl_watchdog(cfg)
+        watchdog = nccl_watchdog(run)
         rank, message = first_failure(exc.failures, watchdog=watchdog)
         if watchdog:
             message += stalled_places(run_dir, rank, since=started)
@@ -190,14 +194,14 @@ def _watchdog_victim(failure: Any) -> bool:
     return failure.exitcode in (-signal.SIGABRT, 128 + signal.SIGABRT) and not _has_error_file(failure)
 
 
-def nccl_watchdog(cfg: dict[str, Any]) -> bool:
+def nccl_watchdog(run: Run) -> bool:
     """Whether the ranks' NCCL watchdog ends a timed-out collective by SIGABRT: nccl (`auto` on a
     CUDA machine) and torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING default (1; 3 also tears down)."""
     import os
 
     from disttrain.config.gpus import choose_backend
 
-    backend = choose_backend(cfg["backend"]["name"])
+    backend = choose_backend(run.backend.name)
     mode = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     return "nccl" in backend and mode in ("1", "3")
 

@@ -17,21 +17,24 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 FIRST_S = 1.0
 EVERY_S = 30.0
 _ALLOCATION_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "KUBERNETES_SERVICE_HOST")
 
 
-def rehearsal(cfg: dict[str, Any]) -> bool:
+def rehearsal(run: Run) -> bool:
     """Several nodes on this host's loopback and no cluster allocation around this process."""
-    addr = str(cfg["master_addr"])
+    addr = str(run.world.master_addr)
     loopback = addr in ("localhost", "::1") or addr.startswith("127.")
     return loopback and not any(v in os.environ for v in _ALLOCATION_VARS)
 
 
-def node_command(run_dir: Path, node_rank: int, cfg: dict[str, Any]) -> str:
+def node_command(run_dir: Path, node_rank: int, run: Run) -> str:
     """This node's command line (command.txt) with `node_rank=K`; with `master_addr=` this node's
     address where the command has none and the other node is on another machine."""
     from disttrain.launch.multinode import endpoint, local_address
@@ -39,35 +42,34 @@ def node_command(run_dir: Path, node_rank: int, cfg: dict[str, Any]) -> str:
     try:
         argv = shlex.split((run_dir / "command.txt").read_text())
     except (OSError, ValueError):
-        argv = ["disttrain", "train", f"nodes={cfg['nodes']}"]
+        argv = ["disttrain", "train", f"nodes={run.world.nodes}"]
     argv = [a for a in argv if not a.lstrip("+~").startswith("node_rank=")]
     argv.append(f"node_rank={node_rank}")
-    if not rehearsal(cfg) and not any(a.startswith("master_addr=") for a in argv):
-        host, port = endpoint(cfg)
+    if not rehearsal(run) and not any(a.startswith("master_addr=") for a in argv):
+        host, port = endpoint(run)
         argv.append(f"master_addr={local_address(host, port)}")
     return shlex.join(argv)
 
 
-def waiting_line(cfg: dict[str, Any], run_dir: Path, missing: list[int], waited: float, first: bool) -> str:
+def waiting_line(run: Run, run_dir: Path, missing: list[int], waited: float, first: bool) -> str:
     """What this node waits for, and (first line) how to start the missing nodes."""
     from disttrain.launch.multinode import endpoint
-    from disttrain.launch.registry import launcher_config
 
-    host, port = endpoint(cfg)
-    timeout = launcher_config(cfg).rdzv_timeout
+    host, port = endpoint(run)
+    timeout = run.launcher.rdzv_timeout
     ranks = ", ".join(map(str, missing))
     line = (
-        f"disttrain: node {cfg['node_rank']} of {cfg['nodes']} waits for node rank(s) {ranks} at "
+        f"disttrain: node {run.world.node_rank} of {run.world.nodes} waits for node rank(s) {ranks} at "
         f"master {host}:{port} ({waited:.0f} s of launcher.rdzv_timeout={timeout:g} s)"
     )
     if not first:
         return line + "\n"
     where = (
         "a rehearsal on this host (no cluster allocation): start each in another terminal here"
-        if rehearsal(cfg)
+        if rehearsal(run)
         else "start each on its own machine"
     )
-    commands = "".join(f"\n    {node_command(run_dir, k, cfg)}" for k in missing)
+    commands = "".join(f"\n    {node_command(run_dir, k, run)}" for k in missing)
     return f"{line}; {where}:{commands}\n"
 
 
@@ -75,8 +77,8 @@ class Announcer:
     """A thread that says what a blocking wait waits for: first after FIRST_S, then every EVERY_S.
     `missing()` is read at each line (the roll call updates it); the wait ends the thread."""
 
-    def __init__(self, cfg: dict[str, Any], run_dir: Path, missing: Callable[[], list[int]]) -> None:
-        self.cfg, self.run_dir, self.missing = cfg, run_dir, missing
+    def __init__(self, run: Run, run_dir: Path, missing: Callable[[], list[int]]) -> None:
+        self.run, self.run_dir, self.missing = run, run_dir, missing
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="disttrain-waiting", daemon=True)
         self.lines = 0
@@ -96,7 +98,7 @@ class Announcer:
             missing = self.missing()
             if missing:
                 waited = time.monotonic() - self._started
-                sys.stderr.write(waiting_line(self.cfg, self.run_dir, missing, waited, first=not self.lines))
+                sys.stderr.write(waiting_line(self.run, self.run_dir, missing, waited, first=not self.lines))
                 sys.stderr.flush()
                 self.lines += 1
             wait = EVERY_S

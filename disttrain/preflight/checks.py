@@ -8,10 +8,12 @@ too small for the world size, or nccl without a GPU fails in seconds, before a q
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from disttrain.config.common import Choice
 from disttrain.config.errors import ConfigError, _show, one_of
+from disttrain.config.run import Run, World
 from disttrain.config.schema import NO_DECAY, CosineSchedConfig, OptimConfig, ScaleLr, Shard, Targets
 from disttrain.config.typed import own_key
 from disttrain.data.specs import Sampling, TokenDtype
@@ -27,13 +29,13 @@ AMP = {"off": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # wrote without the schema is checked here against the same members.
 
 
-def _at_least(cfg: dict[str, Any], key: str, low: float, hint: str) -> None:
+def _at_least(cfg: Mapping[str, Any], key: str, low: float, hint: str) -> None:
     value = _get(cfg, key)
     if value is None or value < low:
         raise ConfigError(key, value, f"a number >= {low:g}", hint)
 
 
-def _choice(cfg: dict[str, Any], key: str, allowed: tuple[Any, ...] | type[Choice], hint: str) -> None:
+def _choice(cfg: Mapping[str, Any], key: str, allowed: tuple[Any, ...] | type[Choice], hint: str) -> None:
     value = _get(cfg, key)
     if isinstance(allowed, type):
         allowed = tuple(m.value for m in allowed)
@@ -41,49 +43,66 @@ def _choice(cfg: dict[str, Any], key: str, allowed: tuple[Any, ...] | type[Choic
         raise ConfigError(key, value, one_of("null" if a is None else a for a in allowed), hint)
 
 
-def _check_monitoring(cfg: dict[str, Any]) -> None:
+def _check_monitoring(run: Run) -> None:
     """trainer.early_stop and checkpoint.keep_best watch a validation metric: its mode, counts and
     a validation set to measure it on (a run without one would never stop or keep a best)."""
-    _at_least(cfg, "trainer.early_stop.patience", 0, "0 never stops early.")
-    _at_least(cfg, "trainer.early_stop.min_delta", 0, "0 counts any improvement.")
-    ckpt = cfg["checkpoint"]
-    _at_least(cfg, "checkpoint.keep_best", 0, "0 keeps no best checkpoints beside the newest `keep`.")
+    _at_least(run, "trainer.early_stop.patience", 0, "0 never stops early.")
+    _at_least(run, "trainer.early_stop.min_delta", 0, "0 counts any improvement.")
+    _at_least(run, "checkpoint.keep_best", 0, "0 keeps no best checkpoints beside the newest `keep`.")
     used = [
         key
         for key, on in (
-            ("trainer.early_stop.patience", cfg["trainer"]["early_stop"]["patience"]),
-            ("checkpoint.keep_best", ckpt["keep_best"]),
+            ("trainer.early_stop.patience", run.trainer.early_stop.patience),
+            ("checkpoint.keep_best", run.checkpoint.keep_best),
         )
         if on
     ]
     for key in ("trainer.early_stop.monitor", "checkpoint.monitor"):
-        monitor = _get(cfg, key)
+        monitor = _get(run, key)
         if used and monitor is not None and not str(monitor).startswith("val/"):
             raise ConfigError(
                 key, monitor, "a validation metric: val/loss, val/<the task's metric>", "e.g. val/loss."
             )
-    if used and not (cfg.get("data") or {}).get("val"):
+    if used and not (run.get("data") or {}).get("val"):
         raise ConfigError(
             used[0],
-            _get(cfg, used[0]),
+            _get(run, used[0]),
             "0 for a run without a validation set",
             "it watches a validation metric: configure data.val (data.val_path=FILE for data=files).",
         )
 
 
-def _get(cfg: dict[str, Any], key: str) -> Any:
+WORLD = ("nodes", "nproc_per_node", "node_rank", "master_addr", "master_port")
+
+
+def _get(cfg: Mapping[str, Any], key: str) -> Any:
+    """The value at dotted `key`: a run's typed attribute (`trainer.batch_size`, `nodes` from its
+    world), or a plain config's entry (before its Run exists); None where there is none."""
     node: Any = cfg
     for part in key.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, Run):
+            node = getattr(node.world if part in WORLD else node, part, None)
+        elif isinstance(node, dict):
+            node = node.get(part)
+        else:
+            node = getattr(node, part, None) if _typed(node) else None
     return node
+
+
+def _typed(node: Any) -> bool:
+    """A typed block of a run (a schema dataclass instance, the world)."""
+    import dataclasses
+
+    return isinstance(node, World) or (dataclasses.is_dataclass(node) and not isinstance(node, type))
 
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
-def check_name(cfg: dict[str, Any]) -> None:
+def check_name(cfg: Mapping[str, Any]) -> None:
     """`name` becomes a path component (runs/NAME/...), the Slurm job name and the rendezvous id:
-    no separators, no `..`, nothing a shell or sbatch would split or run."""
+    no separators, no `..`, nothing a shell or sbatch would split or run. On the plain config (a
+    Run's `name` is already a string)."""
     name = cfg["name"]
     if not isinstance(name, str) or not NAME.fullmatch(name) or set(name) == {"."}:
         raise ConfigError(
@@ -94,7 +113,7 @@ def check_name(cfg: dict[str, Any]) -> None:
         )
 
 
-def _check_plugins(cfg: dict[str, Any]) -> None:
+def _check_plugins(run: Run) -> None:
     """The checks a registered task, model or data set declares for its own keys (its spec's
     `check_static`), for the one the run builds."""
     from disttrain.config.registry import check_chosen
@@ -103,65 +122,79 @@ def _check_plugins(cfg: dict[str, Any]) -> None:
     from disttrain.tasks.specs import TASKS
 
     for registry, key in ((TASKS, "task"), (MODELS, "model"), (DATA, "data")):
-        check_chosen(registry, cfg, key)
+        check_chosen(registry, run, key)
 
 
-def check_static(cfg: dict[str, Any]) -> None:
-    """Checks that need only the resolved config."""
+def run_of(cfg: Mapping[str, Any]) -> Run:
+    """The Run of a resolved config that was not checked yet: first the checks of what its typed
+    world, strategy and launcher are built from (so a mistake there fails with its ConfigError, as
+    in `check_static`, not with the typing's error), then `Run.of`, which types every block as the
+    ranks will (a config that did not come through composition, a hand-edited config.yaml, meets the
+    closed choices there: the ConfigError naming the key)."""
+    if isinstance(cfg, Run):
+        return cfg
+    _check_world(cfg)
+    specs.of(cfg)  # an unknown strategy.name, or keys of another strategy
+    _choice(cfg, "launcher.name", launcher_names(), "; ".join(s.help for s in launcher_specs()) + ".")
+    return Run.of(cfg)
+
+
+def _check_world(cfg: Mapping[str, Any]) -> None:
+    """name, nodes, nproc_per_node, node_rank: of a run, or of a plain config before its Run (`run_of`)."""
     check_name(cfg)
     _at_least(cfg, "nodes", 1, "use nodes=1 for a single machine.")
     _at_least(cfg, "nproc_per_node", 1, "one rank per GPU; on CPU 2 is a good start.")
-    nodes = cfg["nodes"]
-    if not 0 <= cfg["node_rank"] < nodes:
-        raise ConfigError(
-            "node_rank", cfg["node_rank"], f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0."
-        )
-    check_sinks(cfg)
-    _at_least(cfg, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
-    spec, strategy = specs.of(cfg)  # an unknown strategy.name, or keys of another strategy
+    nodes, node_rank = _get(cfg, "nodes"), _get(cfg, "node_rank")
+    if not 0 <= node_rank < nodes:
+        raise ConfigError("node_rank", node_rank, f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0.")
+
+
+def check_static(run: Run) -> None:
+    """Checks that need only the resolved config."""
+    _check_world(run)
+    check_sinks(run.to_dict())
+    _at_least(run, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
+    spec, strategy = specs.get(run.strategy.name), run.strategy
     if spec.check_static is not None:
-        spec.check_static(cfg, strategy)
-    _choice(cfg, "launcher.name", launcher_names(), "; ".join(s.help for s in launcher_specs()) + ".")
-    _at_least(cfg, "launcher.max_restarts", 0, "0 fails the run on the first rank failure.")
-    launch_checks.check_static(cfg)  # rendezvous, elastic range, SLURM
-    _check_amp(cfg)
-    _check_trainer(cfg)
-    _check_checkpoint(cfg)
-    _check_optim(cfg)
-    _check_loader(cfg)
-    _check_targets(cfg)
-    _check_plugins(cfg)
-    _check_data(cfg)
-    threads = cfg["threads_per_rank"]
+        spec.check_static(run, strategy)
+    _choice(run, "launcher.name", launcher_names(), "; ".join(s.help for s in launcher_specs()) + ".")
+    _at_least(run, "launcher.max_restarts", 0, "0 fails the run on the first rank failure.")
+    launch_checks.check_static(run)  # rendezvous, elastic range, SLURM
+    _check_amp(run)
+    _check_trainer(run)
+    _check_checkpoint(run)
+    _check_optim(run)
+    _check_loader(run)
+    _check_targets(run)
+    _check_plugins(run)
+    _check_data(run)
+    threads = run.threads_per_rank
     if threads is not None and threads < 1:
         raise ConfigError("threads_per_rank", threads, "null (cores / local ranks) or >= 1", "leave it null.")
-    # Last: every typed block through its schema, as the ranks will read it (a config that did not
-    # come through composition, a hand-edited config.yaml, meets the closed choices here).
-    from disttrain.config.run import Run
-
-    Run.of(cfg)
 
 
-def _check_targets(cfg: dict[str, Any]) -> None:
-    if "targets" in cfg["data"]:
-        _choice(cfg, "data.targets", Targets, "the task group sets it: task=regression makes values.")
-    if not isinstance(cfg.get("task"), dict) or not cfg["task"].get("_target_"):
+def _check_targets(run: Run) -> None:
+    data = run.data
+    if "targets" in data:
+        _choice(run, "data.targets", Targets, "the task group sets it: task=regression makes values.")
+    task = run.get("task")
+    if not isinstance(task, dict) or not task.get("_target_"):
         raise ConfigError(
             "task",
-            cfg.get("task"),
+            task,
             "a node with _target_: task=classification, regression, lm, model_loss, or your own",
             "e.g. task=model_loss 'task.call={idx: x, targets: y}', or task._target_=mylab.MyTask.",
         )
 
 
-def _check_amp(cfg: dict[str, Any]) -> None:
-    _choice(cfg, "amp.name", tuple(AMP), "amp=bf16 needs no loss scaling; amp=fp16 scales the loss.")
-    name, dtype = cfg["amp"]["name"], cfg["amp"]["dtype"]
+def _check_amp(run: Run) -> None:
+    _choice(run, "amp.name", tuple(AMP), "amp=bf16 needs no loss scaling; amp=fp16 scales the loss.")
+    name, dtype = run.amp.name, run.amp.dtype
     if dtype != AMP[name]:
         raise ConfigError(
             "amp.dtype", dtype, f"{AMP[name]} with amp={name}", f"choose the amp group: amp={name}."
         )
-    spec = specs.get(cfg["strategy"]["name"])
+    spec = specs.get(run.strategy.name)
     if name != "off" and not spec.amp:
         raise ConfigError(
             "amp",
@@ -178,13 +211,13 @@ def _check_amp(cfg: dict[str, Any]) -> None:
             "use amp=bf16, which needs no loss scaling." if "bf16" in spec.amp else "use amp=off.",
         )
     if name == "fp16":
-        _at_least(cfg, "amp.init_scale", 1, "65536 is the usual start; the scale adapts.")
-        _at_least(cfg, "amp.growth_interval", 1, "steps without overflow before the scale doubles.")
+        _at_least(run, "amp.init_scale", 1, "65536 is the usual start; the scale adapts.")
+        _at_least(run, "amp.growth_interval", 1, "steps without overflow before the scale doubles.")
 
 
-def _check_debug(cfg: dict[str, Any]) -> None:
-    _at_least(cfg, "debug.check_sync_every", 0, "0 disables the check; 100 is cheap.")
-    every, spec = _get(cfg, "debug.check_sync_every"), specs.get(cfg["strategy"]["name"])
+def _check_debug(run: Run) -> None:
+    _at_least(run, "debug.check_sync_every", 0, "0 disables the check; 100 is cheap.")
+    every, spec = _get(run, "debug.check_sync_every"), specs.get(run.strategy.name)
     if every and not spec.replicated:
         replicated = ", ".join(s.name for s in specs.all() if s.replicated)
         raise ConfigError(
@@ -194,14 +227,14 @@ def _check_debug(cfg: dict[str, Any]) -> None:
             "sharded or split models hold different parameters on each rank by design.",
         )
     for key in ("wait", "warmup", "active"):
-        _at_least(cfg, f"profiler.{key}", 1 if key == "active" else 0, "e.g. wait=1 warmup=1 active=3.")
+        _at_least(run, f"profiler.{key}", 1 if key == "active" else 0, "e.g. wait=1 warmup=1 active=3.")
 
 
-def _check_loader(cfg: dict[str, Any]) -> None:
+def _check_loader(run: Run) -> None:
     """DataLoader knobs: torch rejects prefetch_factor without workers at the first batch; say it now."""
-    _at_least(cfg, "data.num_workers", 0, "0 loads in the training process; 2-4 overlap loading.")
-    prefetch = _get(cfg, "data.prefetch_factor")
-    if prefetch is not None and (cfg["data"]["num_workers"] == 0 or prefetch < 1):
+    _at_least(run, "data.num_workers", 0, "0 loads in the training process; 2-4 overlap loading.")
+    prefetch = _get(run, "data.prefetch_factor")
+    if prefetch is not None and (run.data["num_workers"] == 0 or prefetch < 1):
         raise ConfigError(
             "data.prefetch_factor",
             prefetch,
@@ -210,12 +243,12 @@ def _check_loader(cfg: dict[str, Any]) -> None:
         )
 
 
-def _check_checkpoint(cfg: dict[str, Any]) -> None:
+def _check_checkpoint(run: Run) -> None:
     """checkpoint block, resume and restarts: values with what is allowed."""
     import os
 
-    _at_least(cfg, "checkpoint.keep", 1, "keep >= 1; the newest committed checkpoint is never deleted.")
-    ckpt_dir = cfg["checkpoint"]["dir"]
+    _at_least(run, "checkpoint.keep", 1, "keep >= 1; the newest committed checkpoint is never deleted.")
+    ckpt_dir = run.checkpoint.dir
     if ckpt_dir is not None and (not str(ckpt_dir).strip() or "://" in str(ckpt_dir)):
         raise ConfigError(
             "checkpoint.dir",
@@ -223,7 +256,7 @@ def _check_checkpoint(cfg: dict[str, Any]) -> None:
             "null (<run dir>/checkpoints) or a path; URLs (s3://, gs://) are not supported yet",
             "mount the shared storage (NFS, a cluster file system, a volume) and give its path.",
         )
-    resume = cfg["resume"]
+    resume = run.resume
     if resume not in (None, "auto", "never") and not os.path.exists(str(resume)):
         raise ConfigError(
             "resume",
@@ -231,8 +264,8 @@ def _check_checkpoint(cfg: dict[str, Any]) -> None:
             "auto, null, or an existing checkpoint folder or run dir",
             "resume=auto continues from the run dir's latest checkpoint; `disttrain resume RUN_DIR` too.",
         )
-    restarts = _get(cfg, "launcher.max_restarts") or 0
-    if restarts > 0 and not cfg["trainer"]["ckpt_every"]:
+    restarts = _get(run, "launcher.max_restarts") or 0
+    if restarts > 0 and not run.trainer.ckpt_every:
         import logging
 
         logging.getLogger("disttrain").warning(
@@ -242,29 +275,29 @@ def _check_checkpoint(cfg: dict[str, Any]) -> None:
         )
 
 
-def _check_trainer(cfg: dict[str, Any]) -> None:
-    t = cfg["trainer"]
-    _at_least(cfg, "trainer.batch_size", 1, "the per-rank batch; global = batch_size x world x grad_accum.")
-    _at_least(cfg, "trainer.grad_accum", 1, "1 means no accumulation.")
-    _at_least(cfg, "trainer.log_every", 1, "log every N optimizer steps.")
-    _at_least(cfg, "trainer.val_every", 0, "0 validates at the end of each epoch.")
-    _at_least(cfg, "trainer.ckpt_every", 0, "0 saves only the final checkpoint.")
-    if t.get("val_batches") is not None:
-        _at_least(cfg, "trainer.val_batches", 1, "null validates on the whole set; e.g. 50 caps it.")
-    if t["max_steps"] == 0 or t["max_steps"] < -1:
-        raise ConfigError("trainer.max_steps", t["max_steps"], "-1 (use max_epochs) or >= 1", "e.g. 1000.")
-    if t["max_steps"] == -1:
-        _at_least(cfg, "trainer.max_epochs", 1, "train at least one epoch, or set trainer.max_steps.")
-    _check_monitoring(cfg)
-    spec = specs.get(cfg["strategy"]["name"])
-    if t["compile"] and not spec.compile:
+def _check_trainer(run: Run) -> None:
+    t = run.trainer
+    _at_least(run, "trainer.batch_size", 1, "the per-rank batch; global = batch_size x world x grad_accum.")
+    _at_least(run, "trainer.grad_accum", 1, "1 means no accumulation.")
+    _at_least(run, "trainer.log_every", 1, "log every N optimizer steps.")
+    _at_least(run, "trainer.val_every", 0, "0 validates at the end of each epoch.")
+    _at_least(run, "trainer.ckpt_every", 0, "0 saves only the final checkpoint.")
+    if t.val_batches is not None:
+        _at_least(run, "trainer.val_batches", 1, "null validates on the whole set; e.g. 50 caps it.")
+    if t.max_steps == 0 or t.max_steps < -1:
+        raise ConfigError("trainer.max_steps", t.max_steps, "-1 (use max_epochs) or >= 1", "e.g. 1000.")
+    if t.max_steps == -1:
+        _at_least(run, "trainer.max_epochs", 1, "train at least one epoch, or set trainer.max_steps.")
+    _check_monitoring(run)
+    spec = specs.get(run.strategy.name)
+    if t.compile and not spec.compile:
         raise ConfigError(
             "trainer.compile",
             True,
             f"false with strategy={spec.name}",
             f"compile works with {', '.join(s.name for s in specs.all() if s.compile)}.",
         )
-    if t["oom"] == "auto_microbatch" and not spec.oom_retry:
+    if t.oom == "auto_microbatch" and not spec.oom_retry:
         raise ConfigError(
             "trainer.oom",
             "auto_microbatch",
@@ -277,26 +310,26 @@ def _check_trainer(cfg: dict[str, Any]) -> None:
             "with a larger trainer.grad_accum, trainer.activation_checkpointing=true, amp=bf16, or "
             "strategy=fsdp.",
         )
-    _check_debug(cfg)
-    _check_ema(cfg)
-    clip = t["clip_grad_norm"]
+    _check_debug(run)
+    _check_ema(run)
+    clip = t.clip_grad_norm
     if clip is not None and clip <= 0:
         raise ConfigError(
             "trainer.clip_grad_norm", clip, "null (no clipping) or > 0", "1.0 is a common value."
         )
 
 
-def _check_ema(cfg: dict[str, Any]) -> None:
-    decay = _get(cfg, "trainer.ema.decay")
+def _check_ema(run: Run) -> None:
+    decay = _get(run, "trainer.ema.decay")
     if not decay:
         return
     if not 0 < decay < 1:
         raise ConfigError(
             "trainer.ema.decay", decay, "null or 0 (off), or between 0 and 1", "0.999 is common."
         )
-    _at_least(cfg, "trainer.ema.every", 1, "1 updates the EMA after every optimizer step.")
-    _at_least(cfg, "trainer.ema.start_step", 0, "0 starts the EMA at the first optimizer step.")
-    spec = specs.get(cfg["strategy"]["name"])
+    _at_least(run, "trainer.ema.every", 1, "1 updates the EMA after every optimizer step.")
+    _at_least(run, "trainer.ema.start_step", 0, "0 starts the EMA at the first optimizer step.")
+    spec = specs.get(run.strategy.name)
     if not spec.ema:
         raise ConfigError(
             "trainer.ema.decay",
@@ -306,11 +339,12 @@ def _check_ema(cfg: dict[str, Any]) -> None:
         )
 
 
-def _check_optim(cfg: dict[str, Any]) -> None:
-    if cfg["optim"]["lr"] <= 0:
-        raise ConfigError("optim.lr", cfg["optim"]["lr"], "a number > 0", "e.g. optim.lr=3e-4.")
-    _choice(cfg, "optim.scale_lr", ScaleLr, "linear multiplies lr by the world size.")
-    groups = own_key(cfg["optim"], OptimConfig, "param_groups")  # a run frozen before the key: null
+def _check_optim(run: Run) -> None:
+    optim, sched = run.optim, run.sched
+    if optim["lr"] <= 0:
+        raise ConfigError("optim.lr", optim["lr"], "a number > 0", "e.g. optim.lr=3e-4.")
+    _choice(run, "optim.scale_lr", ScaleLr, "linear multiplies lr by the world size.")
+    groups = own_key(optim, OptimConfig, "param_groups")  # a run frozen before the key: null
     if groups not in (None, NO_DECAY) and not (isinstance(groups, dict) and "_target_" in groups):
         raise ConfigError(
             "optim.param_groups",
@@ -319,19 +353,19 @@ def _check_optim(cfg: dict[str, Any]) -> None:
             f"optim.param_groups={NO_DECAY} exempts biases, norms and embeddings from weight decay; "
             "optim.param_groups._target_=mylab.groups calls your function with the model.",
         )
-    if "_target_" in cfg["sched"]:  # any scheduler class: its arguments are checked when it is built
+    if "_target_" in sched:  # any scheduler class: its arguments are checked when it is built
         return
-    _choice(cfg, "sched.name", SCHEDULES, "cosine decays to min_lr_ratio x lr after warm-up.")
-    _at_least(cfg, "sched.warmup_steps", 0, "0 disables warm-up.")
-    ratio = own_key(cfg["sched"], CosineSchedConfig, "min_lr_ratio")
+    _choice(run, "sched.name", SCHEDULES, "cosine decays to min_lr_ratio x lr after warm-up.")
+    _at_least(run, "sched.warmup_steps", 0, "0 disables warm-up.")
+    ratio = own_key(sched, CosineSchedConfig, "min_lr_ratio")
     if not 0.0 <= ratio <= 1.0:
         raise ConfigError("sched.min_lr_ratio", ratio, "0..1", "0 decays to zero; 0.1 keeps 10% of lr.")
 
 
-def _check_data(cfg: dict[str, Any]) -> None:
+def _check_data(run: Run) -> None:
     """Ranges of the built-in data options' own keys (text: block_size, val_fraction)."""
-    data = cfg["data"]
-    if data.get("streaming") and cfg["trainer"]["max_steps"] == -1:
+    data = run.data
+    if data.get("streaming") and run.trainer.max_steps == -1:
         raise ConfigError(
             "trainer.max_steps",
             -1,
@@ -348,17 +382,17 @@ def _check_data(cfg: dict[str, Any]) -> None:
             "loader workers by file; auto would split each part again and drop samples.",
         )
     if "block_size" in data:
-        _at_least(cfg, "data.block_size", 1, "tokens per sample, e.g. data.block_size=64.")
+        _at_least(run, "data.block_size", 1, "tokens per sample, e.g. data.block_size=64.")
     if "num_samples" in data:
-        _at_least(cfg, "data.num_samples", 1, "training samples to generate, e.g. data.num_samples=2048.")
+        _at_least(run, "data.num_samples", 1, "training samples to generate, e.g. data.num_samples=2048.")
     if "num_val_samples" in data:
-        _at_least(cfg, "data.num_val_samples", 0, "validation samples to generate; 0 validates on nothing.")
+        _at_least(run, "data.num_val_samples", 0, "validation samples to generate; 0 validates on nothing.")
     if "shard" in data:
-        _choice(cfg, "data.shard", Shard, "auto: disttrain splits a stream; none: the stream splits itself.")
+        _choice(run, "data.shard", Shard, "auto: disttrain splits a stream; none: the stream splits itself.")
     if "sampling" in data:
-        _choice(cfg, "data.sampling", Sampling, "random: nanoGPT's random windows; sequential: in order.")
+        _choice(run, "data.sampling", Sampling, "random: nanoGPT's random windows; sequential: in order.")
     if "dtype" in data and "sampling" in data:
-        _choice(cfg, "data.dtype", TokenDtype, "the dtype the token file was written with (nanoGPT: uint16).")
+        _choice(run, "data.dtype", TokenDtype, "the dtype the token file was written with (nanoGPT: uint16).")
     if "val_fraction" in data:
         fraction = data["val_fraction"]
         if fraction is None or not 0.0 <= fraction < 1.0:
@@ -408,13 +442,13 @@ def _empty_training_set(data: dict[str, Any], train: Any) -> None:
     )
 
 
-def _check_resume_path(cfg: dict[str, Any]) -> None:
+def _check_resume_path(run: Run) -> None:
     """An explicit resume=PATH must hold a whole checkpoint: otherwise the run would start over."""
     from pathlib import Path
 
     from disttrain import checkpoint
 
-    resume = cfg["resume"]
+    resume = run.resume
     if resume in (None, "auto", "never") or checkpoint.choose(Path(str(resume)), "size") is not None:
         return
     raise ConfigError(
@@ -426,16 +460,16 @@ def _check_resume_path(cfg: dict[str, Any]) -> None:
     )
 
 
-def check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
+def check_runtime(run: Run) -> dict[str, int]:
     """Checks that look at the machine and build data and model; returns data set sizes."""
     from disttrain.observe.log import prints_into_log, transformers_quiet
 
     # the dry build's prints and transformers' warnings: the ranks print them again, into their logs
     with prints_into_log(), transformers_quiet():
-        return _check_runtime(cfg)
+        return _check_runtime(run)
 
 
-def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
+def _check_runtime(run: Run) -> dict[str, int]:
     from disttrain.timing import mark
 
     mark("runtime_checks_start")
@@ -449,51 +483,54 @@ def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
     from disttrain.tasks import build_task
 
     mark("runtime_imports")
-    launch_checks.check_runtime(cfg)
-    _check_resume_path(cfg)
-    gpus = check_nccl_ranks(cfg)  # compares what `auto` becomes, not the literal backend name
-    check_bf16(cfg, gpus)
-    train, val = build_datasets(cfg["data"])
-    replicas = specs.dp_degree(cfg)  # ranks that split one model (pipeline, tp) share a batch
-    per_step = replicas * cfg["trainer"]["batch_size"] * cfg["trainer"]["grad_accum"]
-    streams = _check_streams(cfg, train, val)
+    launch_checks.check_runtime(run)
+    _check_resume_path(run)
+    gpus = check_nccl_ranks(run)  # compares what `auto` becomes, not the literal backend name
+    check_bf16(run, gpus)
+    data = run.data
+    train, val = build_datasets(data)
+    replicas = specs.dp_degree(run)  # ranks that split one model (pipeline, tp) share a batch
+    per_step = replicas * run.trainer.batch_size * run.trainer.grad_accum
+    streams = _check_streams(run, train, val)
     if not streams and len(train) == 0:
-        _empty_training_set(cfg["data"], train)
+        _empty_training_set(data, train)
     if not streams and len(train) < per_step:
         raise ConfigError(
             "trainer.batch_size",
-            cfg["trainer"]["batch_size"],
-            f"<= {len(train) // (replicas * cfg['trainer']['grad_accum'])} for {len(train)} training samples",
+            run.trainer.batch_size,
+            f"<= {len(train) // (replicas * run.trainer.grad_accum)} for {len(train)} training samples",
             f"one optimizer step takes {replicas} data-parallel replica(s) x batch_size "
-            f"{cfg['trainer']['batch_size']} x grad_accum {cfg['trainer']['grad_accum']} = {per_step} samples; "
+            f"{run.trainer.batch_size} x grad_accum {run.trainer.grad_accum} = {per_step} samples; "
             "lower trainer.batch_size or use fewer ranks.",
         )
-    model = model_for_checks(cfg["model"])  # never loads weights: see disttrain.preflight.model
+    model = model_for_checks(run.model)  # never loads weights: see disttrain.preflight.model
     if model.meta is not None:
         with torch.device("meta"):
-            check_optim_runtime(cfg, model.meta, 1 if streams else len(train) // per_step)
-        spec, strategy = specs.of(cfg)
+            check_optim_runtime(run, model.meta, 1 if streams else len(train) // per_step)
+        spec = specs.get(run.strategy.name)
         if spec.check_model is not None:
-            spec.check_model(cfg, strategy, model.meta, gpus)
+            spec.check_model(run, run.strategy, model.meta, gpus)
     from disttrain.checkpoint import init_from
 
-    init_from.check(cfg, model.meta)  # init.path: kind, key names and shapes from headers, before launch
+    init_from.check(
+        run.to_dict(), model.meta
+    )  # init.path: kind, key names and shapes from headers, before launch
     from disttrain.timing import mark
 
     mark("dry_step_start")
-    dry_step(cfg, lambda: build_task(cfg["task"]), model.meta, model.build_cpu, train, val)
+    dry_step(run, lambda: build_task(run.task), model.meta, model.build_cpu, train, val)
     sizes = {} if is_stream(train) else {"train": len(train)}
     if val is not None and not is_stream(val):
         sizes["val"] = len(val)
     return sizes
 
 
-def _check_streams(cfg: dict[str, Any], train: Any, val: Any) -> bool:
+def _check_streams(run: Run, train: Any, val: Any) -> bool:
     """A stream (IterableDataset) has no length: the run's length is trainer.max_steps, and a
     stream validation set is read for trainer.val_batches batches. True when data.train is one."""
     from disttrain.data.streams import first_samples, is_stream
 
-    if val is not None and is_stream(val) and _get(cfg, "trainer.val_batches") is None:
+    if val is not None and is_stream(val) and _get(run, "trainer.val_batches") is None:
         raise ConfigError(
             "trainer.val_batches",
             None,
@@ -503,10 +540,10 @@ def _check_streams(cfg: dict[str, Any], train: Any, val: Any) -> bool:
         )
     if not is_stream(train):
         return False
-    if cfg["trainer"]["max_steps"] < 1:
+    if run.trainer.max_steps < 1:
         raise ConfigError(
             "trainer.max_steps",
-            cfg["trainer"]["max_steps"],
+            run.trainer.max_steps,
             "a number >= 1 with a stream (IterableDataset) data.train",
             f"{type(train).__name__} has no length, so trainer.max_epochs cannot say how long to train: "
             "set e.g. trainer.max_steps=1000 (optimizer steps; a stream that ends starts over).",
@@ -522,11 +559,11 @@ def _check_streams(cfg: dict[str, Any], train: Any, val: Any) -> bool:
     return True
 
 
-def check_optim_runtime(cfg: dict[str, Any], model: Any, batches_per_epoch: int) -> None:
+def check_optim_runtime(run: Run, model: Any, batches_per_epoch: int) -> None:
     """Build the optimizer (with its parameter groups) and the schedule on the meta model: a key the
     optimizer or scheduler class does not take, or a value it rejects, fails here, before launch."""
     from disttrain.engine.optim import build_optimizer, build_scheduler, total_steps
 
-    optimizer = build_optimizer(cfg["optim"], model, specs.dp_degree(cfg), checking=True)
-    steps = total_steps(cfg["trainer"], max(batches_per_epoch, 1) * cfg["trainer"]["grad_accum"])
-    build_scheduler(cfg["sched"], optimizer, max(steps, 1))
+    optimizer = build_optimizer(run.optim, model, specs.dp_degree(run), checking=True)
+    steps = total_steps(run.trainer, max(batches_per_epoch, 1) * run.trainer.grad_accum)
+    build_scheduler(run.sched, optimizer, max(steps, 1))

@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -26,6 +26,9 @@ from disttrain.config.errors import ConfigError
 from disttrain.data.streams import first_samples
 from disttrain.tasks import Classification, LanguageModel, Regression, Task
 from disttrain.tasks.batch import describe, to_device
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 log = logging.getLogger("disttrain")
 
@@ -41,7 +44,7 @@ SHAPE_HINT = (
 
 
 def dry_step(
-    cfg: dict[str, Any],
+    run: Run,
     build_task: Callable[[], Task],
     meta_model: nn.Module | None,
     build_cpu_model: Callable[[], nn.Module] | None,
@@ -64,17 +67,17 @@ def dry_step(
     except Exception as exc:
         raise ConfigError(
             "task",
-            _target(cfg),
+            _target(run),
             f"a task that can unpack the data set's batches: {describe(batch)}",
             f"{_said(exc)}. Name the fields (task.inputs=..., task.target=... for dict keys or tuple "
             "indices), use task=model_loss 'task.call={argument: field}', or your own task's unpack().",
         ) from None
-    _check_pipeline(cfg, task, inputs, target)
-    _check_targets(cfg, task, train, target)
+    _check_pipeline(run, task, inputs, target)
+    _check_targets(run, task, train, target)
     if meta_model is None:
         return
     params = sum(p.numel() for p in meta_model.parameters())
-    name = _target(cfg)
+    name = _target(run)
     if params <= CPU_FIRST_MAX_PARAMS and build_cpu_model is not None:
         cpu_first = _run(name, task.setup(torch.device("cpu")), build_cpu_model(), batch, torch.device("cpu"))
         if cpu_first is not None:
@@ -87,7 +90,7 @@ def dry_step(
         log.warning(
             "dry step skipped: %s cannot run on the meta device (%s), and a CPU run would load the "
             "model's weights in the launcher",
-            _target(cfg),
+            _target(run),
             _said(meta_exc),
         )
         return
@@ -95,12 +98,12 @@ def dry_step(
         log.warning(
             "dry step skipped: %s cannot run on the meta device (%s), and a CPU run of %.2g parameters "
             "is too costly before launch",
-            _target(cfg),
+            _target(run),
             _said(meta_exc),
             params,
         )
         return
-    log.debug("dry step: %s on meta failed (%s); running it on the CPU", _target(cfg), _said(meta_exc))
+    log.debug("dry step: %s on meta failed (%s); running it on the CPU", _target(run), _said(meta_exc))
     cpu_exc = _run(name, build_task(), build_cpu_model(), batch, torch.device("cpu"))
     if cpu_exc is not None:
         raise cpu_exc
@@ -248,10 +251,10 @@ def _same_structure(train_sample: Any, val_sample: Any) -> None:
         )
 
 
-def _check_pipeline(cfg: dict[str, Any], task: Task, inputs: Any, target: Any) -> None:
+def _check_pipeline(run: Run, task: Task, inputs: Any, target: Any) -> None:
     from disttrain.strategies import specs
 
-    spec = specs.get(cfg["strategy"]["name"])
+    spec = specs.get(run.strategy.name)
     if not spec.one_tensor_batches:
         return
     if not task.plain_forward or not isinstance(inputs, torch.Tensor) or not isinstance(target, torch.Tensor):
@@ -259,20 +262,20 @@ def _check_pipeline(cfg: dict[str, Any], task: Task, inputs: Any, target: Any) -
             "strategy",
             spec.name,
             "a task whose model call is model(inputs) with one input tensor and one target tensor",
-            f"{_target(cfg)} gives the model {describe(inputs)} and the loss {describe(target)}; pipeline "
+            f"{_target(run)} gives the model {describe(inputs)} and the loss {describe(target)}; pipeline "
             "stages pass one tensor from stage to stage and compute the loss on the last one, so keyword "
             "arguments, several inputs or a loss inside the model cannot be split. Use strategy=fsdp or "
             "ddp for this task.",
         )
 
 
-def _check_targets(cfg: dict[str, Any], task: Task, train: Any, sample_target: Any) -> None:
+def _check_targets(run: Run, task: Task, train: Any, sample_target: Any) -> None:
     """Labels against the output width, target dtypes against the loss: values need the data."""
     if isinstance(task, Regression) and isinstance(sample_target, torch.Tensor):
         if not sample_target.is_floating_point():
             raise ConfigError(
                 "data.targets",
-                cfg["data"].get("targets", str(sample_target.dtype)),
+                run.data.get("targets", str(sample_target.dtype)),
                 "float targets for task=regression",
                 f"the data set gives {describe(sample_target)}; with the built-in data sets set "
                 "data.targets=values, with your own return float targets.",
@@ -283,7 +286,7 @@ def _check_targets(cfg: dict[str, Any], task: Task, train: Any, sample_target: A
     labels = _all_targets(task, train, sample_target)
     if labels.is_floating_point() or labels.numel() == 0:
         return
-    classes = cfg["data"].get("num_classes")
+    classes = run.data.get("num_classes")
     ignore = getattr(task.criterion, "ignore_index", None)
     valid = labels[labels != ignore] if ignore is not None else labels
     low, high = int(valid.min()), int(valid.max())
@@ -310,8 +313,8 @@ def _all_targets(task: Task, train: Any, sample_target: torch.Tensor) -> torch.T
     return sample_target
 
 
-def _target(cfg: dict[str, Any]) -> str:
-    task = cfg.get("task")
+def _target(run: Run) -> str:
+    task = run.get("task")  # run.task, unless a run without one reaches the dry step
     return str(task.get("_target_")) if isinstance(task, dict) else str(task)
 
 

@@ -4,18 +4,21 @@ compose time (`disttrain.config.gpus`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from disttrain.config.errors import ConfigError
 from disttrain.config.gpus import choose_backend
 
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
-def check_nccl_ranks(cfg: dict[str, Any]) -> int:
+
+def check_nccl_ranks(run: Run) -> int:
     """Refuse more local ranks than GPUs whenever the ranks would use nccl (`backend=auto` included:
     it becomes nccl in the ranks on a CUDA machine). Returns the node's visible GPUs (0 on CPU)."""
     import torch
 
-    name, nproc = str(cfg["backend"]["name"]), int(cfg["nproc_per_node"])
+    name, nproc = run.backend.name, run.world.nproc_per_node
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if choose_backend(name) != "nccl":
         return gpus
@@ -46,20 +49,20 @@ def _bound_per_task(nproc: int, gpus: int) -> bool:
     return launched_externally() and nproc % gpus == 0
 
 
-def check_bf16(cfg: dict[str, Any], gpus: int) -> None:
+def check_bf16(run: Run, gpus: int) -> None:
     """amp=bf16 on GPUs without bf16 tensor cores (compute capability < 8.0: V100, T4) passes
     torch.cuda.is_bf16_supported() (emulation) but runs several times slower than fp16: refused
     before launch, unless `amp.bf16_emulation=true` (then a warning)."""
     import torch
 
-    amp = cfg["amp"]
-    if amp["name"] != "bf16" or gpus == 0 or choose_backend(str(cfg["backend"]["name"])) != "nccl":
+    amp = run.amp
+    if amp.name != "bf16" or gpus == 0 or choose_backend(run.backend.name) != "nccl":
         return
     major, minor = torch.cuda.get_device_capability(0)
     if (major, minor) >= (8, 0):
         return
     name = torch.cuda.get_device_name(0)
-    if amp.get("bf16_emulation"):
+    if amp.bf16_emulation:
         import logging
 
         logging.getLogger("disttrain").warning(

@@ -3,16 +3,19 @@ launch; each launcher's own checks are its `check_static` / `check_runtime` (dis
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from disttrain.config.errors import ConfigError
 
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
-def check_static(cfg: dict[str, Any]) -> None:
+
+def check_static(run: Run) -> None:
     """The rendezvous settings every launcher shares, then the chosen launcher's own checks."""
-    from disttrain.launch.registry import launcher_config, launcher_for
+    from disttrain.launch.registry import launcher_for
 
-    launcher, nodes = launcher_config(cfg), int(cfg["nodes"])
+    launcher, nodes = run.launcher, run.world.nodes
     if launcher.rdzv_timeout < 1:
         raise ConfigError(
             "launcher.rdzv_timeout",
@@ -49,45 +52,45 @@ def check_static(cfg: dict[str, Any]) -> None:
             f"0 (all nodes) or 1..{nodes} (nodes={nodes})",
             f"elastic membership: min_nodes=1 nodes={max(nodes, 2)} trains with whichever nodes arrive.",
         )
-    port = cfg["master_port"]
+    port = run.world.master_port
     if not 0 <= port <= 65535:
         raise ConfigError(
             "master_port", port, "0..65535 (0: 29500 with several nodes)", "e.g. master_port=29500."
         )
-    launcher_for(cfg).check_static(cfg)
+    launcher_for(run).check_static(run)
 
 
 LOOPBACK = ("localhost", "::1")
 
 
-def rehearsal_warning(cfg: dict[str, Any]) -> str | None:
+def rehearsal_warning(run: Run) -> str | None:
     """Several nodes whose master is this host's loopback: allowed (as torchrun allows it), but said.
 
     Users rehearse a multi-node config on one machine before a queue wait; on real machines a
     loopback master_addr means the other nodes never arrive, so the launch says which case it is.
     """
-    addr = str(cfg["master_addr"])
+    addr = run.world.master_addr
     from disttrain.launch.registry import launcher_for
 
-    if int(cfg["nodes"]) == 1 or launcher_for(cfg).scheduler:  # a scheduler places the nodes
+    if run.world.nodes == 1 or launcher_for(run).scheduler:  # a scheduler places the nodes
         return None
     if addr not in LOOPBACK and not addr.startswith("127."):
         return None
     return (
-        f"master_addr={addr} is this host's loopback: a rehearsal of nodes={cfg['nodes']} on one "
+        f"master_addr={addr} is this host's loopback: a rehearsal of nodes={run.world.nodes} on one "
         "machine (start every node_rank here). Nodes on other machines cannot reach it: set "
         "master_addr=ADDRESS_OF_NODE_0 on every node for a real multi-node run."
     )
 
 
-def check_runtime(cfg: dict[str, Any]) -> None:
+def check_runtime(run: Run) -> None:
     from disttrain.launch.registry import launcher_for
 
-    _check_port_free(cfg)
-    launcher_for(cfg).check_runtime(cfg)
+    _check_port_free(run)
+    launcher_for(run).check_runtime(run)
 
 
-def _check_port_free(cfg: dict[str, Any]) -> None:
+def _check_port_free(run: Run) -> None:
     """The rendezvous port this launcher will host (master_port on a single node, or node 0's):
     a bind probe now, instead of a RendezvousConnectionError with a multi-node hint after the run
     dir was written. Ranks someone else launched (torchrun -m disttrain, srun) host nothing here."""
@@ -98,10 +101,10 @@ def _check_port_free(cfg: dict[str, Any]) -> None:
     from disttrain.launch.multinode import DEFAULT_PORT
     from disttrain.launch.registry import launcher_for
 
-    if launcher_for(cfg).scheduler or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+    if launcher_for(run).scheduler or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
         return
-    nodes, port = int(cfg["nodes"]), int(cfg["master_port"])
-    if (nodes == 1 and not port) or (nodes > 1 and cfg["node_rank"] != 0):
+    nodes, port = run.world.nodes, run.world.master_port
+    if (nodes == 1 and not port) or (nodes > 1 and run.world.node_rank != 0):
         return
     port = port or DEFAULT_PORT
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -112,7 +115,7 @@ def _check_port_free(cfg: dict[str, Any]) -> None:
             taken = exc.errno == errno.EADDRINUSE
             raise ConfigError(
                 "master_port",
-                cfg["master_port"],
+                run.world.master_port,
                 f"a free TCP port on this machine (port {port} is "
                 f"{'in use' if taken else 'not bindable: ' + (exc.strerror or str(exc))})",
                 f"another run or program listens there (`ss -ltnp 'sport = :{port}'` shows which); "

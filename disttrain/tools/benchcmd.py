@@ -12,7 +12,10 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 # Default sweep: bytes to a few MiB on CPU (a short run: ~10 s of collectives on 2 gloo ranks),
 # bytes to hundreds of MiB with GPUs, as nccl-tests' usual `-b 8 -e 256M`.
@@ -92,43 +95,43 @@ def make_spec(args: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
     }
 
 
-def compose_checked(args: argparse.Namespace) -> dict[str, Any]:
+def compose_checked(args: argparse.Namespace) -> Run:
     """The same composition and static checks as `train`, plus the GPU checks the backend needs."""
     from disttrain.config import compose, resolve
-    from disttrain.preflight.checks import check_static
+    from disttrain.preflight.checks import check_static, run_of
     from disttrain.preflight.gpus import check_nccl_ranks
 
-    cfg = resolve(compose(args.overrides, args.config_dir), args.overrides)
+    run = run_of(resolve(compose(args.overrides, args.config_dir), args.overrides))
     if args.timeout is not None:
-        cfg["backend"]["timeout"] = args.timeout
-    check_static(cfg)
-    check_nccl_ranks(cfg)
-    return cfg
+        run = run.updated({"backend": {"timeout": args.timeout}})
+    check_static(run)
+    check_nccl_ranks(run)
+    return run
 
 
 def cmd_bench(rest: list[str]) -> int:
     args = parser().parse_intermixed_args(rest)
-    cfg = compose_checked(args)
+    run = compose_checked(args)
     from disttrain.config.gpus import choose_backend
     from disttrain.launch import launched_externally
 
-    spec = make_spec(args, on_gpu=choose_backend(cfg["backend"]["name"]) == "nccl")
+    spec = make_spec(args, on_gpu=choose_backend(run.backend.name) == "nccl")
     if launched_externally():
-        return _as_launched_rank(args, cfg, spec)
+        return _as_launched_rank(args, run, spec)
     from disttrain.launch import LaunchError, launch
     from disttrain.rundir import command_line, freeze, write_json
     from disttrain.tools.commbench import RESULTS, SPEC
 
     out = Path(args.out).resolve() if args.out else Path(tempfile.mkdtemp(prefix="disttrain-bench-"))
-    freeze(out, cfg, args.overrides, command_line())
+    freeze(out, run, args.overrides, command_line())
     write_json(out / SPEC, spec)
     try:
-        launch(cfg, out, entry="disttrain.tools.commbench")
+        launch(run, out, entry="disttrain.tools.commbench")
     except LaunchError as exc:
         sys.stderr.write(f"disttrain: bench {exc}\n")
         return 1
     if not (out / RESULTS).is_file():  # another node's agent: rank 0 lives on node 0
-        sys.stdout.write(f"node {cfg['node_rank']} done; the report is printed on node 0\n")
+        sys.stdout.write(f"node {run.world.node_rank} done; the report is printed on node 0\n")
         return 0
     report = json.loads((out / RESULTS).read_text())
     if not args.out:
@@ -136,7 +139,7 @@ def cmd_bench(rest: list[str]) -> int:
     return show(report, args.json)
 
 
-def _as_launched_rank(args: argparse.Namespace, cfg: dict[str, Any], spec: dict[str, Any]) -> int:
+def _as_launched_rank(args: argparse.Namespace, run: Run, spec: dict[str, Any]) -> int:
     """Inside ranks someone else started (`torchrun -m disttrain bench comm`): bench here, rank 0 prints."""
     import torch
 
@@ -144,9 +147,9 @@ def _as_launched_rank(args: argparse.Namespace, cfg: dict[str, Any], spec: dict[
     from disttrain.launch import threads_per_rank
     from disttrain.tools.commbench import run_in_group
 
-    env = DistEnv.from_env(cfg["backend"]["name"])
-    torch.set_num_threads(threads_per_rank(cfg))
-    report = run_in_group(env, cfg, spec)
+    env = DistEnv.from_env(str(run.backend.name))
+    torch.set_num_threads(threads_per_rank(run))
+    report = run_in_group(env, run, spec)
     return show(report, args.json) if env.is_zero else 0
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from disttrain.config.run import Run
 from disttrain.dist import DistEnv, destroy_process_group, init_process_group
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
 from disttrain.rundir import RunDir, read_config, write_json
@@ -186,15 +187,15 @@ def _merge(
 def run(run_dir: str | Path) -> dict[str, Any] | None:
     """Rank entry (the launcher's `entry`): bench as the rank the environment describes."""
     run_dir = Path(run_dir)
-    cfg = read_config(run_dir)
+    run_ = Run.of(read_config(run_dir))
     spec = json.loads((run_dir / SPEC).read_text())
-    env = DistEnv.from_env(cfg["backend"]["name"])
+    env = DistEnv.from_env(str(run_.backend.name))
     setup_logging(RunDir(run_dir).logs, env.rank, to_console=False)
     from disttrain.launch import threads_per_rank
 
-    torch.set_num_threads(threads_per_rank(cfg))
+    torch.set_num_threads(threads_per_rank(run_))
     try:
-        report = run_in_group(env, cfg, spec)
+        report = run_in_group(env, run_, spec)
         if env.is_zero:
             write_json(run_dir / RESULTS, report)
         return report
@@ -205,9 +206,9 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
         teardown_logging()
 
 
-def run_in_group(env: DistEnv, cfg: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+def run_in_group(env: DistEnv, run: Run, spec: dict[str, Any]) -> dict[str, Any]:
     """Join the group, bench, leave it (used by launched ranks and by ranks started by someone else)."""
-    timeout = float(cfg["backend"]["timeout"])
+    timeout = float(run.backend.timeout)
     try:
         init_process_group(env, timeout)
         return bench(env, spec, timeout)

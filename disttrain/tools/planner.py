@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 GIB = 2**30
 TORCH_SGD_MOMENTUM = 0  # torch.optim.SGD's own default: a swapped `optim._target_` starts clean
@@ -49,24 +52,21 @@ def transformer_dims(model: dict[str, Any]) -> dict[str, int] | None:
     }
 
 
-def precision(cfg: dict[str, Any]) -> dict[str, Any]:
+def precision(run: Run) -> dict[str, Any]:
     """Bytes per parameter for params, grads and optimizer state, and per activation element."""
-    from disttrain.config.schema import AmpConfig
-    from disttrain.config.typed import typed
-
-    amp = typed(AmpConfig, cfg["amp"])
+    amp = run.amp
     mixed = amp.name != "off" and amp.dtype in (
         "bfloat16",
         "float16",
         "bf16",
         "fp16",
     )
-    target = str(cfg["optim"]["_target_"])
+    target = str(run.optim["_target_"])
     name = target.rsplit(".", 1)[-1]
     if "adam" in name.lower() or "lamb" in name.lower():
         states = 2
     elif name == "SGD":
-        states = 1 if cfg["optim"].get("momentum", TORCH_SGD_MOMENTUM) else 0
+        states = 1 if run.optim.get("momentum", TORCH_SGD_MOMENTUM) else 0
     elif name in ("Adagrad", "RMSprop", "Adafactor"):
         states = 1
     else:
@@ -84,23 +84,21 @@ def precision(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def count_params(cfg: dict[str, Any]) -> tuple[Any, int, int]:
+def count_params(run: Run) -> tuple[Any, int, int]:
     """(meta model, parameters, parameter tensors): built on the meta device, no memory used."""
     import torch
 
     from disttrain.models import build_model
 
     with torch.device("meta"):
-        model = build_model(cfg["model"])
+        model = build_model(run.model)
     params = list(model.parameters())
     return model, sum(p.numel() for p in params), len(params)
 
 
-def activation_bytes(
-    cfg: dict[str, Any], model: Any, batch: int, act_bytes: int, ckpt: bool
-) -> tuple[float, str, int]:
+def activation_bytes(run: Run, model: Any, batch: int, act_bytes: int, ckpt: bool) -> tuple[float, str, int]:
     """(bytes of activations kept for backward per micro-batch, how it was estimated, layers)."""
-    dims = transformer_dims(cfg["model"])
+    dims = transformer_dims(run.model)
     if dims is not None:
         s, h, a, n_layers, v = dims["seq"], dims["hidden"], dims["heads"], dims["layers"], dims["vocab"]
         scale = act_bytes / 2  # the paper counts 16-bit activations (+ 1-byte dropout masks)
@@ -110,17 +108,17 @@ def activation_bytes(
         how = "transformer: Korthikanti et al. 2022 eq. 2" + (" with full recomputation" if ckpt else "")
         return kept + logits, how, n_layers
     layers = sum(1 for m in model.modules() if not list(m.children()) and list(m.parameters(recurse=False)))
-    elements = _meta_forward_elements(cfg, model, batch)
+    elements = _meta_forward_elements(run, model, batch)
     if elements is not None:
         return elements * act_bytes, "meta forward: sum of leaf-module outputs", max(layers, 1)
     widths = sum(getattr(m, "out_features", 0) for m in model.modules())
     return batch * widths * act_bytes, "batch x sum of layer widths (forward on meta failed)", max(layers, 1)
 
 
-def _meta_forward_elements(cfg: dict[str, Any], model: Any, batch: int) -> int | None:
+def _meta_forward_elements(run: Run, model: Any, batch: int) -> int | None:
     import torch
 
-    features = cfg["data"].get("num_features")
+    features = run.data.get("num_features")
     if not isinstance(features, int):
         return None
     total = [batch * features]
@@ -167,22 +165,19 @@ def per_rank(layout: dict[str, Any], params: int, prec: dict[str, Any], act: flo
     return b
 
 
-def plan(cfg: dict[str, Any]) -> dict[str, Any]:
+def plan(run: Run) -> dict[str, Any]:
     """The whole plan as a JSON-ready dict."""
-    model, params, tensors = count_params(cfg)
-    prec = precision(cfg)
-    from disttrain.config.schema import PlanConfig
-    from disttrain.config.typed import typed
+    model, params, tensors = count_params(run)
+    prec = precision(run)
 
-    p = typed(PlanConfig, cfg["plan"])
-    batch = int(p.micro_batch or cfg["trainer"]["batch_size"])
+    p = run.plan
+    batch = int(p.micro_batch or run.trainer.batch_size)
     ckpt = p.activation_checkpointing
-    act, method, layers = activation_bytes(cfg, model, batch, prec["activation"], ckpt)
-    from disttrain.config.common import world_size
+    act, method, layers = activation_bytes(run, model, batch, prec["activation"], ckpt)
 
-    world, per_node, nodes = world_size(cfg), cfg["nproc_per_node"], cfg["nodes"]
+    world, per_node, nodes = run.world.size, run.world.nproc_per_node, run.world.nodes
     usable = p.gpu_mem_gb * GIB * p.usable_fraction
-    dims = transformer_dims(cfg["model"])
+    dims = transformer_dims(run.model)
     rows = layouts(world, per_node, nodes, layers, dims["heads"] if dims else None)
     for r in rows:
         r["bytes"] = per_rank(r, params, prec, act)
@@ -190,7 +185,7 @@ def plan(cfg: dict[str, Any]) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "model": {
-            "target": cfg["model"].get("_target_"),
+            "target": run.model.get("_target_"),
             "params": params,
             "param_tensors": tensors,
             "layers": layers,
@@ -268,7 +263,7 @@ def cmd_plan(rest: list[str]) -> int:
     )
     args = p.parse_intermixed_args(rest)
     from disttrain.config import ConfigError, compose, resolve
-    from disttrain.preflight.checks import check_static
+    from disttrain.preflight.checks import check_static, run_of
 
     if args.load_at is not None and not args.simulate:  # a usage mistake: said before composing
         raise ConfigError(
@@ -277,14 +272,14 @@ def cmd_plan(rest: list[str]) -> int:
             "--load-at with --simulate",
             "add --simulate (the load is planned on its ranks)",
         )
-    cfg = resolve(compose(args.overrides, args.config_dir), args.overrides)
-    check_static(cfg)
+    run = run_of(resolve(compose(args.overrides, args.config_dir), args.overrides))
+    check_static(run)
     target = load_layout(args) if args.load_at is not None else None
-    result = plan(cfg)
+    result = plan(run)
     if args.simulate:
         from disttrain.tools import simulate
 
-        result["simulate"] = simulate.simulate(cfg, result, step=not args.no_step, load_at=target)
+        result["simulate"] = simulate.simulate(run, result, step=not args.no_step, load_at=target)
     if args.json:
         from disttrain.tools.render import print_json
 
@@ -296,12 +291,12 @@ def cmd_plan(rest: list[str]) -> int:
     return 0
 
 
-def load_layout(args: argparse.Namespace) -> dict[str, Any]:
+def load_layout(args: argparse.Namespace) -> Run:
     """The config of `--load-at`'s layout: the saved run's overrides, then its own (checked alike)."""
     import shlex
 
     from disttrain.config import ConfigError, compose, resolve
-    from disttrain.preflight.checks import check_static
+    from disttrain.preflight.checks import check_static, run_of
     from disttrain.tools.simulate_load import target_overrides
 
     extra = shlex.split(args.load_at)
@@ -310,7 +305,7 @@ def load_layout(args: argparse.Namespace) -> dict[str, Any]:
             "--load-at", args.load_at, "overrides of the loading layout", "e.g. --load-at 'nproc_per_node=4'"
         )
     overrides = target_overrides(args.overrides, extra)
-    target = resolve(compose(overrides, args.config_dir), overrides)
+    target = run_of(resolve(compose(overrides, args.config_dir), overrides))
     check_static(target)
     return target
 

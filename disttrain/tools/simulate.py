@@ -25,9 +25,12 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 MAX_WORLD = 1024
 TOLERANCE = 0.05  # simulated vs plan's per-rank state bytes
@@ -61,19 +64,18 @@ class RankResult:
 
 
 # ------------------------------------------------------------------------------------ layout
-def configured_layout(cfg: dict[str, Any], plan_result: dict[str, Any]) -> dict[str, Any]:
+def configured_layout(run: Run, plan_result: dict[str, Any]) -> dict[str, Any]:
     """The layout row (degrees, ZeRO stage, plan bytes) of the strategy the config runs.
 
     The degrees come from the spec (its `dp_degree`, the model abilities it needs), the ZeRO stage
     from the spec's own plan rows, so no strategy name is compared here.
     """
-    from disttrain.config.common import world_size
     from disttrain.strategies import specs
     from disttrain.strategies.specs.core import PIPELINE_LAYERS, TP_PLAN, PlanShape
     from disttrain.tools.planner import per_rank
 
-    spec, s = specs.of(cfg)
-    world = world_size(cfg)
+    spec, s = specs.of(run)
+    world = run.world.size
     dp = spec.dp_degree(s, world)
     tp = pp = 1
     if PIPELINE_LAYERS in spec.needs:
@@ -82,7 +84,7 @@ def configured_layout(cfg: dict[str, Any], plan_result: dict[str, Any]) -> dict[
         tp = world // dp
     m = plan_result["model"]
     shape = PlanShape(
-        world=world, per_node=cfg["nproc_per_node"], nodes=cfg["nodes"], layers=m["layers"], heads=None
+        world=world, per_node=run.world.nproc_per_node, nodes=run.world.nodes, layers=m["layers"], heads=None
     )
     rows = spec.plan(shape) if spec.plan is not None else []
     zero = rows[0]["zero"] if rows else 0
@@ -146,19 +148,17 @@ def fake_env(rank: int, world: int, per_node: int) -> Any:
     return DistEnv(rank, rank % per_node, world, per_node, "fake", torch.device("cpu"))
 
 
-def setup_rank(cfg: dict[str, Any], rank: int, world: int) -> tuple[Any, Any]:
+def setup_rank(run: Run, rank: int, world: int) -> tuple[Any, Any]:
     """(strategy, model after its real setup_module) for `rank`, the model built on meta."""
     import torch
 
-    from disttrain.config.schema import AmpConfig
-    from disttrain.config.typed import typed
     from disttrain.models import build_model
     from disttrain.strategies import build_strategy
 
-    env = fake_env(rank, world, cfg["nproc_per_node"])
+    env = fake_env(rank, world, run.world.nproc_per_node)
     with torch.device("meta"):
-        model = build_model(cfg["model"])
-    strategy = build_strategy(cfg["strategy"], env, typed(AmpConfig, cfg["amp"]))
+        model = build_model(run.model)
+    strategy = build_strategy(run["strategy"], env, run.amp)
     return strategy, strategy.setup_module(model)
 
 
@@ -239,36 +239,36 @@ def measure(
 
 
 # ------------------------------------------------------------------------------------ problems
-def _get(cfg: dict[str, Any], key: str) -> Any:
-    node: Any = cfg
+def _get(plain: dict[str, Any], key: str) -> Any:
+    node: Any = plain
     for part in key.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     return node
 
 
-def setup_key(cfg: dict[str, Any]) -> str:
+def setup_key(run: Run) -> str:
     """The key a failed setup points at: the strategy's own degree knob, else the world shape."""
-    s = cfg["strategy"]
-    if s.get("split_points"):
+    s = run.strategy
+    if getattr(s, "split_points", None):
         return "strategy.split_points"
     for key in ("stages_per_rank", "tp_degree", "wrap_classes"):
-        if key in s:
+        if hasattr(s, key):
             return f"strategy.{key}"
-    replicate = s.get("replicate")
+    replicate = getattr(s, "replicate", None)
     return "strategy.replicate" if isinstance(replicate, int) and replicate > 1 else "strategy"
 
 
-def fit_problem(cfg: dict[str, Any], r: RankResult, act: float, usable: float) -> Problem | None:
+def fit_problem(run: Run, r: RankResult, act: float, usable: float) -> Problem | None:
     """Does the rank fit the device: shards + the largest gathered unit + activations <= usable?"""
     from disttrain.tools.render import human_bytes as gb
 
-    s = cfg["strategy"]
+    wraps = hasattr(run.strategy, "wrap_classes")
     if r.largest_unit > usable:
-        key = "strategy.wrap_classes" if "wrap_classes" in s else "strategy.tp_degree"
+        key = "strategy.wrap_classes" if wraps else "strategy.tp_degree"
         fix = (
             "wrap smaller units: strategy.wrap_classes=[Block] (a transformer block's class) or a lower "
             "strategy.min_num_params"
-            if "wrap_classes" in s
+            if wraps
             else "a larger strategy.tp_degree splits the unit further"
         )
         return Problem(
@@ -287,7 +287,7 @@ def fit_problem(cfg: dict[str, Any], r: RankResult, act: float, usable: float) -
     return None
 
 
-def raise_problems(cfg: dict[str, Any], problems: list[Problem]) -> None:
+def raise_problems(run: Run, problems: list[Problem]) -> None:
     """All problems as one paragraph, keyed by the first; exit 2 through the CLI."""
     if not problems:
         return
@@ -295,7 +295,7 @@ def raise_problems(cfg: dict[str, Any], problems: list[Problem]) -> None:
     lines = [f"rank(s) {_ranks(p.ranks)}: (rank {p.ranks[0]}) {p.message} (key {p.key})" for p in problems]
     raise ConfigError(
         first.key,
-        _get(cfg, first.key),
+        _get(run.to_dict(), first.key),
         "a value for which every simulated rank sets up and fits",
         "plan --simulate ran the strategy's setup on a fake process group: " + "; ".join(lines),
     )
@@ -342,7 +342,7 @@ class CollectiveCounter:
         return _Count()
 
 
-def step_collectives(cfg: dict[str, Any], rank: int, world: int, batch: int) -> dict[str, Any]:
+def step_collectives(run: Run, rank: int, world: int, batch: int) -> dict[str, Any]:
     """One training step (forward + backward, clip, optimizer) of `rank` under FakeTensorMode.
 
     The model is built from fake tensors (shapes, no storage) and set up by the real strategy
@@ -351,30 +351,28 @@ def step_collectives(cfg: dict[str, Any], rank: int, world: int, batch: int) -> 
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from disttrain.config.schema import AmpConfig
-    from disttrain.config.typed import typed
     from disttrain.engine.optim import build_optimizer
     from disttrain.models import build_model
     from disttrain.strategies import build_strategy
     from disttrain.tasks import build_task
 
-    sample = sample_batch(cfg, batch)
+    sample = sample_batch(run, batch)
     if isinstance(sample, str):
         return {"skipped": sample}
-    env = fake_env(rank, world, cfg["nproc_per_node"])
+    env = fake_env(rank, world, run.world.nproc_per_node)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     phases: dict[str, dict[str, int] | str] = {}
     with fake_world(rank, world):
         with fake:
-            model = build_model(cfg["model"])
-        strategy = build_strategy(cfg["strategy"], env, typed(AmpConfig, cfg["amp"]))
+            model = build_model(run.model)
+        strategy = build_strategy(run["strategy"], env, run.amp)
         model = strategy.setup_module(model)
         dp = strategy.data_parallel_rank_size()[1]
-        task = build_task(cfg["task"]).setup(env.device)
+        task = build_task(run.task).setup(env.device)
         with fake:
-            optimizer = strategy.setup_optimizer(build_optimizer(cfg["optim"], model, dp))
+            optimizer = strategy.setup_optimizer(build_optimizer(run.optim, model, dp))
             inputs, target = task.unpack(sample)
-            for phase, run in (
+            for phase, call in (
                 ("forward+backward", lambda: strategy.forward_backward(model, inputs, target, task, 1.0)),
                 ("clip", lambda: strategy.clip_grad_norm(model, 1.0)),
                 ("optimizer", optimizer.step),
@@ -382,7 +380,7 @@ def step_collectives(cfg: dict[str, Any], rank: int, world: int, batch: int) -> 
                 counter = CollectiveCounter()
                 try:
                     with counter.mode():
-                        run()
+                        call()
                 except Exception as exc:  # a data-dependent branch (.item()) cannot run on shapes only
                     phases[phase] = f"not simulated ({_said(exc)[:80]})"
                     continue
@@ -390,7 +388,7 @@ def step_collectives(cfg: dict[str, Any], rank: int, world: int, batch: int) -> 
     return {"rank": rank, "phases": phases}
 
 
-def sample_batch(cfg: dict[str, Any], batch: int) -> Any:
+def sample_batch(run: Run, batch: int) -> Any:
     """`batch` real training samples, collated (FakeTensorMode takes them as inputs), or why not."""
     from torch.utils.data import default_collate
 
@@ -398,7 +396,7 @@ def sample_batch(cfg: dict[str, Any], batch: int) -> Any:
     from disttrain.data.streams import first_samples
 
     try:
-        train, _ = build_datasets(cfg["data"])
+        train, _ = build_datasets(run.data)
         samples = first_samples(train, batch)
     except Exception as exc:
         return f"the data set could not be read ({type(exc).__name__})"
@@ -409,26 +407,25 @@ def sample_batch(cfg: dict[str, Any], batch: int) -> Any:
 
 # ------------------------------------------------------------------------------------ main
 def simulate(
-    cfg: dict[str, Any],
+    run: Run,
     plan_result: dict[str, Any],
     step: bool = True,
-    load_at: dict[str, Any] | None = None,
+    load_at: Run | None = None,
 ) -> dict[str, Any]:
     """Run the configured strategy's setup for the sampled ranks; ConfigError naming rank and key
     for whatever would fail (setup, device memory, the model checks). `load_at`: the config of a
     layout that loads this one's checkpoint (simulate_load plans that load)."""
-    from disttrain.config.common import world_size
     from disttrain.strategies import specs
 
-    world = world_size(cfg)
+    world = run.world.size
     if world > MAX_WORLD:
         raise ConfigError(
             "nodes",
-            cfg["nodes"],
+            run.world.nodes,
             f"nodes x nproc_per_node <= {MAX_WORLD} for plan --simulate (here {world})",
             "simulate a smaller world with the same per-node shape, or run plan without --simulate.",
         )
-    layout = configured_layout(cfg, plan_result)
+    layout = configured_layout(run, plan_result)
     prec, usable = plan_result["precision"], plan_result["usable_bytes"]
     plan_state = layout["bytes"]["total"] - layout["bytes"]["activations"]
     act = layout["bytes"]["activations"]
@@ -440,29 +437,29 @@ def simulate(
         for rank, coords in ranks:
             with fake_world(rank, world):
                 try:
-                    _, model = setup_rank(cfg, rank, world)
+                    _, model = setup_rank(run, rank, world)
                 except Exception as exc:
-                    _merge(problems, Problem(setup_key(cfg), f"setup failed: {_said(exc)}"), rank)
+                    _merge(problems, Problem(setup_key(run), f"setup failed: {_said(exc)}"), rank)
                     continue
                 r = measure(rank, coords, model, prec, plan_state)
             results.append(r)
-            fit = fit_problem(cfg, r, act, usable)
+            fit = fit_problem(run, r, act, usable)
             if fit is not None:
                 _merge(problems, fit, rank)
-    raise_problems(cfg, problems)
-    _model_checks(cfg)
+    raise_problems(run, problems)
+    _model_checks(run)
     collectives: dict[str, Any] = {"skipped": "whole replicas: ddp's one gradient all-reduce per step"}
     if not replica and not step:
         collectives = {"skipped": "--no-step"}
     elif not replica and layout["pp"] > 1:
         collectives = {"skipped": "pipeline schedules (P2P between stages) are not stepped"}
     elif not replica:
-        collectives = step_collectives(cfg, 0, world, int(plan_result["micro_batch"]))
+        collectives = step_collectives(run, 0, world, int(plan_result["micro_batch"]))
     load = None
     if load_at is not None:
         from disttrain.tools.simulate_load import simulate_load
 
-        load = simulate_load(cfg, load_at)
+        load = simulate_load(run, load_at)
     return {
         "layout": {k: v for k, v in layout.items() if k != "bytes"},
         "plan_bytes": layout["bytes"],
@@ -482,12 +479,12 @@ def simulate(
             for r in results
         ],
         "collectives": collectives,
-        "spec": specs.of(cfg)[0].name,
+        "spec": specs.of(run)[0].name,
         **({"load": load} if load is not None else {}),
     }
 
 
-def _model_checks(cfg: dict[str, Any]) -> None:
+def _model_checks(run: Run) -> None:
     """The pre-launch model checks (tp heads, pipeline layers) on a meta model, after the setups
     so a failing setup is named by its rank first."""
     import torch
@@ -495,12 +492,12 @@ def _model_checks(cfg: dict[str, Any]) -> None:
     from disttrain.models import build_model
     from disttrain.strategies import specs
 
-    spec, s = specs.of(cfg)
+    spec, s = specs.of(run)
     if spec.check_model is None:
         return
     with torch.device("meta"):
-        model = build_model(cfg["model"])
-    spec.check_model(cfg, s, model, 0)
+        model = build_model(run.model)
+    spec.check_model(run, s, model, 0)
 
 
 def _said(exc: BaseException) -> str:

@@ -30,9 +30,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 
 # ------------------------------------------------------------------------------------ overrides
@@ -51,7 +54,7 @@ def target_overrides(base: list[str], load_at: list[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ one rank
-def rank_state(cfg: dict[str, Any], rank: int, world: int, spec: str) -> dict[str, Any]:
+def rank_state(run: Run, rank: int, world: int, spec: str) -> dict[str, Any]:
     """The flattened state a checkpoint saves from `rank` (model + optimizer, on meta), inside
     that rank's fake process group: {fqn: tensor, DTensor or object}."""
     import torch
@@ -65,14 +68,14 @@ def rank_state(cfg: dict[str, Any], rank: int, world: int, spec: str) -> dict[st
 
     if specs.get(spec).replicated:  # every rank's state dict is the plain module's
         with torch.device("meta"):
-            model = build_model(cfg["model"])
-        optimizer = build_optimizer(cfg["optim"], model, world)
+            model = build_model(run.model)
+        optimizer = build_optimizer(run.optim, model, world)
         model_state, optim_state = get_state_dict(model, optimizer)
         state: dict[str, Any] = {"model": model_state, "optim": optim_state}
     else:
-        strategy, model = setup_rank(cfg, rank, world)
+        strategy, model = setup_rank(run, rank, world)
         dp = strategy.data_parallel_rank_size()[1]
-        optimizer = strategy.setup_optimizer(build_optimizer(cfg["optim"], model, dp))
+        optimizer = strategy.setup_optimizer(build_optimizer(run.optim, model, dp))
         state = strategy.state_dict(model, optimizer)
     flat, _ = flatten_state_dict({"model": state})  # the checkpoint's app state names it "model"
     return dict(flat)
@@ -174,14 +177,14 @@ class Saved:
         )
 
 
-def plan_save(cfg: dict[str, Any], world: int, spec: str) -> Saved:
-    """DCP's global save plan for a checkpoint of `cfg` saved by all `world` ranks."""
+def plan_save(run: Run, world: int, spec: str) -> Saved:
+    """DCP's global save plan for a checkpoint of `run` saved by all `world` ranks."""
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
     from disttrain.tools.simulate import fake_world
 
     with fake_world(0, world):
-        state = rank_state(cfg, 0, world, spec)
+        state = rank_state(run, 0, world, spec)
         planner = DefaultSavePlanner(flatten_state_dict=False)  # flattened above, as DCP's would
         planner.set_up_planner(state, None, True)
         local = planner.create_local_plan()
@@ -272,23 +275,24 @@ def plan_load(
 
 
 # ------------------------------------------------------------------------------------ main
-def simulate_load(source: dict[str, Any], target: dict[str, Any], detail: bool = False) -> dict[str, Any]:
+def simulate_load(source: Run, target: Run, detail: bool = False) -> dict[str, Any]:
     """A save of `source`'s layout planned for a load at `target`'s, for target's sampled ranks.
     ConfigError naming each tensor that would not load (and the model key that differs).
     `detail`: each rank's entry also lists, per tensor, the saved ranks it reads from."""
-    from disttrain.config.common import world_size
     from disttrain.strategies import specs
     from disttrain.tools.planner import plan
     from disttrain.tools.simulate import MAX_WORLD, configured_layout, fake_world, sample_ranks
 
     sides = []
-    for cfg, key in ((source, "nodes"), (target, "--load-at nodes")):
-        world = world_size(cfg)
+    for run, key in ((source, "nodes"), (target, "--load-at nodes")):
+        world = run.world.size
         if world > MAX_WORLD:
-            raise ConfigError(key, cfg["nodes"], f"nodes x nproc_per_node <= {MAX_WORLD}", "a smaller world")
-        spec = specs.of(cfg)[0].name
-        layout = configured_layout(cfg, plan(cfg))
-        sides.append((cfg, world, spec, layout))
+            raise ConfigError(
+                key, run.world.nodes, f"nodes x nproc_per_node <= {MAX_WORLD}", "a smaller world"
+            )
+        spec = specs.of(run)[0].name
+        layout = configured_layout(run, plan(run))
+        sides.append((run, world, spec, layout))
     (_, w_save, spec_save, lay_save), (_, w_load, spec_load, lay_load) = sides
     head = {
         "saved": {"spec": spec_save, "world": w_save, **_dims(lay_save)},
@@ -338,17 +342,15 @@ def _dims(layout: dict[str, Any]) -> dict[str, int]:
     return dict(dp=layout["dp"], tp=layout["tp"], pp=layout["pp"])
 
 
-def _model_key(source: dict[str, Any], target: dict[str, Any]) -> tuple[str, Any]:
+def _model_key(source: Run, target: Run) -> tuple[str, Any]:
     """The first model key whose value differs between the save and the load, else the strategy."""
-    for k, v in target["model"].items():
-        if source["model"].get(k) != v:
+    for k, v in target.model.items():
+        if source.model.get(k) != v:
             return f"model.{k}", v
-    return "strategy", target["strategy"].get("name")
+    return "strategy", target.strategy.name
 
 
-def raise_unloadable(
-    source: dict[str, Any], target: dict[str, Any], saved: Saved, problems: dict[str, list[Any]]
-) -> None:
+def raise_unloadable(source: Run, target: Run, saved: Saved, problems: dict[str, list[Any]]) -> None:
     key, value = _model_key(source, target)
     lines = [
         f"{fqn}: {why} (ranks {', '.join(map(str, ranks[:8]))})" for fqn, (why, ranks) in problems.items()

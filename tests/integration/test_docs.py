@@ -642,8 +642,8 @@ def _checks_only(rest: list[str]) -> int:
     from disttrain.preflight.checks import check_runtime
 
     args = parse_args(rest)
-    cfg, _ = compose_checked(args.overrides, args, runtime=False)
-    check_runtime(cfg)
+    run, _ = compose_checked(args.overrides, args, runtime=False)
+    check_runtime(run)
     sys.stdout.write("checked\n")
     return 0
 

@@ -155,14 +155,14 @@ def test_a_full_disk_is_named_with_the_space_free_and_needed(
 
 # --------------------------------------------------------------------------------------- D15
 def test_an_unusable_checkpoint_dir_is_found_before_launch(tmp_path: Path) -> None:
-    from unit_support import checked
+    from unit_support import checked_run
 
     from disttrain.commands.train import own_checkpoint_dir
     from disttrain.config.errors import ConfigError
 
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    cfg = checked(["data=synthetic", f"checkpoint.dir={blocker / 'ck'}"])
+    cfg = checked_run(["data=synthetic", f"checkpoint.dir={blocker / 'ck'}"])
     with pytest.raises(ConfigError, match=r"checkpoint.dir=.* is not valid"):
         own_checkpoint_dir(cfg, tmp_path / "run")
 

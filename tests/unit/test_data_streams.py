@@ -124,9 +124,11 @@ def test_a_stream_validation_set_needs_val_batches(user_dir: Path) -> None:
 
 
 def test_plan_simulate_samples_a_stream_batch(user_dir: Path) -> None:
+    from unit_support import checked_run
+
     from disttrain.tools.simulate import sample_batch
 
-    x, y = sample_batch(checked([*STREAM_RUN, "data.val=null", "trainer.max_steps=5"]), 3)
+    x, y = sample_batch(checked_run([*STREAM_RUN, "data.val=null", "trainer.max_steps=5"]), 3)
     assert x.shape == (3, 8) and y.tolist() == [0, 1, 2]  # the stream's first three samples
 
 

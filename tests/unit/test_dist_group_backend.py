@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from disttrain.config import compose, resolve
+from disttrain.config.run import Run
 from disttrain.dist import DistEnv, group_backend, init_process_group
 from disttrain.strategies import specs
 
@@ -22,7 +23,7 @@ def _backend(monkeypatch: pytest.MonkeyPatch, backend: str, cfg: dict[str, Any])
     monkeypatch.setattr(dist, "init_process_group", lambda **kw: seen.update(kw))
     device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
     env = DistEnv(0, 0, 1, 1, backend, device)
-    init_process_group(env, 30.0, cpu_collectives=specs.cpu_collectives(cfg))
+    init_process_group(env, 30.0, cpu_collectives=specs.cpu_collectives(Run.of(cfg)))
     return str(seen["backend"])
 
 
@@ -40,6 +41,7 @@ def test_cpu_offload_on_nccl_gets_gloo_for_cpu_tensors(
 
 def test_other_strategies_keep_plain_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
     for strategy in ("ddp", "zero", "tp", "fsdp+tp", "pipeline"):
-        assert _backend(monkeypatch, "nccl", {"strategy": {"name": strategy}}) == "nccl"
+        overrides = [f"strategy={strategy}"]
+        assert _backend(monkeypatch, "nccl", resolve(compose(overrides), overrides)) == "nccl"
     assert group_backend("nccl", cpu_collectives=True) == "cuda:nccl,cpu:gloo"
     assert group_backend("gloo", cpu_collectives=True) == "gloo"

@@ -134,7 +134,7 @@ def watched() -> dict[str, Any]:
     ],
 )
 def test_settings_are_checked_before_launch(watched: dict[str, Any], key: str, value: Any) -> None:
-    from disttrain.preflight.checks import check_static
+    from disttrain.preflight.checks import check_static, run_of
 
     cfg = copy.deepcopy(watched)
     parent, _, leaf = key.rpartition(".")
@@ -143,7 +143,7 @@ def test_settings_are_checked_before_launch(watched: dict[str, Any], key: str, v
         node = node[part]
     node[leaf] = value
     with pytest.raises(ConfigError) as info:
-        check_static(cfg)
+        check_static(run_of(cfg))
     if key == "data.val":  # early stopping without a validation set: named by the setting that needs one
         assert info.value.key == "trainer.early_stop.patience" and "data.val" in str(info.value)
     else:

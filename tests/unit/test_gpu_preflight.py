@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from unit_support import checked
+from unit_support import checked_run
 
 from disttrain.config import compose, resolve
 from disttrain.config.errors import ConfigError
 from disttrain.config.gpus import choose_backend
+from disttrain.config.run import Run
 from disttrain.dist import DistEnv
 from disttrain.preflight.checks import check_runtime
 from disttrain.preflight.gpus import check_bf16, check_nccl_ranks
@@ -46,14 +47,14 @@ def test_auto_is_one_rank_per_gpu_else_two(gpus: Any, count: int, ranks: int, ba
     cfg = resolve(compose([]))
     assert cfg["nproc_per_node"] == ranks and type(cfg["nproc_per_node"]) is int  # frozen as a number
     assert choose_backend(cfg["backend"]["name"]) == backend
-    assert check_nccl_ranks(cfg) == count  # the defaults pass on every machine
+    assert check_nccl_ranks(Run.of(cfg)) == count  # the defaults pass on every machine
 
 
 def test_auto_with_gloo_on_a_gpu_machine_is_two_cpu_ranks(gpus: Any) -> None:
     gpus(8)
     cfg = resolve(compose(["backend=gloo"]))
     assert cfg["nproc_per_node"] == 2
-    assert check_nccl_ranks(cfg) == 8
+    assert check_nccl_ranks(Run.of(cfg)) == 8
 
 
 @pytest.mark.parametrize("launcher", ["slurm", "k8s"])
@@ -71,7 +72,7 @@ def test_more_ranks_than_gpus_with_auto_backend_is_refused_before_launch(
 ) -> None:
     """backend=auto becomes nccl in the ranks: rank `count` would die with "invalid device ordinal"."""
     gpus(count)
-    cfg = checked([f"nproc_per_node={nproc}"])
+    cfg = checked_run([f"nproc_per_node={nproc}"])
     assert cfg["backend"]["name"] == "auto"
     with pytest.raises(ConfigError) as err:
         check_runtime(cfg)
@@ -142,11 +143,11 @@ def test_ranks_bound_one_gpu_per_task_pass_the_rank_count_check(
     gpus(1)
     _rank_env(monkeypatch, 3, 8)
     cfg = resolve(compose(["nproc_per_node=8"]))
-    assert check_nccl_ranks(cfg) == 1
+    assert check_nccl_ranks(Run.of(cfg)) == 1
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     gpus(3)  # 8 ranks over 3 visible GPUs each: not a per-task binding
     with pytest.raises(ConfigError):
-        check_nccl_ranks(cfg)
+        check_nccl_ranks(Run.of(cfg))
 
 
 # ------------------------------------------------------------------ #9 the rank's own CUDA RNG
@@ -256,7 +257,7 @@ def test_tf32_matmuls_on_cuda_by_default_with_a_switch(
 
 def test_bf16_before_ampere_is_refused_before_launch(gpus: Any) -> None:
     gpus(1, name="Tesla V100-SXM2-16GB", capability=(7, 0))
-    cfg = checked(["amp=bf16", "nproc_per_node=1"])
+    cfg = checked_run(["amp=bf16", "nproc_per_node=1"])
     with pytest.raises(ConfigError) as err:
         check_runtime(cfg)
     assert err.value.key == "amp" and err.value.value == "bf16"
@@ -268,14 +269,14 @@ def test_bf16_before_ampere_warns_when_emulation_is_allowed(
     gpus: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     gpus(1, name="Tesla T4", capability=(7, 5))
-    cfg = resolve(compose(["amp=bf16", "amp.bf16_emulation=true"]))
+    cfg = Run.of(resolve(compose(["amp=bf16", "amp.bf16_emulation=true"])))
     with caplog.at_level(logging.WARNING, logger="disttrain"):
         check_bf16(cfg, 1)
     assert "runs emulated" in caplog.text and "7.5" in caplog.text
     gpus(1, capability=(8, 0))
-    check_bf16(resolve(compose(["amp=bf16"])), 1)  # Ampere and newer: native bf16
+    check_bf16(Run.of(resolve(compose(["amp=bf16"]))), 1)  # Ampere and newer: native bf16
     gpus(0)
-    check_bf16(resolve(compose(["amp=bf16"])), 0)  # CPU ranks: bf16 autocast on the CPU
+    check_bf16(Run.of(resolve(compose(["amp=bf16"]))), 0)  # CPU ranks: bf16 autocast on the CPU
 
 
 # ------------------------------------------------------------------ #17 peak GPU memory

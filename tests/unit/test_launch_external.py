@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from unit_support import checked_run
 
 from disttrain.launch import external
 
@@ -71,6 +72,10 @@ def test_launched_shape_is_the_real_world() -> None:
     from disttrain.dist import DistEnv
 
     env = DistEnv(5, 1, 8, 4, "gloo", __import__("torch").device("cpu"))
-    cfg = {"nodes": 1, "nproc_per_node": 2, "node_rank": 0, "launcher": {"name": "torchrun"}}
-    external.launched_shape(cfg, env)
-    assert (cfg["nodes"], cfg["nproc_per_node"], cfg["node_rank"]) == (2, 4, 1)
+    run = checked_run(
+        ["nodes=1", "nproc_per_node=2", "node_rank=0", "launcher=torchrun", "launcher.min_nodes=1"]
+    )
+    shaped = external.launched_shape(run, env)
+    world = shaped.world
+    assert (world.nodes, world.nproc_per_node, world.node_rank, shaped.launcher.min_nodes) == (2, 4, 1, 0)
+    assert (run.world.nodes, run.world.nproc_per_node) == (1, 2)  # a new run: the composed one stays

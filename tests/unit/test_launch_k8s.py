@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from unit_support import checked, disttrain_in_process
+from unit_support import checked, checked_run, disttrain_in_process
 
 from disttrain.config.errors import ConfigError
 from disttrain.launch import k8s
@@ -64,8 +64,8 @@ PYTORCHJOB = "kubeflow.org_pytorchjobs.yaml.gz"
 
 
 def documents(tmp_path: Path, *overrides: str) -> list[dict[str, Any]]:
-    cfg = checked([*FULL, *overrides])
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    cfg = checked_run([*FULL, *overrides])
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     text = k8s.render(cfg, tmp_path, k8s.job_name(cfg, tmp_path, now=0))
     return [d for d in yaml.safe_load_all(text) if d]
 
@@ -126,7 +126,7 @@ def test_one_node_pytorchjob_has_only_a_master(tmp_path: Path) -> None:
 
 
 def test_job_names_are_dns_labels_from_the_run_name(tmp_path: Path) -> None:
-    cfg = checked([*K8S, "name=GPT_small.v2"])
+    cfg = checked_run([*K8S, "name=GPT_small.v2"])
     a, b = k8s.job_name(cfg, tmp_path / "0", now=0), k8s.job_name(cfg, tmp_path / "1", now=0)
     assert a.startswith("gpt-small-v2-19700101-000000-") and len(a) == len(b) == 33 and a != b
 
@@ -257,7 +257,7 @@ def test_a_pod_with_another_node_count_fails(monkeypatch: pytest.MonkeyPatch) ->
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     with pytest.raises(ConfigError, match="PET_NNODES"):
-        k8s.check_pod(checked(list(K8S)))
+        k8s.check_pod(checked_run(list(K8S)))
     assert os.environ["PET_NNODES"] == "3"
 
 
@@ -265,7 +265,7 @@ def test_kubectl_is_needed_to_submit_but_not_inside_a_pod(monkeypatch: pytest.Mo
     """The frozen config says dry_run=false; a pod has no kubectl and must train, not submit."""
     from disttrain.launch import k8s_checks
 
-    cfg = checked([*K8S, "launcher.kubectl=/no/such/kubectl"])
+    cfg = checked_run([*K8S, "launcher.kubectl=/no/such/kubectl"])
     for k in TRAINJOB_POD:
         monkeypatch.delenv(k, raising=False)
     with pytest.raises(ConfigError):

@@ -7,9 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
-from unit_support import checked, disttrain_in_process
+from unit_support import checked_run, disttrain_in_process
 
 from disttrain.config.errors import ConfigError
+from disttrain.config.run import Run
 from disttrain.launch import multinode, slurm
 
 MULTI = ("nodes=2", "master_addr=10.1.2.3")
@@ -31,12 +32,12 @@ MULTI = ("nodes=2", "master_addr=10.1.2.3")
 )
 def test_bad_launch_settings_fail_before_launch(overrides: tuple[str, ...], key: str) -> None:
     with pytest.raises(ConfigError) as info:
-        checked([*MULTI, *overrides])
+        checked_run([*MULTI, *overrides])
     assert info.value.key == key
 
 
 def test_elastic_range_and_slurm_settings_are_accepted() -> None:
-    cfg = checked([*MULTI, "launcher.min_nodes=1", "launcher=slurm", "launcher.time=1-00:00:00"])
+    cfg = checked_run([*MULTI, "launcher.min_nodes=1", "launcher=slurm", "launcher.time=1-00:00:00"])
     assert cfg["launcher"]["min_nodes"] == 1 and cfg["launcher"]["time"] == "1-00:00:00"
 
 
@@ -44,7 +45,7 @@ def test_elastic_range_and_slurm_settings_are_accepted() -> None:
     ("value", "nodes", "min_nodes"), [("2", 2, 0), ("1:2", 2, 1), ("2:2", 2, 2), ("' 1 : 3 '", 3, 1)]
 )
 def test_nodes_min_max_is_the_elastic_range(value: str, nodes: int, min_nodes: int) -> None:
-    cfg = checked([f"nodes={value}", "master_addr=10.1.2.3"])
+    cfg = checked_run([f"nodes={value}", "master_addr=10.1.2.3"])
     assert (cfg["nodes"], cfg["launcher"]["min_nodes"]) == (nodes, min_nodes)
 
 
@@ -61,16 +62,16 @@ def test_nodes_min_max_is_the_elastic_range(value: str, nodes: int, min_nodes: i
 )
 def test_bad_node_ranges_name_the_key(overrides: tuple[str, ...], key: str) -> None:
     with pytest.raises(ConfigError) as info:
-        checked(["master_addr=10.1.2.3", *overrides])
+        checked_run(["master_addr=10.1.2.3", *overrides])
     assert info.value.key == key and "MIN" in str(info.value)
 
 
 def test_config_hash_ignores_node_rank_and_diff_names_keys() -> None:
-    a = checked([*MULTI, "node_rank=0"])
-    b = checked([*MULTI, "node_rank=1"])
+    a = checked_run([*MULTI, "node_rank=0"])
+    b = checked_run([*MULTI, "node_rank=1"])
     assert multinode.config_hash(a) == multinode.config_hash(b)
     assert multinode.run_dir_name(a) == multinode.run_dir_name(b)
-    c = checked([*MULTI, "node_rank=1", "optim.lr=0.5", "trainer.max_epochs=3"])
+    c = checked_run([*MULTI, "node_rank=1", "optim.lr=0.5", "trainer.max_epochs=3"])
     assert multinode.config_hash(a) != multinode.config_hash(c)
     diff = multinode.config_diff(multinode.flatten(a), multinode.flatten(c), other=1)
     assert [line.split(":")[0] for line in diff] == ["optim.lr", "trainer.max_epochs"]
@@ -78,7 +79,7 @@ def test_config_hash_ignores_node_rank_and_diff_names_keys() -> None:
 
 
 def test_sbatch_script_is_readable_and_complete(tmp_path: Path) -> None:
-    cfg = checked(
+    cfg = checked_run(
         [
             *MULTI,
             "launcher=slurm",
@@ -108,7 +109,7 @@ def test_sbatch_script_is_readable_and_complete(tmp_path: Path) -> None:
 
 
 def test_allocation_mismatch_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = checked(list(MULTI))
+    cfg = checked_run(list(MULTI))
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.setenv("SLURM_STEP_ID", "0")
     monkeypatch.setenv("SLURM_NNODES", "2")
@@ -129,7 +130,7 @@ def test_allocation_mismatch_is_reported(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_elastic_range_reaches_sbatch_and_the_allocation_check(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    cfg = checked(["nodes=2:4", "launcher=slurm"])  # no master_addr: the job script finds node 0
+    cfg = checked_run(["nodes=2:4", "launcher=slurm"])  # no master_addr: the job script finds node 0
     assert "#SBATCH --nodes=2-4\n" in slurm.sbatch_script(cfg, tmp_path, ["disttrain", "train"])
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.setenv("SLURM_STEP_ID", "0")
@@ -164,17 +165,17 @@ def test_several_nodes_on_loopback_are_a_rehearsal_with_a_warning() -> None:
     """master_addr=127.0.0.1 with nodes=2 is allowed (torchrun allows it): a one-host rehearsal."""
     from disttrain.preflight.launch_checks import rehearsal_warning
 
-    cfg = checked(["nodes=2"])  # the default master_addr is 127.0.0.1: no error any more
+    cfg = checked_run(["nodes=2"])  # the default master_addr is 127.0.0.1: no error any more
     warning = rehearsal_warning(cfg)
     assert warning is not None and "rehearsal" in warning and "master_addr=127.0.0.1" in warning
-    assert rehearsal_warning(checked(["nodes=2", "master_addr=127.0.0.2"])) is not None
-    assert rehearsal_warning(checked(["nodes=2", "master_addr=10.1.2.3"])) is None
-    assert rehearsal_warning(checked([])) is None  # one node: nothing to rehearse
-    assert rehearsal_warning(checked(["nodes=2", "launcher=slurm"])) is None
+    assert rehearsal_warning(checked_run(["nodes=2", "master_addr=127.0.0.2"])) is not None
+    assert rehearsal_warning(checked_run(["nodes=2", "master_addr=10.1.2.3"])) is None
+    assert rehearsal_warning(checked_run([])) is None  # one node: nothing to rehearse
+    assert rehearsal_warning(checked_run(["nodes=2", "launcher=slurm"])) is None
 
 
-def _roll_call_cfg(node_rank: int, port: int, *extra: str) -> dict:
-    return checked(
+def _roll_call_cfg(node_rank: int, port: int, *extra: str) -> Run:
+    return checked_run(
         ["nodes=2", f"node_rank={node_rank}", "master_addr=127.0.0.1", f"master_port={port}", *extra]
     )
 
@@ -266,7 +267,7 @@ def test_a_waiting_node_says_what_for_and_the_command_that_starts_the_other(
 def test_off_loopback_the_waiting_line_adds_this_nodes_address(tmp_path: Path) -> None:
     from disttrain.launch import waiting
 
-    cfg = checked(["nodes=2", "master_addr=10.1.2.3", "master_port=29999"])
+    cfg = checked_run(["nodes=2", "master_addr=10.1.2.3", "master_port=29999"])
     (tmp_path / "command.txt").write_text("disttrain train nodes=2\n")
     text = waiting.waiting_line(cfg, tmp_path, [1], 31.0, first=True)
     assert "waits for node rank(s) 1 at master 10.1.2.3:29999 (31 s of" in text

@@ -9,12 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from unit_support import checked, write_module
+from unit_support import checked, checked_run, write_module
 
 import disttrain
 from disttrain.config import ConfigError
+from disttrain.config.run import Run
 from disttrain.launch import launch, submit
-from disttrain.launch.registry import LAUNCHERS, launcher_config, launcher_for, launcher_names
+from disttrain.launch.registry import LAUNCHERS, launcher_for, launcher_names
 
 TOY = """
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from pathlib import Path
 from disttrain.config.errors import ConfigError
 from disttrain.config.schema import LauncherConfig
 from disttrain.launch.base import Launcher
-from disttrain.launch.registry import LauncherSpec, launcher_config, register_launcher
+from disttrain.launch.registry import LauncherSpec, register_launcher
 
 
 @dataclass
@@ -33,13 +34,12 @@ class ToyLauncherConfig(LauncherConfig):
 
 
 class ToyLauncher(Launcher):
-    def check_static(self, cfg):
-        if not launcher_config(cfg).greeting:
+    def check_static(self, run):
+        if not run.launcher.greeting:  # run.launcher: this launcher's own config class
             raise ConfigError("launcher.greeting", "", "a word", "say hello.")
 
-    def launch(self, cfg, run_dir, entry):
-        lc = launcher_config(cfg)
-        (Path(run_dir) / "toy.txt").write_text(f"{lc.greeting} {entry} {cfg['nproc_per_node']}")
+    def launch(self, run, run_dir, entry):
+        (Path(run_dir) / "toy.txt").write_text(f"{run.launcher.greeting} {entry} {run.world.nproc_per_node}")
 
 
 register_launcher(LauncherSpec("toy", ToyLauncherConfig, "toylaunch:ToyLauncher", "toy: a test's launcher"))
@@ -67,9 +67,11 @@ def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 def test_a_toy_launcher_is_composed_checked_and_dispatched(toy: str, tmp_path: Path) -> None:
     assert "toy" in launcher_names()
-    cfg = checked(["launcher=toy", "launcher.greeting=hi"], config_dir=toy)
-    assert cfg["launcher"] == {**cfg["launcher"], "name": "toy", "greeting": "hi"}
-    assert launcher_config(cfg).greeting == "hi" and launcher_config(cfg).rdzv_timeout == 900.0
+    run = checked_run(["launcher=toy", "launcher.greeting=hi"], config_dir=toy)
+    plain = run.to_dict()["launcher"]
+    assert plain == {**plain, "name": "toy", "greeting": "hi"}
+    assert type(run.launcher).__name__ == "ToyLauncherConfig"
+    assert run.launcher.greeting == "hi" and run.launcher.rdzv_timeout == 900.0
     with pytest.raises(ConfigError) as err:
         checked(["launcher=toy", "launcher.greeting="], config_dir=toy)
     assert err.value.key == "launcher.greeting"
@@ -78,8 +80,8 @@ def test_a_toy_launcher_is_composed_checked_and_dispatched(toy: str, tmp_path: P
     assert err.value.key == "launcher.greting"
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    assert submit(cfg, run_dir, ["disttrain", "train"]) is False  # no scheduler: launch here
-    launch(cfg, run_dir, entry="some.entry")
+    assert submit(run, run_dir, ["disttrain", "train"]) is False  # no scheduler: launch here
+    launch(run, run_dir, entry="some.entry")
     assert (run_dir / "toy.txt").read_text() == "hi some.entry 2"
 
 
@@ -96,9 +98,9 @@ def test_launcher_name_lists_registered_launchers(toy: str) -> None:
 def test_builtin_launchers_come_from_the_registry(overrides: tuple[str, ...], scheduler: bool) -> None:
     from disttrain.config import compose, resolve
 
-    cfg = resolve(compose(list(overrides)), list(overrides))
-    launcher = launcher_for(cfg)
-    assert type(launcher).__name__.lower().startswith(cfg["launcher"]["name"])
+    run = Run.of(resolve(compose(list(overrides)), list(overrides)))
+    launcher = launcher_for(run)
+    assert type(launcher).__name__.lower().startswith(run.launcher.name)
     assert launcher.scheduler is scheduler
 
 

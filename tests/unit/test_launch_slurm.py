@@ -16,16 +16,17 @@ import pytest
 from unit_support import disttrain_in_process
 
 from disttrain.config.errors import ConfigError
+from disttrain.config.run import Run
 from disttrain.launch.slurm import check_script_inputs, sbatch_script
 
 PAYLOAD = "x\ntouch {marker}\n#"
 DRY = ("launcher=slurm", "launcher.dry_run=true")
 
 
-def _cfg(name: str = "demo") -> dict:
-    from unit_support import checked
+def _cfg(name: str = "demo") -> Run:
+    from unit_support import checked_run
 
-    return checked([*DRY, f"name={name}"])
+    return checked_run([*DRY, f"name={name}"])
 
 
 def _bash_n(script: str, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from unit_support import checked_run
 
 from disttrain.launch.torchrun import first_failure
 
@@ -85,7 +86,7 @@ def test_the_watchdog_applies_to_nccl_under_torchruns_error_handling(
         monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
     else:
         monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", mode)
-    assert nccl_watchdog({"backend": {"name": name}}) is expected
+    assert nccl_watchdog(checked_run([f"backend={name}", "nproc_per_node=2"])) is expected
 
 
 def test_nccl_ranks_get_the_flight_recorder_dumping_into_the_run_logs(
@@ -101,13 +102,12 @@ def test_nccl_ranks_get_the_flight_recorder_dumping_into_the_run_logs(
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
     ):
         monkeypatch.delenv(key, raising=False)
-    assert flight_recorder_environment({"backend": {"name": "gloo"}}, tmp_path) == {}
-    assert flight_recorder_environment({"backend": {"name": "nccl"}}, tmp_path) == {
+    gloo, nccl = (checked_run([f"backend={name}", "nproc_per_node=2"]) for name in ("gloo", "nccl"))
+    assert flight_recorder_environment(gloo, tmp_path) == {}
+    assert flight_recorder_environment(nccl, tmp_path) == {
         "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "logs" / "nccl_trace_rank_"),
     }
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")
-    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in flight_recorder_environment(
-        {"backend": {"name": "nccl"}}, tmp_path
-    )
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in flight_recorder_environment(nccl, tmp_path)

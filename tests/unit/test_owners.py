@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from unit_support import checked, disttrain_in_process
+from unit_support import checked, checked_run, disttrain_in_process
 
 from disttrain import owner
 from disttrain.commands.rerun import own_checkpoints
@@ -70,7 +70,7 @@ def test_a_second_resume_of_a_live_run_is_refused_naming_the_owner(tmp_path: Pat
 
 def test_two_trains_into_one_run_dir_race_no_more(tmp_path: Path, other_launcher) -> None:
     run = tmp_path / "X"
-    cfg = checked(["data=synthetic"])
+    cfg = checked_run(["data=synthetic"])
     pid = other_launcher(run, run)
     with pytest.raises(ConfigError, match=f"process {pid}"):
         reuse(run, cfg)
@@ -91,7 +91,7 @@ def test_a_shared_checkpoint_dir_in_use_is_refused(tmp_path: Path, other_launche
 
     ck = tmp_path / "ck"
     pid = other_launcher(ck, tmp_path / "A")
-    cfg = checked(["data=synthetic", f"checkpoint.dir={ck}"])
+    cfg = checked_run(["data=synthetic", f"checkpoint.dir={ck}"])
     with pytest.raises(ConfigError, match=f"checkpoint.dir={ck} is not valid.*process {pid}.*/A"):
         own_checkpoint_dir(cfg, tmp_path / "B")
 
@@ -109,15 +109,18 @@ def test_a_new_run_never_takes_another_runs_checkpoints_unless_resume_names_them
 
 
 def test_rerun_moves_checkpoints_off_the_originals_folder(tmp_path: Path) -> None:
-    cfg = checked(["data=synthetic", f"checkpoint.dir={tmp_path / 'ck'}"])
-    note = own_checkpoints(cfg, tmp_path / "again", [])
-    assert cfg["checkpoint"]["dir"] is None and "stays as it is" in note  # <new run dir>/checkpoints
-    cfg = checked(["data=synthetic", f"checkpoint.dir={tmp_path / 'ck'}", "nodes=2", "master_addr=10.0.0.1"])
-    own_checkpoints(cfg, tmp_path / "again", [])
-    assert cfg["checkpoint"]["dir"] == str(tmp_path / "again")  # several nodes: a shared sibling
-    cfg = checked(["data=synthetic", f"checkpoint.dir={tmp_path / 'ck'}"])
-    own_checkpoints(cfg, tmp_path / "again", [f"checkpoint.dir={tmp_path / 'mine'}"])
-    assert cfg["checkpoint"]["dir"] == str(tmp_path / "ck")  # the override (applied before) wins
+    cfg = checked_run(["data=synthetic", f"checkpoint.dir={tmp_path / 'ck'}"])
+    run, note = own_checkpoints(cfg, tmp_path / "again", [])
+    assert run.checkpoint.dir is None and "stays as it is" in note  # <new run dir>/checkpoints
+    assert cfg.checkpoint.dir == str(tmp_path / "ck")  # the checked run itself never changes
+    cfg = checked_run(
+        ["data=synthetic", f"checkpoint.dir={tmp_path / 'ck'}", "nodes=2", "master_addr=10.0.0.1"]
+    )
+    run, _ = own_checkpoints(cfg, tmp_path / "again", [])
+    assert run.checkpoint.dir == str(tmp_path / "again")  # several nodes: a shared sibling
+    cfg = checked_run(["data=synthetic", f"checkpoint.dir={tmp_path / 'ck'}"])
+    run, _ = own_checkpoints(cfg, tmp_path / "again", [f"checkpoint.dir={tmp_path / 'mine'}"])
+    assert run.checkpoint.dir == str(tmp_path / "ck")  # the override (applied before) wins
 
 
 ONE = ("nproc_per_node=1", "trainer.progress=false", "threads_per_rank=1", "observe.sinks=[]")

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from unit_support import checked, disttrain_in_process
+from unit_support import checked, checked_run, disttrain_in_process
 
 from disttrain.config.errors import ConfigError
 from disttrain.preflight import launch_checks
@@ -22,7 +22,7 @@ def taken_port() -> Iterator[int]:
 
 
 def test_taken_master_port_is_named_before_launch(taken_port: int) -> None:
-    cfg = checked([f"master_port={taken_port}"])
+    cfg = checked_run([f"master_port={taken_port}"])
     with pytest.raises(ConfigError) as err:
         launch_checks.check_runtime(cfg)
     assert (err.value.key, err.value.value) == ("master_port", taken_port)
@@ -30,9 +30,9 @@ def test_taken_master_port_is_named_before_launch(taken_port: int) -> None:
 
 
 def test_free_or_unset_port_passes(taken_port: int) -> None:
-    launch_checks.check_runtime(checked([]))  # 0: a free one is picked at launch
+    launch_checks.check_runtime(checked_run([]))  # 0: a free one is picked at launch
     launch_checks.check_runtime(
-        checked(["nodes=2", "node_rank=1", "master_addr=10.0.0.1", f"master_port={taken_port}"])
+        checked_run(["nodes=2", "node_rank=1", "master_addr=10.0.0.1", f"master_port={taken_port}"])
     )
 
 

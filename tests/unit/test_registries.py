@@ -18,6 +18,7 @@ from unit_support import checked
 
 from disttrain.config.errors import ConfigError
 from disttrain.config.registry import Registry, TargetSpec
+from disttrain.config.run import Run
 from disttrain.config.schema import DataConfig, LauncherConfig, TaskConfig
 from disttrain.data.specs import DATA
 from disttrain.launch.specs import LAUNCHERS, LauncherSpec, detected, started_by
@@ -128,7 +129,6 @@ from pathlib import Path
 from disttrain.config.errors import ConfigError
 from disttrain.config.schema import LauncherConfig
 from disttrain.launch.base import Launcher
-from disttrain.launch.registry import launcher_config
 from disttrain.launch.specs import LAUNCHERS, LauncherSpec
 
 
@@ -139,12 +139,12 @@ class ToyLauncherConfig(LauncherConfig):
 
 
 class ToyLauncher(Launcher):
-    def check_static(self, cfg):
-        if not launcher_config(cfg).queue:
+    def check_static(self, run):  # run.launcher: this launcher's own config class
+        if not run.launcher.queue:
             raise ConfigError("launcher.queue", "", "a queue name", "launcher.queue=batch.")
 
-    def launch(self, cfg, run_dir, entry):
-        (Path(run_dir) / "toy.txt").write_text(launcher_config(cfg).queue)
+    def launch(self, run, run_dir, entry):
+        (Path(run_dir) / "toy.txt").write_text(run.launcher.queue)
 
 
 def node_overrides(overrides, environ):
@@ -183,7 +183,7 @@ class ToyTaskConfig(TaskConfig):
     weight: float = 1.0
 
 
-def check(cfg, task):
+def check(run, task):
     if task.weight <= 0:
         raise ConfigError("task.weight", task.weight, "a number > 0", "task.weight=1 leaves the loss as is.")
 
@@ -238,7 +238,7 @@ def test_a_toy_launcher_and_task_are_composed_and_checked(toys: str, tmp_path: P
         assert err.value.key == key, bad
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    launch({**cfg, "nproc_per_node": 2}, run_dir)
+    launch(Run.of({**cfg, "nproc_per_node": 2}), run_dir)
     assert (run_dir / "toy.txt").read_text() == "batch"
 
 
@@ -285,7 +285,7 @@ def test_a_model_or_data_spec_checks_its_own_keys_when_the_run_builds_it(
     builtin = registry.get(overrides[0].partition("=")[2])
     seen: list[Any] = []
 
-    def refuse(cfg: dict[str, Any], node: Any) -> None:
+    def refuse(run: Run, node: Any) -> None:
         seen.append(node)
         raise ConfigError(key, "x", "what the plug-in allows", "the plug-in's own hint.")
 

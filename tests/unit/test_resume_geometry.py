@@ -12,6 +12,7 @@ from unit_support import checked
 from disttrain.checkpoint.geometry import batch_shape, keep_global_batch
 from disttrain.config.errors import ConfigError
 from disttrain.config.fingerprint import shaping_config
+from disttrain.config.run import Run
 from disttrain.engine.optim import total_steps
 
 
@@ -46,26 +47,30 @@ def test_a_finished_two_rank_run_resumed_on_one_rank_has_the_same_horizon() -> N
     batches_two = 1437 // 2 // 32  # the digits' training split, per rank (DistributedSampler, drop_last)
     one = copy.deepcopy(two)
     one["nproc_per_node"] = 1
-    note = keep_global_batch(one, _meta(two, 2), replicas=1)
+    before = Run.of(one)
+    resumed, note = keep_global_batch(before, _meta(two, 2), replicas=1)
     assert note is not None and "keep the checkpoint's global batch of 64" in note
-    assert (one["trainer"]["batch_size"], one["trainer"]["grad_accum"]) == (32, 2)
+    assert (resumed.trainer.batch_size, resumed.trainer.grad_accum) == (32, 2)
+    assert (before.trainer.batch_size, before.trainer.grad_accum) == (32, 1)  # a new run: this one stays
     batches_one = 1437 // 32
-    assert total_steps(one["trainer"], batches_one) == total_steps(two["trainer"], batches_two) == 220
+    assert total_steps(resumed.trainer, batches_one) == total_steps(two["trainer"], batches_two) == 220
 
 
 def test_nothing_changes_at_the_same_world_or_with_a_batch_the_user_chose() -> None:
     cfg = checked([])
-    same = copy.deepcopy(cfg)
-    assert keep_global_batch(same, _meta(cfg, 2), replicas=2) is None and same == cfg
+    same = Run.of(cfg)
+    assert keep_global_batch(same, _meta(cfg, 2), replicas=2) == (same, None) and same.to_dict() == cfg
     chosen = copy.deepcopy(cfg)
     chosen["trainer"]["batch_size"] = 8  # `resume RUN nproc_per_node=1 trainer.batch_size=8`: theirs
-    assert keep_global_batch(chosen, _meta(cfg, 2), replicas=1) is None
-    assert chosen["trainer"]["batch_size"] == 8
-    assert keep_global_batch(copy.deepcopy(cfg), None, replicas=1) is None  # no checkpoint
+    run = Run.of(chosen)
+    assert keep_global_batch(run, _meta(cfg, 2), replicas=1) == (run, None)
+    assert run.trainer.batch_size == 8
+    run = Run.of(cfg)
+    assert keep_global_batch(run, None, replicas=1) == (run, None)  # no checkpoint
 
 
 def test_a_world_that_cannot_keep_the_global_batch_is_one_paragraph() -> None:
     cfg = checked([])
-    three = copy.deepcopy(cfg)
+    three = Run.of(cfg)
     with pytest.raises(ConfigError, match="divide the checkpoint's global batch 64"):
         keep_global_batch(three, _meta(cfg, 2), replicas=3)

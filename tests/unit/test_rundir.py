@@ -12,10 +12,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from unit_support import disttrain_in_process
+from unit_support import checked_run, disttrain_in_process
 
 from disttrain import rundir
 from disttrain.config.errors import ConfigError
+from disttrain.config.run import Run
+
+
+def _run(changes: dict) -> Run:
+    """A checked run with `changes` (the run dir functions take a Run)."""
+    return checked_run([]).updated(changes)
 
 
 def test_claim_gives_a_second_invocation_its_own_dir(tmp_path: Path) -> None:
@@ -49,24 +55,24 @@ def _finished_run(tmp_path: Path, cfg: dict, status: str = "finished", pid: int 
 
 
 def test_reuse_refuses_a_finished_run_with_another_config(tmp_path: Path) -> None:
-    cfg = {"optim": {"lr": 0.003}, "trainer": {"max_steps": 30}, "resume": "auto"}
-    run = _finished_run(tmp_path, cfg)
+    cfg = _run({"optim": {"lr": 0.003}, "trainer": {"max_steps": 30}, "resume": "auto"})
+    run = _finished_run(tmp_path, cfg.to_dict())
     with pytest.raises(ConfigError) as err:
-        rundir.reuse(run, {**cfg, "optim": {"lr": 0.5}})
+        rundir.reuse(run, cfg.updated({"optim": {"lr": 0.5}}))
     assert err.value.key == "hydra.run.dir" and "optim.lr" in err.value.allowed
     assert "disttrain resume" in err.value.hint
-    assert rundir.reuse(run, {**cfg, "resume": None}) == run, "the same config continues"
+    assert rundir.reuse(run, cfg.updated({"resume": None})) == run, "the same config continues"
 
 
 def test_running_run_is_refused_only_while_its_launcher_lives(tmp_path: Path) -> None:
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        run = _finished_run(tmp_path, {"seed": 0}, status="running", pid=sleeper.pid)
+        run = _finished_run(tmp_path, _run({"seed": 0}).to_dict(), status="running", pid=sleeper.pid)
         with pytest.raises(ConfigError) as err:
             rundir.refuse_if_running(run, "RUN_DIR")
         assert str(sleeper.pid) in err.value.hint
         with pytest.raises(ConfigError):
-            rundir.reuse(run, {"seed": 0})
+            rundir.reuse(run, _run({"seed": 0}))
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -74,8 +80,9 @@ def test_running_run_is_refused_only_while_its_launcher_lives(tmp_path: Path) ->
 
 
 def test_freeze_keeps_the_first_command_and_a_history(tmp_path: Path) -> None:
-    rundir.freeze(tmp_path, {"seed": 0}, [], ["disttrain", "train", "seed=0"])
-    rundir.freeze(tmp_path, {"seed": 0}, [], ["disttrain", "resume", str(tmp_path)])
+    rundir.freeze(tmp_path, _run({"seed": 0}), [], ["disttrain", "train", "seed=0"])
+    rundir.freeze(tmp_path, _run({"seed": 0}), [], ["disttrain", "resume", str(tmp_path)])
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text()) == _run({"seed": 0}).to_dict()
     assert (tmp_path / "command.txt").read_text() == "disttrain train seed=0\n"
     assert (tmp_path / "commands.txt").read_text().splitlines() == [
         "disttrain train seed=0",

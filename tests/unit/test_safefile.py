@@ -141,6 +141,8 @@ def test_job_script_replaces_a_planted_symlink_and_keeps_its_mode(
     """`disttrain resume` re-submits into the same run dir: job.sbatch may be a planted link."""
     import os
 
+    from unit_support import checked_run
+
     from disttrain.launch import slurm
 
     victim = _victim(tmp_path)
@@ -149,9 +151,8 @@ def test_job_script_replaces_a_planted_symlink_and_keeps_its_mode(
     (run_dir / "slurm").mkdir(parents=True)
     (run_dir / slurm.SCRIPT).symlink_to(victim)
     monkeypatch.setattr(slurm, "sbatch_script", lambda *a: "#!/bin/bash\necho hi\n")
-    slurm.submit(
-        {"launcher": {"name": "slurm", "dry_run": True}}, run_dir, ["python", "-m", "disttrain.worker"]
-    )
+    run = checked_run(["launcher=slurm", "launcher.dry_run=true"])
+    slurm.submit(run, run_dir, ["python", "-m", "disttrain.worker"])
     assert victim.read_text() == "precious\n" and (victim.stat().st_mode & 0o777) == 0o600
     script = run_dir / slurm.SCRIPT
     assert not script.is_symlink() and (script.stat().st_mode & 0o777) == 0o755

@@ -88,6 +88,7 @@ def test_one_rank_runs_every_op_in_process(tmp_path, monkeypatch) -> None:
     import json
 
     from disttrain.config import compose, resolve
+    from disttrain.config.run import Run
     from disttrain.launch import launch
     from disttrain.rundir import write_json
     from disttrain.tools.commbench import RESULTS, SCHEMA, SPEC
@@ -105,7 +106,7 @@ def test_one_rank_runs_every_op_in_process(tmp_path, monkeypatch) -> None:
         "dtype": "float32",
     }
     write_json(tmp_path / SPEC, spec)
-    launch(cfg, tmp_path, entry="disttrain.tools.commbench")
+    launch(Run.of(cfg), tmp_path, entry="disttrain.tools.commbench")
     report = json.loads((tmp_path / RESULTS).read_text())
     assert report["schema"] == SCHEMA and report["world_size"] == 1 and report["errors"] == []
     rows = {(r["op"], r["bytes"]): r for r in report["results"]}

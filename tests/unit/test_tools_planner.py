@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from disttrain.config import compose, resolve
+from disttrain.config.run import Run
 from disttrain.tools.planner import GIB, activation_bytes, plan, precision
 
 # The default MLP on digits: 64 -> 128 -> 128 -> 10, weights + biases.
@@ -23,7 +24,7 @@ def _rows(result: dict) -> dict[str, dict]:
 
 
 def test_mlp_fp32_adamw_per_rank_bytes_by_hand() -> None:
-    result = plan(_cfg("nproc_per_node=2", "optim=adamw"))
+    result = plan(Run.of(_cfg("nproc_per_node=2", "optim=adamw")))
     assert result["model"]["params"] == MLP_PARAMS == 26122
     pr = result["precision"]
     assert (pr["params"], pr["grads"], pr["optimizer_bytes"]) == (4, 4, 8)  # fp32 Adam: 2 states
@@ -44,19 +45,19 @@ def test_mlp_fp32_adamw_per_rank_bytes_by_hand() -> None:
 def test_zero_paper_mixed_precision_adam_is_2_2_12() -> None:
     cfg = _cfg()
     cfg["amp"] = {"name": "bf16", "dtype": "bfloat16"}
-    pr = precision(cfg)
+    pr = precision(Run.of(cfg))
     assert (pr["params"], pr["grads"], pr["optimizer_bytes"]) == (2, 2, 12) and pr["activation"] == 2
     cfg["optim"] = {"_target_": "torch.optim.SGD", "momentum": 0.9}
-    assert precision(cfg)["optimizer_bytes"] == 8  # fp32 master + momentum
+    assert precision(Run.of(cfg))["optimizer_bytes"] == 8  # fp32 master + momentum
 
 
 def test_transformer_activations_korthikanti_by_hand() -> None:
     cfg = _cfg()
     cfg["model"] = {"n_layer": 2, "d_model": 4096, "n_head": 32, "seq_len": 1024, "vocab_size": 0}
-    act, how, layers = activation_bytes(cfg, None, batch=4, act_bytes=2, ckpt=False)
+    act, how, layers = activation_bytes(Run.of(cfg), None, batch=4, act_bytes=2, ckpt=False)
     # s b h (34 + 5 a s / h) per layer: 1024 * 4 * 4096 * (34 + 5 * 32 * 1024 / 4096) = 16,777,216 * 74
     assert act == 2 * 16_777_216 * 74 and layers == 2 and "Korthikanti" in how
-    act_ckpt, _, _ = activation_bytes(cfg, None, batch=4, act_bytes=2, ckpt=True)
+    act_ckpt, _, _ = activation_bytes(Run.of(cfg), None, batch=4, act_bytes=2, ckpt=True)
     assert act_ckpt == 2 * (2 * 16_777_216) + 16_777_216 * 74  # inputs kept + one layer recomputed
 
 
@@ -89,7 +90,7 @@ def test_gpt_like_plan_sharding_and_recommendation(
         "n_head": 8,
         "seq_len": 256,
     }
-    result = plan(cfg)
+    result = plan(Run.of(cfg))
     psi = 4096 * 4096 + 4096
     rows = _rows(result)
     assert result["model"]["params"] == psi
@@ -118,7 +119,7 @@ def test_gpt_like_plan_sharding_and_recommendation(
 
 
 def test_nothing_fits_says_so_with_a_hint() -> None:
-    result = plan(_cfg("plan.gpu_mem_gb=0.00001"))
+    result = plan(Run.of(_cfg("plan.gpu_mem_gb=0.00001")))
     assert result["recommendation"]["layout"] is None
     assert "HINT" in result["recommendation"]["reason"]
     assert result["usable_bytes"] == pytest.approx(0.00001 * GIB * 0.9)

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from disttrain.cli import main
 from disttrain.config import ConfigError, compose, resolve
+from disttrain.config.run import Run
 from disttrain.tools.planner import plan
 from disttrain.tools.simulate import fake_world, sample_ranks, setup_rank, simulate
 
@@ -36,8 +37,8 @@ def test_sampled_ranks_cover_first_second_middle_and_last_of_each_mesh_dimension
 def test_fsdp_tp_world_64_bytes_by_hand_and_the_step_collectives() -> None:
     cfg = _cfg("amp=bf16", "trainer.batch_size=1", "nodes=8", "nproc_per_node=8", "strategy=fsdp+tp")
     cfg["strategy"]["tp_degree"] = 8
-    result = plan(cfg)
-    sim = simulate(cfg, result)
+    result = plan(Run.of(cfg))
+    sim = simulate(Run.of(cfg), result)
     assert sim["layout"] == {"layout": "fsdp+tp", "dp": 8, "tp": 8, "pp": 1, "zero": 3, "shard": 8}
     assert len(sim["ranks"]) == 25 and {0, 63} <= {r["rank"] for r in sim["ranks"]}
     # by hand: planned Linears (q, k, v, fc with biases; proj, fc_out weights) split 64 ways; what tp
@@ -64,10 +65,10 @@ def test_fsdp_tp_world_64_bytes_by_hand_and_the_step_collectives() -> None:
 
 def test_fsdp_world_16_bytes_equal_plan_and_step_gathers_each_unit_twice() -> None:
     cfg = _cfg("nproc_per_node=16", "strategy=fsdp", "strategy.wrap_classes=[Block]", "optim=adamw")
-    sim = simulate(cfg, plan(cfg))
+    sim = simulate(Run.of(cfg), plan(Run.of(cfg)))
     assert [r["rank"] for r in sim["ranks"]] == [0, 1, 8, 14, 15]
     # fp32 AdamW: 4 + 4 + 8 bytes per parameter, each rank 1/16 of every tensor exactly
-    params = plan(cfg)["model"]["params"]
+    params = plan(Run.of(cfg))["model"]["params"]
     assert all(r["bytes"]["total"] == 16 * params / 16 and r["deviation"] == 0 for r in sim["ranks"])
     # units: 2 blocks + root; forward gathers 3, backward all 3 again (strategy.reshard_after_forward
     # =true is passed to the root too, which FSDP2's default None would keep gathered); 3 reduce-scatters
@@ -81,7 +82,7 @@ def test_pipeline_with_more_stages_than_layers_is_named_by_rank_and_key() -> Non
     cfg = _cfg("nproc_per_node=16", "strategy=pipeline", "model.tie_weights=false", "trainer.batch_size=16")
     cfg["strategy"]["n_microbatches"] = 16
     with pytest.raises(ConfigError) as err:
-        simulate(cfg, plan(cfg))
+        simulate(Run.of(cfg), plan(Run.of(cfg)))
     assert err.value.key == "strategy.stages_per_rank"
     assert "rank(s) 0, 1, 8, 14, 15" in str(err.value) and "16 stages but only 4 splittable layers" in str(
         err.value
@@ -92,10 +93,10 @@ def test_fsdp_unit_larger_than_the_device_is_named_by_rank_and_key() -> None:
     # one block (nothing repeats) and min_num_params huge: the root is the one unit, all of it
     # gathered at once
     cfg = _cfg("nproc_per_node=16", "strategy=fsdp", "strategy.min_num_params=1000000000", "model.n_layers=1")
-    params = plan(cfg)["model"]["params"]
+    params = plan(Run.of(cfg))["model"]["params"]
     cfg["plan"]["gpu_mem_gb"] = params * 4 / 2 / 2**30 / 0.9  # half the gathered model fits
     with pytest.raises(ConfigError) as err:
-        simulate(cfg, plan(cfg), step=False)
+        simulate(Run.of(cfg), plan(Run.of(cfg)), step=False)
     assert err.value.key == "strategy.wrap_classes" and "rank(s) 0, 1, 8, 14, 15" in str(err.value)
     assert "one FSDP unit all-gathers to" in str(err.value)
 
@@ -129,7 +130,7 @@ def test_fsdp_model_4x_the_device_is_never_whole_on_a_rank() -> None:
     device_bytes = total // 4
     with fake_world(5, 16):
         with Allocations() as at_setup:
-            _, model = setup_rank(cfg, 5, 16)
+            _, model = setup_rank(Run.of(cfg), 5, 16)
         with Allocations() as materialised:
             model.to_empty(device="cpu")
         local = [p.to_local() for p in model.parameters()]
@@ -166,5 +167,5 @@ def test_the_model_checks_run_after_the_setups_tp_heads() -> None:
     cfg = _cfg("nproc_per_node=16", "strategy=fsdp+tp", "amp=bf16")
     cfg["strategy"]["tp_degree"] = 16
     with pytest.raises(ConfigError) as err:
-        simulate(cfg, plan(cfg), step=False)
+        simulate(Run.of(cfg), plan(Run.of(cfg)), step=False)
     assert err.value.key == "model.n_heads" and err.value.value == 8

@@ -12,6 +12,7 @@ import torch
 
 from disttrain.cli import main
 from disttrain.config import compose, resolve
+from disttrain.config.run import Run
 from disttrain.tools.simulate import fake_world, setup_rank
 from disttrain.tools.simulate_load import plan_save, rank_state, simulate_load, target_overrides
 
@@ -49,7 +50,7 @@ def _tensors(cfg: dict[str, Any]) -> tuple[dict[str, int], int]:
 
 def test_fsdp_16_saved_loads_at_fsdp_4_each_rank_reads_four_saved_ranks() -> None:
     src, tgt = _cfg("nproc_per_node=16", "strategy=fsdp"), _cfg("nproc_per_node=4", "strategy=fsdp")
-    load = simulate_load(src, tgt, detail=True)
+    load = simulate_load(Run.of(src), Run.of(tgt), detail=True)
     tensors, steps = _tensors(src)
     assert load["loadable"] and load["unread"] == [] and [r["rank"] for r in load["ranks"]] == [0, 1, 2, 3]
     assert load["checkpoint"]["tensor_bytes"] == 4 * sum(tensors.values()) + 4 * steps
@@ -70,7 +71,7 @@ def test_fsdp_tp_8_saved_loads_at_fsdp_8_rowwise_chunks_are_read_whole() -> None
     rank of 8 keeps row block r: one saved chunk of a column-wise tensor, four of a row-wise one."""
     src = _cfg("nproc_per_node=8", "strategy=fsdp+tp", "strategy.tp_degree=4")
     tgt = _cfg("nproc_per_node=8", "strategy=fsdp")
-    load = simulate_load(src, tgt, detail=True)
+    load = simulate_load(Run.of(src), Run.of(tgt), detail=True)
     tensors, n_params = _tensors(src)
     colwise = {f for f in tensors if any(f".{m}." in f for m in ("attn.q", "attn.k", "attn.v", "fc"))}
     rowwise = {f for f in tensors if any(f".{m}.weight" in f for m in ("attn.proj", "fc_out"))}
@@ -94,9 +95,9 @@ def test_recomputed_save_plan_of_a_rank_equals_dcps_own() -> None:
     from torch.distributed.checkpoint.default_planner import create_default_local_save_plan
 
     cfg = _cfg("nproc_per_node=8", "strategy=fsdp+tp", "strategy.tp_degree=4")
-    saved = plan_save(cfg, 8, "fsdp+tp")
+    saved = plan_save(Run.of(cfg), 8, "fsdp+tp")
     with fake_world(5, 8):
-        real = create_default_local_save_plan(rank_state(cfg, 5, 8, "fsdp+tp"), False)
+        real = create_default_local_save_plan(rank_state(Run.of(cfg), 5, 8, "fsdp+tp"), False)
 
     def chunks(plan: Any) -> dict[str, Any]:
         return {i.index.fqn: i.tensor_data.chunk if i.tensor_data else None for i in plan.items}
@@ -150,7 +151,7 @@ def test_a_rank_simulated_after_another_gets_its_own_mesh_coordinate() -> None:
     chunks = []
     for rank in (0, 5):
         with fake_world(rank, 8):
-            _, model = setup_rank(cfg, rank, 8)
+            _, model = setup_rank(Run.of(cfg), rank, 8)
             p = model.blocks[0].fc_out.weight
             assert isinstance(p, DTensor) and p.device_mesh.get_coordinate() == (rank,)
             chunks.append(p.__create_chunk_list__()[0].offsets)

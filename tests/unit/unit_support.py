@@ -22,7 +22,8 @@ from shared_support import SCRUB
 from shared_support import disttrain_in_process as disttrain_in_process  # the unit tests import it here
 
 from disttrain.config import compose, resolve
-from disttrain.preflight.checks import check_runtime, check_static
+from disttrain.config.run import Run
+from disttrain.preflight.checks import check_runtime, check_static, run_of
 
 # The console script installed next to this interpreter: the entry point users run.
 CLI = (
@@ -85,12 +86,22 @@ def checked(
     config_dir: str | None = None,
     config_name: str = "config",
 ) -> dict[str, Any]:
-    """What the CLI does before launching: compose, resolve once, static (and runtime) checks."""
-    cfg = resolve(compose(list(overrides), config_dir, config_name), list(overrides))
-    check_static(cfg)
+    """What the CLI does before launching (`checked_run`), as the plain config config.yaml holds."""
+    return checked_run(overrides, runtime, config_dir, config_name).to_dict()
+
+
+def checked_run(
+    overrides: Sequence[str],
+    runtime: bool = False,
+    config_dir: str | None = None,
+    config_name: str = "config",
+) -> Run:
+    """What the CLI does before launching: compose, resolve once, the Run, static (and runtime) checks."""
+    run = run_of(resolve(compose(list(overrides), config_dir, config_name), list(overrides)))
+    check_static(run)
     if runtime:
-        check_runtime(cfg)
-    return cfg
+        check_runtime(run)
+    return run
 
 
 def write_module(root: Path, dotted: str, source: str) -> Path:

@@ -25,6 +25,7 @@ from disttrain.config.registry import Registry, load_target
 from disttrain.config.schema import LauncherConfig
 
 if TYPE_CHECKING:
+    from disttrain.config.run import Run
     from disttrain.launch.base import Launcher
 
 Environ = Mapping[str, str]
@@ -43,7 +44,7 @@ class LauncherSpec:
     node_overrides(overrides, environ): there, `overrides` plus the node settings the environment
     gives a `disttrain train` run once per node (node_rank, master_addr, ...); None where this
     process is no node's launcher (then RANK and WORLD_SIZE, if set, make it a rank).
-    check_node(cfg): a node's launcher there: the environment against the resolved config.
+    check_node(run): a node's launcher there: the environment against the run (`config.run.Run`).
     started_by: what a rank started in this environment records as its launcher (launch.json).
     `node_overrides` and `check_node` are functions or "module:function" paths, imported when
     called (`node_settings`, `check_node_env`): a built-in's implementation lives in `launch/`,
@@ -56,7 +57,7 @@ class LauncherSpec:
     help: str  # one line for `launcher.name`'s allowed values
     detect: Callable[[Environ], bool] = _never
     node_overrides: Callable[[list[str], Environ], list[str] | None] | str | None = None
-    check_node: Callable[[dict[str, Any]], None] | str | None = None
+    check_node: Callable[[Run], None] | str | None = None
     started_by: str = ""  # default: the name
 
     def __post_init__(self) -> None:
@@ -71,10 +72,10 @@ class LauncherSpec:
         found = _function(self.node_overrides)
         return None if found is None else found(overrides, environ)
 
-    def check_node_env(self, cfg: dict[str, Any]) -> None:
+    def check_node_env(self, run: Run) -> None:
         found = _function(self.check_node)
         if found is not None:
-            found(cfg)
+            found(run)
 
     def load(self) -> Launcher:
         launcher: Launcher = load_target(self.target)()

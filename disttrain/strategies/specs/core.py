@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import MISSING
 
-from disttrain.config.common import help_field, world_size
+from disttrain.config.common import help_field
 from disttrain.config.errors import ConfigError
 from disttrain.config.registry import Registry, config_nodes
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 AMP_MODES = frozenset({"bf16", "fp16"})
 # Model abilities a strategy may need (see disttrain.models.parallel).
@@ -95,16 +98,17 @@ def _never(s: Any) -> bool:
     return False
 
 
-StaticCheck = Callable[[dict[str, Any], Any], None]
-ModelCheck = Callable[[dict[str, Any], Any, Any, int], None]
+StaticCheck = Callable[["Run", Any], None]
+ModelCheck = Callable[["Run", Any, Any, int], None]
 
 
 @dataclass(frozen=True)
 class StrategySpec:
     """What disttrain knows about one strategy, without importing torch.
 
-    check_static(cfg, s): pre-launch rules on the resolved config `cfg` and the typed slice `s`.
-    check_model(cfg, s, meta_model, gpus): rules that need the model (built on the meta device).
+    check_static(run, s): pre-launch rules on the run (`disttrain.config.run.Run`) and its typed
+    strategy slice `s` (`run.strategy`).
+    check_model(run, s, meta_model, gpus): rules that need the model (built on the meta device).
     dp_degree(s, world): data-parallel replicas (ranks that read different data) at `world` ranks;
     the strategy's `data_parallel_rank_size()` returns the same size.
     cpu_collectives(s): its ranks run collectives on CPU tensors with this config (FSDP's
@@ -178,8 +182,13 @@ register, unregister, discover = STRATEGIES.register, STRATEGIES.unregister, STR
 rediscover, all, names, get = STRATEGIES.rediscover, STRATEGIES.all, STRATEGIES.names, STRATEGIES.get
 
 
-def of(cfg: dict[str, Any]) -> tuple[StrategySpec, Any]:
-    """(spec, typed strategy config) of a resolved run config; ConfigError if they do not match."""
+def of(cfg: Mapping[str, Any]) -> tuple[StrategySpec, Any]:
+    """(spec, typed strategy config) of a run, or of a resolved config's plain form before its Run
+    exists (the check that builds the Run: ConfigError if its keys are another strategy's)."""
+    from disttrain.config.run import Run
+
+    if isinstance(cfg, Run):
+        return get(cfg.strategy.name), cfg.strategy
     name: Any = (cfg.get("strategy") or {}).get("name")
     spec = get(name)
     try:
@@ -194,16 +203,14 @@ def of(cfg: dict[str, Any]) -> tuple[StrategySpec, Any]:
         ) from None
 
 
-def dp_degree(cfg: dict[str, Any]) -> int:
-    """Data-parallel replicas of a resolved run config: the spec's answer at this world size."""
-    spec, s = of(cfg)
-    return int(spec.dp_degree(s, world_size(cfg)))
+def dp_degree(run: Run) -> int:
+    """Data-parallel replicas of a run: the spec's answer at its world size."""
+    return int(get(run.strategy.name).dp_degree(run.strategy, run.world.size))
 
 
-def cpu_collectives(cfg: dict[str, Any]) -> bool:
-    """Whether the ranks of a resolved run config run collectives on CPU tensors (the spec says)."""
-    spec, s = of(cfg)
-    return bool(spec.cpu_collectives(s))
+def cpu_collectives(run: Run) -> bool:
+    """Whether the ranks of a run run collectives on CPU tensors (the spec says)."""
+    return bool(get(run.strategy.name).cpu_collectives(run.strategy))
 
 
 def at_least(key: str, value: Any, low: int, hint: str) -> int:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.config.common import help_field as h
-from disttrain.config.common import world_shape, world_size
+from disttrain.config.common import world_shape
 from disttrain.config.errors import ConfigError, one_of
 from disttrain.strategies.specs.core import (
     PlanShape,
@@ -20,6 +20,9 @@ from disttrain.strategies.specs.core import (
     data_parallel_row,
     register,
 )
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 log = logging.getLogger("disttrain")
 
@@ -60,40 +63,40 @@ class LocalSGDStrategyConfig(DDPStrategyConfig):
 
 
 # ------------------------------------------------------------------------------------------ checks
-def check_single(cfg: dict[str, Any], s: SingleStrategyConfig) -> None:
-    if world_size(cfg) != 1:
+def check_single(run: Run, s: SingleStrategyConfig) -> None:
+    if run.world.size != 1:
         raise ConfigError(
             "strategy",
             s.name,
-            f"world size 1 (nodes x nproc_per_node is {cfg['nodes']} x {cfg['nproc_per_node']})",
+            f"world size 1 (nodes x nproc_per_node is {run.world.nodes} x {run.world.nproc_per_node})",
             f"use nproc_per_node=1 with strategy={s.name}, or strategy=ddp for several ranks.",
         )
 
 
-def check_dp(cfg: dict[str, Any], s: DPStrategyConfig) -> None:
-    if world_size(cfg) != 1:
+def check_dp(run: Run, s: DPStrategyConfig) -> None:
+    if run.world.size != 1:
         raise ConfigError(
             "nproc_per_node",
-            cfg["nproc_per_node"],
-            f"1 with strategy={s.name} (world size is {world_shape(cfg)})",
+            run.world.nproc_per_node,
+            f"1 with strategy={s.name} (world size is {world_shape(run)})",
             "nn.DataParallel drives every local GPU from ONE process: set nproc_per_node=1 nodes=1; "
             "for one process per GPU use strategy=ddp.",
         )
 
 
-def warn_single_rank(cfg: dict[str, Any], name: str) -> None:
-    if world_size(cfg) < 2:
+def warn_single_rank(run: Run, name: str) -> None:
+    if run.world.size < 2:
         log.warning(
-            "strategy=%s on world size 1 (%s): nothing is sharded or averaged", name, world_shape(cfg)
+            "strategy=%s on world size 1 (%s): nothing is sharded or averaged", name, world_shape(run)
         )
 
 
-def check_ddp(cfg: dict[str, Any], s: DDPStrategyConfig) -> None:
+def check_ddp(run: Run, s: DDPStrategyConfig) -> None:
     if s.comm_hook not in COMM_HOOKS:
         raise ConfigError(
             "strategy.comm_hook", s.comm_hook, one_of(("null", "fp16", "bf16")), "fp16/bf16 halve the bytes."
         )
-    if s.comm_hook == "bf16" and cfg["backend"]["name"] == "gloo":
+    if s.comm_hook == "bf16" and run.backend.name == "gloo":
         raise ConfigError(
             "strategy.comm_hook",
             "bf16",
@@ -104,7 +107,7 @@ def check_ddp(cfg: dict[str, Any], s: DDPStrategyConfig) -> None:
         raise ConfigError("strategy.bucket_cap_mb", s.bucket_cap_mb, "a number > 0", "25 MiB suits most.")
 
 
-def check_ddp_model(cfg: dict[str, Any], s: DDPStrategyConfig, model: Any, gpus: int) -> None:
+def check_ddp_model(run: Run, s: DDPStrategyConfig, model: Any, gpus: int) -> None:
     """With the machine: PyTorch's bf16 compression hook needs NCCL, so CUDA GPUs."""
     if s.comm_hook == "bf16" and gpus == 0:
         raise ConfigError(
@@ -115,14 +118,14 @@ def check_ddp_model(cfg: dict[str, Any], s: DDPStrategyConfig, model: Any, gpus:
         )
 
 
-def check_zero(cfg: dict[str, Any], s: ZeroStrategyConfig) -> None:
-    warn_single_rank(cfg, s.name)
-    check_ddp(cfg, s)
+def check_zero(run: Run, s: ZeroStrategyConfig) -> None:
+    warn_single_rank(run, s.name)
+    check_ddp(run, s)
 
 
-def check_localsgd(cfg: dict[str, Any], s: LocalSGDStrategyConfig) -> None:
-    warn_single_rank(cfg, s.name)
-    check_ddp(cfg, s)
+def check_localsgd(run: Run, s: LocalSGDStrategyConfig) -> None:
+    warn_single_rank(run, s.name)
+    check_ddp(run, s)
     at_least("sync_every", s.sync_every, 1, "1 averages every step (equals ddp); 4-16 saves bandwidth.")
     at_least(
         "warmup_steps", s.warmup_steps, 0, "0 starts local SGD at once; some DDP steps first often help."

@@ -7,10 +7,10 @@ their checks need the model's pipeline layers or tensor-parallel plan (disttrain
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.config.common import help_field as h
-from disttrain.config.common import world_shape, world_size
+from disttrain.config.common import world_shape
 from disttrain.config.errors import ConfigError, check_divides, one_of
 from disttrain.strategies.specs import core
 from disttrain.strategies.specs.core import (
@@ -22,6 +22,9 @@ from disttrain.strategies.specs.core import (
     layout,
     register,
 )
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
@@ -73,12 +76,12 @@ def _fsdp_tp_dp(s: FSDPTPStrategyConfig, world: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------ static
-def needs_two_ranks(cfg: dict[str, Any], s: StrategyConfig) -> None:
-    if world_size(cfg) < 2:
+def needs_two_ranks(run: Run, s: StrategyConfig) -> None:
+    if run.world.size < 2:
         raise ConfigError(
             "nproc_per_node",
-            cfg["nproc_per_node"],
-            f">= 2 ranks with strategy={s.name} (world size is {world_shape(cfg)})",
+            run.world.nproc_per_node,
+            f">= 2 ranks with strategy={s.name} (world size is {world_shape(run)})",
             f"{s.name} splits one model across ranks: set nproc_per_node=2 (CPU ranks work), "
             "or use strategy=single on one rank.",
         )
@@ -110,15 +113,15 @@ def check_tp_plan(s: TPStrategyConfig) -> None:
         )
 
 
-def check_tp_static(cfg: dict[str, Any], s: TPStrategyConfig) -> None:
-    needs_two_ranks(cfg, s)
+def check_tp_static(run: Run, s: TPStrategyConfig) -> None:
+    needs_two_ranks(run, s)
     check_tp_plan(s)
 
 
-def check_pipeline(cfg: dict[str, Any], s: PipelineStrategyConfig) -> None:
-    needs_two_ranks(cfg, s)
-    ws = world_size(cfg)
-    schedule, m, v, batch = s.schedule, s.n_microbatches, s.stages_per_rank, cfg["trainer"]["batch_size"]
+def check_pipeline(run: Run, s: PipelineStrategyConfig) -> None:
+    needs_two_ranks(run, s)
+    ws = run.world.size
+    schedule, m, v, batch = s.schedule, s.n_microbatches, s.stages_per_rank, run.trainer.batch_size
     if schedule not in PIPELINE_SCHEDULES:
         raise ConfigError(
             "strategy.schedule", schedule, one_of(PIPELINE_SCHEDULES), "1f1b holds the fewest activations."
@@ -171,7 +174,7 @@ def check_pipeline(cfg: dict[str, Any], s: PipelineStrategyConfig) -> None:
             f"{ws * v - 1} layer name(s) ({ws * v} stages = {ws} ranks x stages_per_rank {v})",
             "each split point starts a new stage; or set split_points=null for an even split.",
         )
-    if not cfg["data"]["drop_last"]:
+    if not run.data["drop_last"]:
         raise ConfigError(
             "data.drop_last",
             "false",
@@ -181,9 +184,9 @@ def check_pipeline(cfg: dict[str, Any], s: PipelineStrategyConfig) -> None:
         )
 
 
-def check_fsdp_tp(cfg: dict[str, Any], s: FSDPTPStrategyConfig) -> None:
-    check_tp_static(cfg, s)
-    ws, shape = world_size(cfg), world_shape(cfg)
+def check_fsdp_tp(run: Run, s: FSDPTPStrategyConfig) -> None:
+    check_tp_static(run, s)
+    ws, shape = run.world.size, world_shape(run)
     tp, dp = s.tp_degree, s.dp_degree
     check_divides(
         "strategy.tp_degree",
@@ -207,7 +210,7 @@ def _can_use(lacking: set[str]) -> str:
     return ", ".join(spec.name for spec in core.all() if not spec.needs & lacking)
 
 
-def check_tp_model(cfg: dict[str, Any], s: TPStrategyConfig, model: Any, tp: int) -> None:
+def check_tp_model(run: Run, s: TPStrategyConfig, model: Any, tp: int) -> None:
     """The model has a tensor-parallel plan whose patterns select modules that its styles can split,
     that ties no split weight to another module, and heads that split over `tp` ranks."""
     from disttrain.models.parallel import TP_PLAN_KEY, class_path, pipeline_layers, tp_plan_source
@@ -322,15 +325,15 @@ def _check_heads(model: Any, tp: int) -> None:
             )
 
 
-def check_tp(cfg: dict[str, Any], s: TPStrategyConfig, model: Any, gpus: int) -> None:
-    check_tp_model(cfg, s, model, world_size(cfg))
+def check_tp(run: Run, s: TPStrategyConfig, model: Any, gpus: int) -> None:
+    check_tp_model(run, s, model, run.world.size)
 
 
-def check_fsdp_tp_model(cfg: dict[str, Any], s: FSDPTPStrategyConfig, model: Any, gpus: int) -> None:
-    check_tp_model(cfg, s, model, s.tp_degree)
+def check_fsdp_tp_model(run: Run, s: FSDPTPStrategyConfig, model: Any, gpus: int) -> None:
+    check_tp_model(run, s, model, s.tp_degree)
 
 
-def check_pipeline_model(cfg: dict[str, Any], s: PipelineStrategyConfig, model: Any, gpus: int) -> None:
+def check_pipeline_model(run: Run, s: PipelineStrategyConfig, model: Any, gpus: int) -> None:
     """The model splits into world x stages_per_rank stages that hold every parameter once."""
     from disttrain.models.parallel import class_path, pipeline_layers, shared_across_layers, stage_bounds
 
@@ -362,7 +365,7 @@ def check_pipeline_model(cfg: dict[str, Any], s: PipelineStrategyConfig, model: 
             f"tied weights ({', '.join(shared[:3])}) would become two copies on different stages; "
             "untie them (model.tie_weights=false for gpt) or use another strategy.",
         )
-    stages = world_size(cfg) * s.stages_per_rank
+    stages = run.world.size * s.stages_per_rank
     names = [n for n, _ in layers]
     try:
         stage_bounds(names, stages, s.split_points)

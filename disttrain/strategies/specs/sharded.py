@@ -9,12 +9,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import II
 
 from disttrain.config.common import help_field as h
-from disttrain.config.common import world_shape, world_size
+from disttrain.config.common import world_shape
 from disttrain.config.errors import ConfigError, check_divides, one_of
 from disttrain.strategies.specs.core import (
     PlanShape,
@@ -26,6 +26,9 @@ from disttrain.strategies.specs.core import (
     register,
 )
 from disttrain.strategies.specs.data_parallel import warn_single_rank
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the keys of disttrain.strategies.precision.DTYPES
 
@@ -59,9 +62,9 @@ class Zero2StrategyConfig(FSDPStrategyConfig):
     )
 
 
-def check_fsdp(cfg: dict[str, Any], s: FSDPStrategyConfig) -> None:
-    warn_single_rank(cfg, s.name)
-    ws = world_size(cfg)
+def check_fsdp(run: Run, s: FSDPStrategyConfig) -> None:
+    warn_single_rank(run, s.name)
+    ws = run.world.size
     replicate = at_least(
         "replicate", s.replicate, 1, "1 is plain FSDP; R > 1 is HSDP with mesh (R, world/R)."
     )
@@ -69,7 +72,7 @@ def check_fsdp(cfg: dict[str, Any], s: FSDPStrategyConfig) -> None:
         "strategy.replicate",
         replicate,
         ws,
-        world_shape(cfg),
+        world_shape(run),
         f"HSDP lays the ranks out as a (replicate, shard) mesh, so replicate x shard must be {ws}.",
     )
     at_least("min_num_params", s.min_num_params, 0, "0 turns size-based wrapping off.")
@@ -83,7 +86,7 @@ def check_fsdp(cfg: dict[str, Any], s: FSDPStrategyConfig) -> None:
             )
 
 
-def check_zero2(cfg: dict[str, Any], s: Zero2StrategyConfig) -> None:
+def check_zero2(run: Run, s: Zero2StrategyConfig) -> None:
     if s.reshard_after_forward:
         raise ConfigError(
             "strategy.reshard_after_forward",
@@ -92,10 +95,10 @@ def check_zero2(cfg: dict[str, Any], s: Zero2StrategyConfig) -> None:
             "zero2 is FSDP2 that keeps gathered parameters until backward; to reshard after forward "
             "use strategy=fsdp.",
         )
-    check_fsdp(cfg, s)
+    check_fsdp(run, s)
 
 
-def check_fsdp_model(cfg: dict[str, Any], s: FSDPStrategyConfig, model: Any, gpus: int) -> None:
+def check_fsdp_model(run: Run, s: FSDPStrategyConfig, model: Any, gpus: int) -> None:
     """What `fully_shard` would refuse in the ranks, found on the model built on the meta device:
     wrap classes that are not in the model or are containers, scalar parameters, a container root."""
     from disttrain.models.parallel import class_path, has_forward
