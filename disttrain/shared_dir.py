@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,13 @@ from disttrain.rundir import RunDir
 KEY = "checkpoint.dir"
 
 
-def checkpoint_dir(cfg: dict[str, Any], run_dir: Path) -> Path:
+def checkpoint_dir(cfg: Mapping[str, Any], run_dir: Path) -> Path:
     """`checkpoint.dir` (relative: to the working directory), else `<run dir>/checkpoints`."""
     chosen = cfg["checkpoint"]["dir"]
     return Path(str(chosen)).absolute() if chosen else RunDir(run_dir).checkpoints
 
 
-def check_shared(cfg: dict[str, Any], run_dir: Path, env: Any) -> None:
+def check_shared(cfg: Mapping[str, Any], run_dir: Path, env: Any) -> None:
     """Node 0 writes a token into the checkpoint dir; every other rank looks for it there.
 
     A collective on every rank (only with several nodes: one node always sees its own files).

@@ -404,9 +404,12 @@ def same_global_batch(cfg: dict[str, Any], run_dir: Path) -> str | None:
     `cfg`; what changed, or None."""
     from disttrain.checkpoint.geometry import checkpoint_meta, keep_global_batch
     from disttrain.checkpoint.manager import resume_location
+    from disttrain.config.run import Run
     from disttrain.strategies import specs
 
-    return keep_global_batch(cfg, checkpoint_meta(resume_location(cfg, run_dir)), specs.dp_degree(cfg))
+    return keep_global_batch(
+        cfg, checkpoint_meta(resume_location(Run.of(cfg), run_dir)), specs.dp_degree(cfg)
+    )
 
 
 def own_checkpoint_dir(cfg: dict[str, Any], run_dir: Path) -> None:

@@ -116,7 +116,7 @@ def check_static(cfg: dict[str, Any]) -> None:
         raise ConfigError(
             "node_rank", cfg["node_rank"], f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0."
         )
-    check_sinks(cfg)
+    check_sinks(cfg["observe"]["sinks"])
     _at_least(cfg, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
     spec, strategy = specs.of(cfg)  # an unknown strategy.name, or keys of another strategy
     if spec.check_static is not None:
@@ -476,8 +476,12 @@ def _check_runtime(cfg: dict[str, Any]) -> dict[str, int]:
         if spec.check_model is not None:
             spec.check_model(cfg, strategy, model.meta, gpus)
     from disttrain.checkpoint import init_from
+    from disttrain.config.schema import InitConfig
+    from disttrain.config.typed import typed
 
-    init_from.check(cfg, model.meta)  # init.path: kind, key names and shapes from headers, before launch
+    init_from.check(
+        typed(InitConfig, cfg["init"]), model.meta
+    )  # init.path: kind, key names and shapes from headers, before launch
     from disttrain.timing import mark
 
     mark("dry_step_start")
