@@ -174,9 +174,7 @@ def build_parts(run: Run, env: DistEnv) -> tuple[Strategy, Parts]:
     model = strategy.setup_module(model)
     if on_meta:
         model.to_empty(device=env.device)  # this rank's shards only; apply fills every one of them
-    init_from.apply(
-        run.init, strategy.unwrap(model), env.is_zero, strategy.model_key
-    )  # init.path: weights only
+    init_from.apply(run.init, strategy.unwrap(model), env.is_zero, strategy.model_key)  # init.path: weights
     if trainer.compile:
         log.info("trainer.compile: torch.compile of %s (inductor)", type(strategy.unwrap(model)).__name__)
         model.compile()  # in place: parameter names (and so checkpoints) stay the same
