@@ -53,7 +53,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     job = json.loads((job_dir / JOB).read_text(encoding="utf-8"))
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # the user's own modules, as in the parent; never ahead of torch
-    env = DistEnv.from_env(run.backend.name)
+    env = DistEnv.from_env(str(run.backend.name))  # a plain string, as config.yaml holds it
     setup_logging(RunDir(job_dir).logs, env.rank, to_console=env.is_zero)
     set_threads(run, env)
     try:
