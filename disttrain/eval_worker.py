@@ -25,15 +25,13 @@ from torch.utils.data import DataLoader, default_collate
 
 from disttrain.checkpoint.manager import Checkpointer, ModelState
 from disttrain.config.run import Run
-from disttrain.config.schema import CheckpointConfig, EmaConfig
-from disttrain.config.typed import typed
+from disttrain.config.schema import EmaConfig
 from disttrain.dist import DistEnv, destroy_process_group, init_process_group
 from disttrain.engine.ema import EMA, NullEMA
 from disttrain.engine.loop import val_batches, validation
 from disttrain.engine.state import TrainState
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
 from disttrain.rundir import JOB, RunDir, read_config, write_json
-from disttrain.strategies import specs
 from disttrain.strategies.base import Strategy
 from disttrain.tasks import Task
 from disttrain.tasks import batch as batches
@@ -48,19 +46,20 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     import os
     import sys
 
+    from disttrain.strategies import specs
     from disttrain.worker import set_threads
 
     job_dir = Path(run_dir)
-    cfg = read_config(job_dir)
+    run = Run.of(read_config(job_dir))  # once per rank: everything below takes it
     job = json.loads((job_dir / JOB).read_text(encoding="utf-8"))
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # the user's own modules, as in the parent; never ahead of torch
-    env = DistEnv.from_env(cfg["backend"]["name"])
+    env = DistEnv.from_env(str(run.backend.name))  # a plain string, as config.yaml holds it
     setup_logging(RunDir(job_dir).logs, env.rank, to_console=env.is_zero)
-    set_threads(cfg, env)
+    set_threads(run, env)
     try:
-        init_process_group(env, cfg["backend"]["timeout"], cpu_collectives=specs.cpu_collectives(Run.of(cfg)))
-        return evaluate(cfg, env, job)
+        init_process_group(env, run.backend.timeout, cpu_collectives=specs.cpu_collectives(run))
+        return evaluate(run, env, job)
     except BaseException:
         log.exception("rank %d failed", env.rank)
         raise
@@ -69,21 +68,21 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
         teardown_logging()
 
 
-def evaluate(cfg: dict[str, Any], env: DistEnv, job: dict[str, Any]) -> dict[str, Any]:
+def evaluate(run: Run, env: DistEnv, job: dict[str, Any]) -> dict[str, Any]:
     """Build, restore, then eval or predict; rank 0 writes `job["out"]`. Returns what it wrote."""
     from disttrain.worker import build_parts
 
-    strategy, parts = build_parts(cfg, env)
+    strategy, parts = build_parts(run, env)
     if parts.val_loader is None:  # the command checks it; a user's data module may still build None
         raise RuntimeError("the validation data set is empty or not configured (data.val)")
     # --ema: the checkpoint's averaged weights, swapped in (the decay is never used: nothing updates)
     ema = EMA(EmaConfig(decay=0.5), strategy.unwrap(parts.model)) if job.get("ema") else NullEMA()
-    restored = restore(cfg, env, strategy, parts.model, parts.optimizer, Path(job["checkpoint"]), ema)
+    restored = restore(run, env, strategy, parts.model, parts.optimizer, Path(job["checkpoint"]), ema)
     where = {"checkpoint": str(restored[0]), "step": restored[1], "world_size": env.world_size}
     if isinstance(ema, EMA):
         where["weights"] = "ema"
     if job["mode"] == "eval":
-        cap = cfg["trainer"]["val_batches"]  # a stream's validation length (trainer.val_batches)
+        cap = run.trainer.val_batches  # a stream's validation length (trainer.val_batches)
         with ema.swapped_in():
             values = validation(strategy, parts.model, parts.task, parts.val_loader, env.device, cap)
         result = {**where, "metrics": values, "strategy": strategy.name}
@@ -98,7 +97,7 @@ def evaluate(cfg: dict[str, Any], env: DistEnv, job: dict[str, Any]) -> dict[str
 
 
 def restore(
-    cfg: dict[str, Any],
+    run: Run,
     env: DistEnv,
     strategy: Strategy,
     model: torch.nn.Module,
@@ -114,9 +113,7 @@ def restore(
     states: dict[str, Any] = {"model": ModelState(strategy, model, optimizer), "train": state}
     if isinstance(ema, EMA):
         states["ema"] = ema
-    ckpt = Checkpointer(
-        typed(CheckpointConfig, cfg["checkpoint"]), location, env, states, barrier=strategy.barrier
-    )
+    ckpt = Checkpointer(run.checkpoint, location, env, states, barrier=strategy.barrier)
     restored = ckpt.load(location, report=False)
     if restored is None:
         raise FileNotFoundError(f"no loadable checkpoint under {location}")

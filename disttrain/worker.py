@@ -19,8 +19,6 @@ from disttrain.checkpoint.geometry import checkpoint_meta, keep_global_batch
 from disttrain.checkpoint.manager import Checkpointer, ModelState, resume_location, run_info
 from disttrain.config.errors import ConfigError
 from disttrain.config.run import Run
-from disttrain.config.schema import AmpConfig, CheckpointConfig, DebugConfig, ProfilerConfig, TrainerConfig
-from disttrain.config.typed import typed
 from disttrain.data import build_datasets
 from disttrain.data.loaders import loader_batches, make_loaders
 from disttrain.data.streams import LOADER, loader_state
@@ -61,11 +59,12 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     mark_process_start("rank_start")
     mark("rank_imported")
     run_dir = Path(run_dir)
-    cfg = read_config(run_dir)
+    plain = read_config(run_dir)
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # the user's own modules, as in the parent; never ahead of torch
-    refuse_planted_links(run_dir, "RUN_DIR", cfg)  # before the first write into logs/ or checkpoints/
-    env = DistEnv.from_env(cfg["backend"]["name"])
+    refuse_planted_links(run_dir, "RUN_DIR", plain)  # before the first write into logs/ or checkpoints/
+    run = Run.of(plain)  # once per rank: everything below takes it
+    env = DistEnv.from_env(str(run.backend.name))  # a plain string, as config.yaml holds it
     if "RANK" in os.environ:  # a process of its own: titled `disttrain rank R/W RUN_DIR` in ps aux
         name_process(env.rank, env.world_size, str(run_dir.absolute()))  # (`disttrain show` finds it)
     else:  # launcher=inprocess: the launcher's own process keeps its command line
@@ -75,26 +74,26 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     elif "RANK" in os.environ:  # rank 0's too; disttrain's console lines keep the original stderr
         console_apart(RunDir(run_dir).logs)
     setup_logging(RunDir(run_dir).logs, env.rank, to_console=env.is_zero)
-    threads = set_threads(cfg, env)
+    threads = set_threads(run, env)
     launcher = launcher_pid()
     if "RANK" in os.environ:
         die_with_parent(launcher)
     try:
-        init_process_group(env, cfg["backend"]["timeout"], cpu_collectives=specs.cpu_collectives(Run.of(cfg)))
+        init_process_group(env, run.backend.timeout, cpu_collectives=specs.cpu_collectives(run))
         mark("process_group")
         if env.is_zero:
             log.info(
                 "rank 0 of %d | backend %s | strategy %s | %d threads per rank | run dir %s",
                 env.world_size,
                 env.backend,
-                cfg["strategy"]["name"],
+                run.strategy.name,
                 threads,
                 run_dir,
             )
         report_env(run_dir, env, threads)
-        check_shared(cfg, run_dir, env)  # several nodes: all see checkpoint.dir, or fail before training
+        check_shared(run, run_dir, env)  # several nodes: all see checkpoint.dir, or fail before training
         with prints_into_log():  # user code's print: the rank's log, not stdout
-            summary = train(cfg, env, run_dir)
+            summary = train(run, env, run_dir)
     except ConfigError as exc:
         log.error("rank %d: %s", env.rank, exc)  # one paragraph, no traceback
         raise
@@ -114,23 +113,19 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     return summary
 
 
-def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
-    resume_from = resume_location(cfg, run_dir)
-    meta = checkpoint_meta(resume_from)
-    reshaped = None
-    if meta is not None:
-        reshaped_run, reshaped = keep_global_batch(Run.of(cfg), meta, data_parallel_degree(cfg, env))
-        cfg = reshaped_run.to_dict() if reshaped else cfg
+def train(run: Run, env: DistEnv, run_dir: Path) -> dict[str, Any]:
+    resume_from = resume_location(run, run_dir)
+    run, reshaped = keep_global_batch(run, checkpoint_meta(resume_from), data_parallel_degree(run, env))
     if reshaped and env.is_zero:  # before the loaders exist: they take the resumed run's batch shape
         log.warning("resuming at another world size: %s", reshaped)
-    strategy, parts = build_parts(cfg, env)
+    strategy, parts = build_parts(run, env)
     model, optimizer = parts.model, parts.optimizer
-    metrics = make_metrics(run_dir, env.is_zero, cfg)
+    metrics = make_metrics(run_dir, env.is_zero, run)
     try:
-        engine = build_engine(cfg, env, run_dir, strategy, parts, metrics)
+        engine = build_engine(run, env, run_dir, strategy, parts, metrics)
         path = engine.resume(resume_from)
         if path is None and resume_from is not None:
-            if resume_from != checkpoint_dir(cfg, run_dir):  # an explicit resume=PATH: never start over
+            if resume_from != checkpoint_dir(run, run_dir):  # an explicit resume=PATH: never start over
                 raise RuntimeError(f"resume={resume_from}: no loadable checkpoint there")
             log.warning("no loadable checkpoint under %s: starting from step 0", resume_from)
         start_step = engine.state.step
@@ -151,47 +146,45 @@ def train(cfg: dict[str, Any], env: DistEnv, run_dir: Path) -> dict[str, Any]:
     return summary
 
 
-def data_parallel_degree(cfg: dict[str, Any], env: DistEnv) -> int:
+def data_parallel_degree(run: Run, env: DistEnv) -> int:
     """The strategy's data-parallel replicas at this world size (elastic membership may differ
     from the config's nodes x nproc_per_node)."""
-    from disttrain.strategies import specs
-
-    spec, typed_cfg = specs.of(cfg)
-    return int(spec.dp_degree(typed_cfg, env.world_size))
+    return int(specs.get(run.strategy.name).dp_degree(run.strategy, env.world_size))
 
 
-def build_parts(cfg: dict[str, Any], env: DistEnv) -> tuple[Strategy, Parts]:
+def build_parts(run: Run, env: DistEnv) -> tuple[Strategy, Parts]:
     """nanoGPT order: seed, data, model, strategy, optimizer, loaders, schedule, task."""
-    trainer = typed(TrainerConfig, cfg["trainer"])
-    seed_everything(cfg["seed"])  # identical model init on every rank
-    train_set, val_set = build_datasets(cfg["data"])
+    trainer = run.trainer
+    seed_everything(run.seed)  # identical model init on every rank
+    train_set, val_set = build_datasets(run.data)
     # init.path filling a sharded model: built on meta where safe (init_from.build says why not)
-    model, on_meta = init_from.build(cfg, lambda: build_model(cfg["model"]), specs.of(cfg)[0].meta_setup)
-    strategy = build_strategy(cfg["strategy"], env, typed(AmpConfig, cfg["amp"]))
-    seed_everything(cfg["seed"] + strategy.rng_rank())  # per-rank randomness from here on (dropout, ...)
+    meta_setup = specs.get(run.strategy.name).meta_setup
+    model, on_meta = init_from.build(run.init, lambda: build_model(run.model), meta_setup)
+    strategy = build_strategy(run.strategy, env, run.amp)
+    seed_everything(run.seed + strategy.rng_rank())  # per-rank randomness from here on (dropout, ...)
     set_activation_checkpointing(model, trainer.activation_checkpointing)
     model = strategy.setup_module(model)
     if on_meta:
         model.to_empty(device=env.device)  # this rank's shards only; apply fills every one of them
-    init_from.apply(cfg, strategy.unwrap(model), env.is_zero, strategy.model_key)  # init.path: weights only
+    init_from.apply(run.init, strategy.unwrap(model), env.is_zero, strategy.model_key)  # init.path: weights
     if trainer.compile:
         log.info("trainer.compile: torch.compile of %s (inductor)", type(strategy.unwrap(model)).__name__)
         model.compile()  # in place: parameter names (and so checkpoints) stay the same
     dp_rank_size = strategy.data_parallel_rank_size()  # pipeline/tp ranks share data: not env.rank/world
-    optimizer = strategy.setup_optimizer(build_optimizer(cfg["optim"], model, dp_rank_size[1]))
-    train_loader, val_loader = make_loaders(cfg, env, train_set, val_set, dp_rank_size)
+    optimizer = strategy.setup_optimizer(build_optimizer(run.optim, model, dp_rank_size[1]))
+    train_loader, val_loader = make_loaders(run, env, train_set, val_set, dp_rank_size)
     batches = loader_batches(train_loader)  # None: a stream, which trains for trainer.max_steps
-    scheduler = build_scheduler(cfg["sched"], optimizer, total_steps(trainer, batches or 0))
-    task = build_task(cfg["task"]).setup(env.device)
+    scheduler = build_scheduler(run.sched, optimizer, total_steps(trainer, batches or 0))
+    task = build_task(run.task).setup(env.device)
     return strategy, Parts(model, optimizer, scheduler, task, train_loader, val_loader)
 
 
 def build_engine(
-    cfg: dict[str, Any], env: DistEnv, run_dir: Path, strategy: Strategy, parts: Parts, metrics: NullMetrics
+    run: Run, env: DistEnv, run_dir: Path, strategy: Strategy, parts: Parts, metrics: NullMetrics
 ) -> Engine:
     """The engine and what it is handed: the train state, the checkpoint manager given its state
     objects explicitly, the step guards and the profiler."""
-    trainer = typed(TrainerConfig, cfg["trainer"])
+    trainer = run.trainer
     state = TrainState()
     states: dict[str, Any] = {
         "model": ModelState(strategy, parts.model, parts.optimizer),
@@ -205,19 +198,19 @@ def build_engine(
         states["ema"] = ema
     dp_size = strategy.data_parallel_rank_size()[1]
     ckpt = Checkpointer(
-        typed(CheckpointConfig, cfg["checkpoint"]),
-        checkpoint_dir(cfg, run_dir),  # checkpoint.dir, else <run dir>/checkpoints
+        run.checkpoint,
+        checkpoint_dir(run, run_dir),  # checkpoint.dir, else <run dir>/checkpoints
         env,
         states,
-        run_info=run_info(cfg, strategy.name, env.world_size, dp_size, global_batch(trainer, dp_size)),
+        run_info=run_info(run, strategy.name, env.world_size, dp_size, global_batch(trainer, dp_size)),
         barrier=strategy.barrier,
         extra_meta=lambda: {"trackers": metrics.tracker_state()},  # rank 0: tracker runs to continue
         rank_states=stream_position(parts),
     )
-    debug = typed(DebugConfig, cfg["debug"])
-    guards = Guards(trainer.detect_anomaly, debug, env, strategy.precision, strategy, parts.model, ckpt.dir)
-    window = typed(ProfilerConfig, cfg["profiler"])
-    profiler = make_profiler(bool(cfg["profile"]), window, run_dir, env.rank)
+    guards = Guards(
+        trainer.detect_anomaly, run.debug, env, strategy.precision, strategy, parts.model, ckpt.dir
+    )
+    profiler = make_profiler(run.profile, run.profiler, run_dir, env.rank)
     return Engine(
         trainer,
         env,
@@ -228,7 +221,7 @@ def build_engine(
         metrics=metrics,
         guards=guards,
         profiler=profiler,
-        timeout_s=float(cfg["backend"]["timeout"]),
+        timeout_s=float(run.backend.timeout),
         ema=ema,
     )
 
@@ -268,9 +261,9 @@ def die_with_parent(launcher: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def set_threads(cfg: dict[str, Any], env: DistEnv) -> int:
+def set_threads(run: Run, env: DistEnv) -> int:
     """cores / local ranks intra-op threads: mp.spawn's default of all cores per rank oversubscribes."""
-    threads = cfg["threads_per_rank"] or max(1, len(os.sched_getaffinity(0)) // env.local_world_size)
+    threads = run.threads_per_rank or max(1, len(os.sched_getaffinity(0)) // env.local_world_size)
     torch.set_num_threads(threads)
     return threads
 

@@ -102,14 +102,18 @@ def train(path: Path, run_dir: Path, args: argparse.Namespace) -> dict[str, Any]
 
 def disttrain_loader(path: Path, args: argparse.Namespace) -> Any:
     """The training loader data=tokens gets on rank 0 of 2 (random windows, no workers)."""
+    from disttrain.config import compose, resolve
+    from disttrain.config.run import Run
     from disttrain.data.loaders import make_loaders
     from disttrain.data.tokens import load_tokens
 
     data = {"num_workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None}
     data |= {"shuffle": False, "drop_last": True}
-    cfg = {"data": data, "trainer": {"batch_size": args.batch}, "seed": 0}
+    run = Run.of(resolve(compose([]))).updated(
+        {"data": data, "trainer": {"batch_size": args.batch}, "seed": 0}
+    )
     train = load_tokens(str(path), block_size=args.block)
-    loader, _ = make_loaders(cfg, None, train, None, (0, 2))  # type: ignore[arg-type]
+    loader, _ = make_loaders(run, None, train, None, (0, 2))  # type: ignore[arg-type]
     return loader
 
 

@@ -77,6 +77,7 @@ def rank_main(rank: int, side: str, args: argparse.Namespace, folder: str, port:
 
     from disttrain import checkpoint
     from disttrain.checkpoint import init_from
+    from disttrain.config.schema import InitConfig
     from disttrain.rng import rng_state
 
     shard(nn.Sequential(nn.Linear(2, 2)))  # the mesh and FSDP's first-use costs, outside the peak
@@ -111,7 +112,7 @@ def rank_main(rank: int, side: str, args: argparse.Namespace, folder: str, port:
         else:
             model = shard(build(args.mb, args.width))
         t0 = time.perf_counter()
-        init_from.apply({"init": {"path": str(ckpt)}}, model, is_zero=False)
+        init_from.apply(InitConfig(path=str(ckpt)), model, is_zero=False)
     load_s = time.perf_counter() - t0
     check = sum(float(p.detach().float().sum()) for p in model.parameters() if not hasattr(p, "to_local"))
     if side != "plain":

@@ -21,14 +21,12 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
 from disttrain.config.errors import ConfigError
 from disttrain.config.schema import InitConfig
-from disttrain.config.typed import typed
 
 log = logging.getLogger("disttrain")
 
@@ -60,11 +58,6 @@ class Match:
 
     def problems(self, unexpected: bool = True) -> bool:
         return bool(self.missing or self.mismatched or (unexpected and self.unexpected))
-
-
-def init_config(cfg: dict[str, Any]) -> InitConfig:
-    """The run's `init` block (its schema fills what the node lacks)."""
-    return typed(InitConfig, cfg["init"])
 
 
 # ------------------------------------------------------------------------------------ sources
@@ -226,11 +219,10 @@ def _fail(cfg: InitConfig, text: str) -> ConfigError:
 
 
 # ------------------------------------------------------------------------------------ parent
-def check(cfg: dict[str, Any], model: nn.Module | None) -> None:
-    """Before launch, on the meta model: the source exists, is a known kind, and (strict) its keys
-    and shapes are the model's. Reads headers only. `model` None (its structure is not knowable
-    without weights): the kind only; the ranks compare the keys."""
-    init = init_config(cfg)
+def check(init: InitConfig, model: nn.Module | None) -> None:
+    """Before launch, on the meta model: the source (`init`: the run's `init` block) exists, is a
+    known kind, and (strict) its keys and shapes are the model's. Reads headers only. `model` None
+    (its structure is not knowable without weights): the kind only; the ranks compare the keys."""
     if not init.path:
         return
     src = resolve(init.path)
@@ -247,9 +239,7 @@ def check(cfg: dict[str, Any], model: nn.Module | None) -> None:
 
 
 # ------------------------------------------------------------------------------------ ranks
-def build(
-    cfg: dict[str, Any], build_model: Callable[[], nn.Module], meta_setup: bool
-) -> tuple[nn.Module, bool]:
+def build(init: InitConfig, build_model: Callable[[], nn.Module], meta_setup: bool) -> tuple[nn.Module, bool]:
     """The rank's model, and whether it is on the meta device (the caller then `to_empty`s it after
     `setup_module` and `apply` fills every tensor).
 
@@ -259,7 +249,6 @@ def build(
     masks: not in any file, and `to_empty` leaves them garbage) nor tied parameters (a plain
     `to_empty` unties them). Otherwise the factory builds the model as usual; the log says which.
     """
-    init = init_config(cfg)
     if not (init.path and init.strict and meta_setup):
         return build_model(), False
     why = ""
@@ -291,14 +280,13 @@ def build(
     return build_model(), False
 
 
-def apply(cfg: dict[str, Any], model: nn.Module, is_zero: bool, name: Callable[[str], str] = str) -> None:
-    """Load the source into `model` (the plain or sharded module, after setup_module) in place;
+def apply(init: InitConfig, model: nn.Module, is_zero: bool, name: Callable[[str], str] = str) -> None:
+    """Load the source (`init`: the run's `init` block) into `model` (the plain or sharded module, after setup_module) in place;
     `name` maps its state dict's keys to the single-process model's (`Strategy.model_key`).
 
     Every rank calls it (a DCP source plans collectively). Keys another pipeline stage holds are
     not this rank's: strictness here covers missing keys and shapes; unexpected ones were checked
     on the whole meta model before launch."""
-    init = init_config(cfg)
     if not init.path:
         return
     src = resolve(init.path)

@@ -15,7 +15,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -35,6 +35,8 @@ from disttrain.traps import warn_gloo_across_nodes
 
 if TYPE_CHECKING:  # DCP (and DTensor with it) is imported at the first save or load, not at rank start
     from torch.distributed.checkpoint.stateful import Stateful
+
+    from disttrain.config.run import Run
 
 log = logging.getLogger("disttrain")
 
@@ -60,17 +62,17 @@ def _staged(state: Any) -> bool:
     return bool(getattr(state, "staged_with_model", False))
 
 
-def run_info(
-    cfg: dict[str, Any], strategy: str, world_size: int, dp_size: int, global_batch: int
-) -> dict[str, Any]:
-    """What meta.json records about the run beside the train state: resume compares it with its own."""
+def run_info(run: Run, strategy: str, world_size: int, dp_size: int, global_batch: int) -> dict[str, Any]:
+    """What meta.json records about the run beside the train state: resume compares it with its own
+    (the config as config.yaml holds it: its hash and its shaping keys)."""
+    plain = run.to_dict()
     return {
         "dp_world_size": dp_size,
         "world_size": world_size,
         "global_batch": global_batch,
         "strategy": strategy,
-        "config_hash": config_hash(cfg),
-        "config": shaping_config(cfg),
+        "config_hash": config_hash(plain),
+        "config": shaping_config(plain),
     }
 
 
@@ -133,11 +135,11 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def resume_location(cfg: Mapping[str, Any], run_dir: Path) -> Path | None:
+def resume_location(run: Run, run_dir: Path) -> Path | None:
     """Where to continue from: a restart or resume=auto takes the run dir's own checkpoints first."""
-    own = checkpoint_dir(cfg, run_dir)
+    own = checkpoint_dir(run, run_dir)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
-    resume = cfg["resume"]
+    resume = run.resume
     if checkpoint.committed(own) and (resume == "auto" or restarted):
         return own
     if resume in (None, "auto", "never"):

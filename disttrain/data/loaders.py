@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -16,11 +16,14 @@ from disttrain.data.samplers import ResumableSampler, ShardSampler
 from disttrain.data.streams import is_stream, shard, stateful_loader_class
 from disttrain.dist import DistEnv
 
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
+
 log = logging.getLogger("disttrain")
 
 
 def make_loaders(
-    cfg: dict[str, Any],
+    run: Run,
     env: DistEnv,
     train_set: Dataset,
     val_set: Dataset | None,
@@ -36,7 +39,7 @@ def make_loaders(
         split_by_node = getattr(dataset, "split_by_node", None)
         if split_by_node is not None:
             split_by_node(dp_rank, dp_size)
-    data, batch = cfg["data"], cfg["trainer"]["batch_size"]
+    data, batch = run.data, run.trainer.batch_size
     common: dict[str, Any] = {"num_workers": data["num_workers"], "pin_memory": data["pin_memory"]}
     if data["num_workers"] > 0:
         common["persistent_workers"] = bool(data["persistent_workers"])
@@ -50,14 +53,14 @@ def make_loaders(
             common["prefetch_factor"] = int(data["prefetch_factor"])
     mode = own_key(data, DataConfig, "shard")  # a run frozen before the key: none
     if is_stream(train_set):
-        train = stream_loader(cfg, train_set, dp_rank, dp_size, common)
+        train = stream_loader(run, train_set, dp_rank, dp_size, common)
     else:
         sampler: DistributedSampler = ResumableSampler(
             train_set,
             num_replicas=dp_size,
             rank=dp_rank,
             shuffle=data["shuffle"],
-            seed=cfg["seed"],
+            seed=run.seed,
             drop_last=True,
         )
         train = DataLoader(
@@ -68,7 +71,7 @@ def make_loaders(
         # Its own generator: a DataLoader iterator draws its base seed from `generator`, else from
         # torch's global RNG, which training's dropout draws from too; a validation (say the one
         # ending a run that is later extended) would shift training's draws and break exact resume.
-        generator = torch.Generator().manual_seed(cfg["seed"])
+        generator = torch.Generator().manual_seed(run.seed)
         if is_stream(val_set):
             val_stream = shard(val_set, mode, dp_rank, dp_size)
             val = DataLoader(val_stream, batch_size=batch, generator=generator, **common)
@@ -78,19 +81,17 @@ def make_loaders(
     return train, val
 
 
-def stream_loader(
-    cfg: dict[str, Any], train_set: Any, dp_rank: int, dp_size: int, common: dict[str, Any]
-) -> DataLoader:
+def stream_loader(run: Run, train_set: Any, dp_rank: int, dp_size: int, common: dict[str, Any]) -> DataLoader:
     """A stream's training loader: torchdata's StatefulDataLoader (its position goes into each
     checkpoint) unless `data.stateful=false` or torchdata is missing (a plain DataLoader: a resume
     starts the stream over, said by a warning then). Its own generator, seeded per replica: the
     workers' seeds never draw from (and so never shift) the global RNG that dropout uses."""
-    data = cfg["data"]
+    data = run.data
     stream = shard(train_set, own_key(data, DataConfig, "shard"), dp_rank, dp_size)
     stateful = bool(own_key(data, DataConfig, "stateful"))
-    generator = torch.Generator().manual_seed(cfg["seed"] + dp_rank)
+    generator = torch.Generator().manual_seed(run.seed + dp_rank)
     kwargs = {
-        "batch_size": cfg["trainer"]["batch_size"],
+        "batch_size": run.trainer.batch_size,
         "drop_last": data["drop_last"],
         "generator": generator,
     }

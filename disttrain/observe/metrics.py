@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.observe.log import get_logger
 from disttrain.observe.sinks import SinkContext, build_sinks, flatten, sink_key
 from disttrain.rundir import RunDir
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 log = get_logger()
 
@@ -40,14 +43,13 @@ class Metrics(NullMetrics):
     def __init__(
         self,
         run_dir: Path,
-        cfg: dict[str, Any] | None = None,
+        run: Run,
         resume: dict[str, Any] | None = None,
         resume_step: int = 0,
         *,
         start: bool = True,
     ) -> None:
-        self.run_dir = run_dir
-        self.cfg = cfg if cfg is not None else {"observe": {"sinks": ["tensorboard"]}}
+        self.run_dir, self.run = run_dir, run
         self.sinks: list[Any] = []
         self._jsonl: Any = None
         if start:
@@ -64,13 +66,14 @@ class Metrics(NullMetrics):
     def _open(self, resume: dict[str, Any] | None, resume_step: int) -> None:
         from disttrain.safefile import open_append
 
-        run_dir, cfg = self.run_dir, self.cfg
+        run_dir, run = self.run_dir, self.run
         self._jsonl = open_append(RunDir(run_dir).metrics)  # a planted symlink fails, not followed
-        self.sinks = build_sinks(cfg)
-        params = flatten({k: v for k, v in cfg.items() if k != "observe"})
+        self.sinks = build_sinks(run.observe.sinks)
+        plain = run.to_dict()  # what the sinks are handed: the config as config.yaml holds it
+        params = flatten({k: v for k, v in plain.items() if k != "observe"})
         for i, sink in enumerate(self.sinks):
             state = (resume or {}).get(sink_key(i, sink))
-            ctx = SinkContext(run_dir, str(cfg["name"]), cfg, state, resume_step, params)
+            ctx = SinkContext(run_dir, run.name, plain, state, resume_step, params)
             sink.open(ctx)
             if state is None:
                 sink.log_hparams(params)
@@ -105,9 +108,9 @@ class Metrics(NullMetrics):
                 log.warning("metric sink %s failed to close: %s", type(sink).__name__, exc)
 
 
-def make_metrics(run_dir: Path, is_zero: bool, cfg: dict[str, Any] | None = None) -> NullMetrics:
+def make_metrics(run_dir: Path, is_zero: bool, run: Run) -> NullMetrics:
     """Rank 0's metrics, not yet opened (see Metrics.start); a no-op elsewhere."""
-    return Metrics(run_dir, cfg, start=False) if is_zero else NullMetrics()
+    return Metrics(run_dir, run, start=False) if is_zero else NullMetrics()
 
 
 def tracker_resume(run_dir: Path, meta: dict[str, Any] | None) -> tuple[dict[str, Any] | None, int]:

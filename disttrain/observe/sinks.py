@@ -275,9 +275,8 @@ def _spec(entry: Any, key: str) -> tuple[str, dict[str, Any]]:
     return ALIASES.get(target, target), kwargs
 
 
-def check_sinks(cfg: dict[str, Any]) -> None:
-    """Static check of `observe.sinks` in the parent: names, importability of built-ins' keys."""
-    entries = cfg["observe"]["sinks"]
+def check_sinks(entries: Any) -> None:
+    """Static check of `observe.sinks` (`entries`) in the parent: names, importability of built-ins' keys."""
     if not isinstance(entries, list):
         raise ConfigError(
             "observe.sinks", entries, "a list of sinks", "e.g. observe.sinks=[tensorboard,mlflow]."
@@ -300,11 +299,12 @@ def check_sinks(cfg: dict[str, Any]) -> None:
                     )
 
 
-def build_sinks(cfg: dict[str, Any]) -> list[Any]:
+def build_sinks(entries: list[Any]) -> list[Any]:
+    """The sinks of `observe.sinks` (`entries`), built."""
     from disttrain.config.instantiate import locate
 
     sinks = []
-    for i, entry in enumerate(cfg["observe"]["sinks"]):
+    for i, entry in enumerate(entries):
         target, kwargs = _spec(entry, f"observe.sinks[{i}]")
         sinks.append(locate(target, f"observe.sinks[{i}]._target_")(**kwargs))
     return sinks

@@ -152,7 +152,7 @@ def _check_world(cfg: Mapping[str, Any]) -> None:
 def check_static(run: Run) -> None:
     """Checks that need only the resolved config."""
     _check_world(run)
-    check_sinks(run.to_dict())
+    check_sinks(list(run.observe.sinks))
     _at_least(run, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
     spec, strategy = specs.get(run.strategy.name), run.strategy
     if spec.check_static is not None:
@@ -512,9 +512,7 @@ def _check_runtime(run: Run) -> dict[str, int]:
             spec.check_model(run, run.strategy, model.meta, gpus)
     from disttrain.checkpoint import init_from
 
-    init_from.check(
-        run.to_dict(), model.meta
-    )  # init.path: kind, key names and shapes from headers, before launch
+    init_from.check(run.init, model.meta)  # init.path: kind, key names and shapes from headers, before launch
     from disttrain.timing import mark
 
     mark("dry_step_start")

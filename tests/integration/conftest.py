@@ -242,6 +242,7 @@ def train_in_process(run_dir: Path, *overrides: str) -> Path:
     import torch.distributed as dist
 
     from disttrain.config import compose, resolve
+    from disttrain.config.run import Run
     from disttrain.dist import DistEnv
     from disttrain.preflight.checks import check_static, run_of
     from disttrain.worker import train
@@ -255,7 +256,7 @@ def train_in_process(run_dir: Path, *overrides: str) -> Path:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        train(cfg, DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu")), run_dir)
+        train(Run.of(cfg), DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu")), run_dir)
     finally:
         dist.destroy_process_group()
         torch.set_num_threads(threads)

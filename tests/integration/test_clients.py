@@ -299,12 +299,14 @@ def _first_global_batch(run_dir: Path) -> Any:
     """Step 1's inputs of both ranks, drawn by the run's own data set and loaders from its frozen config."""
     import torch
 
+    from disttrain.config.run import Run
     from disttrain.data import build_datasets
     from disttrain.data.loaders import make_loaders
 
     cfg = read_yaml(run_dir / "config.yaml")
     train, _ = build_datasets(cfg["data"])
-    batches = [next(iter(make_loaders(cfg, None, train, None, (r, 2))[0]))[0] for r in range(2)]  # type: ignore[arg-type]
+    run = Run.of(cfg)
+    batches = [next(iter(make_loaders(run, None, train, None, (r, 2))[0]))[0] for r in range(2)]  # type: ignore[arg-type]
     return torch.cat(batches)
 
 

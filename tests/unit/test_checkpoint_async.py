@@ -12,6 +12,7 @@ from torch import nn
 
 from disttrain import checkpoint
 from disttrain.checkpoint.manager import Checkpointer, ModelState, run_info
+from disttrain.config.run import Run
 from disttrain.config.schema import CheckpointConfig
 from disttrain.dist import DistEnv
 from disttrain.engine.state import TrainState
@@ -22,6 +23,9 @@ pytestmark = [pytest.mark.timeout(60), pytest.mark.filterwarnings("ignore:torch.
 
 ENV = DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu"))
 CFG = {"model": {"hidden": 4}, "optim": {"lr": 0.1}, "trainer": {"log_every": 1}}
+# The run whose run_info meta.json records: CFG and the fewest blocks a Run needs.
+RUN = Run.of({"nodes": 1, "nproc_per_node": 1, "backend": {}, "strategy": {"name": "single"}, "amp": {},
+              "launcher": {"name": "spawn"}, **CFG})  # fmt: skip
 
 
 class Counter:
@@ -48,7 +52,7 @@ def _manager(
     states["counter"] = counter  # type: ignore[assignment]
     cfg = CheckpointConfig(keep=5, verify="hash")
     setattr(cfg, "async", True)
-    ckpt = Checkpointer(cfg, tmp_path, ENV, states, run_info=run_info(CFG, "single", 1, 1, 32))
+    ckpt = Checkpointer(cfg, tmp_path, ENV, states, run_info=run_info(RUN, "single", 1, 1, 32))
     return ckpt, opt, state, counter
 
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from disttrain.checkpoint import committed, read_meta
 from disttrain.checkpoint.manager import Checkpointer, ModelState, run_info
+from disttrain.config.run import Run
 from disttrain.config.schema import CheckpointConfig
 from disttrain.dist import DistEnv
 from disttrain.engine.state import TrainState
@@ -25,6 +26,9 @@ pytestmark = pytest.mark.timeout(60)
 
 ENV = DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu"))
 CFG = {"model": {"hidden": 4}, "optim": {"lr": 0.1}, "trainer": {"log_every": 1}}
+# The run whose run_info meta.json records: CFG and the fewest blocks a Run needs.
+RUN = Run.of({"nodes": 1, "nproc_per_node": 1, "backend": {}, "strategy": {"name": "single"}, "amp": {},
+              "launcher": {"name": "spawn"}, **CFG})  # fmt: skip
 
 
 class Counter:
@@ -58,7 +62,7 @@ def manager(directory: Path, **extra: Any) -> tuple[Checkpointer, nn.Module, Any
     }
     states["counter"] = counter  # type: ignore[assignment]
     cfg = CheckpointConfig(keep=5, verify="hash")
-    info = run_info(CFG, "single", 1, 1, 32)
+    info = run_info(RUN, "single", 1, 1, 32)
     return Checkpointer(cfg, directory, ENV, states, run_info=info, **extra), model, opt, state, counter
 
 
@@ -85,7 +89,7 @@ def test_save_writes_the_train_state_and_run_info_into_meta_and_the_rest_into_dc
     }  # fmt: skip
     assert meta["states"] == ["counter", "model", "scheduler"] and meta["reason"] == "periodic"
     assert meta["global_batch"] == 32 and meta["strategy"] == "single" and meta["trackers"] == {"x": 1}
-    assert meta["config_hash"] == run_info(CFG, "single", 1, 1, 32)["config_hash"]
+    assert meta["config_hash"] == run_info(RUN, "single", 1, 1, 32)["config_hash"]
     from torch.distributed.checkpoint import FileSystemReader
 
     keys = set(FileSystemReader(str(path)).read_metadata().state_dict_metadata)

@@ -107,13 +107,11 @@ def test_sink_config_errors_are_one_paragraph() -> None:
     from disttrain.config.errors import ConfigError
     from disttrain.observe.sinks import check_sinks
 
-    check_sinks(
-        {"observe": {"sinks": ["tensorboard", "csv", {"_target_": "mlflow", "tracking_uri": "file:///x"}]}}
-    )
+    check_sinks(["tensorboard", "csv", {"_target_": "mlflow", "tracking_uri": "file:///x"}])
     with pytest.raises(ConfigError, match=r"observe.sinks\[0\]=tensorbord"):
-        check_sinks({"observe": {"sinks": ["tensorbord"]}})
+        check_sinks(["tensorbord"])
     with pytest.raises(ConfigError, match="keys of WandB: project, entity, mode"):
-        check_sinks({"observe": {"sinks": [{"_target_": "wandb", "projekt": "x"}]}})
+        check_sinks([{"_target_": "wandb", "projekt": "x"}])
 
 
 def test_csv_sink_resume_replaces_rows_after_the_checkpoint(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import torch
 from unit_support import checked, write_module
 
 from disttrain.config.errors import ConfigError
+from disttrain.config.run import Run
 from disttrain.data import build_datasets
 from disttrain.data.loaders import make_loaders
 from disttrain.dist import DistEnv
@@ -162,7 +163,7 @@ def test_make_loaders_splits_a_stream_by_the_strategy_ranks(saved: Path) -> None
         rank=3, local_rank=3, world_size=4, local_world_size=4, backend="gloo", device=torch.device("cpu")
     )
     train, val = Stream(), Stream()
-    make_loaders(cfg, env, train, val, dp_rank_size=(1, 2))
+    make_loaders(Run.of(cfg), env, train, val, dp_rank_size=(1, 2))
     assert train.split == val.split == (1, 2)
 
 

@@ -236,6 +236,7 @@ def _rss_growth(path: Path, batches: int) -> float:
     windows of 256 tokens, the held-out tail for validation) and reading up to `batches` of 16 from each."""
     from itertools import islice
 
+    from disttrain.config.run import Run
     from disttrain.data import build_datasets
     from disttrain.data.loaders import make_loaders
     from disttrain.dist import DistEnv
@@ -244,7 +245,7 @@ def _rss_growth(path: Path, batches: int) -> float:
                    "data.val_fraction=0.001", "trainer.batch_size=16", "data.num_classes=1000"])  # fmt: skip
     before = _rss_mb()
     env = DistEnv(1, 1, 2, 2, "gloo", torch.device("cpu"))
-    train, val = make_loaders(cfg, env, *build_datasets(cfg["data"]))
+    train, val = make_loaders(Run.of(cfg), env, *build_datasets(cfg["data"]))
     assert val is not None
     read = [sum(1 for _ in islice(loader, batches)) for loader in (train, val)]
     assert read[0] == batches and read[1] > 0, read

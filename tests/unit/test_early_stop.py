@@ -22,6 +22,7 @@ from unit_support import checked, write_module
 
 from disttrain.checkpoint import read_meta
 from disttrain.config.errors import ConfigError
+from disttrain.config.run import Run
 from disttrain.dist import DistEnv
 from disttrain.observe.metrics import read_metrics
 from disttrain.worker import train
@@ -69,7 +70,7 @@ def user_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_rank: None) -
 def run(run_dir: Path, *overrides: str) -> dict[str, Any]:
     cfg = checked([*RUN, *overrides])
     run_dir.mkdir(parents=True, exist_ok=True)
-    return train(cfg, DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu")), run_dir)
+    return train(Run.of(cfg), DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu")), run_dir)
 
 
 def val_losses(run_dir: Path) -> dict[int, float]:

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from unit_support import checked
 
 from disttrain.checkpoint import committed, read_meta
+from disttrain.config.run import Run
 from disttrain.dist import DistEnv
 from disttrain.engine.loop import Engine
 from disttrain.observe.metrics import make_metrics, read_metrics
@@ -61,8 +62,9 @@ def engine(run_dir: Path, *overrides: str) -> Engine:
     cfg = checked([*BASE, *overrides])
     env = DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    strategy, parts = build_parts(cfg, env)
-    return build_engine(cfg, env, run_dir, strategy, parts, make_metrics(run_dir, True, cfg))
+    run = Run.of(cfg)
+    strategy, parts = build_parts(run, env)
+    return build_engine(run, env, run_dir, strategy, parts, make_metrics(run_dir, True, run))
 
 
 def params(e: Engine) -> list[torch.Tensor]:

@@ -19,6 +19,7 @@ from shared_support import TINY_GPT, check_one_fp16_overflow
 from unit_support import checked
 
 from disttrain.checkpoint import read_meta
+from disttrain.config.run import Run
 from disttrain.dist import DistEnv
 from disttrain.models.gpt import GPT
 from disttrain.observe.metrics import read_metrics
@@ -35,7 +36,7 @@ def run(run_dir: Path, *overrides: str) -> dict[str, Any]:
     """worker.train of the checked config `ONE + overrides` into `run_dir`: the summary."""
     cfg = checked([*ONE, *overrides])
     run_dir.mkdir(parents=True, exist_ok=True)
-    return train(cfg, DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu")), run_dir)
+    return train(Run.of(cfg), DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu")), run_dir)
 
 
 def train_records(run_dir: Path) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from unit_support import checked
 from disttrain import checkpoint
 from disttrain.commands.export import export
 from disttrain.config.errors import ConfigError
+from disttrain.config.run import Run
 from disttrain.dist import DistEnv
 from disttrain.engine import loop
 from disttrain.observe.metrics import read_metrics
@@ -37,7 +38,7 @@ def run(run_dir: Path, *overrides: str) -> dict[str, Any]:
     cfg = checked([*ONE, *overrides])
     run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / "config.yaml")
-    return train(cfg, DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu")), run_dir)
+    return train(Run.of(cfg), DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu")), run_dir)
 
 
 def exported(run_dir: Path, ema: bool) -> dict[str, torch.Tensor]:
@@ -118,7 +119,7 @@ def test_ema_under_fsdp_equals_averaged_model_and_resumes_bitwise(
             "checkpoint": str(tmp_path / "fsdp" / "checkpoints"),
             "out": str(tmp_path / "e.json"),
         }
-        result = evaluate(cfg, env, {**job, "ema": weights})
+        result = evaluate(Run.of(cfg), env, {**job, "ema": weights})
         assert result["metrics"]["val/loss"] == pytest.approx(summary[key], abs=1e-6), key
 
     # Resumed from the step-10 checkpoint (as after a kill -9 there): the same EMA, bit for bit.

@@ -21,6 +21,7 @@ from torch import nn
 from disttrain.checkpoint import init_from
 from disttrain.config.errors import ConfigError
 from disttrain.config.schema import InitConfig
+from disttrain.config.typed import typed
 
 
 class Tied(nn.Module):
@@ -34,8 +35,9 @@ class Tied(nn.Module):
         self.head.weight = self.embed.weight
 
 
-def _cfg(path: Path | str, **init: object) -> dict[str, object]:
-    return {"init": {"path": str(path), **init}}
+def _init(path: Path | str, **init: object) -> InitConfig:
+    """The run's `init` block, typed as a rank's Run holds it."""
+    return typed(InitConfig, {"path": str(path), **init})
 
 
 def _seeded(seed: int) -> Tied:
@@ -97,14 +99,14 @@ def test_check_strict_is_one_paragraph_and_non_strict_logs(
     with torch.device("meta"):
         model = Tied()
     with pytest.raises(ConfigError) as exc:
-        init_from.check(_cfg(path), model)
+        init_from.check(_init(path), model)
     text = str(exc.value)
     assert "init.path=" in text and "0 of 4" in text and "init.prefix" in text and "\n" not in text.strip()
     with caplog.at_level(logging.WARNING, logger="disttrain"):
-        init_from.check(_cfg(path, prefix="module.", strict=False), model)  # 2 of 4 load: allowed, said
+        init_from.check(_init(path, prefix="module.", strict=False), model)  # 2 of 4 load: allowed, said
     assert "missing in the source (1): mid.bias" in caplog.text
     init_from.check(
-        _cfg(path, prefix="module.", map={"module.mid.weight": "mid.weight"}, strict=False), model
+        _init(path, prefix="module.", map={"module.mid.weight": "mid.weight"}, strict=False), model
     )
 
 
@@ -116,7 +118,7 @@ def test_apply_loads_a_plain_model_in_place(tmp_path: Path, suffix: str) -> None
     else:
         save_model(source, str(path))  # the tied head stored once
     model = _seeded(2)
-    init_from.apply(_cfg(path), model, is_zero=True)
+    init_from.apply(_init(path), model, is_zero=True)
     for (name, got), want in zip(model.state_dict().items(), source.state_dict().values(), strict=True):
         assert torch.equal(got, want), name
     assert model.head.weight is model.embed.weight  # still tied: loaded in place
@@ -161,7 +163,7 @@ def test_apply_fills_each_fsdp_shard_with_its_own_rows(tmp_path: Path, rank1_of_
     torch.manual_seed(4)
     model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
     fully_shard(model, mesh=init_device_mesh("cpu", (2,)))
-    init_from.apply(_cfg(path), model, is_zero=False)
+    init_from.apply(_init(path), model, is_zero=False)
     want = source.state_dict()
     for name, param in model.named_parameters():
         local = param.to_local()  # type: ignore[attr-defined]
@@ -175,7 +177,7 @@ def test_apply_names_keys_as_the_strategy_does(tmp_path: Path) -> None:
     save_model(source, str(path))
     stage = nn.ModuleDict({"stages": nn.ModuleList([nn.Sequential(nn.Identity(), nn.Linear(4, 4))])})
     init_from.apply(
-        _cfg(path, strict=False), stage, is_zero=True, name=lambda k: k.replace("stages.0.1.", "mid.")
+        _init(path, strict=False), stage, is_zero=True, name=lambda k: k.replace("stages.0.1.", "mid.")
     )
     assert torch.equal(stage["stages"][0][1].weight, source.mid.weight)
     assert torch.equal(stage["stages"][0][1].bias, source.mid.bias)
@@ -215,7 +217,7 @@ def test_build_takes_the_meta_device_only_where_every_tensor_is_loaded(
     said: str,
 ) -> None:
     with caplog.at_level(logging.INFO, logger="disttrain"):
-        model, meta = init_from.build(_cfg(tmp_path / "w.pt", **cfg), factory, meta_setup)
+        model, meta = init_from.build(_init(tmp_path / "w.pt", **cfg), factory, meta_setup)
     assert meta is on_meta
     assert all(p.is_meta for p in model.parameters()) is on_meta
     assert said in caplog.text

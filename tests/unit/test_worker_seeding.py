@@ -12,6 +12,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from disttrain import worker
 from disttrain.config import compose, resolve
+from disttrain.config.run import Run
 from disttrain.dist import DistEnv
 from disttrain.strategies import build_strategy
 
@@ -25,7 +26,7 @@ def _stream_after_build(strategy: str, world: int, rank: int, *extra: str) -> to
     cfg = resolve(compose(overrides), overrides)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
-        worker.build_parts(cfg, DistEnv(rank, rank, world, world, "gloo", torch.device("cpu")))
+        worker.build_parts(Run.of(cfg), DistEnv(rank, rank, world, world, "gloo", torch.device("cpu")))
         return torch.rand(8)
     finally:
         dist.destroy_process_group()
