@@ -35,6 +35,14 @@ class Choice(str, Enum):
         return format(str(self.value), spec)
 
 
+class ComputeDtype(Choice):
+    """A floating-point dtype by name: amp.dtype, strategy.param_dtype/reduce_dtype."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
 def world_size(run: Run) -> int:
     """Ranks of the run: nodes x nproc_per_node (after `resolve`, `nodes` is the maximum)."""
     return run.world.size

@@ -48,6 +48,13 @@ def choice_help(key: str) -> str:
 
     bases: dict[str, Any] = {"data": DataConfig, "optim": OptimConfig}  # open groups: their bases
     parts = key.split(".")
+    if parts[0] == "strategy" and len(parts) == 2:  # the strategies' own config classes
+        from disttrain.strategies.specs import STRATEGIES
+
+        for spec in STRATEGIES.all():
+            found = {f.name: f for f in dataclasses.fields(spec.config_cls)}.get(parts[1])
+            if found is not None and found.metadata.get("help"):
+                return str(found.metadata["help"])
     node: Any = Config
     for i, part in enumerate(parts):
         fields = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) else {}

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import II, MISSING, DictConfig
 
-from disttrain.config.common import Choice
+from disttrain.config.common import Choice, ComputeDtype
 from disttrain.config.common import help_field as _h
 from disttrain.config.names import NO_DECAY as NO_DECAY  # optim.param_groups (the engine imports names)
 from disttrain.config.registry import Registry, config_nodes
@@ -40,12 +40,6 @@ class Targets(Choice):
 class Shard(Choice):
     none = "none"
     auto = "auto"
-
-
-class ComputeDtype(Choice):
-    float32 = "float32"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
 
 
 class ScaleLr(Choice):

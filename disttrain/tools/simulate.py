@@ -158,7 +158,7 @@ def setup_rank(run: Run, rank: int, world: int) -> tuple[Any, Any]:
     env = fake_env(rank, world, run.world.nproc_per_node)
     with torch.device("meta"):
         model = build_model(run.model)
-    strategy = build_strategy(run["strategy"], env, run.amp)
+    strategy = build_strategy(run.strategy, env, run.amp)
     return strategy, strategy.setup_module(model)
 
 
@@ -365,7 +365,7 @@ def step_collectives(run: Run, rank: int, world: int, batch: int) -> dict[str, A
     with fake_world(rank, world):
         with fake:
             model = build_model(run.model)
-        strategy = build_strategy(run["strategy"], env, run.amp)
+        strategy = build_strategy(run.strategy, env, run.amp)
         model = strategy.setup_module(model)
         dp = strategy.data_parallel_rank_size()[1]
         task = build_task(run.task).setup(env.device)

@@ -346,13 +346,26 @@ CLOSED = {
 }
 
 
-@pytest.mark.parametrize("key", list(CLOSED))
+# a strategy's own closed choices, in the config class beside its spec (the option that has the key)
+STRATEGY_CLOSED = {
+    "strategy.comm_hook": ("strategy=ddp", ("fp16", "bf16")),
+    "strategy.param_dtype": ("strategy=fsdp", ("float32", "bfloat16", "float16")),
+    "strategy.reduce_dtype": ("strategy=zero2", ("float32", "bfloat16", "float16")),
+    "strategy.schedule": ("strategy=pipeline", ("gpipe", "1f1b", "interleaved_1f1b")),
+}
+
+
+@pytest.mark.parametrize("key", [*CLOSED, *STRATEGY_CLOSED])
 def test_a_closed_choice_is_refused_at_composition_naming_its_members(key: str) -> None:
+    option, members = STRATEGY_CLOSED.get(key, ("", CLOSED.get(key, ())))
     with pytest.raises(ConfigError) as info:
-        compose([f"{key}=bogus"])
+        compose([o for o in (option, f"{key}=bogus") if o])
     err = info.value
-    assert (err.key, err.value, err.allowed) == (key, "bogus", "one of " + ", ".join(CLOSED[key]))
+    assert (err.key, err.value, err.allowed) == (key, "bogus", "one of " + ", ".join(members))
     assert err.hint and err.hint != "pick one of them.", "the hint is the schema's help of the key"
+    if option:  # every member composes, and reads back as the plain string in config.yaml
+        for member in members:
+            assert resolve(compose([option, f"{key}={member}"]))["strategy"][key.split(".")[1]] == member
 
 
 def test_closed_choices_freeze_as_plain_strings_and_read_typed_as_members() -> None:

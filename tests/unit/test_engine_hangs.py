@@ -50,7 +50,10 @@ def test_a_rank_hung_in_its_own_code_reports_its_file_line_from_the_watcher_thre
     assert record.code == "time.sleep(0.01)  # the hung line" and not record.waiting
     text = (tmp_path / "rank1.log").read_text()
     assert "hang report: rank 1 is in ddp train step #1 (step 4) at tests/unit/test_engine_hangs.py" in text
-    assert "Python stack of every thread of rank 1" in text and f'test_engine_hangs.py", line {line}' in text
+    # the stacks are dumped a moment after the record: the main thread is in the same loop, at its
+    # sleep (the record's line) or at its check one line above (seen under load on 2 cores)
+    assert "Python stack of every thread of rank 1" in text
+    assert any(f'test_engine_hangs.py", line {n}' in text for n in (line, line - 1)), text[-3000:]
 
 
 def test_a_section_a_collective_raised_in_stays_current() -> None:

@@ -206,10 +206,10 @@ def test_amp_support_comes_from_the_specs() -> None:
 
 
 def test_fsdp_dtype_names_are_the_precision_dtypes() -> None:
+    from disttrain.config.common import ComputeDtype
     from disttrain.strategies.precision import DTYPES
-    from disttrain.strategies.specs.sharded import DTYPE_NAMES
 
-    assert set(DTYPE_NAMES) == set(DTYPES)
+    assert {m.value for m in ComputeDtype} == set(DTYPES)
 
 
 def test_zero2_is_fsdp_without_resharding_after_forward(one_rank: DistEnv) -> None:

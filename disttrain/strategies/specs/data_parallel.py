@@ -9,9 +9,9 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from disttrain.config.common import Choice, world_shape
 from disttrain.config.common import help_field as h
-from disttrain.config.common import world_shape
-from disttrain.config.errors import ConfigError, one_of
+from disttrain.config.errors import ConfigError
 from disttrain.strategies.specs.core import (
     PlanShape,
     StrategyConfig,
@@ -26,7 +26,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("disttrain")
 
-COMM_HOOKS = (None, "fp16", "bf16")
+
+class CommHook(Choice):
+    """DDP's gradient compression hooks (torch.distributed.algorithms.ddp_comm_hooks.default_hooks)."""
+
+    fp16 = "fp16"
+    bf16 = "bf16"
 
 
 @dataclass
@@ -46,7 +51,7 @@ class DDPStrategyConfig(StrategyConfig):
     find_unused_parameters: bool = h("tolerate parameters that get no gradient (slower)", False)
     static_graph: bool = h("promise the graph is the same every step (enables optimisations)", False)
     gradient_as_bucket_view: bool = h("let gradients alias the all-reduce buckets (saves memory)", False)
-    comm_hook: str | None = h("gradient compression hook: null, fp16 or bf16", None)
+    comm_hook: CommHook | None = h("gradient compression hook: null, fp16 or bf16", None)
 
 
 @dataclass
@@ -92,10 +97,6 @@ def warn_single_rank(run: Run, name: str) -> None:
 
 
 def check_ddp(run: Run, s: DDPStrategyConfig) -> None:
-    if s.comm_hook not in COMM_HOOKS:
-        raise ConfigError(
-            "strategy.comm_hook", s.comm_hook, one_of(("null", "fp16", "bf16")), "fp16/bf16 halve the bytes."
-        )
     if s.comm_hook == "bf16" and run.backend.name == "gloo":
         raise ConfigError(
             "strategy.comm_hook",

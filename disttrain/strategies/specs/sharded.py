@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import II
 
+from disttrain.config.common import ComputeDtype, world_shape
 from disttrain.config.common import help_field as h
-from disttrain.config.common import world_shape
-from disttrain.config.errors import ConfigError, check_divides, one_of
+from disttrain.config.errors import ConfigError, check_divides
 from disttrain.strategies.specs.core import (
     PlanShape,
     StrategyConfig,
@@ -29,8 +29,6 @@ from disttrain.strategies.specs.data_parallel import warn_single_rank
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
-
-DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the keys of disttrain.strategies.precision.DTYPES
 
 
 @dataclass
@@ -50,8 +48,12 @@ class FSDPStrategyConfig(StrategyConfig):
     )
     cpu_offload: bool = h("keep sharded params, grads and optimizer state in CPU memory", False)
     replicate: int = h("HSDP: replicas R; mesh (R, world/R), sharded within a replica; 1: plain FSDP", 1)
-    param_dtype: str = h("dtype of gathered params for compute: float32, bfloat16, float16", II("amp.dtype"))
-    reduce_dtype: str = h("dtype of the gradient reduce-scatter: float32, bfloat16, float16", "float32")
+    param_dtype: ComputeDtype = h(
+        "dtype of gathered params for compute: float32, bfloat16, float16", II("amp.dtype")
+    )
+    reduce_dtype: ComputeDtype = h(
+        "dtype of the gradient reduce-scatter: float32, bfloat16, float16", ComputeDtype.float32
+    )
 
 
 @dataclass
@@ -76,14 +78,6 @@ def check_fsdp(run: Run, s: FSDPStrategyConfig) -> None:
         f"HSDP lays the ranks out as a (replicate, shard) mesh, so replicate x shard must be {ws}.",
     )
     at_least("min_num_params", s.min_num_params, 0, "0 turns size-based wrapping off.")
-    for key in ("param_dtype", "reduce_dtype"):
-        if getattr(s, key) not in DTYPE_NAMES:
-            raise ConfigError(
-                f"strategy.{key}",
-                getattr(s, key),
-                one_of(DTYPE_NAMES),
-                "param_dtype follows amp.dtype by default; float32 everywhere means no casts.",
-            )
 
 
 def check_zero2(run: Run, s: Zero2StrategyConfig) -> None:
