@@ -29,8 +29,7 @@ def typed(cls: type[T], node: Any, key: str = "") -> T:
     if isinstance(node, cls):
         return node
     try:
-        base = OmegaConf.structured(cls)
-        merged = OmegaConf.merge(base, node if node is not None else {})
+        merged = OmegaConf.merge(_schema(cls), node if node is not None else {})
         obj = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         from disttrain.config.errors import translate
@@ -44,6 +43,18 @@ def typed(cls: type[T], node: Any, key: str = "") -> T:
     if not isinstance(obj, cls):  # a schema node with init=False (a keyword field) comes back as is
         raise TypeError(f"{cls.__name__}: OmegaConf returned {type(obj).__name__}")
     return obj
+
+
+_SCHEMAS: dict[type, Any] = {}
+
+
+def _schema(cls: type) -> Any:
+    """`cls` as an OmegaConf structured config, built once per class (~half of a `typed` call):
+    `merge` copies it, so the cached node is never changed."""
+    node = _SCHEMAS.get(cls)
+    if node is None:
+        node = _SCHEMAS[cls] = OmegaConf.structured(cls)
+    return node
 
 
 def as_dict(obj: Any) -> dict[str, Any]:
