@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from enum import Enum
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, EnumNode, OmegaConf
 
 
 def _type_name(tp: Any) -> str:
@@ -69,8 +68,9 @@ def key_rows(cfg: DictConfig, prefix: str = "") -> list[tuple[str, str, str, str
         value = OmegaConf.to_container(node) if OmegaConf.is_list(node) else node._value()  # type: ignore[union-attr]
         shown = "???" if OmegaConf.is_missing(cfg, str(key)) else _show(value)
         kind = _type_name(f.type) if f is not None else type(value).__name__
-        if isinstance(value, Enum):  # a closed choice: its members
-            kind = "|".join(str(m.value) for m in type(value))
+        if isinstance(node, EnumNode):  # a closed choice: its members (null first where allowed)
+            members = [str(m.value) for m in node.enum_type]
+            kind = "|".join(["null", *members] if node._is_optional() else members)
         rows.append((name, kind, shown, text))
     return rows
 

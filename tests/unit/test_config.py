@@ -381,6 +381,7 @@ def test_closed_choices_freeze_as_plain_strings_and_read_typed_as_members() -> N
     assert run.checkpoint.mode == "max" and run.backend.name == "auto"
     rows = {key: kind for key, kind, _, _ in key_rows(compose([]))}
     assert rows["trainer.detect_anomaly"] == "off|stop|skip" and rows["checkpoint.verify"] == "size|hash"
+    assert rows["checkpoint.mode"] == "null|min|max"  # optional: null is one of its values
 
 
 def test_a_hand_edited_closed_choice_is_named_before_launch() -> None:
