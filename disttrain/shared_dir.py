@@ -23,7 +23,8 @@ KEY = "checkpoint.dir"
 
 def checkpoint_dir(run: Run | Mapping[str, Any], run_dir: Path) -> Path:
     """`checkpoint.dir` (relative: to the working directory), else `<run dir>/checkpoints`. Of a
-    run, or of a plain config (config.yaml as a rank reads it, until the ranks hold a Run)."""
+    run, or of a run dir's plain config.yaml (`disttrain eval` finds the checkpoint before the
+    config is checked and trusted)."""
     chosen = _chosen(run)
     return Path(str(chosen)).absolute() if chosen else RunDir(run_dir).checkpoints
 

@@ -1,7 +1,7 @@
 """Leaf helpers of the config schemas, the checks and the strategy specs (no disttrain imports).
 
 Kept apart so that `config/schema.py`, `preflight/checks.py` and `strategies/specs/` can all use them
-without importing one another: the help-carrying dataclass field and the world size.
+without importing one another: the help-carrying dataclass field, `Choice` and the world shape.
 """
 
 from __future__ import annotations
@@ -41,11 +41,6 @@ class ComputeDtype(Choice):
     float32 = "float32"
     bfloat16 = "bfloat16"
     float16 = "float16"
-
-
-def world_size(run: Run) -> int:
-    """Ranks of the run: nodes x nproc_per_node (after `resolve`, `nodes` is the maximum)."""
-    return run.world.size
 
 
 def world_shape(run: Run) -> str:

@@ -251,7 +251,7 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides)
-    if plugin_sweep(overrides):
+    if _chosen_by_plugin(parsed):
         # A sweeper plugin (hydra/sweeper=optuna, interval(...)) chooses the values: the base job is
         # checked here, every job as the plugin launches it.
         return [
@@ -270,9 +270,14 @@ def plugin_sweep(overrides: list[str]) -> bool:
     only a plugin expands (Optuna's `interval(...)`; `glob(...)`, which Hydra expands against the
     config groups as it launches); Hydra's basic sweeper takes choices (`a,b`) and ranges here."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return _chosen_by_plugin(OverridesParser.create().parse_overrides(overrides))
+
+
+def _chosen_by_plugin(parsed: list[Any]) -> bool:
+    """`plugin_sweep` of overrides already parsed."""
     from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
 
-    parsed = OverridesParser.create().parse_overrides(overrides)
     return any(o.key_or_group == "hydra/sweeper" for o in parsed) or any(
         o.is_sweep_override() and not isinstance(o.value(), ChoiceSweep | RangeSweep) for o in parsed
     )

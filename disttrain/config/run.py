@@ -36,19 +36,17 @@ from disttrain.config.schema import (
 from disttrain.config.typed import own_key, typed
 from disttrain.strategies.specs import StrategyConfig
 
-OPEN_NODES = ("model", "data", "task", "optim", "sched")
-
 
 @dataclass(frozen=True)
 class World:
     """The processes of a run: `nodes` machines x `nproc_per_node` ranks, this node's rank and the
-    rendezvous address of node 0."""
+    rendezvous address of node 0 (their defaults are the schema's: `Run.of` fills them)."""
 
     nodes: int
     nproc_per_node: int
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 0
+    node_rank: int
+    master_addr: str
+    master_port: int
 
     @property
     def size(self) -> int:
@@ -170,4 +168,4 @@ def _merged(base: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
     return base
 
 
-__all__ = ["OPEN_NODES", "Run", "World"]
+__all__ = ["Run", "World"]
