@@ -169,3 +169,23 @@ def test_the_model_checks_run_after_the_setups_tp_heads() -> None:
     with pytest.raises(ConfigError) as err:
         simulate(Run.of(cfg), plan(Run.of(cfg)), step=False)
     assert err.value.key == "model.n_heads" and err.value.value == 8
+
+
+def test_d24_a_slow_one_step_rehearsal_says_so_and_how_to_skip_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """Reliability review 2026-11-28 D24: plan --simulate of a 300-layer model stepped for ~2 min
+    with no line at all. Past the notice time, one line says it still runs and names --no-step;
+    a step done before it says nothing."""
+    import time
+
+    from disttrain.tools.simulate import slow_step_notice
+
+    with slow_step_notice(60.0):
+        pass
+    assert capsys.readouterr().err == ""
+    said = ""
+    with slow_step_notice(0.01):
+        deadline = time.monotonic() + 30
+        while "--no-step" not in said and time.monotonic() < deadline:
+            time.sleep(0.01)
+            said += capsys.readouterr().err
+    assert said.count("plan --simulate: still stepping") == 1 and "--no-step" in said
