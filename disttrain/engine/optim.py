@@ -65,7 +65,8 @@ def use_fused(choice: Any, spec: dict[str, Any], groups: list[Any]) -> bool | No
     """The `fused` argument the optimizer gets: None (none: the class's default, foreach on CUDA),
     True or False.
 
-    `optim.fused=true|false` (the pre-launch checks allow nothing else) is passed as set (a class without the argument is a ConfigError).
+    `optim.fused=true|false` (the pre-launch checks allow nothing else) is passed as set; a class
+    without the argument is a ConfigError.
     `auto` is True when every parameter is a floating CUDA tensor (or a DTensor on CUDA), the class
     takes `fused` (AdamW, Adam, SGD, Adagrad) and the user did not choose `foreach` themselves: one
     kernel per parameter group instead of ~12 foreach launches per step (FSDP2's DTensor parameters

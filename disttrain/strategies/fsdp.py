@@ -88,9 +88,10 @@ def modules_to_wrap(model: nn.Module, classes: set[str], min_num_params: int) ->
 
     With `classes` (strategy.wrap_classes), a module is wrapped if its class name is in them. Without,
     the units are the model's repeated blocks (`repeated_blocks`), the outermost where blocks nest.
-    Outside the units (never inside a block or a module of a chosen class), a module whose parameters not already claimed by a wrapped descendant number
-    at least `min_num_params` (> 0) is wrapped too — the idea of FSDP1's `size_based_auto_wrap_policy`,
-    the whole policy for a model without repeated blocks. Never a container without `forward`
+    Outside the units (never inside a block or a module of a chosen class: review G7), a module
+    whose parameters not already claimed by a wrapped descendant number at least `min_num_params`
+    (> 0) is wrapped too — the idea of FSDP1's `size_based_auto_wrap_policy`, the whole policy for a
+    model without repeated blocks. Never a container without `forward`
     (ModuleList, ModuleDict): FSDP2 refuses them, so their parameters move up. A parameter tied to a
     module outside the subtree (the gpt's embedding and head) must sit in one unit with all its
     holders, so such a subtree is never a unit of its own: its parameters move up until a common
