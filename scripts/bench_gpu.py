@@ -242,7 +242,7 @@ def report(opts: dict[str, Any], table: dict[str, dict[str, float] | str], name:
     if single and "fsdp" in ok:
         ranks = max(gpus, 1)
         print(
-            f"fsdp on {ranks} GPU(s), per GPU / single tokens/s: {ok['fsdp']['tokens_per_s'] / ranks / single:.3f}"
+            f"fsdp on {ranks} rank(s), per rank / single tokens/s: {ok['fsdp']['tokens_per_s'] / ranks / single:.3f}"
         )
 
 
