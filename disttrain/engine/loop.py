@@ -429,6 +429,8 @@ class Engine:
     def _validate(self) -> dict[str, float]:
         if self.val_loader is None:
             return {}
+        # One model on every replica: BatchNorm's statistics (and the EMA's of them) averaged.
+        self.strategy.sync_buffers(self.model, self.ema.buffers())
         values = validation(
             self.strategy, self.model, self.task, self.val_loader, self.env.device, self.t.val_batches
         )
