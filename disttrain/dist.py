@@ -1,4 +1,5 @@
-"""Where this rank stands: rank, local rank, world size, device, backend. No process group here."""
+"""Where this rank stands: rank, local rank, world size, device, backend; joining the group; and
+`gather_batch`, the one collective offered to a task's own code (uneven batches, with autograd)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -129,6 +130,44 @@ def default_store() -> dist.Store:
     attempt's prefix). Stop agreement, emergency agreement and hang reports use it: small keys,
     no collective. torch has no public accessor, hence the one private call, kept here."""
     return dist.distributed_c10d._get_default_store()
+
+
+class Gathered(NamedTuple):
+    """`gather_batch`'s result: every rank's rows, and where this rank's own rows start among them."""
+
+    rows: torch.Tensor
+    start: int
+
+
+def gather_batch(t: torch.Tensor, group: Any = None) -> Gathered:
+    """Every rank's `t` concatenated along dim 0 in rank order, and the row where this rank's part
+    starts, for batches whose sizes differ across ranks (the last validation batch is smaller on
+    some ranks: a plain `all_gather` of unequal tensors makes gloo abort the rank, NCCL hang or
+    read garbage). Autograd flows through: each rank's rows get the gradient summed over every
+    rank's loss, so with DDP's or FSDP's mean of the ranks' gradients the step follows the global
+    mean loss, as one process holding the global batch would. For a loss with negatives from every
+    rank (contrastive, CLIP). Every rank of `group` (None: the default group) calls it; without a
+    process group, or in a group of one, it returns `(t, 0)` (the parent's dry step has none).
+
+    How: an all-gather of the sizes, then each rank's rows padded to the largest and gathered by
+    torch's functional all-gather (its backward reduce-scatters the gradients), the padding cut
+    away. `torch.distributed.nn.functional.all_gather`, the older autograd gather, is deprecated in
+    its favour; it lives in `torch.distributed._functional_collectives` (a private module name, so
+    used here only)."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return Gathered(t, 0)
+    from torch.distributed import _functional_collectives as funcol
+
+    group = group if group is not None else dist.group.WORLD
+    size = torch.tensor([t.shape[0]], dtype=torch.long, device=t.device)
+    sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(sizes, size, group=group)
+    counts = [int(s) for s in sizes]
+    most = max(counts)
+    padded = t if t.shape[0] == most else torch.cat([t, t.new_zeros(most - t.shape[0], *t.shape[1:])])
+    gathered = funcol.all_gather_single(padded.contiguous(), 0, group)
+    rows = torch.cat([part[:n] for part, n in zip(gathered.split(most), counts, strict=True)])
+    return Gathered(rows, sum(counts[: dist.get_rank(group)]))
 
 
 def destroy_process_group() -> None:

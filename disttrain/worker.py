@@ -186,14 +186,14 @@ def build_engine(
     objects explicitly, the step guards and the profiler."""
     trainer = run.trainer
     state = TrainState()
+    ema = build_ema(trainer.ema, strategy.unwrap(parts.model))  # shaped like the (sharded) parameters
     states: dict[str, Any] = {
-        "model": ModelState(strategy, parts.model, parts.optimizer),
+        "model": ModelState(strategy, parts.model, parts.optimizer, ema),
         "scheduler": parts.scheduler,
         "train": state,
     }
     if strategy.precision.scaling:
         states["scaler"] = strategy.precision.scaler
-    ema = build_ema(trainer.ema, strategy.unwrap(parts.model))  # shaped like the (sharded) parameters
     if trainer.ema.decay:
         states["ema"] = ema
     dp_size = strategy.data_parallel_rank_size()[1]

@@ -46,8 +46,11 @@ MODEL, TRAIN = "model", "train"
 class ModelState:
     """Model and optimizer as one Stateful, through the strategy (which shards, renames, flattens)."""
 
-    def __init__(self, strategy: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(
+        self, strategy: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema: Any = None
+    ) -> None:
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
+        self.ema = ema  # trainer.ema's averages, whose buffers are synchronised with the model's
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = self.strategy.state_dict(self.model, self.optimizer)
@@ -55,6 +58,10 @@ class ModelState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.strategy.load_state_dict(self.model, self.optimizer, state)
+
+    def before_save(self) -> None:
+        """One model in the checkpoint: the replicas' buffers made the same first (a collective)."""
+        self.strategy.sync_buffers(self.model, self.ema.buffers() if self.ema is not None else ())
 
 
 def _staged(state: Any) -> bool:
@@ -242,6 +249,9 @@ class Checkpointer:
             return  # a signal stop re-saves: the launcher reports only a `signal` checkpoint as saved
         self.finish()  # at most one save in flight
         t0 = time.perf_counter()
+        model = self.states.get(MODEL)
+        if isinstance(model, ModelState):
+            model.before_save()  # BatchNorm's running statistics: the replicas' mean
         app = self._app_state(self.states)
         meta = {
             **self.train.state_dict(),
@@ -289,6 +299,16 @@ class Checkpointer:
             "async" if async_save else "committed",
             stall,
         )
+
+    def point_best(self) -> None:
+        """After a validation that ranks among checkpoint.keep_best's at a step saved before it (the
+        final checkpoint comes before the final validation): `best` names that checkpoint, once it
+        is committed (an async save in flight points it when it commits)."""
+        name = checkpoint.step_name(self.step)
+        best = self.protected()
+        due = self.env.is_zero and best[:1] == [name] and (self.dir / name).is_dir()
+        if due and checkpoint.read_best(self.dir) != name:
+            checkpoint.point_best(self.dir, name)
 
     def protected(self) -> list[str]:
         """checkpoint.keep_best's checkpoints, best first (TrainState.best): never pruned by keep."""

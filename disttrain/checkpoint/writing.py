@@ -89,6 +89,16 @@ def stager_reusable(device: torch.device, version: str = torch.__version__) -> b
     return device.type != "cuda" or (major, minor) >= (2, 13)
 
 
+def settle(device: torch.device) -> None:
+    """Before an async save stages the state: wait for the kernels queued on `device`'s current
+    stream (the optimizer step writing the weights). DCP's stager copies on a stream of its own,
+    from a thread, non-blocking, and never waits on the compute stream; with several ranks the
+    save's barrier (NCCL) happens to order them, with one rank nothing does, and the checkpoint
+    could hold weights half of the step wrote (review 2026-11-28-gpu G1). A no-op off CUDA."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
 def staging_options(device: torch.device) -> Any:
     """How an async save copies the state off `device`, in DCP's staging thread (the copy overlaps
     the next step's forward and backward either way).
@@ -164,7 +174,9 @@ def save(
         pending = PendingSave(None, lambda: None, started)
         pending.wait()
         return pending
-    executor, stager = _Background.start(device or torch.device("cpu"))
+    device = device or torch.device("cpu")
+    executor, stager = _Background.start(device)
+    settle(device)
     staged: Future = stager.stage(app_state)  # a Future: DCP's staging thread copies
     if not overlap_staging:
         staged.result()

@@ -52,6 +52,10 @@ class NullEMA:
     def swapped_in(self) -> Any:
         return nullcontext()
 
+    def buffers(self) -> list[torch.Tensor]:
+        """The averages of the model's floating-point buffers (none without an EMA)."""
+        return []
+
 
 class EMA(NullEMA):
     """The moving average of `model`'s floating-point state-dict entries (tied weights once)."""
@@ -93,6 +97,11 @@ class EMA(NullEMA):
             for e, c in _by_dtype(list(zip(ema, current, strict=True))):
                 self.step_fn(e, c, None)
         self.updates += 1
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The averages of the model's floating-point buffers (BatchNorm's statistics): each replica
+        averages its own, so the strategy averages them across replicas with the model's."""
+        return [w for k, w in self.weights.items() if not isinstance(self.sources[k], nn.Parameter)]
 
     @contextmanager
     def swapped_in(self) -> Iterator[None]:

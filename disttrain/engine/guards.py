@@ -29,7 +29,7 @@ class AnomalyError(FloatingPointError):
 
 
 class DesyncError(RuntimeError):
-    """debug.check_sync_every found replicas whose parameters differ."""
+    """debug.check_sync_every found replicas whose parameters or buffers differ."""
 
 
 class Guards:
@@ -96,25 +96,28 @@ class Guards:
             self.check_sync(step)
 
     def check_sync(self, step: int) -> None:
-        """All-gather one float64 checksum per parameter; fail naming the first that differs."""
+        """All-gather one float64 checksum per parameter and buffer (`replicated_state`); fail
+        naming the first that differs."""
         env = self.env
         if not (dist.is_initialized() and env.world_size > 1):
             return
-        named = list(self.strategy.unwrap(self.model).named_parameters())
-        mine = torch.stack([p.detach().double().sum() for _, p in named]).to(env.device)
+        named = replicated_state(self.strategy.unwrap(self.model))
+        mine = torch.stack([t.detach().double().sum() for _, t in named]).to(env.device)
         every = [torch.empty_like(mine) for _ in range(env.world_size)]
         dist.all_gather(every, mine)
-        table = torch.stack(every)  # (world, params)
+        table = torch.stack(every)  # (world, tensors)
         differs = (table != table[0]).any(dim=0).nonzero().flatten()
         if len(differs):
             i = int(differs[0])
             ranks = [r for r in range(env.world_size) if table[r, i] != table[0, i]]
+            kind = "parameter" if isinstance(named[i][1], nn.Parameter) else "buffer"
             raise DesyncError(
-                f"debug.check_sync_every: parameters diverged across ranks at step {step}: first "
-                f"diverged parameter {named[i][0]!r} (checksum {table[0, i].item():.17g} on rank 0, "
+                f"debug.check_sync_every: {kind}s diverged across ranks at step {step}: first "
+                f"diverged {kind} {named[i][0]!r} (checksum {table[0, i].item():.17g} on rank 0, "
                 f"{', '.join(f'{table[r, i].item():.17g} on rank {r}' for r in ranks)}); ranks {ranks} "
-                f"differ from rank 0 ({len(differs)} of {len(named)} parameters). HINT: look for "
-                "rank-dependent code touching the weights, or a gradient that skipped the all-reduce."
+                f"differ from rank 0 ({len(differs)} of {len(named)} parameters and buffers). HINT: look "
+                "for rank-dependent code touching the weights or buffers, or a gradient that skipped "
+                "the all-reduce."
             )
 
     def grad_norms(self) -> dict[str, float]:
@@ -141,3 +144,18 @@ class Guards:
         if self.mode == "skip":
             out["anomaly_skipped_steps"] = float(self.anomaly_skips)
         return out
+
+
+def replicated_state(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """What every data-parallel replica must hold alike: each parameter, then each buffer except
+    running statistics, the floating-point buffers of a module that tracks them (BatchNorm's mean
+    and variance): each replica updates those from its own batches, and the strategy averages them
+    before every validation and save (`Strategy.sync_buffers`). Their batch counter is compared:
+    every replica runs the same forwards."""
+    named: list[tuple[str, torch.Tensor]] = list(model.named_parameters())
+    for prefix, module in model.named_modules():
+        running = bool(getattr(module, "track_running_stats", False))
+        for name, b in module.named_buffers(prefix=prefix, recurse=False):
+            if not (running and b.is_floating_point()):
+                named.append((name, b))
+    return named

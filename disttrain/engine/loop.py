@@ -183,9 +183,10 @@ class Engine:
         if not resumed_done:
             if self.early_stop:  # localsgd: average the replicas, as after the last step
                 self.strategy.end_of_training(self.model)
+            self.ckpt.save("final")  # (after the last step: saved there already) then what can fail
             if (not t.val_every or s.step % t.val_every != 0) and self.validated_at != s.step:
                 self.validate()  # val_every=0: the last epoch ended here (the loop returns before its end)
-            self.ckpt.save("final")
+                self._save_best()
             if self.ckpt.cfg.export_final:
                 self.ckpt.export_final(self.strategy.model_state_dict(self.model))  # a collective
         self.ckpt.finish()
@@ -219,6 +220,10 @@ class Engine:
                         lr=values["lr"],
                         samples_per_s=values["samples_per_s"],
                     )
+                if s.step == self.total_steps:
+                    # Save first, then do what can fail: the trained model is on disk before the
+                    # final validation (a task's collective, an uneven batch) can lose it.
+                    self.ckpt.save("final")
                 if t.val_every and s.step % t.val_every == 0:
                     self.validate()
                 if t.ckpt_every and s.step % t.ckpt_every == 0:
@@ -243,6 +248,7 @@ class Engine:
         if self.save_best:
             self.save_best = False
             self.ckpt.save("best")
+            self.ckpt.point_best()  # a step saved before its validation: the final checkpoint
 
     def _stopped(self, elapsed: float) -> dict[str, Any]:
         log.warning("stopping at step %d on %s", self.state.step, self.stop.name)
@@ -429,6 +435,8 @@ class Engine:
     def _validate(self) -> dict[str, float]:
         if self.val_loader is None:
             return {}
+        # One model on every replica: BatchNorm's statistics (and the EMA's of them) averaged.
+        self.strategy.sync_buffers(self.model, self.ema.buffers())
         values = validation(
             self.strategy, self.model, self.task, self.val_loader, self.env.device, self.t.val_batches
         )

@@ -14,6 +14,8 @@ class LaunchError(RuntimeError):
         where = f"rank {rank}" if rank is not None else "a rank"
         verb = "" if error.startswith(("was ", "exited", "stopped")) else "raised "
         log = RunDir(run_dir).rank_log(rank if rank is not None else 0)
+        if "SIGABRT" in error and rank is not None:
+            error += collective_mismatch(log)
         if exit_code > 128 and error.startswith("stopped by "):  # a user's Ctrl-C, a scheduler's stop
             head = f"interrupted by {error.removeprefix('stopped by ')}"
         else:
@@ -46,6 +48,33 @@ def exit_code_message(code: int | None) -> str:
         except ValueError:
             pass
     return f"exited with code {code} before Python could record an error"
+
+
+# What gloo (and NCCL under TORCH_DISTRIBUTED_DEBUG=DETAIL) write before aborting a rank whose
+# collective does not match its peers' (another kind, order or size).
+MISMATCH = ("collective mismatch", "mismatch between collectives", "Received data size doesn't match")
+_LOG_TAIL = 256 * 1024  # bytes of a rank log searched (its end: the abort is the last thing it wrote)
+
+
+def collective_mismatch(log: Path) -> str:
+    """For a rank killed by SIGABRT: when its log ends with the backend's words for a collective
+    mismatch (no Python exception: the C++ side aborts), that line and its likely causes."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, log.stat().st_size - _LOG_TAIL))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    line = next((ln.strip() for ln in reversed(text.splitlines()) if any(m in ln for m in MISMATCH)), "")
+    if not line:
+        return ""
+    return (
+        f" inside a collective; its log says: {line[:400]}. Likely a collective mismatch: the ranks "
+        "did not call the same collectives with the same sizes, e.g. a task that gathers a batch "
+        "assuming equal sizes (validation batches may be uneven: the last one is smaller on some "
+        "ranks), or code that skips a collective on some ranks. HINT: gather uneven batches with "
+        "disttrain.dist.gather_batch (docs/your-own-code.md)"
+    )
 
 
 # What a rank raises when it only saw a peer die (its own failure is not the cause).

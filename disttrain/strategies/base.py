@@ -5,6 +5,7 @@ Modelled on Lightning Fabric's Strategy: the engine never asks `isinstance(model
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import nullcontext
 from typing import Any
 
@@ -129,6 +130,22 @@ class Strategy:
         if dist.is_initialized() and self.env.world_size > 1:
             dist.barrier()
 
+    def data_parallel_group(self) -> Any:
+        """The process group of this rank's data-parallel replicas (None: the default group)."""
+        return None
+
+    def sync_buffers(self, model: nn.Module, also: Iterable[torch.Tensor] = ()) -> None:
+        """Make the buffers of every data-parallel replica one model's: floating-point ones (BatchNorm's
+        running statistics, which each replica updates from its own batches, DDP's broadcast
+        included: it comes before the forward that updates them) become their mean across the
+        replicas, integer ones (BatchNorm's batch counter: equal anyway) their maximum. The engine
+        calls it on every rank before each validation and each save, so that a run validates, and
+        its checkpoint holds, the same model that `disttrain eval` later rebuilds. `also`: more
+        such tensors (the EMA's averages of the buffers)."""
+        size = self.data_parallel_rank_size()[1]
+        if size > 1 and dist.is_initialized():
+            average_buffers([*self.unwrap(model).buffers(), *also], size, self.data_parallel_group())
+
     # ---------------------------------------------------------------- state
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The full, unwrapped state dict (CPU tensors), as plain PyTorch would save it."""
@@ -210,6 +227,30 @@ def place_unsharded(model: nn.Module, device: torch.device) -> nn.Module:
                 if not isinstance(b, DTensor) and not b.is_meta and b.device != device:
                     module._buffers[name] = b.to(device)
     return model
+
+
+def average_buffers(buffers: Iterable[torch.Tensor], size: int, group: Any = None) -> None:
+    """Floating-point `buffers` become their mean over the `size` ranks of `group`, integer ones
+    their maximum (booleans are left alone). One all-reduce per dtype; the sum runs in float64,
+    so buffers that already agree (a rotary table) stay bit for bit what they were. A DTensor
+    buffer's local part is reduced: the same shard on each replica."""
+    from torch.distributed.tensor import DTensor
+
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for b in buffers:
+        local = b.to_local() if isinstance(b, DTensor) else b
+        if local.is_meta or local.dtype == torch.bool or local.is_complex():
+            continue
+        by_dtype.setdefault(local.dtype, []).append(local)
+    with torch.no_grad():
+        for dtype, tensors in by_dtype.items():
+            floating = dtype.is_floating_point
+            flat = torch.cat([t.reshape(-1).to(torch.float64 if floating else dtype) for t in tensors])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM if floating else dist.ReduceOp.MAX, group=group)
+            if floating:
+                flat /= size
+            for t, part in zip(tensors, flat.split([t.numel() for t in tensors]), strict=True):
+                t.copy_(part.view_as(t))
 
 
 def _local_bytes(t: torch.Tensor) -> int:

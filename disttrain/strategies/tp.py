@@ -91,6 +91,11 @@ class TPStrategy(Strategy):
         return total
 
     # ---------------------------------------------------------------------------------- collectives
+    def data_parallel_group(self) -> Any:
+        """The dp dimension of the mesh: the ranks of one tp group hold the same replica."""
+        assert self.mesh is not None
+        return self.mesh["dp"].get_group()
+
     def all_reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         """Reduce over data-parallel replicas only: tp ranks already hold identical (full) values."""
         if self.dp == 1 or not dist.is_initialized():

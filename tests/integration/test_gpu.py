@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import torch
 
-from .conftest import clean_env, final_weights, read_yaml, run_cli, train_losses
+from .conftest import clean_env, final_weights, read_yaml, run_cli, train_losses, write_module
+from .test_batchnorm_and_gather import NET
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -159,3 +160,23 @@ def test_a_forked_rank_sets_its_device_after_the_fork_servers_preloads(tmp_path:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_sync_batchnorm_trains_on_cuda(tmp_path: Path) -> None:
+    """strategy.sync_batchnorm (review 2026-11-28-real-workloads F8): the user's BatchNorm layers
+    become torch's SyncBatchNorm before DDP wraps the model, and the nccl run trains (on CPU ranks
+    the key is a config error before launch: test_cli's sync-batchnorm-on-cpu)."""
+    write_module(tmp_path, "bnlab", NET)
+    net = (
+        "model._target_=bnlab.Net",
+        "model.in_features=${data.num_features}",
+        "model.num_classes=${data.num_classes}",
+    )
+    _, run_dir = run_cli(tmp_path, *RUN, *net, "strategy=ddp", "strategy.sync_batchnorm=true",
+                         f"nproc_per_node={RANKS}", "trainer.max_steps=3")  # fmt: skip
+    assert run_dir is not None
+    _check_trained(run_dir, 3, RANKS)
+    assert (
+        "strategy.sync_batchnorm: 1 BatchNorm layer(s) now SyncBatchNorm"
+        in (run_dir / "logs" / "rank0.log").read_text()
+    )

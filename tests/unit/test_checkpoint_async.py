@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -179,3 +180,43 @@ def test_the_manager_stages_from_the_ranks_device(tmp_path: Path, monkeypatch: p
     ckpt.save("test")
     ckpt.finish()
     assert seen == [ENV.device]
+
+
+def test_one_rank_on_cuda_waits_for_the_step_before_staging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 2026-11-28-gpu G1: DCP's stager copies on its own stream and never waits on the
+    compute stream; with one rank no barrier orders them, so the device's current stream (the
+    optimizer step's kernels) is synchronized before `stage()`. Mocked CUDA: the order of the two
+    calls, and the stream asked for is the rank's device's."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from disttrain.checkpoint import writing as ckpt_writing
+
+    calls: list[Any] = []
+
+    class Stream:
+        def synchronize(self) -> None:
+            calls.append("synchronize")
+
+    class Stager:
+        def stage(self, state: dict[str, Any]) -> Future:
+            calls.append("stage")
+            done: Future = Future()
+            done.set_result(state)
+            return done
+
+    executor = ThreadPoolExecutor(max_workers=1)
+    monkeypatch.setattr(ckpt_writing._Background, "start", classmethod(lambda cls, d: (executor, Stager())))
+    monkeypatch.setattr(ckpt_writing._Background, "in_flight", None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: calls.append(device) or Stream())
+    monkeypatch.setattr(ckpt_writing, "_write_and_commit", lambda *a, **kw: calls.append("write"))
+    cuda = torch.device("cuda", 0)
+    meta = {"step": 1, "epoch": 0, "epoch_samples": 0, "samples": 0, "reason": "test"}
+    pending = checkpoint.save(
+        tmp_path, 1, {"model": {"w": torch.ones(2)}}, {}, meta, rank=0, keep=2, verify="size",
+        async_save=True, overlap_staging=True, device=cuda,
+    )  # fmt: skip
+    pending.wait()
+    executor.shutdown()
+    assert calls == [cuda, "synchronize", "stage", "write"]

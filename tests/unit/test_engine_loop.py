@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from unit_support import disttrain_in_process
 
 from disttrain.testing import FAULT_MLP
@@ -36,3 +37,22 @@ def test_no_emergency_checkpoint_before_the_first_optimizer_step(scratch: Path) 
     assert "injected failure at training forward 1" in proc.stderr, proc.stderr[-2000:]
     assert "no emergency checkpoint" in (scratch / "run" / "logs" / "rank0.log").read_text()
     assert not list((scratch / "run").glob("checkpoints/step_*"))
+
+
+def test_the_final_checkpoint_is_saved_before_the_final_validation(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 2026-11-28-real-workloads F2: a final validation that fails (there: an uneven batch in a
+    task's all-gather) lost the whole run, as the final checkpoint came after it. Save first: the
+    final checkpoint (reason `final`, not an emergency one) is on disk when the validation fails."""
+    from disttrain import checkpoint
+    from disttrain.engine import loop
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("injected failure in the final validation")
+
+    monkeypatch.setattr(loop, "validation", failing)
+    run = ("trainer.max_steps=3", "trainer.val_every=3", "hydra.run.dir=run")
+    proc = disttrain_in_process("train", *ONE, *run, cwd=scratch)
+    assert proc.returncode == 1 and "injected failure in the final validation" in proc.stderr
+    assert checkpoint.read_meta(scratch / "run" / "checkpoints" / "step_00000003")["reason"] == "final"

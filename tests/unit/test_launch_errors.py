@@ -92,3 +92,34 @@ def test_a_signal_stop_is_an_interruption_not_a_failure(tmp_path: Path) -> None:
     assert str(LaunchError(1, "ValueError: bad", tmp_path)).startswith(
         "training failed: rank 1 raised ValueError"
     )
+
+
+GLOO_MISMATCH = (
+    "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+    "  what():  [enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:456] "
+    "op.preamble.length <= op.nbytes. 128 vs 96. Received data size doesn't match expected size. Is there a "
+    "distributed collective mismatch in your code?\n"
+)
+
+
+def test_a_rank_aborted_in_a_collective_mismatch_is_named_with_its_log_line_and_cause(tmp_path: Path) -> None:
+    """Review 2026-11-28-real-workloads F2: gloo aborts (SIGABRT, no Python exception) a rank whose
+    all-gather got another size than it expected (an uneven last validation batch); the console said
+    only "rank 1 was killed by SIGABRT". Now: gloo's line from the rank's log, the likely cause and
+    the helper (the rank's stderr as the launchers write it, logs/rank1.log)."""
+    from disttrain.launch.errors import LaunchError, exit_code_message
+    from disttrain.rundir import RunDir
+
+    log = RunDir(tmp_path).rank_log(1)
+    log.parent.mkdir(parents=True)
+    log.write_text("[disttrain] step 20/20 loss 3.455\n" + GLOO_MISMATCH)
+    head = str(LaunchError(1, exit_code_message(-6), tmp_path)).splitlines()[0]
+    assert head.startswith("training failed: rank 1 was killed by SIGABRT (signal 6) inside a collective; its "
+                           "log says: what():  [enforce fail"), head  # fmt: skip
+    assert "Received data size doesn't match expected size" in head
+    assert "Likely a collective mismatch" in head and "validation batches may be uneven" in head
+    assert "disttrain.dist.gather_batch" in head
+    log.write_text("Fatal Python error: Aborted\n")  # another abort: no cause guessed
+    assert str(LaunchError(1, exit_code_message(-6), tmp_path)).splitlines()[0] == (
+        "training failed: rank 1 was killed by SIGABRT (signal 6)"
+    )

@@ -208,6 +208,8 @@ BAD_STATIC = [
 
 BAD_RUNTIME = [
     Bad("nccl-without-gpu", ("backend=nccl",), "backend", "nccl", runtime=True, cpu_only=True),
+    Bad("sync-batchnorm-on-cpu", ("strategy=ddp", "strategy.sync_batchnorm=true"), "strategy.sync_batchnorm",
+        "True", runtime=True, cpu_only=True),  # torch's SyncBatchNorm is CUDA only (review F8)
     Bad("world-vs-data", ("trainer.batch_size=5000",), "trainer.batch_size", "5000", runtime=True),
     Bad("world-vs-data-accum", ("trainer.batch_size=400", "trainer.grad_accum=2"), "trainer.batch_size", "400",
         runtime=True),

@@ -52,6 +52,9 @@ class DDPStrategyConfig(StrategyConfig):
     static_graph: bool = h("promise the graph is the same every step (enables optimisations)", False)
     gradient_as_bucket_view: bool = h("let gradients alias the all-reduce buckets (saves memory)", False)
     comm_hook: CommHook | None = h("gradient compression hook: null, fp16 or bf16", None)
+    sync_batchnorm: bool = h(
+        "convert BatchNorm layers to SyncBatchNorm (statistics over the global batch; CUDA only)", False
+    )
 
 
 @dataclass
@@ -106,10 +109,25 @@ def check_ddp(run: Run, s: DDPStrategyConfig) -> None:
         )
     if s.bucket_cap_mb is None or s.bucket_cap_mb <= 0:
         raise ConfigError("strategy.bucket_cap_mb", s.bucket_cap_mb, "a number > 0", "25 MiB suits most.")
+    if s.sync_batchnorm and run.backend.name == "gloo":
+        refuse_sync_batchnorm("backend=gloo (CPU tensors)")
+
+
+def refuse_sync_batchnorm(where: str) -> None:
+    raise ConfigError(
+        "strategy.sync_batchnorm",
+        True,
+        f"false with {where}",
+        "torch's SyncBatchNorm runs on CUDA devices only (nccl). On CPU ranks leave it false: "
+        "BatchNorm then normalises each rank's batch, and disttrain averages the running "
+        "statistics across ranks before every validation and save (docs/strategies.md, BatchNorm).",
+    )
 
 
 def check_ddp_model(run: Run, s: DDPStrategyConfig, model: Any, gpus: int) -> None:
-    """With the machine: PyTorch's bf16 compression hook needs NCCL, so CUDA GPUs."""
+    """With the machine: PyTorch's bf16 compression hook and SyncBatchNorm need NCCL, so CUDA GPUs."""
+    if s.sync_batchnorm and gpus == 0:
+        refuse_sync_batchnorm("no CUDA GPUs on this machine")
     if s.comm_hook == "bf16" and gpus == 0:
         raise ConfigError(
             "strategy.comm_hook",
