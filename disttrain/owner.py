@@ -108,6 +108,16 @@ def _locked(path: Path, key: str, what: str) -> int | None:
     raise ConfigError(key, str(path.parent), f"a {what} with a stable {LOCK}", "retry the command.")
 
 
+def release(folder: Path) -> None:
+    """Drop this process's lock of `folder` (and its lock file), if it holds one."""
+    fd = _HELD.pop(folder.absolute(), None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(folder.absolute() / LOCK)  # while still locked, as release_all
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 def release_all() -> None:
     """Drop every lock this process holds, and its lock file: a finished command leaves nothing in
     the folder (the CLI's end; in-process tests run several commands in one process)."""
@@ -119,15 +129,25 @@ def release_all() -> None:
     _HELD.clear()
 
 
+def home_run_dir(directory: Path) -> Path | None:
+    """The run dir whose own default checkpoint folder `directory` is (`RUN/checkpoints`, a
+    config.yaml beside it), else None. Such a run wrote no owner.json and locked only its run dir
+    (review 2026-11-28-reliability D3)."""
+    parent = directory.absolute().parent
+    return parent if directory.name == "checkpoints" and (parent / "config.yaml").is_file() else None
+
+
 def claim_checkpoints(directory: Path, run_dir: Path, resume: Any) -> None:
     """A new run into `checkpoint.dir`: refuse another run's checkpoints unless `resume=` names them;
-    then record this run dir as their owner. Called with the folder's lock held."""
+    then record this run dir as their owner. Called with the folder's lock held. The owner is
+    owner.json's run dir, else the run dir whose default `checkpoints/` the folder is."""
     path = directory / OWNER
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
         owner = str(saved["run_dir"]) if isinstance(saved, dict) else None
     except (OSError, ValueError, KeyError):
-        owner = None
+        home = home_run_dir(directory)
+        owner = str(home) if home is not None else None
     explicit = resume not in (None, "auto", "never")
     foreign = owner is not None and Path(owner) != run_dir and not explicit
     if foreign and any(p.name.startswith("step_") for p in directory.iterdir()):

@@ -144,3 +144,54 @@ def test_rerun_of_a_run_with_checkpoint_dir_trains_again_and_leaves_the_original
     records = [json.loads(line) for line in (tmp_path / "again" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
     assert (tmp_path / "again" / "checkpoints" / "final.pt").is_file()
+
+
+# --------------------------------------------------------- review 2026-11-28-reliability D3, D14
+# D3: a run with the default checkpoint folder wrote no owner.json, so `checkpoint.dir=<its run
+# dir>/checkpoints` resumed, pruned and replaced its checkpoints (finished or live). D14: a
+# checkpoint.dir refusal was a Hydra traceback, exit 1, with an empty run dir left.
+
+TRAIN = ("train", "data=synthetic", "trainer.max_steps=50", *ONE)
+
+
+def _finished_with_checkpoints(root: Path) -> Path:
+    ref = _finished(root, checked(["data=synthetic", "trainer.max_steps=30"]), "ref")
+    for step in (10, 20, 30):
+        (ref / "checkpoints" / f"step_{step:08d}").mkdir(parents=True)
+    (ref / "checkpoints" / "final.pt").write_bytes(b"ref's weights")
+    return ref
+
+
+def _one_paragraph(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return proc.stderr
+
+
+def test_d3_d14_another_runs_default_checkpoints_are_never_taken(tmp_path: Path) -> None:
+    ref = _finished_with_checkpoints(tmp_path)
+    before = sorted(p.name for p in (ref / "checkpoints").iterdir())
+    new = tmp_path / "new"
+    proc = disttrain_in_process(
+        *TRAIN, f"checkpoint.dir={ref / 'checkpoints'}", f"hydra.run.dir={new}", cwd=tmp_path
+    )
+    said = _one_paragraph(proc)
+    assert f"it holds the checkpoints of {ref};" in said and f"disttrain resume {ref}" in said
+    assert sorted(p.name for p in (ref / "checkpoints").iterdir()) == before  # no owner.json, no prune
+    assert (ref / "checkpoints" / "final.pt").read_bytes() == b"ref's weights"
+    assert not new.exists()  # D14: no run dir left
+
+
+def test_d3_d14_a_live_runs_checkpoints_are_refused_naming_its_launcher(
+    tmp_path: Path, other_launcher
+) -> None:
+    ref = _finished_with_checkpoints(tmp_path)
+    pid = other_launcher(ref, ref)  # ref trains (or is resumed) now
+    ck = ref / "checkpoints"
+    proc = disttrain_in_process(
+        *TRAIN, f"checkpoint.dir={ck}", f"hydra.run.dir={tmp_path / 'B'}", cwd=tmp_path
+    )
+    said = _one_paragraph(proc)
+    assert f"checkpoint.dir={ck} is not valid" in said and f"process {pid} on" in said
+    assert f"the checkpoints/ folder of the run {ref}" in said
+    assert not (ck / owner.OWNER).exists() and not (tmp_path / "B").exists()  # D14: no run dir left
