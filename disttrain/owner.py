@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -82,17 +83,25 @@ def _locked(path: Path, key: str, what: str) -> int | None:
     """An open, flock-ed `path` (None: someone else holds it). The lock file is removed on release,
     so a file just opened may be one its holder is removing: lock, then check that the path still
     names the locked file, else take the new one (the usual pattern for removable lock files)."""
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    flags = (
+        os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    )
     for _ in range(100):
+        _refuse_planted(path, key, what)
         try:
             fd = os.open(path, flags, 0o666)
         except OSError as exc:
+            _refuse_planted(path, key, what)  # planted between the look and the open
             raise ConfigError(
                 key,
                 str(path.parent),
                 f"a {what} this user can write",
                 f"{exc.strerror or exc}: choose another.",
             ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            _refuse_planted(path, key, what)
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -106,6 +115,34 @@ def _locked(path: Path, key: str, what: str) -> int | None:
             return fd
         os.close(fd)
     raise ConfigError(key, str(path.parent), f"a {what} with a stable {LOCK}", "retry the command.")
+
+
+def _refuse_planted(path: Path, key: str, what: str) -> None:
+    """A lock file that is not a regular file (a symbolic link, FIFO, folder, device) was put there
+    by someone: disttrain makes only regular ones. Never opened through (a FIFO would block, a link
+    would write its target): one paragraph naming it (review 2026-11-28-reliability D15)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return  # not there (yet): the open creates a regular file
+    if stat.S_ISREG(mode):
+        return
+    kind = (
+        "a symbolic link"
+        if stat.S_ISLNK(mode)
+        else "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a directory"
+        if stat.S_ISDIR(mode)
+        else "a socket or device file"
+    )
+    raise ConfigError(
+        key,
+        str(path.parent),
+        f"a {what} whose {LOCK} is disttrain's lock file (a regular file) or absent",
+        f"{path} is {kind}, which disttrain never makes (someone put it there; it was left as it "
+        f"is). Look at it, remove it (rm -r {path}), and repeat the command.",
+    )
 
 
 def release(folder: Path) -> None:

@@ -9,6 +9,7 @@ original's checkpoints (0 steps trained) and, with overrides, pruned them.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -195,3 +196,38 @@ def test_d3_d14_a_live_runs_checkpoints_are_refused_naming_its_launcher(
     assert f"checkpoint.dir={ck} is not valid" in said and f"process {pid} on" in said
     assert f"the checkpoints/ folder of the run {ref}" in said
     assert not (ck / owner.OWNER).exists() and not (tmp_path / "B").exists()  # D14: no run dir left
+
+
+# ------------------------------------------------------------------ review 2026-11-28-reliability D15
+# A planted `.lock`: a FIFO was an OSError traceback, a link or folder a paragraph that named
+# neither `.lock` nor the way out ("choose another" for `resume`).
+
+PLANTED = {
+    "a symbolic link": lambda lock, target: lock.symlink_to(target),
+    "a FIFO": lambda lock, target: os.mkfifo(lock),
+    "a directory": lambda lock, target: lock.mkdir(),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PLANTED))
+def test_d15_a_planted_lock_is_named_and_left_as_it_is(tmp_path: Path, kind: str) -> None:
+    run, target = tmp_path / "run", tmp_path / "target.txt"
+    run.mkdir()
+    target.write_text("precious")
+    lock = run / owner.LOCK
+    PLANTED[kind](lock, target)
+    mode = os.lstat(lock).st_mode
+    with pytest.raises(ConfigError) as info:
+        owner.hold(run, run, "RUN_DIR", "run dir")
+    assert f"{lock} is {kind}, which disttrain never makes" in info.value.hint
+    assert f"rm -r {lock}" in info.value.hint and "choose another" not in str(info.value)
+    assert os.lstat(lock).st_mode == mode and target.read_text() == "precious"
+    assert run not in owner._HELD
+
+
+def test_d15_resume_with_a_planted_fifo_lock_is_one_paragraph(tmp_path: Path) -> None:
+    run = _finished(tmp_path, {"seed": 0})
+    os.mkfifo(run / owner.LOCK)
+    proc = disttrain_in_process("resume", str(run), cwd=tmp_path)
+    said = _one_paragraph(proc)
+    assert f"RUN_DIR={run} is not valid" in said and f"{run / owner.LOCK} is a FIFO" in said
