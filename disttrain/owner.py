@@ -27,6 +27,11 @@ from disttrain.config.errors import ConfigError
 
 LOCK = ".lock"
 OWNER = "owner.json"
+# Every rank of a run holds a shared lock on this file of its run dir for its whole life: the
+# launcher's own lock dies with the launcher, its ranks do not (they save a signal checkpoint
+# first). A launcher taking the run dir waits for them (review 2026-11-28-reliability D6).
+RANKS = ".ranks.lock"
+RANKS_WAIT_S = 120.0  # at most: a signal checkpoint of a killed launcher's ranks, then a refusal
 
 _HELD: dict[Path, int] = {}  # folder -> the open, locked file: held until release_all or exit
 
@@ -77,6 +82,89 @@ def hold(folder: Path, run_dir: Path, key: str, what: str) -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(record).encode(), 0)
     _HELD[folder] = fd
+    _wait_for_ranks(folder, key, what)
+
+
+def rank_lock(run_dir: Path) -> int | None:
+    """A rank's shared lock on `run_dir`'s RANKS file: the open descriptor, held until the rank
+    closes it or ends (None where the file system has no flock, or the file is not a regular one)."""
+    flags = (
+        os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    )
+    try:
+        fd = os.open(run_dir / RANKS, flags, 0o666)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            fcntl.flock(fd, fcntl.LOCK_SH)  # a launcher's probe holds it exclusively only for a moment
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _wait_for_ranks(folder: Path, key: str, what: str) -> None:
+    """Wait (RANKS_WAIT_S at most) while ranks of an earlier launcher of `folder` still live; then
+    a ConfigError naming their pids. New ranks beside them would delete their save in progress and
+    train the same steps into the same checkpoints."""
+    path = folder / RANKS
+    try:
+        fd = os.open(
+            path, os.O_RDWR | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+        )
+    except FileNotFoundError:
+        return  # no rank ever ran here
+    except OSError:
+        _refuse_planted(path, key, what)
+        return
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            _refuse_planted(path, key, what)
+        deadline = time.monotonic() + RANKS_WAIT_S
+        for waited in range(1_000_000):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return  # closing the descriptor below drops the probe's lock
+            except BlockingIOError:
+                pass
+            pids = " ".join(map(str, lock_holders(fd))) or "?"
+            if time.monotonic() > deadline:
+                raise ConfigError(
+                    key,
+                    str(folder),
+                    f"a {what} where no rank of an earlier launcher still runs",
+                    f"rank process(es) {pids} of an earlier launcher there still run after "
+                    f"{RANKS_WAIT_S:.0f} s (their launcher ended; they may be saving). New ranks beside "
+                    f"them would delete their save and train the same steps. Wait for them to exit, or "
+                    f"stop them (kill -TERM {pids} saves a checkpoint), then repeat the command.",
+                )
+            if waited == 0:
+                import sys
+
+                sys.stderr.write(
+                    f"disttrain: waiting for rank process(es) {pids} of an earlier launcher of {folder} "
+                    f"to exit (a save in progress; at most {RANKS_WAIT_S:.0f} s)\n"
+                )
+            time.sleep(0.2)
+    finally:
+        os.close(fd)
+
+
+def lock_holders(fd: int) -> list[int]:
+    """The pids holding a flock on `fd`'s file (Linux's /proc/locks; [] elsewhere)."""
+    st = os.fstat(fd)
+    pids: list[int] = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            # "1: FLOCK  ADVISORY  READ 12345 fd:01:1234567 0 EOF" (a waiter's line has "->" first)
+            if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(st.st_ino):
+                with contextlib.suppress(ValueError):
+                    if int(fields[4]) not in pids and int(fields[4]) > 0:
+                        pids.append(int(fields[4]))
+    return sorted(pids)
 
 
 def _locked(path: Path, key: str, what: str) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -145,6 +146,9 @@ def test_rerun_of_a_run_with_checkpoint_dir_trains_again_and_leaves_the_original
     records = [json.loads(line) for line in (tmp_path / "again" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
     assert (tmp_path / "again" / "checkpoints" / "final.pt").is_file()
+    # review 2026-11-28-reliability D6: each run's rank took its run dir's ranks lock (and let it go)
+    for run in (tmp_path / "orig", tmp_path / "again"):
+        assert (run / owner.RANKS).is_file() and _rank_holders(run) == []
 
 
 # --------------------------------------------------------- review 2026-11-28-reliability D3, D14
@@ -231,3 +235,74 @@ def test_d15_resume_with_a_planted_fifo_lock_is_one_paragraph(tmp_path: Path) ->
     proc = disttrain_in_process("resume", str(run), cwd=tmp_path)
     said = _one_paragraph(proc)
     assert f"RUN_DIR={run} is not valid" in said and f"{run / owner.LOCK} is a FIFO" in said
+
+
+# ------------------------------------------------------------------- review 2026-11-28-reliability D6
+# The run dir's lock died with a SIGKILLed launcher while its ranks lived on (saving for 25 s); a
+# resume started at once trained beside them and deleted their save in progress.
+
+
+@pytest.fixture
+def old_rank(tmp_path: Path) -> Iterator[callable]:
+    """A process holding the ranks' shared lock of a run dir, as a killed launcher's rank does,
+    for `seconds`; killed at the end."""
+    procs: list[subprocess.Popen] = []
+
+    def start(run: Path, seconds: float) -> int:
+        code = textwrap.dedent(f"""
+            import time
+            from pathlib import Path
+            from disttrain.owner import rank_lock
+            assert rank_lock(Path({str(run)!r})) is not None
+            print("held", flush=True)
+            time.sleep({seconds})
+        """)
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        return proc.pid
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_d6_a_run_dir_is_not_taken_while_ranks_of_a_dead_launcher_live(
+    tmp_path: Path, old_rank, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    pid = old_rank(run, 60)  # still saving
+    monkeypatch.setattr(owner, "RANKS_WAIT_S", 0.6)
+    with pytest.raises(ConfigError) as info:
+        owner.hold(run, run, "RUN_DIR", "run dir")
+    assert f"rank process(es) {pid} of an earlier launcher there still run" in info.value.hint
+    assert f"kill -TERM {pid}" in info.value.hint
+    assert f"waiting for rank process(es) {pid}" in capsys.readouterr().err
+    owner.release_all()
+    os.kill(pid, signal.SIGKILL)  # it ends (its lock goes with it) ...
+    pid = old_rank(run, 0.5)  # ... and another's save ends soon: the launcher waits, then holds the run dir
+    monkeypatch.setattr(owner, "RANKS_WAIT_S", 30.0)
+    owner.hold(run, run, "RUN_DIR", "run dir")
+    assert owner.holder(run)["pid"] == os.getpid() and _rank_holders(run) == []
+    owner.release_all()
+
+
+def _rank_holders(run: Path) -> list[int]:
+    fd = os.open(run / owner.RANKS, os.O_RDONLY)
+    try:
+        return owner.lock_holders(fd)
+    finally:
+        os.close(fd)
+
+
+def test_d6_a_rank_lock_is_shared_and_named_by_pid(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    first, second = owner.rank_lock(run), owner.rank_lock(run)  # every rank of a node: shared
+    assert first is not None and second is not None
+    assert _rank_holders(run) == [os.getpid()]
+    os.close(first)
+    os.close(second)
+    assert _rank_holders(run) == []
