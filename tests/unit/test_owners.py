@@ -160,7 +160,7 @@ TRAIN = ("train", "data=synthetic", "trainer.max_steps=50", *ONE)
 
 
 def _finished_with_checkpoints(root: Path) -> Path:
-    ref = _finished(root, checked(["data=synthetic", "trainer.max_steps=30"]), "ref")
+    ref = _finished(root, {"seed": 0}, "ref")  # a run dir: its config.yaml beside checkpoints/
     for step in (10, 20, 30):
         (ref / "checkpoints" / f"step_{step:08d}").mkdir(parents=True)
     (ref / "checkpoints" / "final.pt").write_bytes(b"ref's weights")
@@ -187,19 +187,24 @@ def test_d3_d14_another_runs_default_checkpoints_are_never_taken(tmp_path: Path)
     assert not new.exists()  # D14: no run dir left
 
 
-def test_d3_d14_a_live_runs_checkpoints_are_refused_naming_its_launcher(
+def test_d3_a_live_runs_checkpoints_are_refused_naming_its_launcher(
     tmp_path: Path, other_launcher
 ) -> None:
+    """Even with resume= naming them: two launchers would commit into one folder."""
+    from disttrain.commands.train import own_checkpoint_dir
+
     ref = _finished_with_checkpoints(tmp_path)
     pid = other_launcher(ref, ref)  # ref trains (or is resumed) now
     ck = ref / "checkpoints"
-    proc = disttrain_in_process(
-        *TRAIN, f"checkpoint.dir={ck}", f"hydra.run.dir={tmp_path / 'B'}", cwd=tmp_path
-    )
-    said = _one_paragraph(proc)
-    assert f"checkpoint.dir={ck} is not valid" in said and f"process {pid} on" in said
-    assert f"the checkpoints/ folder of the run {ref}" in said
-    assert not (ck / owner.OWNER).exists() and not (tmp_path / "B").exists()  # D14: no run dir left
+    run = checked_run(["data=synthetic", f"checkpoint.dir={ck}", f"resume={ck}"])
+    try:
+        with pytest.raises(ConfigError) as info:
+            own_checkpoint_dir(run, tmp_path / "B")
+    finally:
+        owner.release_all()
+    assert (info.value.key, info.value.value) == ("checkpoint.dir", str(ck))
+    assert f"the checkpoints/ folder of the run {ref}, and process {pid} on" in info.value.hint
+    assert not (ck / owner.OWNER).exists()
 
 
 # ------------------------------------------------------------------ review 2026-11-28-reliability D15
