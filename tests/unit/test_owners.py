@@ -187,9 +187,7 @@ def test_d3_d14_another_runs_default_checkpoints_are_never_taken(tmp_path: Path)
     assert not new.exists()  # D14: no run dir left
 
 
-def test_d3_a_live_runs_checkpoints_are_refused_naming_its_launcher(
-    tmp_path: Path, other_launcher
-) -> None:
+def test_d3_a_live_runs_checkpoints_are_refused_naming_its_launcher(tmp_path: Path, other_launcher) -> None:
     """Even with resume= naming them: two launchers would commit into one folder."""
     from disttrain.commands.train import own_checkpoint_dir
 
