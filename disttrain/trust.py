@@ -223,8 +223,9 @@ def check_trusted(
     raise ConfigError(
         "RUN_DIR",
         str(run_dir),
-        "a run dir you created with disttrain, or one whose config.yaml builds only disttrain's "
-        f"and torch's own classes ({', '.join(p + '*' for p in BUILTIN)}) and names no program",
+        "a run dir you created with disttrain, or one whose config.yaml builds only disttrain's and "
+        "torch's own models, losses, optimizers, schedulers, tasks and data sets (defined in "
+        f"{', '.join(p + '*' for p in BUILTIN)}, not what those modules import) and names no program",
         f"it was made by someone else, or its config.yaml changed since disttrain wrote it, and using "
         f"it would {' and '.join(actions)}. Read {run_dir / 'config.yaml'}; "
         + (f"give your own program on the command line ({own}), or " if programs else "")
