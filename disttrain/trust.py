@@ -54,6 +54,7 @@ BUILDERS = frozenset(
         "disttrain.models.gpt.gpt_tp_plan",
     }
 )
+TASK = "disttrain.tasks.builtin.Task"  # the base class of disttrain's tasks
 # Keys whose value is a program disttrain runs (or has a cluster run), with their schema default: a
 # foreign run dir keeps the default or the value the user's command line gives (review D2).
 PROGRAMS = {"launcher.kubectl": "kubectl", "launcher.image": None}
@@ -159,13 +160,14 @@ def builtin_object(target: str) -> bool:
         import torch
         from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
-        from disttrain.tasks import Task
-
         if issubclass(obj, torch.nn.Module):
             return home.startswith(("torch.nn.", "disttrain."))
         if issubclass(obj, (torch.optim.Optimizer, LRScheduler, ReduceLROnPlateau)):
             return home.startswith("torch.optim.")
-        return issubclass(obj, Task) and home.startswith("disttrain.")
+        # a disttrain task (by name: disttrain.tasks is a layer above this module)
+        return home.startswith("disttrain.") and any(
+            f"{b.__module__}.{b.__qualname__}" == TASK for b in obj.__mro__
+        )
     if inspect.isfunction(obj):
         return home == "torch.nn.functional" or f"{home}.{obj.__qualname__}" in BUILDERS
     return False
