@@ -22,9 +22,10 @@ KEY = "checkpoint.dir"
 
 
 def checkpoint_dir(run: Run | Mapping[str, Any], run_dir: Path) -> Path:
-    """`checkpoint.dir` (relative: to the working directory), else `<run dir>/checkpoints`. Of a
-    run, or of a run dir's plain config.yaml (`disttrain eval` finds the checkpoint before the
-    config is checked and trusted)."""
+    """`checkpoint.dir`, else `<run dir>/checkpoints`. Of a run, or of a run dir's plain
+    config.yaml (`disttrain eval` finds the checkpoint before the config is checked and trusted).
+    Composition freezes it absolute (config.compose.absolute_paths); a relative one (a config.yaml
+    from before) is read from the working directory."""
     chosen = _chosen(run)
     return Path(str(chosen)).absolute() if chosen else RunDir(run_dir).checkpoints
 

@@ -9,27 +9,55 @@ is code. The rule:
   only this user can read (`~/.config/disttrain/run-key`, 0600, made on first use), and the file
   is owned by this user. A config.yaml changed by anyone else (a copy edited by hand included)
   no longer matches its signature;
-- any other run dir is built only if every `_target_` in it is one of disttrain's or torch's own
-  classes (`disttrain.`, `torch.nn.`, `torch.optim.`), or with an explicit `--trust`;
-- otherwise one paragraph lists what it would import, and nothing is built.
+- any other run dir is built only if every `_target_` in it names one of disttrain's or torch's own
+  callables (`builtin_object`), and it names no program to run (`PROGRAMS`: `launcher.kubectl`,
+  `launcher.image`) that the command line does not set, or with an explicit `--trust`;
+- otherwise one paragraph lists what it would import or run, and nothing is built.
+
+The check is on the *object* a target names, not its text (review 2026-11-28-reliability D1):
+Hydra walks attributes, so `torch.nn.init.torch.load` is `torch.load` and
+`disttrain.safefile.write_text_atomic` writes any path. A dotted path may pass only modules of its
+own name (no `torch.nn.init.torch`), no private name (`_`: no `__globals__`, no `disttrain.__main__`),
+and must end at an nn.Module class defined under torch.nn or disttrain, a torch.optim optimizer or
+scheduler class, a disttrain Task class, a loss function of torch.nn.functional, or one of
+disttrain's own builders (`BUILDERS`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import importlib
+import inspect
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from disttrain.config.errors import ConfigError
 
 SIGNATURE = ".signature"
-# Prefixes of `_target_`s that are disttrain's or torch's own classes and functions: the built-in
-# options' targets. Nothing under them evaluates a string or writes a path the config names.
+# The packages whose callables a foreign run dir may name (each one still checked: builtin_object).
 BUILTIN = ("disttrain.", "torch.nn.", "torch.optim.")
+# disttrain's own functions that built-in options build: the data sets and the GPT tensor-parallel
+# plan. They read the files their config names; none evaluates a string or writes a file.
+BUILDERS = frozenset(
+    {
+        "disttrain.data.digits.load_digits",
+        "disttrain.data.synthetic.make_synthetic",
+        "disttrain.data.text.load_text",
+        "disttrain.data.files.load_files",
+        "disttrain.data.tokens.load_tokens",
+        "disttrain.data.hf.load_hf",
+        "disttrain.data.mix.load_mix",
+        "disttrain.models.gpt.gpt_tp_plan",
+    }
+)
+TASK = "disttrain.tasks.builtin.Task"  # the base class of disttrain's tasks
+# Keys whose value is a program disttrain runs (or has a cluster run), with their schema default: a
+# foreign run dir keeps the default or the value the user's command line gives (review D2).
+PROGRAMS = {"launcher.kubectl": "kubectl", "launcher.image": None}
 TRUST_FLAG = "--trust"
 
 
@@ -99,8 +127,75 @@ def targets(node: Any, key: str = "") -> Iterator[tuple[str, str]]:
             yield from targets(value, f"{key}[{i}]")
 
 
+def walk(target: str) -> Any:
+    """The object `target` names, found as Hydra's `_locate` finds it (attribute first, else the
+    submodule), or None where the path passes a private name or a module of another name
+    (`torch.nn.init.torch`: the module `torch`, re-exported), or names nothing."""
+    parts = target.split(".")
+    if not parts or not all(p.isidentifier() and not p.startswith("_") for p in parts):
+        return None
+    try:
+        obj: Any = importlib.import_module(parts[0])
+        for i in range(1, len(parts)):
+            path = ".".join(parts[: i + 1])
+            found = getattr(obj, parts[i], None)
+            if found is None and inspect.ismodule(obj):
+                found = importlib.import_module(path)
+            if found is None or (inspect.ismodule(found) and found.__name__ != path):
+                return None
+            obj = found
+    except Exception:  # a path that does not import is not a built-in one
+        return None
+    return obj
+
+
+def builtin_object(target: str) -> bool:
+    """Whether `target` names one of disttrain's or torch's own callables that builds a model, loss,
+    optimizer, scheduler, task or data set from plain values (see the module docstring)."""
+    if not target.startswith(BUILTIN):
+        return False
+    obj = walk(target)
+    home = str(getattr(obj, "__module__", None) or "")
+    if inspect.isclass(obj):
+        import torch
+        from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+        if issubclass(obj, torch.nn.Module):
+            return home.startswith(("torch.nn.", "disttrain."))
+        if issubclass(obj, (torch.optim.Optimizer, LRScheduler, ReduceLROnPlateau)):
+            return home.startswith("torch.optim.")
+        # a disttrain task (by name: disttrain.tasks is a layer above this module)
+        return home.startswith("disttrain.") and any(
+            f"{b.__module__}.{b.__qualname__}" == TASK for b in obj.__mro__
+        )
+    if inspect.isfunction(obj):
+        return home == "torch.nn.functional" or f"{home}.{obj.__qualname__}" in BUILDERS
+    return False
+
+
 def foreign_targets(cfg: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(k, t) for k, t in targets(cfg) if not t.startswith(BUILTIN)]
+    """(key, target) of every `_target_` that is not one of disttrain's or torch's own callables."""
+    return [(k, t) for k, t in targets(cfg) if not builtin_object(t)]
+
+
+def _value(cfg: dict[str, Any], key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def foreign_programs(cfg: dict[str, Any], overrides: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """(key, value) of every program-valued key the config sets to another value than disttrain's
+    default, unless the command line's `overrides` set it (the user's own choice)."""
+    given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}  # `launcher=spawn` gives them all
+    return [
+        (key, str(value))
+        for key, default in PROGRAMS.items()
+        if not any(key == g or key.startswith(g + ".") for g in given)
+        and (value := _value(cfg, key)) is not None
+        and value != default
+    ]
 
 
 def take_trust_flag(args: list[str]) -> tuple[list[str], bool]:
@@ -109,22 +204,32 @@ def take_trust_flag(args: list[str]) -> tuple[list[str], bool]:
     return kept, len(kept) != len(args)
 
 
-def check_trusted(run_dir: Path, cfg: dict[str, Any], trusted: bool) -> None:
-    """Refuse, before anything is built, a run dir made by someone else whose config imports code."""
+def check_trusted(
+    run_dir: Path, cfg: dict[str, Any], trusted: bool, launches: Sequence[str] | None = None
+) -> None:
+    """Refuse, before anything is built, a run dir made by someone else whose config imports code,
+    or, for a command that starts the run's launcher (`launches`: its command line's overrides,
+    which may set a program key), names a program to run."""
     if trusted or made_by_me(run_dir):
         return
+    programs = [] if launches is None else foreign_programs(cfg, launches)
     foreign = foreign_targets(cfg)
-    if not foreign:
+    if not foreign and not programs:
         return
     listing = ", ".join(f"{k}={t}" for k, t in foreign[:6]) + (
         f" and {len(foreign) - 6} more" if len(foreign) > 6 else ""
     )
+    actions = [f"import and call {listing}"] if foreign else []
+    actions += [f"run {k}={v}" for k, v in programs]
+    own = " or ".join(f"{k}=YOURS" for k, _ in programs)
     raise ConfigError(
         "RUN_DIR",
         str(run_dir),
-        "a run dir you created with disttrain, or one whose config.yaml builds only disttrain's "
-        f"and torch's own classes ({', '.join(p + '*' for p in BUILTIN)})",
-        f"it was made by someone else, or its config.yaml changed since disttrain wrote it, and building "
-        f"it would import and call {listing}. Read {run_dir / 'config.yaml'}; if you trust that code, "
-        f"repeat the command with {TRUST_FLAG}.",
+        "a run dir you created with disttrain, or one whose config.yaml builds only disttrain's and "
+        "torch's own models, losses, optimizers, schedulers, tasks and data sets (defined in "
+        f"{', '.join(p + '*' for p in BUILTIN)}, not what those modules import) and names no program",
+        f"it was made by someone else, or its config.yaml changed since disttrain wrote it, and using "
+        f"it would {' and '.join(actions)}. Read {run_dir / 'config.yaml'}; "
+        + (f"give your own program on the command line ({own}), or " if programs else "")
+        + f"if you trust that code, repeat the command with {TRUST_FLAG}.",
     )

@@ -42,6 +42,7 @@ from disttrain.observe.log import (
 from disttrain.observe.metrics import NullMetrics, make_metrics
 from disttrain.observe.profiler import make_profiler
 from disttrain.observe.summary import record_summary
+from disttrain.owner import rank_lock
 from disttrain.procs import launcher_alive, name_process
 from disttrain.rng import seed_everything
 from disttrain.rundir import RunDir, read_config, record_orphaned, refuse_planted_links
@@ -78,6 +79,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     launcher = launcher_pid()
     if "RANK" in os.environ:
         die_with_parent(launcher)
+    alive = rank_lock(run_dir)  # while this rank lives (even past its launcher), no new ranks here
     try:
         init_process_group(env, run.backend.timeout, cpu_collectives=specs.cpu_collectives(run))
         mark("process_group")
@@ -106,6 +108,8 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     finally:
         destroy_process_group()
         teardown_logging()
+        if alive is not None:
+            os.close(alive)
     if summary.get("stopped_by"):  # SIGTERM/SIGINT: state saved, exit as the signal would
         if env.is_zero:
             record_orphaned(run_dir, launcher, f"the ranks stopped at step {summary['steps']} on the signal")

@@ -106,7 +106,20 @@ def _keys_of_files(files: list[Path]) -> dict[str, Path]:
 
 
 def _pt_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """A .pt's tensors, memory-mapped (nothing read until used); final.pt keeps them under "model"."""
+    """A .pt's tensors, memory-mapped (nothing read until used); final.pt keeps them under "model".
+    A mapped record is read as stored: a deflated one (torch.save never writes them) would become
+    its compressed bytes as weights, so such a file is refused (review 2026-11-28-reliability D5)."""
+    from disttrain.checkpoint.reading import CorruptCheckpoint, refuse_compressed
+
+    try:
+        refuse_compressed(path, str(path))
+    except CorruptCheckpoint as exc:
+        raise ConfigError(
+            "init.path",
+            str(path),
+            ALLOWED,
+            f"{exc}. Load it with torch.load and save it again with torch.save, or give another file.",
+        ) from None
     obj = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     if isinstance(obj, dict) and isinstance(obj.get("model"), dict):
         obj = obj["model"]

@@ -112,7 +112,7 @@ def cmd_rerun(rest: list[str]) -> int:
     rest, trusted = take_trust_flag(rest)
     run_dir, overrides, target = parse(rest)
     saved_cfg = read_config(run_dir)
-    check_trusted(run_dir, saved_cfg, trusted)  # someone else's _target_s: only with --trust
+    check_trusted(run_dir, saved_cfg, trusted, launches=overrides)  # someone else's code: --trust
     run, note = own_checkpoints(run_of(apply_overrides(saved_cfg, overrides)), target, overrides)
     check_static(run)
     check_runtime(run)

@@ -12,6 +12,7 @@ the task `@hydra.main` runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator, Mapping
@@ -224,13 +225,18 @@ def _run_job(run: Run, run_dir: Path, overrides: list[str], job: Any, command: l
     """One checked job (a run, or a basic sweep's job) trains without `@hydra.main`, which would
     compose the config again (~0.4 CPU-s before every run) only to hand the job a run dir and
     overrides this command already holds. What Hydra's job runner would do for it is done here
-    (`_job_context`). An error that escapes the job is reported as Hydra reports it (overrides,
-    traceback), exit 1."""
+    (`_job_context`). A ConfigError is one paragraph, exit 2; any other error that escapes the job
+    is reported as Hydra reports it (overrides, traceback), exit 1."""
     import traceback
+
+    from disttrain.config.errors import ConfigError
 
     with _job_context(run_dir, job):
         try:
             _freeze_and_launch(run, run_dir, overrides, command)
+        except ConfigError as exc:  # a refusal (a sweep job's checkpoint.dir): a paragraph, as train's
+            sys.stderr.write(f"disttrain: {exc}\n")
+            return 2
         except Exception:
             sys.stderr.write(f"Error executing job with overrides: {overrides}\n{traceback.format_exc()}")
             return 1
@@ -273,13 +279,33 @@ def _own_run_dir(run: Run, args: Any, overrides: list[str], command: list[str], 
     run_dir = Path(str(full.hydra.run.dir)).absolute()
     rundir.check_path(run_dir)
     launcher_for(run).check_command(run_dir, [*rundir.program(), "train", *command])
+    created = not run_dir.exists()
     if any(o.lstrip("+").startswith("hydra.run.dir=") for o in overrides):
-        return rundir.reuse(run_dir, run, shared=run.world.nodes > 1)  # the nodes share one dir
-    claimed = rundir.claim(run_dir)
+        claimed = rundir.reuse(run_dir, run, shared=run.world.nodes > 1)  # the nodes share one dir
+    else:
+        claimed, created = rundir.claim(run_dir), True
+    _own_checkpoints_or_leave(run, claimed, created)
     from disttrain.timing import mark
 
     mark("run_dir")
     return claimed
+
+
+def _own_checkpoints_or_leave(run: Run, run_dir: Path, created: bool) -> None:
+    """The checkpoint folder's lock and owner, taken with the run dir's and before the job: a
+    refusal is one paragraph (exit 2), and a run dir this command created goes again (review
+    2026-11-28-reliability D14: a Hydra traceback, exit 1, an empty run dir left)."""
+    from disttrain import owner
+    from disttrain.config.errors import ConfigError
+
+    try:
+        own_checkpoint_dir(run, run_dir)
+    except ConfigError:
+        if created:
+            owner.release(run_dir)
+            with contextlib.suppress(OSError):
+                run_dir.rmdir()  # empty but for the lock file just removed
+        raise
 
 
 def _own_sweep_dir(args: Any, first: Any) -> tuple[Path, list[str]]:
@@ -418,6 +444,7 @@ def own_checkpoint_dir(run: Run, run_dir: Path) -> None:
     multi-node run (every node shares the folder). A scheduler's job (Slurm, Kubernetes) is not
     checked here: no launcher of it lives in this process, and its requeues reuse one run dir."""
     from disttrain import owner
+    from disttrain.config.errors import ConfigError
     from disttrain.launch.registry import launcher_for
     from disttrain.shared_dir import checkpoint_dir
 
@@ -425,6 +452,17 @@ def own_checkpoint_dir(run: Run, run_dir: Path) -> None:
         return
     directory = checkpoint_dir(run, run_dir)
     owner.hold(directory, run_dir, "checkpoint.dir", "checkpoint folder")
+    home = owner.home_run_dir(directory)
+    if home is not None and home != run_dir:  # another run's own folder: never while that run lives
+        try:
+            owner.hold(home, run_dir, "checkpoint.dir", "run dir")
+        except ConfigError as exc:
+            raise ConfigError(
+                "checkpoint.dir",
+                str(directory),
+                "a checkpoint folder no live run writes",
+                f"it is the checkpoints/ folder of the run {home}, and {exc.hint}",
+            ) from None
     owner.claim_checkpoints(directory, run_dir, run.resume)
 
 

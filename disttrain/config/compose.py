@@ -203,7 +203,48 @@ def resolve(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, An
     assert isinstance(container, dict)
     elastic_nodes(container)  # type: ignore[arg-type]
     resolve_nproc(container)  # type: ignore[arg-type]  # auto -> a number, before anything reads it
+    absolute_paths(container)  # type: ignore[arg-type]
     return container  # type: ignore[return-value]
+
+
+def absolute_paths(cfg: dict[str, Any]) -> None:
+    """Relative file paths made absolute against this command's working directory, so config.yaml
+    freezes where they pointed when the run was made: a resume, export or eval from another folder
+    reads the same checkpoints and data (review 2026-11-28-reliability D4). `checkpoint.dir` always
+    (it is created); `init.path` and the data nodes' `path`, `val_path`, `*_path` keys (at any
+    depth: data.train, a mixture's sources) only where something exists there, since a data path
+    may be a Hugging Face Hub name (`data.path=imdb`); a token glob where it matches. Not for a
+    launcher whose nodes have their own file system (`own_files`: a Kubernetes pod's image)."""
+    import glob
+
+    from disttrain.launch.specs import LAUNCHERS
+
+    name = cfg.get("launcher", {}).get("name") if isinstance(cfg.get("launcher"), dict) else None
+    if name in LAUNCHERS.names() and LAUNCHERS.get(name).own_files:
+        return
+
+    def absolute(value: Any, must_exist: bool) -> Any:
+        if not isinstance(value, str) or not value or os.path.isabs(value) or value.startswith("~"):
+            return value
+        if must_exist and not (os.path.lexists(value) or (glob.has_magic(value) and glob.glob(value))):
+            return value
+        return os.path.join(os.getcwd(), value)
+
+    def data_paths(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("path", "val_path") or (isinstance(key, str) and key.endswith("_path")):
+                    node[key] = absolute(value, must_exist=True)
+                else:
+                    data_paths(value)
+        elif isinstance(node, list):
+            for value in node:
+                data_paths(value)
+
+    for block, key, must_exist in (("checkpoint", "dir", False), ("init", "path", True)):
+        if isinstance(cfg.get(block), dict) and key in cfg[block]:
+            cfg[block][key] = absolute(cfg[block][key], must_exist)
+    data_paths(cfg.get("data"))
 
 
 def _check_missing(cfg: DictConfig) -> None:

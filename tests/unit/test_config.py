@@ -226,7 +226,7 @@ def test_bad_input_raises_config_error_naming_key_value_allowed_and_hint(
     err = raise_for(bad)
     m = MESSAGE.match(str(err))
     assert m is not None, f"not in the error format: {err}"
-    assert (m["key"], m["value"]) == (bad.key, bad.value), str(err)
+    assert (m["key"], m["value"]) == (bad.key, bad.shown(tmp_path)), str(err)
     assert err.allowed and err.hint, str(err)
 
 

@@ -260,3 +260,130 @@ def test_export_of_checkpoints_elsewhere_takes_the_named_config(saved: dict, tmp
     assert "a run dir with a committed checkpoint" in proc.stderr and str(step) in proc.stderr
     proc = disttrain_in_process("export", str(step), "--config", str(tmp_path / "x.yaml"), cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith("disttrain: config error: --config="), proc.stderr
+
+
+# ------------------------------------------------------------------- review 2026-11-28-reliability D1
+# The allow-list was a text prefix: Hydra walks attributes, so names under `torch.nn.` and
+# `disttrain.` reached torch.load(weights_only=False) and a writer of any path.
+
+
+def _review_payload(tmp: Path) -> dict:
+    """The review's D1 reproduction: write a protocol-0 pickle, then torch.load it unsafely."""
+    return {
+        "_target_": "torch.nn.init.torch.load",
+        "weights_only": False,
+        "f": {
+            "_target_": "disttrain.safefile.write_text_atomic",
+            "path": {"_target_": "disttrain.safefile.Path", "_args_": [str(tmp / "evil.pkl")]},
+            "text": f"cos\nsystem\n(S'echo PWNED >> {tmp / 'PWN'}'\ntR.",
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["eval", "{run}"],
+        ["resume", "{run}"],
+    ],
+)
+def test_d1_attribute_walks_under_builtin_prefixes_never_run(
+    saved: dict, tmp_path: Path, own_key: Path, command: list
+) -> None:
+    payload = _review_payload(tmp_path)
+    run = _foreign_copy(
+        tmp_path, saved, lambda c: c["task"]["criterion"].__setitem__("label_smoothing", payload)
+    )
+    (run / "checkpoints" / "step_00000030").mkdir(parents=True)  # eval looks for one first
+    proc = disttrain_in_process(*[a.format(run=run) for a in command], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    # eval's look at the (empty) checkpoint may log one line first; the refusal is one paragraph
+    said = proc.stderr.strip().splitlines()[-1]
+    assert said.startswith("disttrain: config error: RUN_DIR=") and "Traceback" not in proc.stderr, (
+        proc.stderr
+    )
+    assert "label_smoothing=torch.nn.init.torch.load" in said and "--trust" in said
+    assert "f=disttrain.safefile.write_text_atomic" in said
+    assert not (tmp_path / "evil.pkl").exists() and not (tmp_path / "PWN").exists()
+
+
+D1_REFUSED = [
+    "torch.nn.init.torch.load",  # a module re-exported under another module's name
+    "disttrain.rng.torch.load",
+    "disttrain.launch.slurm.shutil.copyfile",
+    "disttrain.safefile.write_text_atomic",  # disttrain's own, but a writer of any path
+    "disttrain.safefile.Path",
+    "disttrain.__main__.main",  # importing it runs the CLI
+    "torch.nn.Module.__init__.__globals__",
+    "torch.optim.SGD.step",
+    "torch.nn.functional.handle_torch_function",  # re-exported from torch.overrides
+    "torch.nn.no_such_thing",
+    "torch.nnx.Linear",
+]
+D1_ALLOWED = [
+    "torch.nn.Linear",
+    "torch.nn.CrossEntropyLoss",
+    "torch.nn.functional.mse_loss",
+    "torch.optim.AdamW",
+    "torch.optim.lr_scheduler.StepLR",
+    "torch.optim.lr_scheduler.ReduceLROnPlateau",
+    "disttrain.models.gpt.GPT",
+    "disttrain.testing.FaultMLP",
+    "disttrain.tasks.Classification",
+    "disttrain.data.tokens.load_tokens",
+    "disttrain.models.gpt.gpt_tp_plan",
+]
+
+
+def test_d1_trust_checks_the_object_a_target_names_not_its_text() -> None:
+    from disttrain.trust import builtin_object
+
+    assert [t for t in D1_REFUSED if builtin_object(t)] == []
+    assert [t for t in D1_ALLOWED if not builtin_object(t)] == []
+
+
+def test_d1_every_builtin_options_target_needs_no_trust() -> None:
+    from disttrain.config.schema import OptimConfig  # noqa: F401 - the schema's own targets below
+    from disttrain.data.specs import DATA
+    from disttrain.models.specs import MODELS
+    from disttrain.tasks.specs import TASKS
+    from disttrain.trust import builtin_object
+
+    builtin = [s.target for r in (DATA, MODELS, TASKS) for s in r.all()]
+    builtin += ["torch.optim.AdamW", "torch.optim.SGD", "torch.optim.lr_scheduler.OneCycleLR"]
+    assert len(builtin) >= 13
+    assert [t for t in builtin if not builtin_object(t)] == []
+
+
+# ------------------------------------------------------------------- review 2026-11-28-reliability D2
+# `launcher.kubectl` of a foreign config.yaml was a program `disttrain resume` ran.
+
+
+def _k8s(cfg: dict, kubectl: str) -> None:
+    cfg["launcher"] = {"name": "k8s", "image": "busybox", "kubectl": kubectl, "dry_run": False}
+
+
+def test_d2_a_foreign_kubectl_is_never_run(saved: dict, tmp_path: Path, own_key: Path) -> None:
+    marker = tmp_path / "PWNED"
+    run = _foreign_copy(tmp_path, saved, lambda c: _k8s(c, "sh"))
+    (run / "apply").write_text(f"echo PWNED >> {marker}\n")
+    proc = disttrain_in_process("resume", ".", "trainer.max_steps=40", cwd=run)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "run launcher.kubectl=sh" in proc.stderr and "launcher.kubectl=YOURS" in proc.stderr
+    assert "launcher.image=busybox" in proc.stderr and "--trust" in proc.stderr
+    assert not marker.exists() and not (run / "k8s").exists()
+
+
+def test_d2_program_keys_come_from_the_command_line_or_stay_default(saved: dict) -> None:
+    from disttrain.trust import foreign_programs
+
+    cfg = json.loads(json.dumps(saved))
+    _k8s(cfg, "sh")
+    assert foreign_programs(cfg) == [("launcher.kubectl", "sh"), ("launcher.image", "busybox")]
+    given = ["launcher.kubectl=/usr/bin/kubectl", "launcher.image=mine:1"]
+    assert foreign_programs(cfg, given) == []
+    assert foreign_programs(cfg, ["launcher=spawn"]) == []  # the whole launcher replaced
+    _k8s(cfg, "kubectl")
+    assert foreign_programs(cfg, ["launcher.image=mine:1"]) == []  # the default: the user's PATH
+    assert foreign_programs(saved) == []  # a local launcher names no program

@@ -9,6 +9,8 @@ original's checkpoints (0 steps trained) and, with overrides, pruned them.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -144,3 +146,166 @@ def test_rerun_of_a_run_with_checkpoint_dir_trains_again_and_leaves_the_original
     records = [json.loads(line) for line in (tmp_path / "again" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
     assert (tmp_path / "again" / "checkpoints" / "final.pt").is_file()
+    # review 2026-11-28-reliability D6: each run's rank took its run dir's ranks lock (and let it go)
+    for run in (tmp_path / "orig", tmp_path / "again"):
+        assert (run / owner.RANKS).is_file() and _rank_holders(run) == []
+
+
+# --------------------------------------------------------- review 2026-11-28-reliability D3, D14
+# D3: a run with the default checkpoint folder wrote no owner.json, so `checkpoint.dir=<its run
+# dir>/checkpoints` resumed, pruned and replaced its checkpoints (finished or live). D14: a
+# checkpoint.dir refusal was a Hydra traceback, exit 1, with an empty run dir left.
+
+TRAIN = ("train", "data=synthetic", "trainer.max_steps=50", *ONE)
+
+
+def _finished_with_checkpoints(root: Path) -> Path:
+    ref = _finished(root, {"seed": 0}, "ref")  # a run dir: its config.yaml beside checkpoints/
+    for step in (10, 20, 30):
+        (ref / "checkpoints" / f"step_{step:08d}").mkdir(parents=True)
+    (ref / "checkpoints" / "final.pt").write_bytes(b"ref's weights")
+    return ref
+
+
+def _one_paragraph(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return proc.stderr
+
+
+def test_d3_d14_another_runs_default_checkpoints_are_never_taken(tmp_path: Path) -> None:
+    ref = _finished_with_checkpoints(tmp_path)
+    before = sorted(p.name for p in (ref / "checkpoints").iterdir())
+    new = tmp_path / "new"
+    proc = disttrain_in_process(
+        *TRAIN, f"checkpoint.dir={ref / 'checkpoints'}", f"hydra.run.dir={new}", cwd=tmp_path
+    )
+    said = _one_paragraph(proc)
+    assert f"it holds the checkpoints of {ref};" in said and f"disttrain resume {ref}" in said
+    assert sorted(p.name for p in (ref / "checkpoints").iterdir()) == before  # no owner.json, no prune
+    assert (ref / "checkpoints" / "final.pt").read_bytes() == b"ref's weights"
+    assert not new.exists()  # D14: no run dir left
+
+
+def test_d3_a_live_runs_checkpoints_are_refused_naming_its_launcher(tmp_path: Path, other_launcher) -> None:
+    """Even with resume= naming them: two launchers would commit into one folder."""
+    from disttrain.commands.train import own_checkpoint_dir
+
+    ref = _finished_with_checkpoints(tmp_path)
+    pid = other_launcher(ref, ref)  # ref trains (or is resumed) now
+    ck = ref / "checkpoints"
+    run = checked_run(["data=synthetic", f"checkpoint.dir={ck}", f"resume={ck}"])
+    try:
+        with pytest.raises(ConfigError) as info:
+            own_checkpoint_dir(run, tmp_path / "B")
+    finally:
+        owner.release_all()
+    assert (info.value.key, info.value.value) == ("checkpoint.dir", str(ck))
+    assert f"the checkpoints/ folder of the run {ref}, and process {pid} on" in info.value.hint
+    assert not (ck / owner.OWNER).exists()
+
+
+# ------------------------------------------------------------------ review 2026-11-28-reliability D15
+# A planted `.lock`: a FIFO was an OSError traceback, a link or folder a paragraph that named
+# neither `.lock` nor the way out ("choose another" for `resume`).
+
+PLANTED = {
+    "a symbolic link": lambda lock, target: lock.symlink_to(target),
+    "a FIFO": lambda lock, target: os.mkfifo(lock),
+    "a directory": lambda lock, target: lock.mkdir(),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PLANTED))
+def test_d15_a_planted_lock_is_named_and_left_as_it_is(tmp_path: Path, kind: str) -> None:
+    run, target = tmp_path / "run", tmp_path / "target.txt"
+    run.mkdir()
+    target.write_text("precious")
+    lock = run / owner.LOCK
+    PLANTED[kind](lock, target)
+    mode = os.lstat(lock).st_mode
+    with pytest.raises(ConfigError) as info:
+        owner.hold(run, run, "RUN_DIR", "run dir")
+    assert f"{lock} is {kind}, which disttrain never makes" in info.value.hint
+    assert f"rm -r {lock}" in info.value.hint and "choose another" not in str(info.value)
+    assert os.lstat(lock).st_mode == mode and target.read_text() == "precious"
+    assert run not in owner._HELD
+
+
+def test_d15_resume_with_a_planted_fifo_lock_is_one_paragraph(tmp_path: Path) -> None:
+    run = _finished(tmp_path, {"seed": 0})
+    os.mkfifo(run / owner.LOCK)
+    proc = disttrain_in_process("resume", str(run), cwd=tmp_path)
+    said = _one_paragraph(proc)
+    assert f"RUN_DIR={run} is not valid" in said and f"{run / owner.LOCK} is a FIFO" in said
+
+
+# ------------------------------------------------------------------- review 2026-11-28-reliability D6
+# The run dir's lock died with a SIGKILLed launcher while its ranks lived on (saving for 25 s); a
+# resume started at once trained beside them and deleted their save in progress.
+
+
+@pytest.fixture
+def old_rank(tmp_path: Path) -> Iterator[callable]:
+    """A process holding the ranks' shared lock of a run dir, as a killed launcher's rank does,
+    for `seconds`; killed at the end."""
+    procs: list[subprocess.Popen] = []
+
+    def start(run: Path, seconds: float) -> int:
+        code = textwrap.dedent(f"""
+            import time
+            from pathlib import Path
+            from disttrain.owner import rank_lock
+            assert rank_lock(Path({str(run)!r})) is not None
+            print("held", flush=True)
+            time.sleep({seconds})
+        """)
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        return proc.pid
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_d6_a_run_dir_is_not_taken_while_ranks_of_a_dead_launcher_live(
+    tmp_path: Path, old_rank, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    pid = old_rank(run, 60)  # still saving
+    monkeypatch.setattr(owner, "RANKS_WAIT_S", 0.6)
+    with pytest.raises(ConfigError) as info:
+        owner.hold(run, run, "RUN_DIR", "run dir")
+    assert f"rank process(es) {pid} of an earlier launcher there still run" in info.value.hint
+    assert f"kill -TERM {pid}" in info.value.hint
+    assert f"waiting for rank process(es) {pid}" in capsys.readouterr().err
+    owner.release_all()
+    os.kill(pid, signal.SIGKILL)  # it ends (its lock goes with it) ...
+    pid = old_rank(run, 0.5)  # ... and another's save ends soon: the launcher waits, then holds the run dir
+    monkeypatch.setattr(owner, "RANKS_WAIT_S", 30.0)
+    owner.hold(run, run, "RUN_DIR", "run dir")
+    assert owner.holder(run)["pid"] == os.getpid() and _rank_holders(run) == []
+    owner.release_all()
+
+
+def _rank_holders(run: Path) -> list[int]:
+    fd = os.open(run / owner.RANKS, os.O_RDONLY)
+    try:
+        return owner.lock_holders(fd)
+    finally:
+        os.close(fd)
+
+
+def test_d6_a_rank_lock_is_shared_and_named_by_pid(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    first, second = owner.rank_lock(run), owner.rank_lock(run)  # every rank of a node: shared
+    assert first is not None and second is not None
+    assert _rank_holders(run) == [os.getpid()]
+    os.close(first)
+    os.close(second)
+    assert _rank_holders(run) == []

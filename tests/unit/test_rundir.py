@@ -188,3 +188,33 @@ def test_command_txt_names_the_command_a_shell_would_run(
 
     monkeypatch.setattr(sys, "argv", [argv0, "train"])
     assert program() == expected
+
+
+def test_d4_relative_paths_are_frozen_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 2026-11-28-reliability D4: `checkpoint.dir=ck` and `data.path=tok.bin` were frozen as
+    written and read from whatever folder a later export or resume ran in (another run's weights
+    exported, a resume that started over or trained on another file)."""
+    import numpy as np
+
+    launch = tmp_path / "cwdA"
+    launch.mkdir()
+    np.arange(4096, dtype=np.uint16).tofile(launch / "tok.bin")
+    monkeypatch.chdir(launch)
+    tokens = ["data=tokens", "data.path=tok.bin", "data.num_classes=4096", "data.block_size=8"]
+    run = checked_run([*tokens, "checkpoint.dir=ck", "init.path=nowhere.pt"])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    rundir.freeze(run_dir, run, [], ["disttrain", "train"])
+    monkeypatch.chdir(tmp_path)  # a later command, from elsewhere
+    frozen = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert frozen["checkpoint"]["dir"] == str(launch / "ck")
+    assert frozen["data"]["path"] == frozen["data"]["train"]["path"] == str(launch / "tok.bin")
+    assert frozen["init"]["path"] == "nowhere.pt"  # nothing there: left for the check to name as given
+    from disttrain.shared_dir import checkpoint_dir
+
+    assert checkpoint_dir(frozen, run_dir) == launch / "ck"
+    from disttrain.config.compose import absolute_paths
+
+    pod = {"launcher": {"name": "k8s"}, "checkpoint": {"dir": "ck"}, "data": {"path": "tok.bin"}}
+    absolute_paths(pod)  # a pod resolves them in its own image's file system
+    assert pod == {"launcher": {"name": "k8s"}, "checkpoint": {"dir": "ck"}, "data": {"path": "tok.bin"}}

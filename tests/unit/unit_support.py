@@ -138,6 +138,11 @@ class Bad:
         for name in self.files:
             (cwd / name).touch()
 
+    def shown(self, cwd: Path) -> str:
+        """The value the message names: a file of the working directory by its absolute path
+        (composition makes existing paths absolute: review 2026-11-28-reliability D4)."""
+        return str(cwd / self.value) if self.value in self.files else self.value
+
     @property
     def param(self) -> Any:
         import torch

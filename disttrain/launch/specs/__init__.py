@@ -59,6 +59,9 @@ class LauncherSpec:
     node_overrides: Callable[[list[str], Environ], list[str] | None] | str | None = None
     check_node: Callable[[Run], None] | str | None = None
     started_by: str = ""  # default: the name
+    # Its nodes see a file system of their own (a pod's image), not the submitting machine's: the
+    # config's relative paths stay as written, for each node to resolve (config.compose.absolute_paths).
+    own_files: bool = False
 
     def __post_init__(self) -> None:
         default = getattr(self.config, "__dataclass_fields__", {}).get("name")

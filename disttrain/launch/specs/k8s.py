@@ -52,5 +52,6 @@ SPEC = LAUNCHERS.register(
         detect=detect,
         node_overrides="disttrain.launch.kubeflow_env:pod_node_overrides",  # a Kubeflow pod's node settings
         started_by="kubeflow",
+        own_files=True,
     )
 )
