@@ -85,17 +85,38 @@ def named_disk_full(directory: Path) -> Iterator[None]:
     """A save that fails for lack of space says so, with the space free and the space a save needs.
 
     torch's zip writer turns ENOSPC into `RuntimeError: [enforce fail at inline_container.cc] .
-    unexpected pos N vs M` (a short write), which names neither the disk nor the folder. The last good
-    checkpoint stays: commits are atomic renames.
+    unexpected pos N vs M` (a short write), which names neither the disk nor the folder; DCP wraps
+    it in a CheckpointException, a BaseException that the launchers' error recording (which takes
+    Exceptions) never sees: the console then said only "exited with code 1 before Python could
+    record an error". Any DCP failure leaves here as an Exception. The last good checkpoint stays:
+    commits are atomic renames.
     """
     try:
         yield
     except DiskFull:
         raise
-    except Exception as exc:
+    except checkpoint.load_errors() as exc:
         if why := disk_full(exc, directory):
             raise DiskFull(errno.ENOSPC, why) from exc
+        if not isinstance(exc, Exception):  # DCP's CheckpointException: recorded as the rank's error
+            raise RuntimeError(f"checkpoint save into {directory} failed: {checkpoint.why_not(exc)}") from exc
         raise
+
+
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+FULL_TEXTS = ("No space left", "Disk quota exceeded", "os error 28", "os error 122")
+
+
+def out_of_room(exc: BaseException) -> bool:
+    """Whether `exc` (or an exception it was raised from) says the disk or the quota is full."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if getattr(e, "errno", None) in FULL_ERRNOS or any(t in str(e) for t in FULL_TEXTS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def disk_full(exc: BaseException, directory: Path) -> str | None:
@@ -103,7 +124,7 @@ def disk_full(exc: BaseException, directory: Path) -> str | None:
     import shutil
 
     text = str(exc)
-    full = getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in text
+    full = out_of_room(exc)
     try:
         free = shutil.disk_usage(directory).free
     except OSError:
@@ -117,6 +138,16 @@ def disk_full(exc: BaseException, directory: Path) -> str | None:
         "(the last checkpoint's size). The previous checkpoint is intact. HINT: free space there, lower "
         "checkpoint.keep, or set checkpoint.dir to a larger volume, then `disttrain resume`."
     )
+
+
+def free_bytes(directory: Path) -> str:
+    """The space free on `directory`'s disk, in words ("unknown" when it cannot be read)."""
+    import shutil
+
+    try:
+        return _size(shutil.disk_usage(directory).free)
+    except OSError:
+        return "unknown"
 
 
 def last_checkpoint_bytes(directory: Path) -> int:
