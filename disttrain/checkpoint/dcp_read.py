@@ -79,12 +79,16 @@ def _reader(path: Path, expected: dict[str, Any] | None = None, check_unread: bo
     class SafeReader(FileSystemReader):
         expected: dict[str, Any] | None = None
         check_unread = False
+        metadata: Any = None
 
         def read_data(self, plan: Any, planner: Any) -> Any:
             return reading.read_data(self, plan, planner)
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             rank = kwargs.get("rank")
+            if rank is None and self.metadata is not None:  # read before dcp.load (`load_sharded`)
+                self.metadata.storage_meta.load_id = self.load_id
+                return self.metadata
             name = ".metadata" if rank is None else f"__{rank}.metadata"
             with open_regular(Path(self.path) / name) as f:
                 metadata = _SafeUnpickler(f).load()

@@ -373,12 +373,12 @@ class Checkpointer:
         return True
 
     # ------------------------------------------------------------------------------------ restore
-    def choose(self, location: Path, skip: Collection[Path] = ()) -> Path | None:
+    def choose(self, location: Path, skip: Collection[Path] = (), fallback: bool = True) -> Path | None:
         """Rank 0 picks the newest checkpoint whose manifest and sizes check out and tells the other ranks."""
         box: list[Any] = [None]
         if self.env.is_zero:
             # verify=hash: sizes now, each file's checksum in the pass that `restore` loads it with
-            found = checkpoint.choose(location, "size", skip)
+            found = checkpoint.choose(location, "size", skip, fallback)
             box = [str(found) if found else None]
         if dist.is_initialized() and self.env.world_size > 1:
             dist.broadcast_object_list(box, src=0)
@@ -393,25 +393,37 @@ class Checkpointer:
             self._supersede(restored.path)
         return restored
 
-    def load(self, location: Path, report: bool = True) -> Restored | None:
+    def load(self, location: Path, report: bool = True, fallback: bool = True) -> Restored | None:
         """`resume` without moving later checkpoints aside: `disttrain eval`/`predict` read the
         checkpoint the user named and leave the run's timeline as it is (`report`: log what a
-        training resume compares; an evaluation trains nothing, so there is nothing to compare)."""
+        training resume compares; an evaluation trains nothing, so there is nothing to compare).
+        `fallback=False`: `location` is the one checkpoint the user named; it loads or this raises
+        naming it, never an older one in its place."""
         failed: list[Path] = []
-        while (path := self.choose(location, failed)) is not None:
+        while (path := self.choose(location, failed, fallback)) is not None:
             error, restored = "", None
             try:
                 restored = self.restore(path, report)
             except checkpoint.load_errors() as exc:
                 error = checkpoint.why_not(exc)
-                log.warning("rank %d cannot load checkpoint %s: %s", self.env.rank, path, error)
+                if not checkpoint.pruned(path):
+                    log.warning("rank %d cannot load checkpoint %s: %s", self.env.rank, path, error)
             if not self._any_rank(bool(error)) and restored is not None:
                 return restored
+            if not fallback:
+                raise RuntimeError(f"checkpoint {path} is not loadable: {error or 'another rank failed'}")
             if self.env.is_zero:
-                log.warning(
-                    "checkpoint %s is not loadable on every rank; falling back to the previous one", path.name
-                )
+                if checkpoint.pruned(path):  # its run is training: keep-N removed it while it was read
+                    log.info("checkpoint %s was pruned while it was read; taking the next newest", path.name)
+                else:
+                    log.warning(
+                        "checkpoint %s is not loadable on every rank; falling back to the previous one",
+                        path.name,
+                    )
             failed.append(path)
+        if not fallback:
+            why = checkpoint.problem(location, "size") or "it vanished"
+            raise RuntimeError(f"checkpoint {location} is not loadable: {why}")
         if failed:
             # A failed load may have written part of the state: never train on from that.
             raise RuntimeError(

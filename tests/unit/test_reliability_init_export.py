@@ -61,9 +61,13 @@ def _refused(path: Path | str, model: nn.Module | None = None) -> str:
 
 
 def _save_dcp(ckpt_dir: Path, step: int, model: nn.Module) -> Path:
+    """A checkpoint as a run saves it: the model's and the (initialised) optimizer's state dicts."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, torch.optim.AdamW(model.parameters()))
     meta = {"step": step, "epoch": 0, "epoch_samples": 0, "samples": 0, "reason": "test"}
     checkpoint.save(
-        ckpt_dir, step, {"model": model.state_dict()}, rng_state(), meta, rank=0, keep=5, verify="hash"
+        ckpt_dir, step, {"model": msd, "optim": osd}, rng_state(), meta, rank=0, keep=5, verify="hash"
     )
     return ckpt_dir / checkpoint.step_name(step)
 
@@ -88,11 +92,11 @@ def test_d7_metadata_storage_paths_outside_the_folder_are_never_read(
     step = _save_dcp(tmp_path / "ck", 1, _net(0))
     outside = tmp_path / "outside"
     outside.mkdir()
-    for shard in step.glob("*.distcp"):  # another model's shards, named by the crafted .metadata
-        torch.manual_seed(1)
-        other = tmp_path / "other"
-        _save_dcp(other, 1, _net(1))
-        (outside / shard.name).write_bytes((other / "step_00000001" / shard.name).read_bytes())
+    other = _save_dcp(
+        tmp_path / "other", 1, _net(1)
+    )  # another model's shards, named by the crafted .metadata
+    for shard in step.glob("*.distcp"):
+        (outside / shard.name).write_bytes((other / shard.name).read_bytes())
     _rewrite_metadata(step, lambda name: f"../../outside/{name}")
     model = _net(2)
     with caplog.at_level(logging.WARNING, "disttrain"), pytest.raises(FileNotFoundError):
@@ -382,3 +386,125 @@ def test_d19_a_rank_save_onto_a_full_disk_is_an_error_the_launcher_records(
     assert isinstance(err.value, DiskFull), type(err.value)
     assert f"checkpoint.dir {tmp_path} is full" in str(err.value)
     assert checkpoint.committed(tmp_path)[-1].name == "step_00000005"  # the previous one stays
+
+
+# --------------------------------------------------------------------------------------- D11, D21
+def _prune_after_choosing(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """`checkpoint.choose` as a training run with keep-N meets it: the newest checkpoint it picks
+    is removed just after (once), before anything of it is read."""
+    import shutil
+
+    real, pruned = checkpoint.choose, []
+
+    def choose(*args: Any, **kwargs: Any) -> Path | None:
+        found = real(*args, **kwargs)
+        if found is not None and not pruned:
+            pruned.append(found.name)
+            shutil.rmtree(found)
+        return found
+
+    monkeypatch.setattr(checkpoint, "choose", choose)
+    return pruned
+
+
+def test_d11_init_path_of_a_training_run_takes_the_next_newest_when_its_choice_is_pruned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for step in (1, 2):
+        _save_dcp(tmp_path, step, _net(step))
+    pruned = _prune_after_choosing(monkeypatch)
+    model = Net()
+    with caplog.at_level(logging.INFO, "disttrain"):
+        init_from.check(_init(tmp_path), Net())
+        init_from.apply(_init(tmp_path), model, is_zero=True)
+    assert pruned == ["step_00000002"] and "step_00000002 was pruned meanwhile" in caplog.text
+    assert torch.equal(model.a.weight, _net(1).a.weight)  # the next newest, step 1
+
+
+def test_d21_export_and_eval_pass_over_a_checkpoint_pruned_mid_read_quietly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import shutil
+
+    from disttrain.checkpoint import export as ckpt_export
+
+    for step in (1, 2):
+        _save_dcp(tmp_path, step, _net(step))
+    real = ckpt_export.load_sharded
+
+    def pruned_while_read(path: Path, *args: Any, **kwargs: Any) -> Any:
+        if path.name == "step_00000002":
+            shutil.rmtree(path)  # keep-N of the training run, between the choice and the read
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt_export, "load_sharded", pruned_while_read)
+    model = Net()
+    with caplog.at_level(logging.INFO):
+        assert checkpoint.load_model(tmp_path, model).name == "step_00000001"
+    assert torch.equal(model.a.weight, _net(1).a.weight)
+    assert "step_00000002 was pruned while it was read" in caplog.text
+    loud = [r.getMessage()[:120] for r in caplog.records if r.levelno >= logging.WARNING]
+    assert loud == [], loud  # no "not loadable ... falling back", no DCP "Global metadata" traceback
+
+
+# --------------------------------------------------------------------------------------- D13
+def _single_restore(run_dir: Path, location: Path) -> tuple[Path, int]:
+    from disttrain.config.run import Run
+    from disttrain.dist import DistEnv
+    from disttrain.eval_worker import restore
+    from disttrain.models import build_model
+    from disttrain.rundir import read_config
+    from disttrain.strategies.base import Strategy
+    from disttrain.strategies.specs.data_parallel import SingleStrategyConfig
+
+    run = Run.of(read_config(run_dir))
+    env = DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu"))
+    model = build_model(run.model)
+    opt = torch.optim.AdamW(model.parameters())
+    return restore(run, env, Strategy(SingleStrategyConfig(), env), model, opt, location)
+
+
+def test_d13_a_named_checkpoint_that_fails_to_load_is_an_error_never_an_older_one(
+    tmp_path: Path, mlp_config: dict[str, Any]
+) -> None:
+    from disttrain.commands.evaluate import _check_checkpoint
+
+    run_dir = _run_dir(tmp_path, mlp_config, steps=(10, 20))
+    named = run_dir / "checkpoints" / "step_00000020"
+    shard = next(named.glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 0xFF  # one flipped byte: sizes agree, the checksum does not
+    shard.write_bytes(bytes(data))
+    with pytest.raises(RuntimeError, match=r"checkpoint .*step_00000020 is not loadable"):
+        _single_restore(run_dir, named)  # the ranks: no fallback to step_10
+    assert (
+        _single_restore(run_dir, run_dir / "checkpoints")[0].name == "step_00000010"
+    )  # a run dir: falls back
+    shard.write_bytes(bytes(data[:-8]))  # cut short: the command sees it before launch
+    with pytest.raises(ConfigError, match="step_00000020") as err:
+        _check_checkpoint(named, str(named))
+    assert err.value.key == "RUN_DIR" and "never an older one" in str(err.value)
+
+
+def test_d13_another_models_checkpoint_is_refused_before_launch(
+    tmp_path: Path, mlp_config: dict[str, Any]
+) -> None:
+    from shared_support import disttrain_in_process
+
+    run_dir = _run_dir(tmp_path, mlp_config, steps=())
+    _save_dcp(run_dir / "checkpoints", 30, _net(0))  # a Net's weights in the MLP's run
+    proc = disttrain_in_process("eval", str(run_dir), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "missing in the source" in proc.stderr and "saved from another model" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (run_dir / "evals").exists()  # no rank started
+
+
+def test_d13_the_predict_line_names_the_checkpoint_it_used(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from disttrain.commands.evaluate import report
+
+    out = tmp_path / "p.jsonl"
+    out.write_text('{"index": 0, "output": [1]}\n')
+    report("predict", out, {"out": str(out), "checkpoint": str(tmp_path / "step_00000020"), "step": 20})
+    assert capsys.readouterr().out == f"predict: 1 rows from step_00000020 (step 20) -> {out}\n"
