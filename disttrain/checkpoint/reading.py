@@ -190,27 +190,10 @@ def refuse_compressed(data: Any, what: str) -> None:
     so a 3 MB file could ask for 3 GB (a "zip bomb" in a checkpoint someone sent). Refuse any
     compressed record, or one larger than the whole file, before `torch.load` (`data`: a path or a
     seekable binary file, left at its start)."""
-    import zipfile
+    from disttrain.safefile import compressed_record
 
-    try:
-        if isinstance(data, Path | str):
-            size = os.path.getsize(data)
-        else:
-            size = data.seek(0, io.SEEK_END)
-            data.seek(0)
-        with zipfile.ZipFile(data) as z:
-            infos = z.infolist()
-    except zipfile.BadZipFile:
-        return  # not a zip archive: torch.load's own (legacy) format has no compression
-    finally:
-        if not isinstance(data, Path | str):
-            data.seek(0)
-    for info in infos:
-        if info.compress_type != zipfile.ZIP_STORED or info.file_size > size:
-            raise CorruptCheckpoint(
-                f"{what}: its record {info.filename[:80]!r} is compressed ({info.file_size} bytes from "
-                f"{info.compress_size}); torch.save never compresses, so the file was not written by it"
-            )
+    if why := compressed_record(data):
+        raise CorruptCheckpoint(f"{what}: {why}")
 
 
 def algo_of(entry: dict[str, Any] | None) -> str | None:

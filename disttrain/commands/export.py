@@ -187,8 +187,12 @@ def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt", ema: bool 
 
         location = checkpoint_dir(run, run_dir)
     setup_logging(None, 0, to_console=True)
-    with torch.device("cpu"):
-        model = build_model(run.model)
+    from disttrain.preflight import hf_base
+
+    model = hf_base.build(run_dir, run.model)  # from_pretrained: the base config the run trained with
+    if model is None:
+        with torch.device("cpu"):
+            model = build_model(run.model)
     if fmt == "hf":
         check_hf_model(model, run.model)
     # What built the weights: `_target_` and its arguments, so the file says which class loads it.

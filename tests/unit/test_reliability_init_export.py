@@ -30,6 +30,7 @@ from disttrain.config.errors import ConfigError
 from disttrain.config.schema import InitConfig
 from disttrain.config.typed import typed
 from disttrain.rng import rng_state
+from disttrain.rundir import read_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -508,3 +509,48 @@ def test_d13_the_predict_line_names_the_checkpoint_it_used(
     out.write_text('{"index": 0, "output": [1]}\n')
     report("predict", out, {"out": str(out), "checkpoint": str(tmp_path / "step_00000020"), "step": 20})
     assert capsys.readouterr().out == f"predict: 1 rows from step_00000020 (step 20) -> {out}\n"
+
+
+# --------------------------------------------------------------------------------------- D12
+def test_d12_export_rebuilds_from_the_base_config_the_run_trained_with(
+    tmp_path: Path, mlp_config: dict[str, Any]
+) -> None:
+    import shutil
+
+    from disttrain.commands.export import export
+    from disttrain.config.run import Run
+    from disttrain.preflight import hf_base
+
+    transformers = pytest.importorskip("transformers")
+    tiny = tmp_path / "tiny"
+    config = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=32, n_layer=2, n_head=2)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tiny)
+    hf = {
+        "_target_": "transformers.AutoModelForCausalLM.from_pretrained",
+        "pretrained_model_name_or_path": str(tiny),
+    }
+    run_dir = _run_dir(tmp_path, {**mlp_config, "model": hf}, steps=())
+    hf_base.record(
+        run_dir, Run.of(read_config(run_dir)).model
+    )  # what `train` does after freezing the run dir
+    trained = transformers.AutoModelForCausalLM.from_pretrained(tiny)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    _save_dcp(run_dir / "checkpoints", 4, trained)
+    base_config = json.loads((tiny / "config.json").read_text())
+    (tiny / "config.json").write_text(
+        json.dumps({**base_config, "activation_function": "relu"})
+    )  # a new revision
+    export(run_dir, run_dir, tmp_path / "after", "hf")
+    after = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "after")
+    assert after.config.activation_function == base_config["activation_function"] != "relu"
+    x = torch.arange(16)[None]
+    assert torch.allclose(after(x).logits, trained.eval()(x).logits, atol=1e-6)
+    shutil.rmtree(tiny)  # the base folder is gone: the run dir's copy of its config still builds it
+    export(run_dir, run_dir, tmp_path / "gone.pt", "pt")
+    assert torch.equal(torch.load(tmp_path / "gone.pt")["lm_head.weight"], trained.lm_head.weight)
+    shutil.rmtree(run_dir / hf_base.BASE)  # a run dir frozen before the copy existed: one paragraph
+    with pytest.raises(ConfigError) as err:
+        export(run_dir, run_dir, tmp_path / "none.pt", "pt")
+    assert err.value.key == "model.pretrained_model_name_or_path" and str(tiny) in str(err.value)
