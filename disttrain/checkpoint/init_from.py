@@ -257,6 +257,8 @@ def _dcp_layout(src: Source) -> dict[str, tuple[tuple[int, ...], str]]:
         if not (src.path / ".metadata").exists():
             raise Pruned(str(src.path)) from None
         raise
+    except checkpoint.CorruptCheckpoint as exc:  # storage paths outside the folder, a FIFO
+        raise _bad(str(src.path), f"{exc}; nothing of it was read.") from None
     except (pickle.UnpicklingError, ValueError, EOFError, AttributeError, TypeError) as exc:
         raise _bad(
             str(src.path),

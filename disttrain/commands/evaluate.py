@@ -275,8 +275,8 @@ def _check_model_fits(run: Run, chosen: Path | None, given: str) -> None:
     src = init_from.Source("dcp", chosen)
     try:
         source = init_from.source_shapes(src)
-    except init_from.Pruned:
-        return  # its run pruned it meanwhile: the ranks choose again
+    except (init_from.Pruned, ConfigError):
+        return  # pruned meanwhile, or metadata that does not read: the ranks choose again or name it
     m = init_from.match(InitConfig(), shapes, ties, source)
     if m.missing or m.mismatched:
         raise ConfigError(

@@ -74,4 +74,10 @@ def build(run_dir: Path, spec: dict[str, Any]) -> nn.Module | None:
             **({"_args_": [str(kept), *args[1:]]} if args else {"pretrained_model_name_or_path": str(kept)}),
         }
         log.info("the model is rebuilt from the base config the run trained with (%s)", kept)
-    return _from_config(spec, *hf, torch.device("cpu"))
+    model = _from_config(spec, *hf, torch.device("cpu"))
+    dtype = getattr(getattr(model, "config", None), "dtype", None)  # what from_pretrained's "auto" gives
+    if isinstance(dtype, str) and dtype != "auto":
+        dtype = getattr(torch, dtype, None)
+    if not any(k in spec for k in ("dtype", "torch_dtype")) and isinstance(dtype, torch.dtype):
+        model = model.to(dtype)  # an Auto class's from_config did this already; a model class's __init__ not
+    return model
