@@ -422,7 +422,7 @@ def test_d11_init_path_of_a_training_run_takes_the_next_newest_when_its_choice_i
     assert torch.equal(model.a.weight, _net(1).a.weight)  # the next newest, step 1
 
 
-def test_d21_export_and_eval_pass_over_a_checkpoint_pruned_mid_read_quietly(
+def test_d21_export_passes_over_a_checkpoint_pruned_mid_read_quietly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     import shutil
@@ -446,6 +446,30 @@ def test_d21_export_and_eval_pass_over_a_checkpoint_pruned_mid_read_quietly(
     assert "step_00000002 was pruned while it was read" in caplog.text
     loud = [r.getMessage()[:120] for r in caplog.records if r.levelno >= logging.WARNING]
     assert loud == [], loud  # no "not loadable ... falling back", no DCP "Global metadata" traceback
+
+
+def test_d21_eval_passes_over_a_checkpoint_pruned_mid_read_quietly(
+    tmp_path: Path,
+    mlp_config: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import shutil
+
+    run_dir = _run_dir(tmp_path, mlp_config, steps=(10, 20))
+    real = checkpoint.load_sharded
+
+    def pruned_while_read(path: Path, *args: Any, **kwargs: Any) -> Any:
+        if path.name == "step_00000020":
+            shutil.rmtree(path)  # keep-N of the training run, between rank 0's choice and the read
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "load_sharded", pruned_while_read)
+    with caplog.at_level(logging.INFO):
+        assert _single_restore(run_dir, run_dir / "checkpoints")[0].name == "step_00000010"
+    assert "step_00000020 was pruned while it was read" in caplog.text
+    loud = [r.getMessage()[:120] for r in caplog.records if r.levelno >= logging.WARNING]
+    assert loud == [], loud
 
 
 # --------------------------------------------------------------------------------------- D13
