@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, default_collate
 
+from disttrain import checkpoint
 from disttrain.checkpoint.manager import Checkpointer, ModelState
 from disttrain.config.run import Run
 from disttrain.config.schema import EmaConfig
@@ -93,6 +94,8 @@ def evaluate(run: Run, env: DistEnv, job: dict[str, Any]) -> dict[str, Any]:
         rows = predict(strategy, parts.model, parts.task, parts.val_loader, env)
     if env.is_zero:
         write_predictions(rows, Path(job["out"]))
+        if job.get("result"):  # the command's last line names the checkpoint these rows come from
+            write_json(Path(job["result"]), where)
     return {**where, "rows": len(rows)}
 
 
@@ -114,7 +117,7 @@ def restore(
     if isinstance(ema, EMA):
         states["ema"] = ema
     ckpt = Checkpointer(run.checkpoint, location, env, states, barrier=strategy.barrier)
-    restored = ckpt.load(location, report=False)
+    restored = ckpt.load(location, report=False, fallback=not checkpoint.named(location))
     if restored is None:
         raise FileNotFoundError(f"no loadable checkpoint under {location}")
     if isinstance(ema, EMA) and not ema.active:  # the command checked the newest; a fallback may lack it

@@ -78,3 +78,33 @@ def open_append(path: Path, encoding: str = "utf-8", newline: str | None = None)
     )
     fd = os.open(path, flags, 0o666)
     return os.fdopen(fd, "a", encoding=encoding, newline=newline)
+
+
+def compressed_record(data: Any) -> str | None:
+    """Why a torch.save file (`data`: a path or a seekable binary file, left at its start) is not
+    one torch.save wrote, or None: torch.save stores its zip records uncompressed, and `torch.load`
+    inflates a deflated one in full (a 2 MB file can ask for GBs). A record that is compressed, or
+    larger than the whole file, is named. Not a zip archive (torch's legacy format): None."""
+    import io
+    import zipfile
+
+    try:
+        if isinstance(data, Path | str):
+            size = os.path.getsize(data)
+        else:
+            size = data.seek(0, io.SEEK_END)
+            data.seek(0)
+        with zipfile.ZipFile(data) as z:
+            infos = z.infolist()
+    except zipfile.BadZipFile:
+        return None
+    finally:
+        if not isinstance(data, Path | str):
+            data.seek(0)
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED or info.file_size > size:
+            return (
+                f"its record {info.filename[:80]!r} is compressed ({info.file_size} bytes from "
+                f"{info.compress_size}); torch.save never compresses, so the file was not written by it"
+            )
+    return None

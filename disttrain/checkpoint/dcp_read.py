@@ -4,6 +4,7 @@ shards checked against the manifest as they are read (`reading`)."""
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import pickle
 from pathlib import Path
@@ -11,8 +12,12 @@ from typing import Any
 
 import torch
 
+from disttrain.checkpoint.layout import MANIFEST
 from disttrain.checkpoint.reading import (
+    CorruptCheckpoint,
+    open_regular,
     refuse_compressed,
+    storage_problem,
 )
 
 log = logging.getLogger("disttrain")
@@ -74,19 +79,35 @@ def _reader(path: Path, expected: dict[str, Any] | None = None, check_unread: bo
     class SafeReader(FileSystemReader):
         expected: dict[str, Any] | None = None
         check_unread = False
+        metadata: Any = None
 
         def read_data(self, plan: Any, planner: Any) -> Any:
             return reading.read_data(self, plan, planner)
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             rank = kwargs.get("rank")
+            if rank is None and self.metadata is not None:  # read before dcp.load (`load_sharded`)
+                self.metadata.storage_meta.load_id = self.load_id
+                return self.metadata
             name = ".metadata" if rank is None else f"__{rank}.metadata"
-            with (Path(self.path) / name).open("rb") as f:
+            with open_regular(Path(self.path) / name) as f:
                 metadata = _SafeUnpickler(f).load()
+            if why := storage_problem(metadata, self._listed()):
+                raise CorruptCheckpoint(f"checkpoint {self.path}: {why}")
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
             return metadata
+
+        def _listed(self) -> Any:
+            """The manifest's file names (None: a checkpoint without a manifest, or an unreadable one:
+            the load's own manifest check names that)."""
+            if self.expected is not None:
+                return self.expected
+            try:
+                return json.loads((Path(self.path) / MANIFEST).read_text())["files"]
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
 
     r = SafeReader(str(path))
     r.expected, r.check_unread = expected, check_unread

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from disttrain.checkpoint.dcp_read import _reader
-from disttrain.checkpoint.fallback import choose, load_errors, load_sharded, why_not
+from disttrain.checkpoint.fallback import choose, load_errors, load_sharded, pruned, why_not
 from disttrain.checkpoint.files import save_atomic
 from disttrain.safefile import default_mode
 
@@ -64,9 +64,14 @@ def load_model(location: Path, model: torch.nn.Module, verify: str = "hash", ema
                 model.load_state_dict(state["ema"]["weights"], strict=False)
             return path
         except load_errors() as exc:  # a pickle, DCP or shape error the manifest cannot see
-            log.warning(
-                "checkpoint %s is not loadable: %s; falling back to the previous one", path.name, why_not(exc)
-            )
+            if pruned(path):  # the run is training: keep-N removed it while it was read
+                log.info("checkpoint %s was pruned while it was read; taking the next newest", path.name)
+            else:
+                log.warning(
+                    "checkpoint %s is not loadable: %s; falling back to the previous one",
+                    path.name,
+                    why_not(exc),
+                )
             failed.append(path)
 
 

@@ -61,7 +61,7 @@ def problem(path: Path, verify: str = "hash") -> str | None:
 
 def candidates(location: Path) -> list[Path]:
     """Checkpoints to try, best first: `location` itself, or a run/checkpoints dir's latest, then older."""
-    if (location / MANIFEST).exists() or (location / ".metadata").exists():
+    if named(location):
         return [location, *reversed([p for p in committed(location.parent) if p.name < location.name])]
     own = RunDir(location).checkpoints
     ckpt_dir = own if own.is_dir() else location
@@ -72,17 +72,36 @@ def candidates(location: Path) -> list[Path]:
     return found
 
 
-def choose(location: Path, verify: str = "hash", skip: Collection[Path] = ()) -> Path | None:
+def choose(
+    location: Path, verify: str = "hash", skip: Collection[Path] = (), fallback: bool = True
+) -> Path | None:
     """The newest whole checkpoint at `location` not in `skip` (those failed to load); warns
-    naming each bad file it passes over."""
-    for path in candidates(location):
+    naming each bad file it passes over. A checkpoint that vanished meanwhile (its run is training
+    and pruned it) is passed over with one quiet line. `fallback=False`: `location` itself only
+    (a checkpoint the user named), None when it is not whole."""
+    for path in candidates(location) if fallback else [location]:
         if path in skip:
             continue
         why = problem(path, verify)
         if why is None:
             return path
-        log.warning("checkpoint %s is not loadable: %s; falling back to the previous one", path.name, why)
+        if pruned(path):
+            log.info(
+                "checkpoint %s was pruned meanwhile (its run is training); taking the next newest", path.name
+            )
+        else:
+            log.warning("checkpoint %s is not loadable: %s; falling back to the previous one", path.name, why)
     return None
+
+
+def pruned(path: Path) -> bool:
+    """Whether the checkpoint folder at `path` is gone (a training run's keep-N removed it)."""
+    return not os.path.lexists(path)
+
+
+def named(location: Path) -> bool:
+    """Whether `location` is one checkpoint folder (step_N/), not a run or checkpoints/ dir."""
+    return (location / MANIFEST).exists() or (location / ".metadata").exists()
 
 
 def load_errors() -> tuple[type[BaseException], ...]:
@@ -138,6 +157,9 @@ def load_sharded(
         if why := entries_problem(path / MANIFEST, expected):
             raise CorruptCheckpoint(why)
     reader = _reader(path, expected, check_unread=rank == 0)
+    # Read here, not first inside dcp.load: DCP logs a failed read with its traceback ("Global
+    # metadata is not found") before it gives up; a checkpoint pruned meanwhile raises quietly here.
+    reader.metadata = reader.read_metadata()
     try:
         dcp.load(app_state, storage_reader=reader, planner=_planner(), no_dist=no_dist)
     except dcp.CheckpointException as exc:  # DCP wraps each rank's error: name the corrupt file

@@ -18,11 +18,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterator
+import pickle
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from disttrain.config.errors import ConfigError
@@ -61,48 +63,139 @@ class Match:
 
 
 # ------------------------------------------------------------------------------------ sources
-def resolve(path: str) -> Source:
-    """What `init.path` names, or one paragraph saying why it is none of the known kinds."""
+def resolve(path: str, skip: Collection[Path] = ()) -> Source:
+    """What `init.path` names, or one paragraph saying why it is none of the known kinds (`skip`:
+    checkpoints of a training run that were pruned while this one looked at them)."""
     p = Path(path).expanduser()
     if p.is_file():
         if p.suffix == ".safetensors":
-            return Source("safetensors", p, _keys_of_files([p]))
+            return Source("safetensors", p, _keys_of_files(path, [p]))
         if p.suffix in PT_SUFFIXES:
             return Source("pt", p)
         raise ConfigError("init.path", path, ALLOWED, f"{p.name} is neither .safetensors nor .pt.")
     if p.is_dir():
         if (p / INDEX).is_file():
-            try:
-                weight_map = json.loads((p / INDEX).read_text())["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise ConfigError("init.path", path, ALLOWED, f"{p / INDEX} is unreadable ({exc}).") from None
-            return Source("safetensors", p, {k: p / f for k, f in weight_map.items()})
+            return Source("safetensors", p, _index(path, p))
         if (p / "model.safetensors").is_file():
-            return Source("safetensors", p, _keys_of_files([p / "model.safetensors"]))
-        from disttrain import checkpoint
-
-        chosen = checkpoint.choose(p, verify="size")
+            return Source("safetensors", p, _keys_of_files(path, [p / "model.safetensors"]))
+        chosen = next((c for c in _choose_all(p) if c not in skip), None)
         if chosen is not None:
             return Source("dcp", chosen)
         raise ConfigError(
             "init.path",
             path,
             ALLOWED,
-            f"{p} holds no model.safetensors, no {INDEX} and no committed checkpoint.",
+            f"{p} holds no model.safetensors, no {INDEX} and no committed checkpoint"
+            + (" (the source run pruned each one this run chose while it read it)" if skip else "")
+            + ".",
         )
+    if p.exists():  # a FIFO, a device: never opened (reading one blocks or never ends)
+        raise ConfigError("init.path", path, ALLOWED, f"{p} is not a regular file or a folder.")
     raise ConfigError(
         "init.path", path, ALLOWED, f"{p} does not exist; give a path that does (absolute or from here)."
     )
 
 
-def _keys_of_files(files: list[Path]) -> dict[str, Path]:
+def _choose_all(p: Path) -> Iterator[Path]:
+    """The newest whole checkpoint at `p`, then (when the caller skips it) the next one."""
+    from disttrain import checkpoint
+
+    skip: list[Path] = []
+    while (found := checkpoint.choose(p, verify="size", skip=skip)) is not None:
+        yield found
+        skip.append(found)
+
+
+def _bad(path: str, why: str, hint: str = "") -> ConfigError:
+    return ConfigError("init.path", path, ALLOWED, why + (f" {hint}" if hint else ""))
+
+
+def _index(given: str, folder: Path) -> dict[str, Path]:
+    """key -> shard of a sharded Hugging Face folder, checked: every shard a regular file of the
+    folder itself (a name with a `/`, `..`, an absolute path, a FIFO or a device is refused
+    unread), and the index and the shards' headers agree key by key."""
+    from disttrain.checkpoint.reading import name_problem
+
+    index = folder / INDEX
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _bad(given, f"{index} is unreadable ({type(exc).__name__}: {exc}).") from None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise _bad(
+            given, f'{index}: "weight_map" is a {type(weight_map).__name__}, not an object of key: file.'
+        )
+    for name in sorted(set(weight_map.values())):
+        if why := name_problem(name):
+            raise _bad(
+                given, f"{index} names shard {name[:200]!r}, which {why}.", "Shards sit beside the index."
+            )
+        _regular(given, folder / name, folder)
+    files = {k: folder / f for k, f in weight_map.items()}
+    held = _shard_keys(given, sorted(set(files.values())))
+    wrong = sorted(k for k, f in files.items() if k not in held[f])
+    omitted = sorted({k for keys in held.values() for k in keys} - set(files))
+    if wrong or omitted:
+        parts = []
+        if wrong:
+            shown = [f"{k} -> {files[k].name}" for k in wrong]
+            parts.append(f"names a shard that does not hold the key ({len(wrong)}): {_names(shown)}")
+        if omitted:
+            parts.append(f"omits keys its shards hold ({len(omitted)}): {_names(omitted)}")
+        raise _bad(given, f"{index} " + "; ".join(parts) + ".", "Write the index again (save_pretrained).")
+    return files
+
+
+def _regular(given: str, f: Path, folder: Path) -> None:
+    """A shard must be a regular file in `folder` (a link only into the folder, or into the blobs
+    of the Hugging Face cache snapshot it belongs to): never a FIFO or a device (a read blocks or
+    never ends), never another model's file elsewhere on this machine."""
+    import stat
+
+    try:
+        st = f.stat()
+    except OSError:
+        raise _bad(given, f"{f} is missing (the index names it).", "Copy the whole model folder.") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _bad(given, f"{f} is not a regular file; it is never opened.")
+    if f.is_symlink():
+        real, home = f.resolve(), folder.resolve()
+        allowed = [home] + ([home.parent.parent / "blobs"] if home.parent.name == "snapshots" else [])
+        if not any(real.is_relative_to(a) for a in allowed):
+            raise _bad(given, f"{f} is a link to {real}, outside the model folder; it is never read.")
+
+
+def _shard_keys(given: str, files: list[Path]) -> dict[Path, set[str]]:
+    """The keys each safetensors file holds, from its header."""
     from safetensors import safe_open
 
-    keys: dict[str, Path] = {}
+    held: dict[Path, set[str]] = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as opened:
-            keys.update(dict.fromkeys(opened.keys(), f))
-    return keys
+        with _readable(given, f), safe_open(str(f), framework="pt") as opened:
+            held[f] = set(opened.keys())
+    return held
+
+
+def _keys_of_files(given: str, files: list[Path]) -> dict[str, Path]:
+    return {k: f for f, keys in _shard_keys(given, files).items() for k in sorted(keys)}
+
+
+@contextlib.contextmanager
+def _readable(given: str, f: Path) -> Iterator[None]:
+    """A malformed safetensors file (a header too large, not JSON, offsets past the file's end)
+    as one init.path paragraph naming it."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (SafetensorError, OSError) as exc:
+        raise _bad(
+            given,
+            f"{f} is not a readable safetensors file ({str(exc).splitlines()[0][:300]}).",
+            "Write it again with safetensors' save_file (or save_pretrained).",
+        ) from None
 
 
 def _pt_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -132,25 +225,111 @@ def _pt_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def source_shapes(src: Source) -> dict[str, tuple[int, ...]]:
     """Every tensor's name and shape in the source, from headers (no tensor data is read)."""
-    if src.kind == "dcp":
-        from disttrain import checkpoint
+    return {k: shape for k, (shape, _) in source_layout(src).items()}
 
-        entries = checkpoint.dcp_metadata(src.path).state_dict_metadata
-        return {
-            k.removeprefix("model."): tuple(v.size)
-            for k, v in entries.items()
-            if k.startswith("model.") and hasattr(v, "size")
-        }
+
+def source_layout(src: Source) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every tensor's name, shape and kind of dtype (`kind`) in the source, from headers; a source
+    that cannot be read (a pickle asking for code, a legacy .pt, a malformed header) is one
+    init.path paragraph. A checkpoint pruned meanwhile raises `Pruned`."""
+    given = str(src.path)
+    if src.kind == "dcp":
+        return _dcp_layout(src)
     if src.kind == "pt":
-        return {k: tuple(v.shape) for k, v in _pt_tensors(src.path).items()}
+        try:
+            tensors = _pt_tensors(src.path)
+        except ConfigError:
+            raise
+        except (pickle.UnpicklingError, RuntimeError, ValueError, OSError, EOFError) as exc:
+            raise _bad(
+                given, f"{src.path} cannot be read as a state dict: {_torch_reason(exc)}.", PT_HINT
+            ) from None
+        return {k: (tuple(v.shape), kind(v.dtype)) for k, v in tensors.items()}
     from safetensors import safe_open
 
-    shapes: dict[str, tuple[int, ...]] = {}
+    layout: dict[str, tuple[tuple[int, ...], str]] = {}
     for f in sorted(set(src.files.values())):
-        with safe_open(str(f), framework="pt") as opened:
+        with _readable(given, f), safe_open(str(f), framework="pt") as opened:
             for k in opened.keys():  # noqa: SIM118 (safe_open is not iterable)
-                shapes[k] = tuple(opened.get_slice(k).get_shape())
-    return shapes
+                if src.files.get(k) == f:
+                    sl = opened.get_slice(k)
+                    layout[k] = (tuple(sl.get_shape()), _SAFETENSORS_KINDS.get(sl.get_dtype(), "float"))
+    return layout
+
+
+class Pruned(FileNotFoundError):
+    """The checkpoint chosen in a run that is still training was pruned while it was read."""
+
+
+def _dcp_layout(src: Source) -> dict[str, tuple[tuple[int, ...], str]]:
+    from disttrain import checkpoint
+
+    try:
+        entries = checkpoint.dcp_metadata(src.path).state_dict_metadata
+    except FileNotFoundError:
+        if not (src.path / ".metadata").exists():
+            raise Pruned(str(src.path)) from None
+        raise
+    except checkpoint.CorruptCheckpoint as exc:  # storage paths outside the folder, a FIFO
+        raise _bad(str(src.path), f"{exc}; nothing of it was read.") from None
+    except (pickle.UnpicklingError, ValueError, EOFError, AttributeError, TypeError) as exc:
+        raise _bad(
+            str(src.path),
+            f"{src.path / '.metadata'} is not DCP checkpoint metadata ({type(exc).__name__}: {str(exc)[:300]}); "
+            "nothing in it was run.",
+        ) from None
+    return {
+        k.removeprefix("model."): (tuple(v.size), kind(v.properties.dtype))
+        for k, v in entries.items()
+        if k.startswith("model.") and hasattr(v, "size")
+    }
+
+
+PT_HINT = (
+    "A .pt for init.path is a state dict of tensors written by torch.save (torch >= 1.6: the zip "
+    "format); load it in Python and save it again, or export it with safetensors' save_file."
+)
+
+
+def _torch_reason(exc: BaseException) -> str:
+    """torch.load's refusal without its advice to turn weights_only off (that would run the file's
+    code): the line that says what the file asked for."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    kept = [
+        ln for ln in lines if "weights_only" not in ln.lower().replace(" ", "_") and "documentation" not in ln
+    ]
+    if isinstance(exc, RuntimeError) and "mmap can only be used" in str(exc):
+        return "it is in torch.save's legacy (non-zip) format"
+    if isinstance(exc, pickle.UnpicklingError):
+        return f"its pickle is not plain tensors ({(kept or ['refused'])[0][:300]}); nothing in it was run"
+    return f"{type(exc).__name__}: {(kept or [type(exc).__name__])[0][:300]}"
+
+
+_SAFETENSORS_KINDS = {"BOOL": "bool", "C64": "complex", "C128": "complex"} | {
+    f"{p}{n}": "int" for p in ("I", "U") for n in (8, 16, 32, 64)
+}
+
+
+def kind(dtype: torch.dtype) -> str:
+    """A dtype's kind: bool, int, float or complex (a cast between kinds changes the values)."""
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_complex:
+        return "complex"
+    return "float" if dtype.is_floating_point else "int"
+
+
+def dtype_problems(
+    m: Match, kinds: dict[str, str], source: dict[str, tuple[tuple[int, ...], str]]
+) -> list[str]:
+    """Pairs whose source tensor is of another kind than the model's (an int32 or bool tensor
+    under a float parameter): `copy_` would cast it without a word. Float to float (f64, bf16)
+    is a plain cast and fine."""
+    return [
+        f"{mkey} model {kinds[mkey]} vs source {source[skey][1]}"
+        for mkey, skey in m.pairs.items()
+        if kinds[mkey] != source[skey][1]
+    ]
 
 
 # ------------------------------------------------------------------------------------ matching
@@ -238,17 +417,52 @@ def check(init: InitConfig, model: nn.Module | None) -> None:
     (its structure is not knowable without weights): the kind only; the ranks compare the keys."""
     if not init.path:
         return
-    src = resolve(init.path)
+    src, layout = read_source(init.path)
     if model is None:
         log.info("init.path: %s %s; its keys are compared with the model's in the ranks", src.kind, src.path)
         return
     shapes, ties = model_layout(model)
-    m = match(init, shapes, ties, source_shapes(src))
+    m = match(init, shapes, ties, {k: shape for k, (shape, _) in layout.items()})
     text = report(m, src, len(shapes))
     if not m.pairs or (init.strict and m.problems()):
         raise _fail(init, text)
+    _refuse_casts(init, m, model_kinds(model), layout)
     if m.problems():
         log.warning("init.path (init.strict=false): %s", text)
+
+
+def read_source(path: str) -> tuple[Source, dict[str, tuple[tuple[int, ...], str]]]:
+    """`resolve` and `source_layout`; a checkpoint of a run that is still training, pruned between
+    the choice and the read, is passed over for the next newest with one line."""
+    pruned: list[Path] = []
+    while True:
+        src = resolve(path, pruned)
+        try:
+            return src, source_layout(src)
+        except Pruned:
+            log.info(
+                "init.path: %s was pruned meanwhile (its run is training); taking the next newest",
+                src.path.name,
+            )
+            pruned.append(src.path)
+
+
+def model_kinds(model: nn.Module, name: Callable[[str], str] = str) -> dict[str, str]:
+    return {name(k): kind(v.dtype) for k, v in model.state_dict(keep_vars=True).items()}
+
+
+def _refuse_casts(
+    init: InitConfig, m: Match, kinds: dict[str, str], layout: dict[str, tuple[tuple[int, ...], str]]
+) -> None:
+    if bad := dtype_problems(m, kinds, layout):
+        raise ConfigError(
+            "init.path",
+            init.path,
+            "source tensors of the model's kind of dtype (float for float: f64 or bf16 is cast; int or "
+            "bool under a float parameter is not)",
+            f"dtype mismatch ({len(bad)}): {_names(bad)}. Copying would cast the numbers without a word; "
+            "convert the source's tensors (e.g. .float() where they are the weights, scaled as they should be).",
+        )
 
 
 # ------------------------------------------------------------------------------------ ranks
@@ -302,12 +516,19 @@ def apply(init: InitConfig, model: nn.Module, is_zero: bool, name: Callable[[str
     on the whole meta model before launch."""
     if not init.path:
         return
-    src = resolve(init.path)
+    src, layout = read_source(init.path)
+    if src.kind == "dcp" and dist.is_initialized() and dist.get_world_size() > 1:
+        box = [str(src.path)]  # every rank loads rank 0's choice (a training source prunes as it goes)
+        dist.broadcast_object_list(box, src=0)
+        if box[0] != str(src.path):
+            src = Source("dcp", Path(box[0]))
+            layout = source_layout(src)
     state = {name(k): v for k, v in model.state_dict().items()}
     shapes, ties = model_layout(model, name)
-    m = match(init, shapes, ties, source_shapes(src))
+    m = match(init, shapes, ties, {k: shape for k, (shape, _) in layout.items()})
     if not m.pairs or (init.strict and m.problems(unexpected=False)):
         raise _fail(init, report(m, src, len(shapes), unexpected=False))
+    _refuse_casts(init, m, model_kinds(model, name), layout)
     with torch.no_grad():
         if src.kind == "dcp":
             _load_dcp(src.path, {skey: state[mkey] for mkey, skey in m.pairs.items()})
@@ -373,8 +594,6 @@ def _slices(src: Source) -> Iterator[Reader]:
 def _load_dcp(path: Path, model_state: dict[str, torch.Tensor]) -> None:
     """`dcp.load` of the checkpoint's `model.*` entries named in `model_state` (source names), in
     place: its planner gives each rank the chunks its DTensors hold, resharding as needed."""
-    import torch.distributed as dist
-
     from disttrain import checkpoint
 
     rank = dist.get_rank() if dist.is_initialized() else 0

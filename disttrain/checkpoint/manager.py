@@ -111,17 +111,38 @@ def named_disk_full(directory: Path) -> Iterator[None]:
     """A save that fails for lack of space says so, with the space free and the space a save needs.
 
     torch's zip writer turns ENOSPC into `RuntimeError: [enforce fail at inline_container.cc] .
-    unexpected pos N vs M` (a short write), which names neither the disk nor the folder. The last good
-    checkpoint stays: commits are atomic renames.
+    unexpected pos N vs M` (a short write), which names neither the disk nor the folder; DCP wraps
+    it in a CheckpointException, a BaseException that the launchers' error recording (which takes
+    Exceptions) never sees: the console then said only "exited with code 1 before Python could
+    record an error". Any DCP failure leaves here as an Exception. The last good checkpoint stays:
+    commits are atomic renames.
     """
     try:
         yield
     except DiskFull:
         raise
-    except Exception as exc:
+    except checkpoint.load_errors() as exc:
         if why := disk_full(exc, directory):
             raise DiskFull(errno.ENOSPC, why) from exc
+        if not isinstance(exc, Exception):  # DCP's CheckpointException: recorded as the rank's error
+            raise RuntimeError(f"checkpoint save into {directory} failed: {checkpoint.why_not(exc)}") from exc
         raise
+
+
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+FULL_TEXTS = ("No space left", "Disk quota exceeded", "os error 28", "os error 122")
+
+
+def out_of_room(exc: BaseException) -> bool:
+    """Whether `exc` (or an exception it was raised from) says the disk or the quota is full."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if getattr(e, "errno", None) in FULL_ERRNOS or any(t in str(e) for t in FULL_TEXTS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def disk_full(exc: BaseException, directory: Path) -> str | None:
@@ -129,7 +150,7 @@ def disk_full(exc: BaseException, directory: Path) -> str | None:
     import shutil
 
     text = str(exc)
-    full = getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in text
+    full = out_of_room(exc)
     try:
         free = shutil.disk_usage(directory).free
     except OSError:
@@ -143,6 +164,16 @@ def disk_full(exc: BaseException, directory: Path) -> str | None:
         "(the last checkpoint's size). The previous checkpoint is intact. HINT: free space there, lower "
         "checkpoint.keep, or set checkpoint.dir to a larger volume, then `disttrain resume`."
     )
+
+
+def free_bytes(directory: Path) -> str:
+    """The space free on `directory`'s disk, in words ("unknown" when it cannot be read)."""
+    import shutil
+
+    try:
+        return _size(shutil.disk_usage(directory).free)
+    except OSError:
+        return "unknown"
 
 
 def last_checkpoint_bytes(directory: Path) -> int:
@@ -381,12 +412,12 @@ class Checkpointer:
         return True
 
     # ------------------------------------------------------------------------------------ restore
-    def choose(self, location: Path, skip: Collection[Path] = ()) -> Path | None:
+    def choose(self, location: Path, skip: Collection[Path] = (), fallback: bool = True) -> Path | None:
         """Rank 0 picks the newest checkpoint whose manifest and sizes check out and tells the other ranks."""
         box: list[Any] = [None]
         if self.env.is_zero:
             # verify=hash: sizes now, each file's checksum in the pass that `restore` loads it with
-            found = checkpoint.choose(location, "size", skip)
+            found = checkpoint.choose(location, "size", skip, fallback)
             box = [str(found) if found else None]
         if dist.is_initialized() and self.env.world_size > 1:
             dist.broadcast_object_list(box, src=0)
@@ -401,25 +432,37 @@ class Checkpointer:
             self._supersede(restored.path)
         return restored
 
-    def load(self, location: Path, report: bool = True) -> Restored | None:
+    def load(self, location: Path, report: bool = True, fallback: bool = True) -> Restored | None:
         """`resume` without moving later checkpoints aside: `disttrain eval`/`predict` read the
         checkpoint the user named and leave the run's timeline as it is (`report`: log what a
-        training resume compares; an evaluation trains nothing, so there is nothing to compare)."""
+        training resume compares; an evaluation trains nothing, so there is nothing to compare).
+        `fallback=False`: `location` is the one checkpoint the user named; it loads or this raises
+        naming it, never an older one in its place."""
         failed: list[Path] = []
-        while (path := self.choose(location, failed)) is not None:
+        while (path := self.choose(location, failed, fallback)) is not None:
             error, restored = "", None
             try:
                 restored = self.restore(path, report)
             except checkpoint.load_errors() as exc:
                 error = checkpoint.why_not(exc)
-                log.warning("rank %d cannot load checkpoint %s: %s", self.env.rank, path, error)
+                if not checkpoint.pruned(path):
+                    log.warning("rank %d cannot load checkpoint %s: %s", self.env.rank, path, error)
             if not self._any_rank(bool(error)) and restored is not None:
                 return restored
+            if not fallback:
+                raise RuntimeError(f"checkpoint {path} is not loadable: {error or 'another rank failed'}")
             if self.env.is_zero:
-                log.warning(
-                    "checkpoint %s is not loadable on every rank; falling back to the previous one", path.name
-                )
+                if checkpoint.pruned(path):  # its run is training: keep-N removed it while it was read
+                    log.info("checkpoint %s was pruned while it was read; taking the next newest", path.name)
+                else:
+                    log.warning(
+                        "checkpoint %s is not loadable on every rank; falling back to the previous one",
+                        path.name,
+                    )
             failed.append(path)
+        if not fallback:
+            why = checkpoint.problem(location, "size") or "it vanished"
+            raise RuntimeError(f"checkpoint {location} is not loadable: {why}")
         if failed:
             # A failed load may have written part of the state: never train on from that.
             raise RuntimeError(

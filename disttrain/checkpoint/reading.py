@@ -20,6 +20,7 @@ still checked. Any other name is refused (CorruptCheckpoint), never looked up or
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -150,32 +151,49 @@ def name_problem(fname: Any) -> str | None:
     return None
 
 
+def open_regular(path: Path) -> Any:
+    """`path` opened for reading if it is a regular file; CorruptCheckpoint for a FIFO, a device or
+    a link (opening a FIFO blocks, /dev/zero never ends: a checkpoint is data and names neither).
+    O_NONBLOCK makes the open itself return at once; it changes nothing for a regular file."""
+    import stat
+
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        f = open(path, "rb", buffering=0, opener=lambda p, _: os.open(p, flags))  # noqa: SIM115
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptCheckpoint(
+                f"{path} is a symbolic link; a checkpoint's files are never read through one"
+            ) from None
+        raise
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        f.close()
+        raise CorruptCheckpoint(f"{path} is not a regular file; it is never read")
+    return f
+
+
+def storage_problem(metadata: Any, listed: Any) -> str | None:
+    """Why DCP metadata's storage paths are not the checkpoint's own files, or None: each must be
+    a file name of the folder (`name_problem`) and, when the manifest lists the folder's files
+    (`listed`), one of them (a name it does not list would be read unchecked)."""
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        rel = getattr(info, "relative_path", None)
+        if why := name_problem(rel):
+            return f"its .metadata stores an item in {str(rel)[:200]!r}, which {why}"
+        if listed is not None and rel not in listed:
+            return f"its .metadata stores an item in {str(rel)[:200]!r}, which its manifest does not list"
+    return None
+
+
 def refuse_compressed(data: Any, what: str) -> None:
     """torch.save stores its zip records uncompressed; `torch.load` inflates a deflated one in full,
     so a 3 MB file could ask for 3 GB (a "zip bomb" in a checkpoint someone sent). Refuse any
     compressed record, or one larger than the whole file, before `torch.load` (`data`: a path or a
     seekable binary file, left at its start)."""
-    import zipfile
+    from disttrain.safefile import compressed_record
 
-    try:
-        if isinstance(data, Path | str):
-            size = os.path.getsize(data)
-        else:
-            size = data.seek(0, io.SEEK_END)
-            data.seek(0)
-        with zipfile.ZipFile(data) as z:
-            infos = z.infolist()
-    except zipfile.BadZipFile:
-        return  # not a zip archive: torch.load's own (legacy) format has no compression
-    finally:
-        if not isinstance(data, Path | str):
-            data.seek(0)
-    for info in infos:
-        if info.compress_type != zipfile.ZIP_STORED or info.file_size > size:
-            raise CorruptCheckpoint(
-                f"{what}: its record {info.filename[:80]!r} is compressed ({info.file_size} bytes from "
-                f"{info.compress_size}); torch.save never compresses, so the file was not written by it"
-            )
+    if why := compressed_record(data):
+        raise CorruptCheckpoint(f"{what}: {why}")
 
 
 def algo_of(entry: dict[str, Any] | None) -> str | None:
@@ -304,7 +322,7 @@ def _read_items(
 
     storage = reader.storage_data
     reqs = sorted(reqs, key=lambda r: storage[r.storage_index].offset)
-    with path.open("rb", buffering=0) as raw:
+    with open_regular(path) as raw:
         f = _File(raw, want)
         for req in reqs:
             info = storage[req.storage_index]

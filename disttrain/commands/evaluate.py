@@ -93,11 +93,18 @@ def _command(mode: str, rest: list[str], usage: str) -> int:
         from disttrain.shared_dir import checkpoint_dir
 
         location = checkpoint_dir(read_config(run_dir), run_dir)
-    _check_checkpoint(location, rest[0], ema)  # before the checks that build the model and data
+    newest = _check_checkpoint(location, rest[0], ema)  # before the checks that build the model and data
     run, overrides = eval_config(run_dir, rest[1:], trusted, mode)
+    _check_model_fits(run, newest, rest[0])
     out = _out_path(run_dir, out_arg, mode)
     job_dir = _job_dir(run_dir, mode)
-    job = {"mode": mode, "checkpoint": str(location), "out": str(out), "ema": ema}
+    job = {
+        "mode": mode,
+        "checkpoint": str(location),
+        "out": str(out),
+        "ema": ema,
+        "result": str(job_dir / "result.json"),  # which checkpoint the ranks loaded, for the last line
+    }
     result = launch_job(run, job_dir, overrides, job)
     if result is None:
         return 1
@@ -216,7 +223,10 @@ def _val_spec(value: str, data: dict[str, Any]) -> dict[str, Any]:
     return {"_target_": VAL_FILE_LOADER, "path": str(path.resolve()), "targets": data["targets"]}
 
 
-def _check_checkpoint(location: Path, given: str, ema: bool = False) -> None:
+def _check_checkpoint(location: Path, given: str, ema: bool = False) -> Path | None:
+    """The checkpoint the ranks will load: a checkpoint folder the user named (step_N/) must be
+    whole itself (no older one is ever used in its place); a run or checkpoints/ dir gives its newest
+    whole one."""
     from disttrain import checkpoint
 
     if not checkpoint.candidates(location):
@@ -226,7 +236,15 @@ def _check_checkpoint(location: Path, given: str, ema: bool = False) -> None:
             "a run dir with a committed checkpoint, or a checkpoint folder",
             f"no checkpoint under {location}: train the run first (or resume it until it saves one).",
         )
-    newest = checkpoint.choose(location, "size")
+    named = checkpoint.named(location)
+    if named and (why := checkpoint.problem(location, "size")):
+        raise ConfigError(
+            "RUN_DIR",
+            given,
+            "a whole checkpoint folder (the one named is used, never an older one in its place)",
+            f"{why}. Name another step_N folder, or the run dir for its newest whole checkpoint.",
+        )
+    newest = checkpoint.choose(location, "size", fallback=not named)
     if ema and newest is not None:
         try:
             checkpoint.ema_names(newest)
@@ -237,6 +255,37 @@ def _check_checkpoint(location: Path, given: str, ema: bool = False) -> None:
                 "a checkpoint of a run trained with trainer.ema.decay set",
                 f"{exc}; drop --ema.",
             ) from None
+    return newest
+
+
+def _check_model_fits(run: Run, chosen: Path | None, given: str) -> None:
+    """The run's model (on the meta device) and the checkpoint's `model.*` entries (its
+    `.metadata`): a key the model has and the checkpoint lacks, or a shape that differs, is one
+    paragraph here instead of every rank failing after launch."""
+    if chosen is None:
+        return
+    from disttrain.checkpoint import init_from
+    from disttrain.config.schema import InitConfig
+    from disttrain.preflight.model import model_for_checks
+
+    meta = model_for_checks(run.model).meta
+    if meta is None:  # a factory that cannot build on meta: the ranks compare
+        return
+    shapes, ties = init_from.model_layout(meta)
+    src = init_from.Source("dcp", chosen)
+    try:
+        source = init_from.source_shapes(src)
+    except (init_from.Pruned, ConfigError):
+        return  # pruned meanwhile, or metadata that does not read: the ranks choose again or name it
+    m = init_from.match(InitConfig(), shapes, ties, source)
+    if m.missing or m.mismatched:
+        raise ConfigError(
+            "RUN_DIR",
+            given,
+            "a checkpoint of this run's model (model._target_ of its config.yaml)",
+            f"{init_from.report(m, src, len(shapes), unexpected=False)}. The checkpoint was saved from "
+            "another model; evaluate it with the run dir that wrote it.",
+        )
 
 
 def _out_path(run_dir: Path, out_arg: str | None, mode: str) -> Path:
@@ -298,7 +347,8 @@ def launch_job(run: Run, job_dir: Path, overrides: list[str], job: dict[str, Any
     if job["mode"] == "eval":
         result: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
         return result
-    return {"out": str(out)}
+    loaded = Path(job["result"])
+    return {"out": str(out), **(json.loads(loaded.read_text(encoding="utf-8")) if loaded.is_file() else {})}
 
 
 def report(mode: str, out: Path, result: dict[str, Any]) -> None:
@@ -310,7 +360,11 @@ def report(mode: str, out: Path, result: dict[str, Any]) -> None:
             f"{result['world_size']} rank(s): {values} -> {out}\n"
         )
         return
-    sys.stdout.write(f"predict: {_rows(out)} rows -> {out}\n")
+    source = ""
+    if "checkpoint" in result:
+        weights = "'s EMA weights" if "weights" in result else ""
+        source = f" from {Path(result['checkpoint']).name}{weights} (step {result['step']})"
+    sys.stdout.write(f"predict: {_rows(out)} rows{source} -> {out}\n")
 
 
 def _rows(out: Path) -> int:

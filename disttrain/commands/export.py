@@ -7,10 +7,15 @@ loads with plain PyTorch. `--format hf` writes a Hugging Face model's `save_pret
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from disttrain.commands.resume import run_dir_arg
+
+if TYPE_CHECKING:
+    import torch
 from disttrain.config.errors import ConfigError
 
 EXPORT_USAGE = """\
@@ -130,7 +135,15 @@ def check_out(out: Path, key: str) -> None:
 
 def check_out_dir(out: Path, key: str) -> None:
     """A save_pretrained target: a new or empty folder (stale shards of another model would load
-    beside the new ones), under a folder we may write."""
+    beside the new ones), under a folder we may write. A link there (to a folder, dangling) is
+    refused before anything loads: the final rename would fail on it (or write through it)."""
+    if out.is_symlink():
+        raise ConfigError(
+            key,
+            str(out),
+            "a new or empty folder for --format hf, not a symbolic link",
+            f"{out} is a link to {os.readlink(out)}; name the folder itself, or a new path.",
+        )
     if out.is_dir() and any(out.iterdir()):
         raise ConfigError(
             key, str(out), "a new or empty folder for --format hf", "name a new folder, or empty this one."
@@ -145,7 +158,6 @@ def check_out_dir(out: Path, key: str) -> None:
 def _can_create_in(folder: Path) -> bool:
     """Whether a file can be created there: a real probe (root passes os.access on /proc, which
     still refuses new files), removed at once."""
-    import os
     import tempfile
 
     try:
@@ -175,8 +187,12 @@ def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt", ema: bool 
 
         location = checkpoint_dir(run, run_dir)
     setup_logging(None, 0, to_console=True)
-    with torch.device("cpu"):
-        model = build_model(run.model)
+    from disttrain.preflight import hf_base
+
+    model = hf_base.build(run_dir, run.model)  # from_pretrained: the base config the run trained with
+    if model is None:
+        with torch.device("cpu"):
+            model = build_model(run.model)
     if fmt == "hf":
         check_hf_model(model, run.model)
     # What built the weights: `_target_` and its arguments, so the file says which class loads it.
@@ -198,11 +214,31 @@ def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt", ema: bool 
         raise ConfigError(
             "RUN_DIR", str(location), "a run dir with a committed checkpoint", str(exc)
         ) from None
+    except Exception as exc:
+        raise disk_full(exc, out, model) from None
     n = sum(v.numel() for v in model.state_dict().values())
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     what = f"{source.name}'s EMA weights" if ema else source.name
     sys.stdout.write(f"exported {what} ({n} values) -> {out} (peak RSS {peak_mb:.0f} MB)\n")
     return 0
+
+
+def disk_full(exc: Exception, out: Path, model: torch.nn.Module) -> Exception:
+    """A write that failed on a full disk (or quota) as one paragraph naming the folder and the
+    space free; any other exception as it is. The temporary file or folder is gone by now."""
+    from disttrain.checkpoint.manager import free_bytes, out_of_room
+
+    if not out_of_room(exc):
+        return exc
+    folder = out if out.is_dir() else out.parent
+    need = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return ConfigError(
+        "--out",
+        str(out),
+        "a path on a disk with room for the export",
+        f"{folder} is full: {free_bytes(folder)} free, the export needs ~{need / 2**20:.1f} MB (the model's "
+        "tensors); nothing was left there. Free space there or choose another --out.",
+    )
 
 
 def check_hf_model(model: object, model_cfg: dict[str, object]) -> None:
@@ -223,7 +259,6 @@ def check_hf_model(model: object, model_cfg: dict[str, object]) -> None:
 def save_pretrained(model: object, out: Path) -> None:
     """`save_pretrained` into a temporary folder beside `out`, then renamed into place: an
     interrupted export leaves no half-written folder under the name."""
-    import os
     import shutil
     import tempfile
 

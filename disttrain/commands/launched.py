@@ -45,6 +45,9 @@ def train_as_launched_rank(args: Any) -> int:
         full = compose(args.overrides, args.config_dir, args.config_name or "config", with_hydra=True)
         run_dir = Path(str(full.hydra.run.dir)).resolve()
         freeze(run_dir, run, args.overrides, command)
+        from disttrain.preflight import hf_base
+
+        hf_base.record(run_dir, run.model)  # from_pretrained's config.json: export rebuilds from this copy
         box = [str(run_dir), run.to_dict()]
     dist.broadcast_object_list(box, src=0)  # the frozen config itself, not a path only rank 0 sees
     local = max(1, env.local_world_size)

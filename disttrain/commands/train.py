@@ -416,6 +416,9 @@ def _freeze_and_launch(
     if reshaped:  # frozen as the ranks will train it: config.yaml and the checkpoints agree
         sys.stderr.write(f"disttrain: resuming at another world size: {reshaped}\n")
     freeze(run_dir, run, overrides, command)
+    from disttrain.preflight import hf_base
+
+    hf_base.record(run_dir, run.model)  # from_pretrained's config.json: export rebuilds from this copy
     if submit(run, run_dir, command):
         return None  # a scheduler's nodes train (sbatch, a Kubeflow job); status.json is theirs
     try:

@@ -21,6 +21,10 @@ def load_arrays(path: str, x_key: str = "x", y_key: str = "y", target_column: in
         with np.load(file) as f:
             return f[x_key], f[y_key]
     if suffix == ".pt":
+        from disttrain.safefile import compressed_record
+
+        if why := compressed_record(file):  # a deflated record would inflate in full (a 2 MB file, GBs)
+            raise ValueError(f"{file}: {why}")
         obj = torch.load(file, map_location="cpu", weights_only=True)
         return (obj[x_key], obj[y_key]) if isinstance(obj, dict) else (obj[0], obj[1])
     if suffix == ".csv":
