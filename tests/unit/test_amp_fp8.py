@@ -8,6 +8,7 @@ In-process at world size 1 (gloo over a HashStore): the engine as a rank builds 
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import logging
 from pathlib import Path
@@ -23,9 +24,14 @@ from disttrain.engine.loop import Engine
 from disttrain.models.gpt import GPT
 from disttrain.preflight.gpus import check_fp8
 
-pytest.importorskip("torchao.float8", reason="the fp8 extra (torchao) is not installed")
-
-pytestmark = pytest.mark.timeout(240)
+# torchao (the fp8 extra) is imported by the tests that use it, not at collection: its import pulls in
+# torch._dynamo, seconds in every xdist worker that collects this file.
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(
+        importlib.util.find_spec("torchao") is None, reason="the fp8 extra (torchao) is not installed"
+    ),
+]
 
 GPT_ARGS = {"dim": 32, "n_layers": 2, "n_heads": 2, "block_size": 16}
 TINY = (
