@@ -6,7 +6,8 @@ init.path sources, stay those of the plain model. It runs after the model is bui
 strategy shards it; everything else runs under bf16 autocast (amp.dtype).
 
 Chosen (`choose_linears`), as torchtitan's float8 converter chooses:
-- plain `nn.Linear` layers (a subclass keeps its own forward, which the swap would drop);
+- plain `nn.Linear` layers (a subclass may add behaviour, its own forward or a parent module that
+  reads its weight directly, as nn.MultiheadAttention does: the swap would drop or bypass it);
 - whose in and out features are multiples of 16 (float8 tensor cores need that);
 - not the output head (`output_head`), nor a Linear whose weight is tied to another module.
 
@@ -95,7 +96,7 @@ def choose_linears(model: nn.Module) -> Float8Choice:
             continue
         choice.linear_weights += m.weight.numel()
         if type(m) is not nn.Linear:
-            why = f"{type(m).__name__} subclasses nn.Linear with a forward of its own"
+            why = f"{type(m).__name__}, a subclass of nn.Linear"
         elif name == head:
             why = "the output head"
         elif uses[id(m.weight)] > 1:

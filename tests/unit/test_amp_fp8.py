@@ -195,3 +195,32 @@ def test_fp8_runs_under_the_strategies_torchao_supports() -> None:
     with pytest.raises(ConfigError) as err:
         checked_run([*TINY, *FP8, "strategy=tp", "nproc_per_node=2"])
     assert err.value.key == "amp" and "fsdp" in err.value.allowed and err.value.hint == "use amp=bf16."
+
+
+def test_the_layers_left_in_bf16_and_why() -> None:
+    """Plain Linears of 16-multiples convert; a tied weight, a subclass (nn.MultiheadAttention's
+    out_proj, whose weight the attention reads itself) and the head (the last Linear) stay."""
+    from torch import nn
+
+    from disttrain.strategies.float8 import choose_linears
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(64, 32)
+            self.body = nn.Linear(32, 32)
+            self.odd = nn.Linear(32, 24)
+            self.attn = nn.MultiheadAttention(32, 2)
+            self.tied = nn.Linear(32, 64, bias=False)
+            self.head = nn.Linear(32, 64)
+            self.tied.weight = self.embed.weight = nn.Parameter(torch.zeros(64, 32))
+
+    choice = choose_linears(Net())
+    assert choice.converted == ["body"]
+    assert choice.kept == {
+        "odd": "32 -> 24 features, not multiples of 16",
+        "attn.out_proj": "NonDynamicallyQuantizableLinear, a subclass of nn.Linear",
+        "tied": "its weight is tied to another module",
+        "head": "the output head",
+    }
+    assert choice.converted_weights == 32 * 32 and choice.linear_weights == 32 * (32 + 24 + 32 + 64 + 64)
