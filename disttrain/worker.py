@@ -166,6 +166,7 @@ def build_parts(run: Run, env: DistEnv) -> tuple[Strategy, Parts]:
     model, on_meta = init_from.build(run.init, lambda: build_model(run.model), meta_setup)
     strategy = build_strategy(run.strategy, env, run.amp)
     seed_everything(run.seed + strategy.rng_rank())  # per-rank randomness from here on (dropout, ...)
+    model = strategy.precision.convert(model, precompute=not trainer.ema.decay)  # amp=fp8, before sharding
     set_activation_checkpointing(model, trainer.activation_checkpointing)
     model = strategy.setup_module(model)
     if on_meta:

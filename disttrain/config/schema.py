@@ -68,6 +68,13 @@ class Verify(Choice):
     hash = "hash"
 
 
+class Fp8Recipe(Choice):
+    """torchao's float8 recipes (Float8LinearConfig.from_recipe_name)."""
+
+    tensorwise = "tensorwise"
+    rowwise = "rowwise"
+
+
 # ----------------------------------------------------------------------------------------- backend
 @dataclass
 class BackendConfig:
@@ -118,7 +125,11 @@ class TaskConfig:
 # -------------------------------------------------------------------------------------------- amp
 @dataclass
 class AmpConfig:
-    name: str = _h("mixed precision: off, bf16 or fp16 (dynamic loss scaling)", "off")
+    name: str = _h(
+        "mixed precision: off, bf16, fp16 (dynamic loss scaling) or fp8 (torchao float8 Linear layers, "
+        "bf16 for the rest)",
+        "off",
+    )
     dtype: ComputeDtype = _h(
         "compute dtype under autocast: float32, bfloat16 or float16", ComputeDtype.float32
     )
@@ -132,6 +143,16 @@ class AmpConfig:
     bf16_emulation: bool = _h(
         "amp=bf16 on a GPU without bf16 tensor cores (before Ampere: V100, T4) runs emulated and "
         "slowly: refused unless true (then a warning)",
+        False,
+    )
+    fp8_recipe: Fp8Recipe = _h(
+        "amp=fp8: tensorwise (one scale per tensor; float8 all-gather under fsdp/hsdp/zero2) or rowwise "
+        "(one scale per row, power-of-2 scales)",
+        Fp8Recipe.tensorwise,
+    )
+    fp8_emulate: bool = _h(
+        "amp=fp8 without float8 hardware (CPU, GPUs before compute capability 8.9): torchao's emulated "
+        "float8 matmuls, a numerics check, slower than bf16",
         False,
     )
 

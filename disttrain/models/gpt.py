@@ -4,6 +4,13 @@ Splittable for pipeline parallelism (`pipeline_layers`: embed, block.0..N-1, hea
 parallelism (a Megatron plan registered in disttrain.models.parallel; attention reshapes with -1
 heads so a rank can hold n_heads / tp of them). `activation_checkpointing=True` recomputes each
 block's activations in backward (torch.utils.checkpoint, non-reentrant).
+
+Attention projects q, k and v with one fused Linear (`attn.qkv`: one GEMM, one read of the input).
+Its output features are ordered head by head, (n_heads, 3, head_dim), as Megatron orders them, so
+a column-wise tensor-parallel shard (contiguous rows of the weight) holds whole heads with their
+q, k and v. Checkpoints from before the fusion hold `attn.q/k/v`: `fuse_qkv` converts a state dict.
+On CUDA, scaled_dot_product_attention prefers cuDNN attention, then FlashAttention (`ATTENTION`);
+elsewhere torch chooses.
 """
 
 from __future__ import annotations
@@ -13,7 +20,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
+
+# SDPA's backends on CUDA, most preferred first (a backend that cannot take the inputs is skipped):
+# cuDNN attention is the fastest on Hopper, FlashAttention-2 elsewhere; math is the last resort.
+ATTENTION = [
+    SDPBackend.CUDNN_ATTENTION,
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+]
 
 
 class Embed(nn.Module):
@@ -32,16 +49,21 @@ class Attention(nn.Module):
     def __init__(self, dim: int, n_heads: int, dropout: float) -> None:
         super().__init__()
         self.head_dim = dim // n_heads
-        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.qkv = nn.Linear(dim, 3 * dim)  # output features (n_heads, 3, head_dim): see the docstring
         self.proj = nn.Linear(dim, dim)
         self.dropout = dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        # -1 heads: under tensor parallelism a rank's q/k/v hold only its share of the heads
-        q, k, v = (f(x).view(b, t, -1, self.head_dim).transpose(1, 2) for f in (self.q, self.k, self.v))
+        # -1 heads: under tensor parallelism a rank's qkv holds only its share of the heads
+        qkv = self.qkv(x).view(b, t, -1, 3, self.head_dim).transpose(1, 2)  # (b, heads, t, 3, hd)
+        q, k, v = qkv.unbind(3)
         drop = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+        if q.is_cuda:
+            with sdpa_kernel(ATTENTION, set_priority=True):
+                y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -130,15 +152,34 @@ def _init(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
+def fuse_qkv(state: dict[str, torch.Tensor], n_heads: int) -> dict[str, torch.Tensor]:
+    """A state dict of the gpt from before the fused projection (`attn.q`, `attn.k`, `attn.v`) in
+    today's layout (`attn.qkv`, output features ordered (n_heads, 3, head_dim)); other keys as they
+    are. E.g. `torch.save(fuse_qkv(torch.load("old.pt"), n_heads=4), "new.pt")`, then init.path."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        module, _, leaf = key.rpartition(".")
+        parent, _, name = module.rpartition(".")
+        if parent.rpartition(".")[2] != "attn" or name not in ("q", "k", "v"):
+            out[key] = value
+        elif name == "q":
+            parts = [state[f"{parent}.{n}.{leaf}"] for n in ("q", "k", "v")]
+            heads = [part.reshape(n_heads, -1, *part.shape[1:]) for part in parts]  # (heads, hd[, dim])
+            out[f"{parent}.qkv.{leaf}"] = torch.stack(heads, dim=1).reshape(-1, *parts[0].shape[1:])
+    return out
+
+
 def gpt_tp_plan(model: GPT) -> dict[str, Any]:
-    """Megatron-style: q, k, v and fc column-wise, proj and fc_out row-wise; embeddings, norms and
-    the (tied) head stay replicated, so every block's output is a full tensor."""
+    """Megatron-style: the fused qkv and fc column-wise, proj and fc_out row-wise; embeddings, norms
+    and the (tied) head stay replicated, so every block's output is a full tensor. qkv's output
+    features are ordered head by head, so each rank's contiguous rows are whole heads (q, k and v
+    of n_heads / tp of them), which is what its attention reshapes with -1 heads."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     plan: dict[str, Any] = {}
     for i in range(len(model.blocks)):
         p = f"blocks.{i}"
-        for name in ("attn.q", "attn.k", "attn.v", "fc"):
+        for name in ("attn.qkv", "fc"):
             plan[f"{p}.{name}"] = ColwiseParallel()
         for name in ("attn.proj", "fc_out"):
             plan[f"{p}.{name}"] = RowwiseParallel()

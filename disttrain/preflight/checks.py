@@ -23,7 +23,7 @@ from disttrain.preflight import launch_checks
 from disttrain.strategies import specs
 
 SCHEDULES = ("constant", "cosine")
-AMP = {"off": "float32", "bf16": "bfloat16", "fp16": "float16"}
+AMP = {"off": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}  # amp -> amp.dtype
 # The closed choices are the schema's (config.common.Choice): composition refuses any other value in
 # a typed block. Those below sit in the open `_target_` groups (data, optim), where a node the user
 # wrote without the schema is checked here against the same members.
@@ -188,7 +188,12 @@ def _check_targets(run: Run) -> None:
 
 
 def _check_amp(run: Run) -> None:
-    _choice(run, "amp.name", tuple(AMP), "amp=bf16 needs no loss scaling; amp=fp16 scales the loss.")
+    _choice(
+        run,
+        "amp.name",
+        tuple(AMP),
+        "amp=bf16 needs no loss scaling; amp=fp16 scales the loss; amp=fp8 runs Linear layers in float8.",
+    )
     name, dtype = run.amp.name, run.amp.dtype
     if dtype != AMP[name]:
         raise ConfigError(
@@ -208,7 +213,9 @@ def _check_amp(run: Run) -> None:
             "amp",
             name,
             f"{' or '.join(sorted(spec.amp))} or off with strategy={spec.name} ({name}: {', '.join(allowed)})",
-            "use amp=bf16, which needs no loss scaling." if "bf16" in spec.amp else "use amp=off.",
+            ("use amp=bf16, which needs no loss scaling." if name == "fp16" else "use amp=bf16.")
+            if "bf16" in spec.amp
+            else "use amp=off.",
         )
     if name == "fp16":
         _at_least(run, "amp.init_scale", 1, "65536 is the usual start; the scale adapts.")
@@ -486,7 +493,7 @@ def _check_runtime(run: Run) -> dict[str, int]:
     from disttrain.data import build_datasets
     from disttrain.data.streams import is_stream
     from disttrain.preflight.dry_step import dry_step
-    from disttrain.preflight.gpus import check_bf16, check_nccl_ranks
+    from disttrain.preflight.gpus import check_bf16, check_fp8, check_nccl_ranks
     from disttrain.preflight.model import model_for_checks
     from disttrain.tasks import build_task
 
@@ -495,6 +502,7 @@ def _check_runtime(run: Run) -> dict[str, int]:
     _check_resume_path(run)
     gpus = check_nccl_ranks(run)  # compares what `auto` becomes, not the literal backend name
     check_bf16(run, gpus)
+    check_fp8(run, gpus)
     data = run.data
     train, val = build_datasets(data)
     replicas = specs.dp_degree(run)  # ranks that split one model (pipeline, tp) share a batch
@@ -518,6 +526,10 @@ def _check_runtime(run: Run) -> dict[str, int]:
         spec = specs.get(run.strategy.name)
         if spec.check_model is not None:
             spec.check_model(run, run.strategy, model.meta, gpus)
+        if run.amp.name == "fp8":
+            from disttrain.strategies.float8 import check_model
+
+            check_model(run.amp, model.meta)
     from disttrain.checkpoint import init_from
 
     init_from.check(run.init, model.meta)  # init.path: kind, key names and shapes from headers, before launch

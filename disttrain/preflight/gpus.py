@@ -1,5 +1,5 @@
-"""The parent's GPU checks before launch: no more nccl ranks than GPUs on the node, and no bf16
-on GPUs without bf16 tensor cores unless asked for. `nproc_per_node=auto` became a number at
+"""The parent's GPU checks before launch: no more nccl ranks than GPUs on the node, no bf16 on GPUs
+without bf16 tensor cores unless asked for, and no fp8 without float8 tensor cores unless emulated. `nproc_per_node=auto` became a number at
 compose time (`disttrain.config.gpus`)."""
 
 from __future__ import annotations
@@ -80,3 +80,36 @@ def check_bf16(run: Run, gpus: int) -> None:
         "use amp=fp16 (native on this GPU, with loss scaling; where the strategy allows it) or amp=off, or "
         "amp.bf16_emulation=true to run bf16 emulated (slowly) anyway.",
     )
+
+
+FP8_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (L4, L40S, RTX 4090) and Hopper (H100) onwards
+
+
+def check_fp8(run: Run, gpus: int) -> None:
+    """amp=fp8 needs the ranks on GPUs of compute capability >= 8.9 (torch._scaled_mm's float8
+    GEMMs), unless `amp.fp8_emulate=true`; and torchao installed. Refused before launch."""
+    amp = run.amp
+    if amp.name != "fp8":
+        return
+    if not amp.fp8_emulate:
+        import torch
+
+        on_gpus = gpus > 0 and choose_backend(run.backend.name) == "nccl"
+        capability = torch.cuda.get_device_capability(0) if on_gpus else None
+        if capability is None or capability < FP8_CAPABILITY:
+            where = (
+                f"{torch.cuda.get_device_name(0)} (compute capability {capability[0]}.{capability[1]})"
+                if capability is not None
+                else "CPU ranks" + (" (backend=gloo)" if gpus else " (no CUDA GPU visible)")
+            )
+            raise ConfigError(
+                "amp",
+                "fp8",
+                f"off, bf16 or fp16 on {where}; fp8 needs GPUs of compute capability >= 8.9 (Ada, Hopper "
+                "and newer: float8 tensor cores)",
+                "use amp=bf16; or amp.fp8_emulate=true to check float8 numerics with emulated matmuls "
+                "(slower than bf16, not a speed-up).",
+            )
+    from disttrain.strategies.float8 import check_torchao
+
+    check_torchao()

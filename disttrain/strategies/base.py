@@ -204,6 +204,7 @@ class Strategy:
             "state_bytes_per_rank": sum(mine.values()),
             "state_bytes_by_rank": [sum(d.values()) for d in per_rank],
             "state_bytes_detail_by_rank": per_rank,
+            **self.precision.summary(),  # amp=fp8: the Float8Linear layers
         }
 
 

@@ -4,12 +4,15 @@ no-op unless amp=fp16 (nanoGPT's `GradScaler(enabled=dtype == float16)` instead 
 fp16 uses dynamic loss scaling: a step whose gradients overflow is skipped and the scale halves;
 after `growth_interval` good steps it doubles. Under FSDP the gradients are shards, so the scaler
 is the sharded one (it all-reduces "found inf" so every rank skips the same step).
+
+fp8 (torchao Float8Linear, disttrain.strategies.float8) is bf16 autocast plus `convert`, which
+swaps the model's eligible Linear layers before the strategy shards it.
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,6 +20,11 @@ from disttrain.config.schema import AmpConfig
 from disttrain.config.typed import typed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from disttrain.strategies.float8 import Float8Model
 
 
 class Precision:
@@ -45,6 +53,8 @@ class Precision:
         else:
             self.scaler = torch.amp.GradScaler(device.type, **kwargs)
         self.skipped: torch.Tensor | int = 0  # on the device: steps whose scale fell (read when logged)
+        self.amp, self.sharded = amp, sharded
+        self.fp8: Float8Model | None = None  # amp=fp8: what `convert` swapped
 
     @property
     def scaling(self) -> bool:
@@ -70,6 +80,7 @@ class Precision:
         itself uses it for fused optimizers, which then skip an overflowing step without a sync)."""
         if not self.scaling:
             optimizer.step()
+            self.after_step()
             return
         before = self.scaler._get_scale_async().clone()
         self.scaler.step(optimizer)
@@ -83,3 +94,25 @@ class Precision:
 
     def scale_value(self) -> float:
         return float(self.scaler.get_scale()) if self.scaling else 1.0
+
+    # ---------------------------------------------------------------- amp=fp8
+    def convert(self, model: nn.Module, precompute: bool = True) -> nn.Module:
+        """amp=fp8: the model's eligible Linear layers to torchao's Float8Linear, in place, after
+        the model is built and before the strategy shards it (parameter names stay). Otherwise the
+        model as it is. `precompute`: float8 weight scales in one all-reduce after each step (FSDP,
+        tensorwise; see disttrain.strategies.float8.convert)."""
+        if self.name == "fp8":
+            from disttrain.strategies.float8 import check_torchao, convert
+
+            check_torchao()  # a rank started without the parent's checks (an outside launcher)
+            self.fp8 = convert(model, self.amp, self.sharded, precompute)
+        return model
+
+    def after_step(self) -> None:
+        """After an applied optimizer step: amp=fp8's scale precompute (a collective), if any."""
+        if self.fp8 is not None:
+            self.fp8.after_step()
+
+    def summary(self) -> dict[str, Any]:
+        """Numbers for summary.json: amp=fp8's converted layers."""
+        return {} if self.fp8 is None else self.fp8.summary()

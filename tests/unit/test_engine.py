@@ -15,14 +15,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from unit_support import checked
+from unit_support import engine_of
 
 from disttrain.checkpoint import committed, read_meta
-from disttrain.config.run import Run
-from disttrain.dist import DistEnv
 from disttrain.engine.loop import Engine
-from disttrain.observe.metrics import make_metrics, read_metrics
-from disttrain.worker import build_engine, build_parts
+from disttrain.observe.metrics import read_metrics
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,12 +56,8 @@ def one_rank() -> Iterator[None]:
 
 
 def engine(run_dir: Path, *overrides: str) -> Engine:
-    cfg = checked([*BASE, *overrides])
-    env = DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    run = Run.of(cfg)
-    strategy, parts = build_parts(run, env)
-    return build_engine(run, env, run_dir, strategy, parts, make_metrics(run_dir, True, run))
+    built: Engine = engine_of(run_dir, [*BASE, *overrides])
+    return built
 
 
 def params(e: Engine) -> list[torch.Tensor]:

@@ -12,7 +12,7 @@ from torch import nn
 from disttrain.data.files import load_files
 from disttrain.data.text import DEFAULT_FILE, load_text
 from disttrain.models.cnn import CNN
-from disttrain.models.gpt import GPT
+from disttrain.models.gpt import GPT, Attention, fuse_qkv
 from disttrain.models.parallel import pipeline_layers, shared_across_layers, tp_plan_fn
 from disttrain.tasks import Classification, LanguageModel
 
@@ -55,10 +55,48 @@ def test_gpt_tp_plan_is_registered_and_names_real_modules() -> None:
     assert factory is not None
     plan = factory()
     modules = {n for n, _ in model.named_modules()}
-    assert set(plan) <= modules and len(plan) == 6 * 2
-    assert type(plan["blocks.0.attn.q"]).__name__ == "ColwiseParallel"
+    assert set(plan) <= modules and len(plan) == 4 * 2
+    assert type(plan["blocks.0.attn.qkv"]).__name__ == "ColwiseParallel"
     assert type(plan["blocks.1.fc_out"]).__name__ == "RowwiseParallel"
     assert model.flops_per_token() > 6 * 32 * 32
+
+
+def test_fused_qkv_is_the_separate_projections_and_a_tp_shard_holds_whole_heads() -> None:
+    """attn.qkv's rows are ordered (heads, 3, head_dim): a state dict with separate q, k and v
+    (before the fusion) converts with fuse_qkv to the same attention; and each tensor-parallel
+    rank's contiguous block of rows (ColwiseParallel's Shard(0)), with its columns of proj
+    (RowwiseParallel), computes its heads' share: the shares sum to the whole output."""
+    torch.manual_seed(0)
+    dim, heads, tp = 16, 4, 2
+    x = torch.randn(2, 5, dim)
+    old = {f"attn.{n}.{leaf}": torch.randn(dim, dim) if leaf == "weight" else torch.randn(dim)
+           for n in ("q", "k", "v", "proj") for leaf in ("weight", "bias")}  # fmt: skip
+    q, k, v = (
+        (x @ old[f"attn.{n}.weight"].T + old[f"attn.{n}.bias"]).view(2, 5, heads, -1).transpose(1, 2)
+        for n in ("q", "k", "v")
+    )
+    y = (
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        .transpose(1, 2)
+        .reshape(2, 5, dim)
+    )
+    expected = y @ old["attn.proj.weight"].T + old["attn.proj.bias"]
+    attn = Attention(dim, heads, dropout=0.0)
+    fused = {key.removeprefix("attn."): t for key, t in fuse_qkv(old, heads).items()}
+    attn.load_state_dict(fused)  # strict: exactly qkv and proj
+    torch.testing.assert_close(attn(x), expected, rtol=1e-5, atol=1e-5)
+    shares = []
+    for rank in range(tp):
+        local = Attention(dim, heads, dropout=0.0)  # its forward reshapes with -1 heads
+        rows, cols = 3 * dim // tp, dim // tp
+        local.qkv = nn.Linear(dim, rows)
+        local.proj = nn.Linear(cols, dim, bias=False)
+        with torch.no_grad():
+            local.qkv.weight.copy_(fused["qkv.weight"][rank * rows : (rank + 1) * rows])
+            local.qkv.bias.copy_(fused["qkv.bias"][rank * rows : (rank + 1) * rows])
+            local.proj.weight.copy_(fused["proj.weight"][:, rank * cols : (rank + 1) * cols])
+        shares.append(local(x))
+    torch.testing.assert_close(sum(shares) + fused["proj.bias"], expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("make", [lambda: _gpt(dropout=0.0), lambda: CNN(64, 10)], ids=["gpt", "cnn"])

@@ -75,13 +75,13 @@ def test_setup_never_moves_the_whole_root(name: str, rank3: DistEnv, monkeypatch
     monkeypatch.setattr(nn.Module, "_apply", spy)
     out = build_strategy(strategy_slice(name), rank3).setup_module(model)
     assert whole == [], f"{name}: the root was moved whole ({whole})"
-    planned = [p for n, p in out.named_parameters() if ".attn.q." in n or ".fc." in n]
+    planned = [p for n, p in out.named_parameters() if ".attn.qkv." in n or ".fc." in n]
     assert planned and all(isinstance(p, DTensor) and p.device.type == "cpu" for p in planned)
 
 
 def _expected_local(name: str, model: GPT) -> int:
     """Elements rank 3 should hold: FSDP divides everything by 16; tp divides the planned
-    Linears (q, k, v, fc column-wise: weight and bias; proj, fc_out row-wise: weight only)."""
+    Linears (qkv, fc column-wise: weight and bias; proj, fc_out row-wise: weight only)."""
     total = sum(p.numel() for p in model.parameters())  # the tied head counted once
     if name == "fsdp":
         return total // WORLD
@@ -89,8 +89,7 @@ def _expected_local(name: str, model: GPT) -> int:
     sharded = sum(
         p.numel()
         for n, p in model.named_parameters()
-        if any(f".{k}." in n for k in ("attn.q", "attn.k", "attn.v", "fc"))
-        or n.endswith(("attn.proj.weight", "fc_out.weight"))
+        if any(f".{k}." in n for k in ("attn.qkv", "fc")) or n.endswith(("attn.proj.weight", "fc_out.weight"))
     )
     local = sharded // tp + (total - sharded)
     return local if name == "tp" else local // (WORLD // tp)

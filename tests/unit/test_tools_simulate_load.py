@@ -73,7 +73,7 @@ def test_fsdp_tp_8_saved_loads_at_fsdp_8_rowwise_chunks_are_read_whole() -> None
     tgt = _cfg("nproc_per_node=8", "strategy=fsdp")
     load = simulate_load(Run.of(src), Run.of(tgt), detail=True)
     tensors, n_params = _tensors(src)
-    colwise = {f for f in tensors if any(f".{m}." in f for m in ("attn.q", "attn.k", "attn.v", "fc"))}
+    colwise = {f for f in tensors if any(f".{m}." in f for m in ("attn.qkv", "fc"))}
     rowwise = {f for f in tensors if any(f".{m}.weight" in f for m in ("attn.proj", "fc_out"))}
     steps = 4 * n_params
     for r in load["ranks"]:

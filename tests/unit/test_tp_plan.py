@@ -93,7 +93,7 @@ def test_a_target_factory_is_called_with_the_model() -> None:
     source, factory = tp_plan_source(model, {"_target_": "disttrain.models.gpt.gpt_tp_plan"})  # type: ignore[misc]
     plan = factory()
     assert source == "strategy.tp_plan" and plan.keys() == gpt_tp_plan(model).keys()
-    assert isinstance(plan["blocks.1.attn.q"], ColwiseParallel)
+    assert isinstance(plan["blocks.1.attn.qkv"], ColwiseParallel)
 
 
 def test_a_hugging_face_models_own_plan_is_used(fake_world: DistEnv) -> None:

@@ -104,6 +104,22 @@ def checked_run(
     return run
 
 
+def engine_of(run_dir: Path, overrides: Sequence[str]) -> Any:
+    """disttrain's Engine for the checked overrides, built as a rank builds it (worker.build_parts +
+    build_engine) at world size 1 on the CPU, in this process (a process group must exist)."""
+    import torch
+
+    from disttrain.dist import DistEnv
+    from disttrain.observe.metrics import make_metrics
+    from disttrain.worker import build_engine, build_parts
+
+    run = Run.of(checked(overrides))
+    env = DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    strategy, parts = build_parts(run, env)
+    return build_engine(run, env, run_dir, strategy, parts, make_metrics(run_dir, True, run))
+
+
 def write_module(root: Path, dotted: str, source: str) -> Path:
     """Write `source` as module `dotted` (e.g. 'mylab.nets') under `root`, with package __init__s."""
     parts = dotted.split(".")
@@ -177,7 +193,7 @@ BAD_STATIC = [
     Bad("node-rank", ("node_rank=1",), "node_rank", "1"),
     Bad("spawn-two-nodes", ("launcher=spawn", "nodes=2", "master_addr=10.0.0.1"), "launcher", "spawn"),
     Bad("threads-zero", ("threads_per_rank=0",), "threads_per_rank", "0"),
-    Bad("amp-name", ("amp.name=fp8",), "amp.name", "fp8"),
+    Bad("amp-name", ("amp.name=fp4",), "amp.name", "fp4"),
     Bad("amp-dtype-mismatch", ("amp=bf16", "amp.dtype=float16"), "amp.dtype", "float16"),
     Bad("fp16-with-zero", ("amp=fp16", "strategy=zero"), "amp", "fp16"),
     Bad("amp-with-pipeline", ("amp=bf16", "strategy=pipeline"), "amp", "bf16"),
@@ -215,6 +231,7 @@ BAD_RUNTIME = [
     Bad("nccl-without-gpu", ("backend=nccl",), "backend", "nccl", runtime=True, cpu_only=True),
     Bad("sync-batchnorm-on-cpu", ("strategy=ddp", "strategy.sync_batchnorm=true"), "strategy.sync_batchnorm",
         "True", runtime=True, cpu_only=True),  # torch's SyncBatchNorm is CUDA only (review F8)
+    Bad("fp8-without-gpu", ("amp=fp8",), "amp", "fp8", runtime=True, cpu_only=True),
     Bad("world-vs-data", ("trainer.batch_size=5000",), "trainer.batch_size", "5000", runtime=True),
     Bad("world-vs-data-accum", ("trainer.batch_size=400", "trainer.grad_accum=2"), "trainer.batch_size", "400",
         runtime=True),

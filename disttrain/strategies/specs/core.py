@@ -28,7 +28,7 @@ from disttrain.config.registry import Registry, config_nodes
 if TYPE_CHECKING:
     from disttrain.config.run import Run
 
-AMP_MODES = frozenset({"bf16", "fp16"})
+AMP_MODES = frozenset({"bf16", "fp16", "fp8"})
 # Model abilities a strategy may need (see disttrain.models.parallel).
 TP_PLAN, PIPELINE_LAYERS = "tp_plan", "pipeline_layers"
 
