@@ -105,7 +105,7 @@ def outer_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def describe(blocks: list[nn.Module]) -> str:
-    """ "4 blocks (Block)", "4 blocks (Attention x2, FeedForward x2)": what a log line names."""
+    """What a log line names: "4 blocks (Block)", "4 blocks (Attention x2, FeedForward x2)"."""
     counts = Counter(type(b).__name__ for b in blocks)
     names = ", ".join(name if len(counts) == 1 else f"{name} x{n}" for name, n in sorted(counts.items()))
     return f"{len(blocks)} block{'s' * (len(blocks) != 1)} ({names})"

@@ -36,8 +36,8 @@ from disttrain.strategies.fsdp import modules_to_wrap
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("one_rank")]
 
-GPT4 = ("model=gpt", "data=text", "model.dim=32", "model.n_heads=2", "model.n_layers=4", "data.block_size=32")
-SHORT = ("trainer.batch_size=8", "trainer.max_steps=10", "trainer.log_every=1", "trainer.val_batches=1")
+GPT4 = ("model=gpt", "data=text", "model.dim=16", "model.n_heads=2", "model.n_layers=4", "data.block_size=16")
+SHORT = ("trainer.batch_size=4", "trainer.max_steps=10", "trainer.log_every=1", "trainer.val_batches=1")
 
 
 def test_switch_fields_read_yaml_booleans_names_and_aliases() -> None:
@@ -67,8 +67,11 @@ def test_regional_compile_gives_eager_losses_one_graph_and_the_same_keys(tmp_pat
         assert losses == pytest.approx(eager, abs=1e-4), strategy
         if strategy == "single":
             assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
-    final = [torch.load(tmp_path / d / "checkpoints" / "final.pt")["model"] for d in ("eager", "single")]
-    assert list(final[1]) == list(final[0]) and "blocks.0.ln1.weight" in final[1]
+    keys = {
+        d: list(torch.load(tmp_path / d / "checkpoints" / "final.pt")["model"])
+        for d in ("eager", "single", "fsdp")
+    }
+    assert keys["single"] == keys["eager"] == keys["fsdp"] and "blocks.0.ln1.weight" in keys["single"]
 
 
 def test_regional_compile_costs_under_half_of_whole_model_compile() -> None:
@@ -97,10 +100,10 @@ def test_flops_are_counted_under_compile_for_a_hf_gpt2(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     hf = (
         "model._target_=transformers.GPT2LMHeadModel",
-        "+model.config={_target_: transformers.GPT2Config, vocab_size: 256, n_positions: 32, n_embd: 32, "
+        "+model.config={_target_: transformers.GPT2Config, vocab_size: 256, n_positions: 16, n_embd: 16, "
         "n_layer: 2, n_head: 2}",
-        "data=text", "data.block_size=32", "task=model_loss", "task.call={input_ids: x, labels: x}",
-        "trainer.batch_size=4", "trainer.max_steps=2", "trainer.log_every=1", "trainer.val_batches=1",
+        "data=text", "data.block_size=16", "task=model_loss", "task.call={input_ids: x, labels: x}",
+        "trainer.batch_size=2", "trainer.max_steps=2", "trainer.log_every=1", "trainer.val_batches=1",
         "trainer.count_flops=true", "trainer.compile_backend=eager",
     )  # fmt: skip
     flops = {}

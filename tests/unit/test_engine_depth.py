@@ -10,6 +10,7 @@ uneven validation shards) stays in tests/integration/test_engine_depth.py.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,7 @@ def test_bf16_under_fsdp_trains(tmp_path: Path) -> None:
 def test_activation_checkpointing_gives_the_same_losses(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="disttrain")
     runs = []
     for flag in ("false", "true"):  # true: full, as before selective existed
         common = ("strategy=single", "trainer.batch_size=16", "trainer.max_steps=5", "trainer.log_every=1")
