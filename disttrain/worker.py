@@ -29,7 +29,8 @@ from disttrain.engine.loop import Engine, Parts, global_batch, total_steps
 from disttrain.engine.optim import build_optimizer, build_scheduler
 from disttrain.engine.state import TrainState
 from disttrain.launch.forkserver import linger_after_a_peer_died
-from disttrain.models import build_model, set_activation_checkpointing
+from disttrain.models import build_model
+from disttrain.models.blocks import prepare_blocks
 from disttrain.observe.envreport import report_env
 from disttrain.observe.log import (
     console_apart,
@@ -167,14 +168,17 @@ def build_parts(run: Run, env: DistEnv) -> tuple[Strategy, Parts]:
     strategy = build_strategy(run.strategy, env, run.amp)
     seed_everything(run.seed + strategy.rng_rank())  # per-rank randomness from here on (dropout, ...)
     model = strategy.precision.convert(model, precompute=not trainer.ema.decay)  # amp=fp8, before sharding
-    set_activation_checkpointing(model, trainer.activation_checkpointing)
+    prepare_blocks(  # activation checkpointing and regional compile: per block, before wrapping
+        model, trainer.activation_checkpointing, trainer.compile, trainer.compile_backend, env.is_zero
+    )
     model = strategy.setup_module(model)
     if on_meta:
         model.to_empty(device=env.device)  # this rank's shards only; apply fills every one of them
     init_from.apply(run.init, strategy.unwrap(model), env.is_zero, strategy.model_key)  # init.path: weights
-    if trainer.compile:
-        log.info("trainer.compile: torch.compile of %s (inductor)", type(strategy.unwrap(model)).__name__)
-        model.compile()  # in place: parameter names (and so checkpoints) stay the same
+    if trainer.compile == "true":
+        name = type(strategy.unwrap(model)).__name__
+        log.info("trainer.compile: torch.compile of %s (%s)", name, trainer.compile_backend)
+        model.compile(backend=trainer.compile_backend)  # in place: parameter names (and checkpoints) stay
     dp_rank_size = strategy.data_parallel_rank_size()  # pipeline/tp ranks share data: not env.rank/world
     optimizer = strategy.setup_optimizer(build_optimizer(run.optim, model, dp_rank_size[1]))
     train_loader, val_loader = make_loaders(run, env, train_set, val_set, dp_rank_size)

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import II, MISSING, DictConfig
 
-from disttrain.config.common import Choice, ComputeDtype
+from disttrain.config.common import Choice, ComputeDtype, Switch
 from disttrain.config.common import help_field as _h
 from disttrain.config.names import NO_DECAY as NO_DECAY  # optim.param_groups (the engine imports names)
 from disttrain.config.registry import Registry, config_nodes
@@ -56,6 +56,19 @@ class AnomalyMode(Choice):
 class OomMode(Choice):
     off = "off"
     auto_microbatch = "auto_microbatch"
+
+
+class CompileMode(Switch):
+    false = "false"
+    true = "true"
+    regional = "regional"
+
+
+class CheckpointMode(Switch):
+    false = "false"
+    full = "full"
+    selective = "selective"
+    true = "full"  # an alias: `true` meant per-block recompute before `selective` existed
 
 
 class Mode(Choice):
@@ -298,13 +311,24 @@ class TrainerConfig:
     progress: bool = _h(
         "rich progress bar on rank 0 when stderr is a terminal (plain lines every log_every otherwise)", True
     )
-    activation_checkpointing: bool = _h(
-        "recompute each block's activations in backward (built-in models)", False
-    )
-    compile: bool = _h(
-        "torch.compile the model (needs a host C compiler, e.g. gcc: inductor's CPU code on CPU, "
-        "Triton's launcher on GPU; slim CUDA images without one fail at the first compiled step)",
+    activation_checkpointing: Any = _h(  # bool | str: see Switch
+        "recompute the repeated blocks' activations in backward (any model: the blocks FSDP wraps): "
+        "full keeps each block's input only, selective also its matmul and attention outputs; "
+        "true is full",
         False,
+        choices=CheckpointMode,
+    )
+    compile: Any = _h(  # bool | str: see Switch
+        "torch.compile: true the whole model (after the strategy wraps it), regional each repeated "
+        "block before (one graph per block class, far less compile time); inductor needs a host C "
+        "compiler, e.g. gcc (slim CUDA images without one fail at the first compiled step)",
+        False,
+        choices=CompileMode,
+    )
+    compile_backend: str = _h(
+        "torch.compile's backend: inductor (generated kernels), aot_eager (traced, no code "
+        "generation: isolates an inductor problem), cudagraphs, ...",
+        "inductor",
     )
     detect_anomaly: AnomalyMode = _h(
         "non-finite loss/grad norm: off, stop (fail naming step and rank) or skip", AnomalyMode.off
@@ -329,6 +353,13 @@ class TrainerConfig:
         "counting imports torch's tracing machinery in each rank (~0.4 CPU-s once)",
         None,
     )
+
+    def __post_init__(self) -> None:
+        # YAML's booleans (the fields' old type) and the members' names: a closed choice from here on
+        self.compile = CompileMode.of("trainer.compile", self.compile)
+        self.activation_checkpointing = CheckpointMode.of(
+            "trainer.activation_checkpointing", self.activation_checkpointing
+        )
 
 
 # ------------------------------------------------------------------------------------------ init

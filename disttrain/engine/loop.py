@@ -377,11 +377,11 @@ class Engine:
     def _counted_step(self, micro_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """The first step of a model without a FLOPs formula runs under FlopCounterMode (the real
         step: nothing changes in it but a little Python per op), and its FLOPs, summed over ranks,
-        become every later window's FLOPs per step. Not under torch.compile (the counter would see
-        the graphs' tracing), nor with one rank driving several GPUs (strategy=dp's replica threads
+        become every later window's FLOPs per step; under torch.compile that step runs eagerly
+        (`count_flops`). Not with one rank driving several GPUs (strategy=dp's replica threads
         escape the counter), nor under pipeline (Strategy.flops_countable); by default only where
         the device's peak is known (trainer.count_flops: the first use costs a rank ~0.4 CPU-s)."""
-        counted = self.strategy.flops_countable and not self.t.compile and self.strategy.gpus_per_rank() == 1
+        counted = self.strategy.flops_countable and self.strategy.gpus_per_rank() == 1
         wanted = self.t.count_flops if self.t.count_flops is not None else self.throughput.peak is not None
         if not self.throughput.needs_count or not counted or not wanted:
             return self.train_step(micro_batches)

@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 
 class ConvBlock(nn.Module):
@@ -20,16 +19,9 @@ class ConvBlock(nn.Module):
         self.conv = nn.Conv2d(c_in, c_out, kernel_size=3, padding=1)
         self.act = nn.ReLU()
         self.pool: nn.Module = nn.MaxPool2d(2) if pool else nn.Identity()
-        self.activation_checkpointing = False
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.pool(self.act(self.conv(x)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.activation_checkpointing and self.training and torch.is_grad_enabled():
-            out: torch.Tensor = checkpoint(self._forward, x, use_reentrant=False)
-            return out
-        return self._forward(x)
+        return self.pool(self.act(self.conv(x)))
 
 
 class Reshape(nn.Module):
@@ -74,11 +66,6 @@ class CNN(nn.Module):
 
     def pipeline_layers(self) -> list[tuple[str, nn.Module]]:
         return [(f"layers.{name}", layer) for name, layer in self.layers.named_children()]
-
-    def set_activation_checkpointing(self, enabled: bool) -> None:
-        for m in self.layers:
-            if isinstance(m, ConvBlock):
-                m.activation_checkpointing = enabled
 
     def tp_plan(self) -> dict[str, Any]:
         """The classifier's Linear pair (column, then row); the conv blocks stay replicated."""

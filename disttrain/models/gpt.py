@@ -2,8 +2,8 @@
 
 Splittable for pipeline parallelism (`pipeline_layers`: embed, block.0..N-1, head) and tensor
 parallelism (a Megatron plan registered in disttrain.models.parallel; attention reshapes with -1
-heads so a rank can hold n_heads / tp of them). `activation_checkpointing=True` recomputes each
-block's activations in backward (torch.utils.checkpoint, non-reentrant).
+heads so a rank can hold n_heads / tp of them). Activation checkpointing and regional compile take
+its blocks like any model's (disttrain.models.blocks).
 
 Attention projects q, k and v with one fused Linear (`attn.qkv`: one GEMM, one read of the input).
 Its output features are ordered head by head, (n_heads, 3, head_dim), as Megatron orders them, so
@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.checkpoint import checkpoint
 
 # SDPA's backends on CUDA, most preferred first (a backend that cannot take the inputs is skipped):
 # cuDNN attention is the fastest on Hopper, FlashAttention-2 elsewhere; math is the last resort.
@@ -75,17 +74,10 @@ class Block(nn.Module):
         self.fc = nn.Linear(dim, mlp_ratio * dim)
         self.fc_out = nn.Linear(mlp_ratio * dim, dim)
         self.drop = nn.Dropout(dropout)
-        self.activation_checkpointing = False
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.ln1(x)))
-        return x + self.drop(self.fc_out(F.gelu(self.fc(self.ln2(x)))))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.activation_checkpointing and self.training and torch.is_grad_enabled():
-            out: torch.Tensor = checkpoint(self._forward, x, use_reentrant=False)
-            return out
-        return self._forward(x)
+        x = x + self.drop(self.attn(self.ln1(x)))
+        return x + self.drop(self.fc_out(F.gelu(self.fc(self.ln2(x)))))
 
 
 class Head(nn.Module):
@@ -133,11 +125,6 @@ class GPT(nn.Module):
             *((f"blocks.{i}", b) for i, b in enumerate(self.blocks)),
             ("head", self.head),
         ]
-
-    def set_activation_checkpointing(self, enabled: bool) -> None:
-        for block in self.blocks:
-            if isinstance(block, Block):
-                block.activation_checkpointing = enabled
 
     def flops_per_token(self) -> int:
         """Training FLOPs per token (forward + backward), 6N + attention (PaLM appendix B)."""

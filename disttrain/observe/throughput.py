@@ -109,9 +109,13 @@ class Throughput:
 
 
 def count_flops(step: Callable[[], T]) -> tuple[T, int]:
-    """Run `step` under torch's FlopCounterMode: its result and the FLOPs this process computed."""
+    """Run `step` under torch's FlopCounterMode: its result and the FLOPs this process computed.
+
+    The step runs eagerly (`torch.compiler.set_stance("force_eager")`): a compiled model or block
+    (trainer.compile) would show the counter dynamo's tracing, not the step's ops, so its first
+    step is counted as eager and compiles on the next one; the count is the eager model's."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:
+    with torch.compiler.set_stance("force_eager"), FlopCounterMode(display=False) as counter:
         result = step()
     return result, int(counter.get_total_flops())

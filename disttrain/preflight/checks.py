@@ -300,7 +300,7 @@ def _check_trainer(run: Run) -> None:
     if t.compile and not spec.compile:
         raise ConfigError(
             "trainer.compile",
-            True,
+            t.compile,
             f"false with strategy={spec.name}",
             f"compile works with {', '.join(s.name for s in specs.all() if s.compile)}.",
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from disttrain.models.blocks import repeated_blocks
 from disttrain.models.parallel import has_forward
 from disttrain.strategies.base import Strategy, place_unsharded
 from disttrain.strategies.precision import DTYPES
@@ -31,56 +32,6 @@ from disttrain.strategies.specs.sharded import FSDPStrategyConfig
 log = logging.getLogger("disttrain")
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-# Containers hold modules but run none: FSDP2 refuses them (no forward of their own to hook).
-CONTAINERS = (nn.ModuleList, nn.ModuleDict)
-# A repeated class whose instances hold < 1/TINY_SHARE of the largest repeated class's parameters
-# (x-transformers' per-layer norms beside its attention and feed-forward) is no unit of its own.
-TINY_SHARE = 8
-
-
-def _is_list(module: nn.Module) -> bool:
-    """A list of layers: ModuleList, Sequential, or a ModuleDict keyed "0", "1", ... (torchtitan)."""
-    if isinstance(module, nn.ModuleDict):
-        return all(key.isdigit() for key in module)
-    return isinstance(module, (nn.ModuleList, nn.Sequential))
-
-
-def _items(container: nn.Module) -> Iterator[nn.Module]:
-    """The layers of a list, looking through nested lists (x-transformers nests one per layer)."""
-    for child in container.children():
-        if _is_list(child) or isinstance(child, CONTAINERS):
-            yield from _items(child)
-        else:
-            yield child
-
-
-def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's repeated blocks: items of its layer lists whose class occurs >= 2 times among the
-    items of one list, that run a forward and hold parameters (HF `layer`/`h`, timm `blocks`,
-    nanoGPT `h`, torchtitan `layers`, x-transformers' attention and feed-forward). Items of a class
-    much smaller than the largest such class are left out (see TINY_SHARE)."""
-    found: dict[type, dict[int, nn.Module]] = {}
-    for module in model.modules():
-        if not _is_list(module):
-            continue
-        by_class: dict[type, dict[int, nn.Module]] = {}
-        for item in _items(module):
-            if has_forward(item) and any(True for _ in item.parameters()):
-                by_class.setdefault(type(item), {})[id(item)] = item
-        for cls, items in by_class.items():
-            if len(items) >= 2:
-                found.setdefault(cls, {}).update(items)
-    if not found:
-        return []
-    size = {cls: _numel(items.values()) / len(items) for cls, items in found.items()}
-    largest = max(size.values())
-    return [m for cls, items in found.items() if size[cls] * TINY_SHARE >= largest for m in items.values()]
-
-
-def _numel(modules: Iterable[nn.Module]) -> int:
-    return sum(p.numel() for m in modules for p in m.parameters())
 
 
 def modules_to_wrap(model: nn.Module, classes: set[str], min_num_params: int) -> list[nn.Module]:

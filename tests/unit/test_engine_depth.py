@@ -10,37 +10,22 @@ uneven validation shards) stays in tests/integration/test_engine_depth.py.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
 from shared_support import TINY_GPT, check_one_fp16_overflow
-from unit_support import checked
+from unit_support import train_in_process as run
+from unit_support import train_records
 
 from disttrain.checkpoint import read_meta
-from disttrain.config.run import Run
-from disttrain.dist import DistEnv
 from disttrain.models.gpt import GPT
 from disttrain.observe.metrics import read_metrics
 from disttrain.testing import FAULT_MLP
-from disttrain.worker import train
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("one_rank")]
 
-ONE = ("nproc_per_node=1", "trainer.progress=false", "threads_per_rank=1", "observe.sinks=[]")
 FAULT = ("data=synthetic", *FAULT_MLP, "trainer.log_every=1")
-
-
-def run(run_dir: Path, *overrides: str) -> dict[str, Any]:
-    """worker.train of the checked config `ONE + overrides` into `run_dir`: the summary."""
-    cfg = checked([*ONE, *overrides])
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return train(Run.of(cfg), DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu")), run_dir)
-
-
-def train_records(run_dir: Path) -> list[dict[str, Any]]:
-    return [r for r in read_metrics(run_dir) if "train/loss" in r]
 
 
 def test_gpt_on_text_in_bf16_under_ddp_learns_and_reports_throughput(tmp_path: Path) -> None:
@@ -78,14 +63,24 @@ def test_bf16_under_fsdp_trains(tmp_path: Path) -> None:
     assert len(losses) == 12 and losses[-1] < 0.8 * losses[0], losses
 
 
-def test_activation_checkpointing_gives_the_same_losses(tmp_path: Path) -> None:
+def test_activation_checkpointing_gives_the_same_losses(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="disttrain")
     runs = []
-    for flag in ("false", "true"):
+    for flag in ("false", "true"):  # true: full, as before selective existed
         common = ("strategy=single", "trainer.batch_size=16", "trainer.max_steps=5", "trainer.log_every=1")
-        run(tmp_path / flag, *TINY_GPT, *common, f"trainer.activation_checkpointing={flag}")
+        run(
+            tmp_path / flag,
+            *TINY_GPT,
+            "model.n_layers=2",
+            *common,
+            f"trainer.activation_checkpointing={flag}",
+        )
         runs.append([r["train/loss"] for r in train_records(tmp_path / flag)])
     assert len(runs[0]) == 5
-    assert runs[0] == pytest.approx(runs[1], rel=1e-5, abs=1e-6)
+    assert runs[0] == runs[1]
+    assert "trainer.activation_checkpointing=full: 2 blocks (Block) recompute in backward" in caplog.text
 
 
 def test_oom_halves_the_micro_batch_and_profiler_and_grad_stats_write_their_files(

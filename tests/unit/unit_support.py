@@ -90,6 +90,29 @@ def checked(
     return checked_run(overrides, runtime, config_dir, config_name).to_dict()
 
 
+ONE_RANK = ("nproc_per_node=1", "trainer.progress=false", "threads_per_rank=1", "observe.sinks=[]")
+
+
+def train_in_process(run_dir: Path, *overrides: str) -> dict[str, Any]:
+    """worker.train of the checked config `ONE_RANK + overrides` into `run_dir` (what rank 0 of one
+    does; a process group of one must exist, the `one_rank` fixture): the summary."""
+    import torch
+
+    from disttrain.dist import DistEnv
+    from disttrain.worker import train
+
+    cfg = checked([*ONE_RANK, *overrides])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return train(Run.of(cfg), DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu")), run_dir)
+
+
+def train_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The train-metric records of a run's metrics.jsonl."""
+    from disttrain.observe.metrics import read_metrics
+
+    return [r for r in read_metrics(run_dir) if "train/loss" in r]
+
+
 def checked_run(
     overrides: Sequence[str],
     runtime: bool = False,
@@ -206,7 +229,9 @@ BAD_STATIC = [
     Bad("oom-retry-ddp", ("strategy=ddp", "trainer.oom=auto_microbatch"), "trainer.oom", "auto_microbatch"),
     Bad("oom-retry-fsdp", ("strategy=fsdp", "trainer.oom=auto_microbatch"), "trainer.oom", "auto_microbatch"),
     Bad("sync-check-fsdp", ("strategy=fsdp", "debug.check_sync_every=10"), "debug.check_sync_every", "10"),
-    Bad("compile-pipeline", ("strategy=pipeline", "trainer.compile=true"), "trainer.compile", "True"),
+    Bad("compile-pipeline", ("strategy=pipeline", "trainer.compile=true"), "trainer.compile", "true"),
+    Bad("compile-mode", ("trainer.compile=whole",), "trainer.compile", "whole"),
+    Bad("checkpointing-mode", ("trainer.activation_checkpointing=2",), "trainer.activation_checkpointing", "2"),
     Bad("profiler-active", ("profile=true", "profiler.active=0"), "profiler.active", "0"),
     Bad("model-key-typo", ("model.hiden=[256,256]",), "model.hiden", "[256, 256]"),
     Bad("sched-key-without-target", ("sched.step_size=10",), "sched.step_size", "10"),
