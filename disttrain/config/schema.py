@@ -21,6 +21,7 @@ from omegaconf import II, MISSING, DictConfig
 from disttrain.config.common import Choice, ComputeDtype
 from disttrain.config.common import help_field as _h
 from disttrain.config.names import NO_DECAY as NO_DECAY  # optim.param_groups (the engine imports names)
+from disttrain.config.names import NO_DECAY_1D as NO_DECAY_1D
 from disttrain.config.registry import Registry, config_nodes
 from disttrain.strategies.specs import STRATEGIES, StrategyConfig
 
@@ -147,8 +148,10 @@ class OptimConfig:
     weight_decay: float = _h("decoupled (AdamW) or L2 (SGD) weight decay", 0.0)
     scale_lr: ScaleLr = _h("none, or linear: lr x world size (the linear scaling rule)", ScaleLr.none)
     param_groups: Any = _h(
-        "null: one group; no_decay_bias_norm_embed: weight decay only on >=2-D weights that are not "
-        "embeddings; or a `_target_` factory called with the model that returns torch param groups",
+        "null: one group; no_decay_1d: weight decay on every >=2-D parameter, embeddings included "
+        "(nanoGPT's configure_optimizers); no_decay_bias_norm_embed: on >=2-D parameters that are not "
+        "nn.Embedding weights (minGPT-style: embeddings and a head tied to one exempt); or a `_target_` "
+        "factory called with the model that returns torch param groups",
         None,
     )
 
