@@ -77,7 +77,7 @@ def evaluate(run: Run, env: DistEnv, job: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError("the validation data set is empty or not configured (data.val)")
     # --ema: the checkpoint's averaged weights, swapped in (the decay is never used: nothing updates)
     ema = EMA(EmaConfig(decay=0.5), strategy.unwrap(parts.model)) if job.get("ema") else NullEMA()
-    restored = restore(run, env, strategy, parts.model, parts.optimizer, Path(job["checkpoint"]), ema)
+    restored = restore(run, env, strategy, parts.model, Path(job["checkpoint"]), ema)
     where = {"checkpoint": str(restored[0]), "step": restored[1], "world_size": env.world_size}
     if isinstance(ema, EMA):
         where["weights"] = "ema"
@@ -101,16 +101,15 @@ def restore(
     env: DistEnv,
     strategy: Strategy,
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
     location: Path,
     ema: NullEMA | None = None,
 ) -> tuple[Path, int]:
     """The model (through ModelState, the strategy's own sharded state dict: it reshards to this
     world size and strategy) from the newest loadable checkpoint at `location`; no scheduler, no
-    train state, no RNG is applied. The optimizer's state comes along (the strategies' state dicts
-    pair it with the model) and is never used: nothing steps. `ema` (an EMA): its weights too."""
+    train state, no RNG is applied. No optimizer: its state is neither built nor read (AdamW's
+    would be twice the parameters' bytes). `ema` (an EMA): its weights too."""
     state = TrainState()
-    states: dict[str, Any] = {"model": ModelState(strategy, model, optimizer), "train": state}
+    states: dict[str, Any] = {"model": ModelState(strategy, model, None), "train": state}
     if isinstance(ema, EMA):
         states["ema"] = ema
     ckpt = Checkpointer(run.checkpoint, location, env, states, barrier=strategy.barrier)

@@ -44,9 +44,12 @@ MODEL, TRAIN = "model", "train"
 
 
 class ModelState:
-    """Model and optimizer as one Stateful, through the strategy (which shards, renames, flattens)."""
+    """Model and optimizer as one Stateful, through the strategy (which shards, renames, flattens).
+    `optimizer` None: the model alone (eval, predict), and no optimizer state is built or read."""
 
-    def __init__(self, strategy: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(
+        self, strategy: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+    ) -> None:
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
 
     def state_dict(self) -> dict[str, Any]:

@@ -237,16 +237,23 @@ class PipelineStrategy(Strategy):
         by_stage = {s: sd for part in gathered for s, sd in part.items()}
         return {k: v for s in sorted(by_stage) for k, v in by_stage[s].items()}
 
-    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
         """This rank's stages for a sharded checkpoint, under the original names.
 
         The optimizer state is flattened per parameter (`state.<name>.exp_avg`,
         `param_groups.<name>.lr`): no list differs between ranks, so the stages' disjoint keys
-        merge into one checkpoint that names parameters as `single` does.
+        merge into one checkpoint that names parameters as `single` does. `optimizer` None: the
+        model only (see Strategy.state_dict).
         """
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_state_dict,
+        )
 
         options = StateDictOptions(flatten_optimizer_state_dict=True)
+        if optimizer is None:
+            return {"model": {self._original(k): v for k, v in get_model_state_dict(model).items()}}
         model_state, optim_state = get_state_dict(model, optimizer, options=options)
         return {
             "model": {self._original(k): v for k, v in model_state.items()},
@@ -254,9 +261,13 @@ class PipelineStrategy(Strategy):
         }
 
     def load_state_dict(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
     ) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_state_dict,
+        )
 
         local = {orig: f"stages.{s}.{i}." for s, names in self.names.items() for i, orig in enumerate(names)}
 
@@ -269,6 +280,9 @@ class PipelineStrategy(Strategy):
                     return f"{head}{sep}{mine}{rest[len(orig) + 1 :]}"
             return key
 
+        if optimizer is None:
+            set_model_state_dict(model, {back(k): v for k, v in state["model"].items()})
+            return
         set_state_dict(
             model,
             optimizer,
