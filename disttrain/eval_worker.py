@@ -137,11 +137,17 @@ def predict(
     indices = list(loader.sampler)  # ShardSampler: this rank's samples, in order
     mine: list[tuple[int, Any]] = []
     batch: Any = None
+    dropped: dict[str, str] = {}
     for batch in loader:
         n = batches.leading_size(batch)
-        out = _per_sample(_to_cpu(forward(strategy, model, task, batch, env.device)), n)
+        out = _per_sample(_to_cpu(forward(strategy, model, task, batch, env.device), dropped), n)
         for i in range(n):
             mine.append((indices[len(mine)], _row(out, i)))
+    if dropped and env.is_zero:
+        log.info(
+            "predict: dropped what the model's dict output holds besides tensors: %s",
+            ", ".join(f"{k} ({kind})" for k, kind in dropped.items()),
+        )
     for _ in range(val_batches(loader) - len(loader)):
         if batch is None:
             batch = default_collate([loader.dataset[0]])
@@ -172,19 +178,32 @@ def forward(strategy: Strategy, model: torch.nn.Module, task: Task, batch: Any, 
         return task.forward(model, inputs, target)
 
 
-def _to_cpu(out: Any) -> Any:
-    """Outputs as plain CPU tensors (a DTensor, tp's output, is gathered whole first)."""
+def _to_cpu(out: Any, dropped: dict[str, str]) -> Any:
+    """Outputs as plain CPU tensors (a DTensor, tp's output, is gathered whole first). A dict's
+    values that hold no tensors (the cache object of a Hugging Face causal LM's output, None) are
+    dropped, their keys and types recorded in `dropped`."""
     if isinstance(out, torch.Tensor):
         full = getattr(out, "full_tensor", None)
         return (full() if callable(full) else out).detach().cpu()
     if isinstance(out, dict):
-        return {k: _to_cpu(v) for k, v in out.items()}
+        kept = {k: v for k, v in out.items() if _tensors(v)}
+        dropped.update((str(k), type(v).__name__) for k, v in out.items() if k not in kept)
+        return {k: _to_cpu(v, dropped) for k, v in kept.items()}
     if isinstance(out, (tuple, list)):
-        return type(out)(_to_cpu(v) for v in out)
+        return type(out)(_to_cpu(v, dropped) for v in out)
     raise TypeError(
         f"predict: the model (or task.predict) returned {type(out).__name__}; it must return a tensor "
         "(first dimension: the batch), a dict or a tuple of them"
     )
+
+
+def _tensors(value: Any) -> bool:
+    """Whether `value` is a tensor, or a dict, tuple or list of them (nested)."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, dict):
+        return all(_tensors(v) for v in value.values())
+    return isinstance(value, (tuple, list)) and all(_tensors(v) for v in value)
 
 
 def _per_sample(out: Any, n: int) -> Any:
