@@ -135,6 +135,12 @@ class AmpConfig:
         "slowly: refused unless true (then a warning)",
         False,
     )
+    master_dtype: ComputeDtype = _h(
+        "dtype of the trained parameters, and so of the optimizer state and the EMA: a model that "
+        "arrives in another one (a bf16 Hugging Face checkpoint) is cast to it after it is built, "
+        "before sharding, and the log says so; float32 (master weights), bfloat16 or float16",
+        ComputeDtype.float32,
+    )
 
 
 # ---------------------------------------------------------------------------------------- optim
