@@ -58,7 +58,25 @@ def test_a_bf16_checkpoint_trains_in_fp32_unless_asked(
         {torch.float32},
         {torch.float32},
         {torch.float32},
-        [f"amp.master_dtype=float32: {n} parameters in bfloat16 cast to float32 (the parameters, "
-         "optimizer state and EMA train in it)"],
+        [f"amp.master_dtype=float32: {n} parameters in bfloat16 cast to float32 (the trained "
+         "parameters, optimizer state and EMA)"],
     )  # fmt: skip
     assert dtypes["bfloat16"] == ({torch.bfloat16}, {torch.bfloat16}, {torch.bfloat16}, [])
+
+
+def test_frozen_parameters_keep_their_dtype_and_buffers_follow_the_weights() -> None:
+    from disttrain.models import to_master_dtype
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Embedding(4, 2), torch.nn.BatchNorm1d(2), torch.nn.Linear(2, 4))
+    net[2].weight = net[0].weight  # a tied head
+    bf16 = net.to(torch.bfloat16)
+    to_master_dtype(bf16, torch.float32, say=False)
+    assert {t.dtype for t in bf16.state_dict().values() if t.is_floating_point()} == {torch.float32}
+    assert bf16[2].weight is bf16[0].weight  # still tied: one tensor, cast once
+    assert bf16[1].num_batches_tracked.dtype == torch.long
+    lora = net.to(torch.bfloat16)
+    lora[0].weight.requires_grad_(False)  # the frozen base of an adapter: no optimizer state
+    to_master_dtype(lora, torch.float32, say=False)
+    assert (lora[0].weight.dtype, lora[2].bias.dtype) == (torch.bfloat16, torch.float32)
+    assert lora[1].running_mean.dtype == torch.bfloat16  # with the frozen weights, as loaded
