@@ -131,8 +131,15 @@ class Strategy:
 
     # ---------------------------------------------------------------- state
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """The full, unwrapped state dict (CPU tensors), as plain PyTorch would save it."""
-        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
+        """The full, unwrapped state dict as plain PyTorch would save it: CPU tensors on rank 0 (the
+        writing rank), {} on the others. Every rank calls it: a DTensor (fsdp, tp) is gathered one
+        tensor at a time, a collective, and the other ranks drop each full tensor at once; nothing
+        reaches their host memory (torch's full_state_dict + cpu_offload: ranks_only=(0,))."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state: dict[str, torch.Tensor] = get_model_state_dict(self.unwrap(model), options=full)  # type: ignore[assignment]
+        return state
 
     def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
         """Model and optimizer state for a sharded checkpoint (torch.distributed.checkpoint).

@@ -15,10 +15,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -29,8 +25,6 @@ from disttrain.strategies.precision import DTYPES
 from disttrain.strategies.specs.sharded import FSDPStrategyConfig
 
 log = logging.getLogger("disttrain")
-
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 # Containers hold modules but run none: FSDP2 refuses them (no forward of their own to hook).
@@ -199,8 +193,3 @@ class FSDPStrategy(Strategy):
     def state_bytes(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
         self.reshard(model)  # count the shards, not full parameters a forward left in place
         return super().state_bytes(model, optimizer)
-
-    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """The full, unsharded state dict on rank 0 (empty elsewhere); every rank must call it."""
-        state: dict[str, torch.Tensor] = get_model_state_dict(model, options=FULL)  # type: ignore[assignment]
-        return state

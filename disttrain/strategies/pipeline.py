@@ -222,20 +222,33 @@ class PipelineStrategy(Strategy):
 
     # ---------------------------------------------------------------------------------- state
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """The full model's state dict on rank 0 with the original names ({} on other ranks)."""
-        mine: dict[int, dict[str, torch.Tensor]] = {
-            s: {self._original(f"stages.{s}.{k}"): v.detach().cpu() for k, v in module.state_dict().items()}
+        """The full model's state dict on rank 0 with the original names ({} on other ranks).
+
+        Every rank calls it. The stages' names, shapes and dtypes travel as objects; the tensors
+        reach rank 0 one at a time (send/recv on the device), and only rank 0 copies them to host
+        memory. (`gather_object` of the stages would pickle every stage through rank 0's GPU.)
+        """
+        mine = [
+            (s, i, self._original(f"stages.{s}.{k}"), v.detach())
             for s, module in self.modules.items()
-        }
-        gathered: list[Any] = [None] * self.env.world_size if self.env.is_zero else []
-        if dist.is_initialized() and self.env.world_size > 1:
-            dist.gather_object(mine, gathered if self.env.is_zero else None, dst=0)
-        else:
-            gathered = [mine]
+            for i, (k, v) in enumerate(module.state_dict().items())
+        ]
+        if not dist.is_initialized() or self.env.world_size == 1:
+            return {key: v.cpu() for _, _, key, v in mine}
+        layout = [(s, i, key, tuple(v.shape), v.dtype) for s, i, key, v in mine]
+        layouts: list[Any] = [None] * self.env.world_size if self.env.is_zero else []
+        dist.gather_object(layout, layouts if self.env.is_zero else None, dst=0)
         if not self.env.is_zero:
+            for *_, v in mine:
+                dist.send(v.contiguous(), dst=0)
             return {}
-        by_stage = {s: sd for part in gathered for s, sd in part.items()}
-        return {k: v for s in sorted(by_stage) for k, v in by_stage[s].items()}
+        full = {(s, i): (key, v.cpu()) for s, i, key, v in mine}
+        for src in range(1, self.env.world_size):
+            for s, i, key, shape, dtype in layouts[src]:
+                buffer = torch.empty(shape, dtype=dtype, device=self.env.device)
+                dist.recv(buffer, src=src)
+                full[(s, i)] = (key, buffer.cpu())
+        return dict(full[at] for at in sorted(full))
 
     def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
         """This rank's stages for a sharded checkpoint, under the original names.
