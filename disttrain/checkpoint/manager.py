@@ -316,8 +316,9 @@ class Checkpointer:
             self.finish()
 
     def export_final(self, model_state: dict[str, torch.Tensor]) -> None:
-        """checkpoints/final.pt: the consolidated model a plain `torch.load` + load_state_dict takes.
-        `model_state` is the strategy's full state dict (gathered on rank 0: every rank calls this)."""
+        """checkpoints/final.pt: `{"model": state_dict, "step": N, "epoch": E}`, the consolidated
+        model under "model": `model.load_state_dict(torch.load(path, weights_only=True)["model"])`.
+        `model_state` is the strategy's full state dict (on rank 0, which writes; every rank calls this)."""
         if self.env.is_zero:
             train = self.train.state_dict()
             state = {"model": model_state, "step": train["step"], "epoch": train["epoch"]}

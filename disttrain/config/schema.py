@@ -422,7 +422,11 @@ class CheckpointConfig:
     )
     on_signal: bool = _h("SIGTERM/SIGINT: every rank saves a checkpoint, then exits", True)
     on_error: bool = _h("an exception on every rank at the same step saves an emergency checkpoint", True)
-    export_final: bool = _h("also write checkpoints/final.pt: the consolidated model for plain PyTorch", True)
+    export_final: bool = _h(
+        'also write checkpoints/final.pt, {"model": state_dict, "step", "epoch"}: the consolidated '
+        'model for plain PyTorch, torch.load(path, weights_only=True)["model"]',
+        True,
+    )
     keep_best: int = _h(
         "also keep the K best checkpoints by checkpoint.monitor, saved at the validations that rank "
         "among them and never pruned by `keep` while they do; checkpoints/best names the best. 0: off",

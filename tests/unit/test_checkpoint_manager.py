@@ -264,3 +264,16 @@ def test_eval_restores_the_model_without_building_optimizer_state(
     assert sorted(requested) == sorted(f"model.{k}" for k in model.state_dict())  # nothing else
     assert all(torch.equal(model.state_dict()[k], v) for k, v in fresh.state_dict().items())
     assert all(p.grad is None for p in fresh.parameters())  # torch's optimizer-state init sets zeros
+
+
+def test_final_pt_holds_the_model_under_model_for_a_plain_load(tmp_path: Path) -> None:
+    """Review F4: final.pt is {"model": state_dict, "step", "epoch"} (what the docs now say);
+    its "model" entry loads into the plain model, strictly."""
+    ckpt, model, opt, state, _ = manager(tmp_path)
+    train(model, opt, ckpt.states["scheduler"], state, 2)
+    ckpt.export_final(Strategy(SingleStrategyConfig(), ENV).model_state_dict(model))
+    final = torch.load(tmp_path / "final.pt", weights_only=True)
+    assert (sorted(final), final["step"], final["epoch"]) == (["epoch", "model", "step"], 2, 0)
+    plain, _, _ = parts()
+    plain.load_state_dict(final["model"])  # strict
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in plain.state_dict().items())
