@@ -44,6 +44,8 @@ class FaultMLP(MLP):
         oom_rank: int = -1,
         perturb_at: int = 0,
         perturb_rank: int = 1,
+        pause_at: int = 0,
+        pause_file: str = "",
         **kwargs: Any,
     ) -> None:
         """delay: seconds of sleep per training forward; hang_at: forward number at which rank
@@ -54,7 +56,10 @@ class FaultMLP(MLP):
         (oom_in=backward) inside backward, after the gradient of the output layer exists, as a real
         CUDA OOM can (DDP's reducer is then mid-reduction), on every rank or only on rank `oom_rank`;
         perturb_at: forward number at
-        which rank `perturb_rank` nudges its first parameter (a desync for debug.check_sync_every)."""
+        which rank `perturb_rank` nudges its first parameter (a desync for debug.check_sync_every);
+        pause_at: forward number at which every rank waits until the file `pause_file` exists (a
+        test acts on a run held at a known step, then releases it: an event, not a race against
+        the run's speed on a loaded machine)."""
         super().__init__(*args, **kwargs)
         self.delay, self.hang_at, self.hang_rank, self.raise_at = delay, hang_at, hang_rank, raise_at
         self.nan_at, self.nan_rank, self.inf_grad_at = nan_at, nan_rank, inf_grad_at
@@ -62,6 +67,9 @@ class FaultMLP(MLP):
         if oom_in not in ("forward", "backward"):
             raise ValueError(f"oom_in={oom_in!r}: forward or backward")
         self.oom_in, self.oom_rank = oom_in, oom_rank
+        if pause_at and not pause_file:
+            raise ValueError("pause_at needs pause_file: the file whose creation releases the ranks")
+        self.pause_at, self.pause_file = pause_at, pause_file
         self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -73,6 +81,8 @@ class FaultMLP(MLP):
                 time.sleep(self.delay)
             if self.calls == self.hang_at and _rank() == self.hang_rank:
                 time.sleep(3600)
+            if self.calls == self.pause_at:
+                _wait_for_file(self.pause_file)
             if self.calls == self.raise_at:
                 raise FloatingPointError(f"injected failure at training forward {self.calls}")
         oom = active and self.oom_above and len(x) > self.oom_above and self.oom_rank in (-1, _rank())
@@ -93,6 +103,14 @@ class FaultMLP(MLP):
         if active and self.calls == self.inf_grad_at:
             out = _InfGrad.apply(out)
         return out
+
+
+def _wait_for_file(path: str, timeout: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout:.0f} s")
+        time.sleep(0.02)
 
 
 def _rank() -> int:

@@ -201,12 +201,14 @@ def build_engine(
     if trainer.ema.decay:
         states["ema"] = ema
     dp_size = strategy.data_parallel_rank_size()[1]
+    info = run_info(run, strategy.name, env.world_size, dp_size, global_batch(trainer, dp_size))
+    info.update(data_info(parts))
     ckpt = Checkpointer(
         run.checkpoint,
         checkpoint_dir(run, run_dir),  # checkpoint.dir, else <run dir>/checkpoints
         env,
         states,
-        run_info=run_info(run, strategy.name, env.world_size, dp_size, global_batch(trainer, dp_size)),
+        run_info=info,
         barrier=strategy.barrier,
         extra_meta=lambda: {"trackers": metrics.tracker_state()},  # rank 0: tracker runs to continue
         rank_states=stream_position(parts),
@@ -228,6 +230,16 @@ def build_engine(
         timeout_s=float(run.backend.timeout),
         ema=ema,
     )
+
+
+def data_info(parts: Parts) -> dict[str, Any]:
+    """What meta.json records of the training data for a resume to compare: whether it is a stream
+    (its position is not an index), and the sizes of the files a data set reads (data=tokens)."""
+    info: dict[str, Any] = {"data_stream": loader_batches(parts.train_loader) is None}
+    files = getattr(getattr(parts.train_loader, "dataset", None), "files", None)
+    if callable(files):
+        info["data_files"] = files()
+    return info
 
 
 def stream_position(parts: Parts) -> dict[str, Any]:

@@ -79,6 +79,25 @@ def run_info(run: Run, strategy: str, world_size: int, dp_size: int, global_batc
     }
 
 
+def _report_data_files(then: Any, now: Any) -> None:
+    """A data file that changed size since the checkpoint: the resumed run's sample indices point
+    at other tokens (and an epoch has another length) than the interrupted run's would have."""
+    if not isinstance(then, dict) or not isinstance(now, dict) or then == now:
+        return
+    changes = [
+        f"{path}: {then.get(path, 'absent')} -> {now.get(path, 'absent')} bytes"
+        for path in sorted(set(then) | set(now))
+        if then.get(path) != now.get(path)
+    ]
+    log.warning(
+        "the training data changed since the checkpoint (%s): the resumed run reads other samples than "
+        "the interrupted one would have, and an epoch has another length. HINT: resume with the files "
+        "as they were for an exact continuation, or start a new run (init.path=<this checkpoint>) on "
+        "the new data.",
+        "; ".join(changes),
+    )
+
+
 class DiskFull(OSError):
     """A save failed because checkpoint.dir has no room left: said in those words."""
 
@@ -469,9 +488,19 @@ class Checkpointer:
                 now["config_hash"],
                 "; ".join(diff) or "(keys not recorded)",
             )
+        _report_data_files(meta.get("data_files"), now.get("data_files"))
         dp = int(now.get("dp_world_size", self.env.world_size))
         old = int(meta.get("dp_world_size", dp))
-        if old != dp:
+        if old != dp and now.get("data_stream"):  # a stream's position: the engine's own line says
+            log.warning(
+                "data-parallel world size %d -> %d: model and optimizer were resharded on load; global "
+                "batch %d -> %d",
+                old,
+                dp,
+                meta["global_batch"],
+                now.get("global_batch", 0),
+            )
+        elif old != dp:
             pos = meta["epoch_samples"]
             skipped = pos % dp
             log.warning(

@@ -160,6 +160,11 @@ class OptimConfig:
         "factory called with the model that returns torch param groups",
         None,
     )
+    fused: Any = _h(
+        "auto: the optimizer's fused kernels when every parameter is a floating CUDA tensor, its class "
+        "takes `fused` (AdamW, Adam, SGD) and optim.foreach is unset; true or false: as set",
+        "auto",
+    )
 
 
 @dataclass

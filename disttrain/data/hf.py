@@ -62,12 +62,30 @@ def load_hf(
             key, path, ALLOWED_PATHS, "set data.path=PATH (relative to where you run disttrain)."
         )
     _require_datasets(key)
-    ds = _open(str(path), format, split, streaming, key, split_key)
-    if map:
-        ds = ds.map(_map_function(map), batched=map_batched)
-    ds = _select(ds, columns, str(path))
+    try:
+        ds = _open(str(path), format, split, streaming, key, split_key)
+        if map:
+            ds = ds.map(_map_function(map), batched=map_batched)
+        ds = _select(ds, columns, str(path))
+    except ConfigError:
+        raise
+    except Exception as exc:  # a stream's first rows are read here: a bad JSON line among them
+        bad = bad_json_line(str(path)) if format_of_json(str(path), format) else None
+        if bad is None:
+            raise
+        raise ConfigError(
+            key,
+            path,
+            "JSON lines",
+            f"{bad}: fix or remove that line ({type(exc).__name__}: {_first_line(exc)}).",
+        ) from None
     ds = ds.with_format("torch")
-    return NodeSplitStream(ds) if streaming else ds
+    return NodeSplitStream(ds, str(path) if format_of_json(str(path), format) else None) if streaming else ds
+
+
+def format_of_json(path: str, format: str | None) -> bool:
+    """Whether `path` is read as JSON (lines): a bad line in it can be located by bad_json_line."""
+    return format == "json" or (format is None and Path(path).suffix.lower() in (".json", ".jsonl"))
 
 
 def _require_datasets(key: str) -> None:
@@ -136,14 +154,51 @@ def _open(path: str, format: str | None, split: str, streaming: bool, key: str, 
             + (" (slices need streaming=false)" if streaming else ""),
             f"datasets said: {str(exc).splitlines()[0]}",
         ) from None
-    except Exception as exc:  # the files are not in the format said
+    except Exception as exc:  # the files are not in the format said, or one line of them is bad
+        said = f"{type(exc).__name__}: {_first_line(exc)}"
+        bad = bad_json_line(path) if builder == "json" else None
         raise ConfigError(
             key,
             path,
             f"{builder} files (data.format={format})" if format else f"{builder} files, as the suffix says",
-            f"datasets could not read them ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-            "set data.format to the files' real format.",
+            f"datasets could not read them ({said}); "
+            + (f"{bad}: fix or remove that line." if bad else "set data.format to the files' real format."),
         ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or of the one it was raised from (datasets wraps a
+    parse error in DatasetGenerationError("An error occurred while generating the dataset"))."""
+    cause = exc.__cause__ or exc.__context__
+    text = str(exc).strip()
+    if cause is not None and "generating the dataset" in text:
+        text = f"{text.splitlines()[0]} ({type(cause).__name__}: {str(cause).strip().splitlines()[0]})"
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def bad_json_line(path: str) -> str | None:
+    """'FILE line N is not JSON (why)' for the first line of the JSON-lines files at `path` (a file,
+    a glob or a folder) that does not parse, or None (every line parses, or the files are one JSON
+    document each). `datasets` names a row within a chunk, never the file or the line."""
+    import json
+
+    root = Path(path)
+    files = sorted(root.rglob("*.json*")) if root.is_dir() else sorted(map(Path, glob.glob(path)))
+    for file in files:
+        if not file.is_file():
+            continue
+        with open(file, encoding="utf-8", errors="replace") as f:
+            first = f.read(1).lstrip()
+            f.seek(0)
+            if first == "[":  # one JSON array: not JSON lines
+                continue
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        json.loads(line)
+                    except ValueError as exc:
+                        return f"{file} line {number} is not JSON ({str(exc).splitlines()[0]})"
+    return None
 
 
 def _from_disk(path: str, split: str, streaming: bool, key: str, split_key: str) -> Any:
@@ -239,9 +294,10 @@ class NodeSplitStream(IterableDataset):
     Loader workers split a rank's part again by file (`datasets` does it itself).
     """
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, json_path: str | None = None) -> None:
         self.stream = stream
         self.part = stream
+        self.json_path = json_path  # JSON-lines files: a row that does not parse is found by line
 
     def split_by_node(self, rank: int, size: int) -> None:
         from datasets.distributed import split_dataset_by_node
@@ -249,7 +305,15 @@ class NodeSplitStream(IterableDataset):
         self.part = split_dataset_by_node(self.stream, rank=rank, world_size=size)
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self.part)
+        try:
+            yield from self.part
+        except Exception as exc:
+            bad = bad_json_line(self.json_path) if self.json_path else None
+            if bad is None:
+                raise
+            raise ValueError(
+                f"data.path={self.json_path}: {bad} ({type(exc).__name__}: {_first_line(exc)})"
+            ) from exc
 
     def set_epoch(self, epoch: int) -> None:
         self.part.set_epoch(epoch)

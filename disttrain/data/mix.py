@@ -6,6 +6,11 @@ successive permutations of its samples (a small source repeats, a large one is c
 places are shuffled together. The mixture is then a plain map-style data set: the loader's
 ResumableSampler orders it, so a run resumes exactly as with any other map-style data, and the
 same seed and weights give the same mixture at any world size.
+
+The table is never materialised: every permutation is a keyed bijection (a Feistel network over
+splitmix64 rounds, cycle-walked into range), so place i's (source, index) is computed when it is
+read, in O(number of sources) memory whatever `size` is. A table of 10^8-10^9 places held as
+arrays cost ~60 bytes a place in every process (the parent's checks and each rank).
 """
 
 from __future__ import annotations
@@ -28,52 +33,115 @@ BUILTINS = {
     "hf": "disttrain.data.hf.load_hf",
 }
 
+_U64 = np.uint64
+CHUNK = 1 << 20  # places located at a time where a whole epoch is counted
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser over uint64 arrays (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        x = x + _U64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
+    return x ^ (x >> _U64(31))
+
+
+def permute(i: np.ndarray, n: int, key: Any) -> np.ndarray:
+    """A bijection of [0, n) chosen by `key` (an int, or one per element), applied to `i` (values in
+    [0, n)): a 4-round balanced Feistel network on the smallest even number of bits that holds n,
+    cycle-walked (a value that lands outside [0, n) is permuted again until it is inside: under 4
+    walks on average, since the domain is under 4n)."""
+    x = np.asarray(i, dtype=_U64).copy()
+    if n <= 1:
+        return x.astype(np.int64)
+    half = max(1, ((n - 1).bit_length() + 1) // 2)
+    mask = _U64((1 << half) - 1)
+    with np.errstate(over="ignore"):
+        base = np.broadcast_to(np.asarray(key, dtype=np.int64).astype(_U64), x.shape) * _U64(4)
+    keys = [_mix64(base + _U64(r)) for r in range(4)]
+    todo = np.arange(len(x))
+    while len(todo):
+        v = x[todo]
+        left, right = v >> _U64(half), v & mask
+        for k in keys:
+            left, right = right, left ^ (_mix64(right ^ k[todo]) & mask)
+        x[todo] = (left << _U64(half)) | right
+        todo = todo[x[todo] >= _U64(n)]
+    return x.astype(np.int64)
+
+
+class MixtureTable:
+    """(source, index) of any place of a mixture, computed on demand (see the module docstring)."""
+
+    def __init__(self, lengths: list[int], weights: list[float], size: int, seed: int) -> None:
+        total = float(sum(weights))
+        exact = [size * (w / total) for w in weights]  # w / total first: no overflow at 1e308
+        counts = [math.floor(e) for e in exact]
+        by_remainder = sorted(range(len(exact)), key=lambda i: (counts[i] - exact[i], i))
+        for i in by_remainder[: size - sum(counts)]:
+            counts[i] += 1
+        self.lengths, self.size, self.seed = list(lengths), size, seed
+        self.counts = counts
+        self.ends = np.cumsum(counts)  # source k holds the shuffled places [ends[k-1], ends[k])
+
+    def locate(self, places: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(sources, indices) of the mixture's `places` (an int or an array of them)."""
+        shuffled = permute(np.atleast_1d(np.asarray(places, dtype=np.int64)), self.size, self.seed)
+        sources = np.searchsorted(self.ends, shuffled, side="right")
+        starts = np.concatenate(([0], self.ends[:-1]))
+        nth = shuffled - starts[sources]  # the place's rank among its source's places
+        indices = np.empty_like(nth)
+        for k in np.unique(sources):
+            mine = sources == k
+            rounds, within = np.divmod(nth[mine], self.lengths[k])
+            # each pass over a source is a permutation of its own, keyed by (seed, source, pass)
+            keys = (self.seed * 1_000_003 + int(k) * 10_007) % (1 << 40) * (1 << 20) + rounds + 1
+            indices[mine] = permute(within, self.lengths[k], keys)
+        return sources, indices
+
+    def source_counts(self, places: Any) -> np.ndarray:
+        """Places of each source among `places`, counted CHUNK at a time."""
+        flat = np.asarray(places, dtype=np.int64).ravel()
+        hist = np.zeros(len(self.lengths), dtype=np.int64)
+        for at in range(0, len(flat), CHUNK):
+            sources, _ = self.locate(flat[at : at + CHUNK])
+            hist += np.bincount(sources, minlength=len(self.lengths))
+        return hist
+
 
 def mixture_table(
     lengths: list[int], weights: list[float], size: int, seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(source, index) of each of the `size` places of the mixture; a pure function of its inputs."""
-    total = float(sum(weights))
-    exact = [size * w / total for w in weights]
-    counts = [math.floor(e) for e in exact]
-    by_remainder = sorted(range(len(exact)), key=lambda i: (counts[i] - exact[i], i))
-    for i in by_remainder[: size - sum(counts)]:
-        counts[i] += 1
-    g = torch.Generator().manual_seed(seed)
-    sources, indices = [], []
-    for i, (n, length) in enumerate(zip(counts, lengths, strict=True)):
-        repeats = -(-n // length) if n else 0
-        order = [torch.randperm(length, generator=g) for _ in range(repeats)]
-        indices.append(torch.cat(order)[:n] if order else torch.zeros(0, dtype=torch.long))
-        sources.append(torch.full((n,), i, dtype=torch.long))
-    places = torch.randperm(size, generator=g)
-    return torch.cat(sources)[places].numpy(), torch.cat(indices)[places].numpy()
+    """(source, index) of each of the `size` places of the mixture, as arrays; a pure function of its
+    inputs (the mixture itself computes them place by place: MixtureTable)."""
+    return MixtureTable(lengths, weights, size, seed).locate(np.arange(size))
 
 
 class Mixture(Dataset):
-    """Samples of `sources` in the order of a mixture_table; `consumed_counts` for the metrics."""
+    """Samples of `sources` in the order of a mixture table; `consumed_counts` for the metrics."""
 
     def __init__(self, sources: dict[str, Any], weights: dict[str, float], size: int, seed: int) -> None:
         self.names = list(sources)
         self.sources = [sources[n] for n in self.names]
-        self.source, self.index = mixture_table(
+        self.table = MixtureTable(
             [len(s) for s in self.sources], [weights[n] for n in self.names], size, seed
         )
         self._whole: dict[int, np.ndarray] = {}  # epoch -> samples per source in a whole epoch
-        self._current: tuple[int, np.ndarray] = (-1, self.source[:0])  # an epoch's sources, read order
+        self._order: tuple[int, np.ndarray] = (-1, np.zeros(0, dtype=np.int64))  # an epoch's global order
+        self._current: tuple[int, int, np.ndarray] = (-1, 0, np.zeros(len(self.names), dtype=np.int64))
 
     def __len__(self) -> int:
-        return len(self.source)
+        return self.table.size
 
     def __getitem__(self, i: int) -> Any:
-        return self.sources[int(self.source[i])][int(self.index[i])]
-
-    def _bincount(self, sources: np.ndarray) -> np.ndarray:
-        return np.bincount(sources, minlength=len(self.names))
+        if not 0 <= i < len(self):
+            raise IndexError(f"place {i} of a mixture of {len(self)}")
+        source, index = self.table.locate(i)
+        return self.sources[int(source[0])][int(index[0])]
 
     def counts(self, places: Any) -> dict[str, int]:
         """Samples of each source among the mixture's indices `places`."""
-        hist = np.bincount(self.source[np.asarray(places, dtype=np.int64)], minlength=len(self.names))
+        hist = self.table.source_counts(list(places) if not isinstance(places, np.ndarray) else places)
         return {name: int(n) for name, n in zip(self.names, hist, strict=True)}
 
     def consumed_counts(
@@ -90,11 +158,19 @@ class Mixture(Dataset):
         totals = np.zeros(len(self.names), dtype=np.int64)
         for e in range(epoch):  # whole epochs: counted once, kept (a few numbers each)
             if e not in self._whole:
-                self._whole[e] = self._bincount(self.source[np.asarray(order(e), dtype=np.int64)][:per_epoch])
+                self._whole[e] = self.table.source_counts(np.asarray(order(e), dtype=np.int64)[:per_epoch])
             totals += self._whole[e]
-        if self._current[0] != epoch:  # this epoch's sources in read order, until it ends
-            self._current = (epoch, self.source[np.asarray(order(epoch), dtype=np.int64)])
-        totals += self._bincount(self._current[1][:epoch_samples])
+        # this epoch: the counts up to the last position asked, extended as the epoch goes on
+        seen_epoch, seen, hist = self._current
+        if seen_epoch != epoch or epoch_samples < seen:
+            seen_epoch, seen, hist = epoch, 0, np.zeros(len(self.names), dtype=np.int64)
+        if epoch_samples > seen:
+            if self._order[0] != epoch:  # 8 bytes a place, as the sampler's own order
+                self._order = (epoch, np.asarray(order(epoch), dtype=np.int64))
+            ahead = self._order[1][seen:epoch_samples]
+            hist = hist + self.table.source_counts(ahead)
+        self._current = (seen_epoch, epoch_samples, hist)
+        totals += hist
         return {f"data/mix/{name}": float(n) for name, n in zip(self.names, totals, strict=True)}
 
 
@@ -115,8 +191,16 @@ def load_mix(sources: Any, size: int | None = None, seed: int = 0) -> Mixture:
     weights: dict[str, float] = {}
     for name, spec in specs.items():
         weights[str(name)], built[str(name)] = _source(str(name), spec)
-    if size is None:  # the most samples with no source repeated
-        size = min(int(len(built[n]) * sum(weights.values()) / weights[n]) for n in built)
+    total = sum(weights.values())
+    if not math.isfinite(total):
+        raise ConfigError(
+            "data.mix",
+            weights,
+            "weights whose sum is a finite number",
+            "only their ratios matter: e.g. 3 and 1.",
+        )
+    if size is None:  # the most samples with no source repeated (a float min: a tiny share's is huge)
+        size = int(min(len(built[n]) * (total / weights[n]) for n in built))
     if size < 1:
         raise ConfigError("data.size", size, "null or >= 1", "samples in one epoch of the mixture.")
     _same_structure(built)
@@ -137,8 +221,13 @@ def _source(name: str, spec: Any) -> tuple[float, Any]:
         )
     spec = dict(spec)
     weight = spec.pop("weight", None)
-    if not isinstance(weight, int | float) or isinstance(weight, bool) or not weight > 0:
-        raise ConfigError(f"{key}.weight", weight, "a number > 0", "the source's share, e.g. 0.25.")
+    if (
+        not isinstance(weight, int | float)
+        or isinstance(weight, bool)
+        or not weight > 0
+        or not math.isfinite(weight)
+    ):
+        raise ConfigError(f"{key}.weight", weight, "a finite number > 0", "the source's share, e.g. 0.25.")
     if "builtin" in spec:
         builtin = spec.pop("builtin")
         if builtin not in BUILTINS:

@@ -110,6 +110,27 @@ class TokenWindows(Dataset):
         part = self.parts[k]
         return part, part.start + int(local)
 
+    def files(self) -> dict[str, int]:
+        """{path: size in bytes} of the files the windows read (what a resume compares)."""
+        return {p.path: os.path.getsize(p.path) for p in self.parts}
+
+    def first_id_at_least(self, limit: int, chunk: int = 1 << 24) -> tuple[str, int, int] | None:
+        """(path, token position, id) of the first id >= `limit` in the files the windows read
+        (whole files: their validation tail too), or None. Reads each file once, `chunk` tokens at a
+        time, with plain reads (no mapping left in this process's memory): the pre-launch check's
+        sampled windows miss an id past them, which then fails a step later as a bare IndexError
+        (or a CUDA device-side assert)."""
+        dtype = np.dtype(DTYPES[self.dtype])
+        for path in dict.fromkeys(p.path for p in self.parts):
+            with open(path, "rb") as f:
+                at = 0
+                while len(part := np.frombuffer(f.read(chunk * dtype.itemsize), dtype=dtype)):
+                    if int(part.max()) >= limit:
+                        where = int(np.argmax(part >= limit))
+                        return path, at + where, int(part[where])
+                    at += len(part)
+        return None
+
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not 0 <= i < len(self):
             raise IndexError(f"window {i} of {len(self)}")

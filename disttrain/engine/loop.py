@@ -211,8 +211,8 @@ class Engine:
                 window.steps += 1
                 window.tokens += self.step_tokens
                 if s.step % t.log_every == 0 or s.step == self.total_steps:
-                    values = self._log_train(window, grad_norm)
-                    window = self._new_window()
+                    values, ended = self._log_train(window, grad_norm)
+                    window = self._new_window(ended)  # the log step's own work counts in the next
                     bar.update(
                         s.step,
                         loss=values["train/loss"],
@@ -517,13 +517,23 @@ class Engine:
                 f"resuming mid-epoch needs a sampler with set_start(); {type(sampler).__name__} has none"
             )
 
-    def _new_window(self) -> Window:
-        return Window(loss_sum=torch.zeros((), device=self.env.device))
+    def _new_window(self, started: float | None = None) -> Window:
+        window = Window(loss_sum=torch.zeros((), device=self.env.device))
+        if started is not None:
+            window.started = started
+        return window
 
-    def _log_train(self, window: Window, grad_norm: torch.Tensor) -> dict[str, float]:
-        elapsed = time.perf_counter() - window.started
+    def _log_train(self, window: Window, grad_norm: torch.Tensor) -> tuple[dict[str, float], float]:
+        """The window's metrics, logged; and the time it ended, where the next window starts.
+
+        The window ends after the device has finished its queued work: the loss `.item()` waits for
+        everything queued before it on the device's stream (the window's loss sum is added after each
+        step's update), so the clock is read after it. Read before it, the queued work a GPU-bound
+        run still has (up to about a step) would count in no window (review G2)."""
         with self.progress.section("all_reduce(train/loss)", self.state.step):
             loss = self.strategy.all_reduce(window.loss_sum / window.steps, op="mean").item()
+        ended = time.perf_counter()
+        elapsed = ended - window.started
         values = {
             "train/loss": loss,
             "lr": self.state.lr,
@@ -541,7 +551,7 @@ class Engine:
         values.update(gpu_memory.peaks(self.env))  # a collective on CUDA (every rank logs this step)
         self.metrics.log(self.state.step, values, epoch=self.state.epoch)
         log.debug("step %d %s", self.state.step, values)
-        return values
+        return values, ended
 
     def _data_counts(self) -> dict[str, float]:
         """Per-source sample counts of a data set that keeps them (data=mix: `data/mix/<name>`)."""

@@ -21,13 +21,22 @@ class LaunchError(RuntimeError):
         super().__init__(f"{head}\n  log: {log}\n  run dir: {run_dir}")
 
 
+# What usually sends a rank a signal that names no cause of its own.
+LIKELY = {
+    7: (  # SIGBUS
+        ": a memory-mapped file shrank under it, most often a token file (data=tokens' data.path) "
+        "rewritten while the run reads it, or /dev/shm is full (DataLoader workers' shared memory)"
+    ),
+}
+
+
 def exit_code_message(code: int | None) -> str:
     """'was killed by SIGKILL (signal 9)' for a signal death, 'exited with code N' otherwise."""
     import signal
 
     if code is not None and code < 0:
         try:
-            return f"was killed by {signal.Signals(-code).name} (signal {-code})"
+            return f"was killed by {signal.Signals(-code).name} (signal {-code}){LIKELY.get(-code, '')}"
         except ValueError:
             return f"was killed by signal {-code}"
     if code is not None and code > 128:

@@ -352,6 +352,14 @@ def _check_optim(run: Run) -> None:
     if optim["lr"] <= 0:
         raise ConfigError("optim.lr", optim["lr"], "a number > 0", "e.g. optim.lr=3e-4.")
     _choice(run, "optim.scale_lr", ScaleLr, "linear multiplies lr by the world size.")
+    fused = own_key(optim, OptimConfig, "fused")  # a run frozen before the key: auto
+    if fused != "auto" and not isinstance(fused, bool):  # 1 == True: no `in` test
+        raise ConfigError(
+            "optim.fused",
+            fused,
+            "auto, true or false",
+            "auto uses the optimizer's fused kernels when every parameter is on CUDA.",
+        )
     groups = own_key(optim, OptimConfig, "param_groups")  # a run frozen before the key: null
     if groups not in (None, NO_DECAY, NO_DECAY_1D) and not (
         isinstance(groups, dict) and "_target_" in groups

@@ -283,6 +283,7 @@ def _check_targets(run: Run, task: Task, train: Any, sample_target: Any) -> None
         return
     if not isinstance(task, (Classification, LanguageModel)) or not isinstance(sample_target, torch.Tensor):
         return
+    _check_token_ids(run, train)
     labels = _all_targets(task, train, sample_target)
     if labels.is_floating_point() or labels.numel() == 0:
         return
@@ -297,6 +298,23 @@ def _check_targets(run: Run, task: Task, train: Any, sample_target: Any) -> None
             f"more than the largest label: the training labels run from {low} to {high}",
             f"set data.num_classes={high + 1} (the model's output width follows it), or remap the labels "
             "to 0..num_classes-1.",
+        )
+
+
+def _check_token_ids(run: Run, train: Any) -> None:
+    """data=tokens: every id of the token files below data.num_classes (the embedding's rows)."""
+    classes = run.data.get("num_classes")
+    if not isinstance(classes, int) or not hasattr(train, "first_id_at_least"):
+        return
+    found = train.first_id_at_least(classes)
+    if found is not None:
+        path, position, token = found
+        raise ConfigError(
+            "data.num_classes",
+            classes,
+            f"more than every token id in the data: {path} holds id {token} at token {position}",
+            f"set data.num_classes (the vocabulary size) to at least {token + 1}, or check data.dtype "
+            f"({run.data.get('dtype')}) and that the file was written with the tokenizer this model uses.",
         )
 
 

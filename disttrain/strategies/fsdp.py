@@ -82,9 +82,10 @@ def modules_to_wrap(model: nn.Module, classes: set[str], min_num_params: int) ->
 
     With `classes` (strategy.wrap_classes), a module is wrapped if its class name is in them. Without,
     the units are the model's repeated blocks (`repeated_blocks`), the outermost where blocks nest.
-    Outside the units, a module whose parameters not already claimed by a wrapped descendant number
-    at least `min_num_params` (> 0) is wrapped too — the idea of FSDP1's `size_based_auto_wrap_policy`,
-    the whole policy for a model without repeated blocks. Never a container without `forward`
+    Outside the units (never inside a block or a module of a chosen class: review G7), a module
+    whose parameters not already claimed by a wrapped descendant number at least `min_num_params`
+    (> 0) is wrapped too — the idea of FSDP1's `size_based_auto_wrap_policy`, the whole policy for a
+    model without repeated blocks. Never a container without `forward`
     (ModuleList, ModuleDict): FSDP2 refuses them, so their parameters move up. A parameter tied to a
     module outside the subtree (the gpt's embedding and head) must sit in one unit with all its
     holders, so such a subtree is never a unit of its own: its parameters move up until a common
@@ -95,15 +96,15 @@ def modules_to_wrap(model: nn.Module, classes: set[str], min_num_params: int) ->
     blocks = set() if classes else {id(m) for m in repeated_blocks(model)}
     chosen: list[nn.Module] = []
 
-    def visit(module: nn.Module, is_root: bool, in_block: bool) -> Counter[int]:
-        block = id(module) in blocks and not in_block
+    def visit(module: nn.Module, is_root: bool, in_unit: bool) -> Counter[int]:
+        block = id(module) in blocks and not in_unit
+        by_class = type(module).__name__ in classes or block
         unclaimed: Counter[int] = Counter(id(p) for p in module.parameters(recurse=False))
         for child in module.children():
-            unclaimed += visit(child, False, in_block or block)
+            unclaimed += visit(child, False, in_unit or by_class)
         tied_outside = any(n < holders[pid] for pid, n in unclaimed.items())
         size = sum(numel[pid] for pid in unclaimed)
-        by_class = type(module).__name__ in classes or block
-        by_size = min_num_params > 0 and size >= min_num_params and not in_block
+        by_size = min_num_params > 0 and size >= min_num_params and not in_unit
         wrappable = not is_root and has_forward(module) and unclaimed and not tied_outside
         if wrappable and (by_class or by_size):
             chosen.append(module)
@@ -112,6 +113,47 @@ def modules_to_wrap(model: nn.Module, classes: set[str], min_num_params: int) ->
 
     visit(model, True, False)
     return chosen
+
+
+def unit_names(units: list[nn.Module]) -> str:
+    return ", ".join(sorted({type(m).__name__ for m in units})) or "none"
+
+
+def mp_policy(param_dtype: str, reduce_dtype: str) -> MixedPrecisionPolicy:
+    """param/reduce dtypes: `strategy.param_dtype` defaults to `${amp.dtype}`; fp32 means no casts."""
+    param, reduce = DTYPES[param_dtype], DTYPES[reduce_dtype]
+    if param == reduce == torch.float32:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
+
+
+def shard_units(
+    model: nn.Module,
+    units: list[nn.Module],
+    mesh: DeviceMesh,
+    reshard_after_forward: bool,
+    is_zero: bool,
+    **kwargs: Any,
+) -> None:
+    """`fully_shard` each unit (children before parents), then the root, on `mesh` (its last
+    dimension shards).
+
+    The units reshard after forward as configured, except where a shard group has one rank: there
+    resharding frees only the gathered (cast) copy and backward gathers it again, a cast and a copy
+    per parameter plus the hooks' host time for nothing. The root is left to torch: not resharded
+    after forward (its parameters, e.g. the tied embedding and head, are the first backward needs;
+    resharded, they were gathered again, unoverlapped, at the start of backward: review G12).
+    """
+    if reshard_after_forward and mesh.shape[-1] == 1:
+        reshard_after_forward = False
+        if is_zero:
+            log.info(
+                "fsdp: a shard group of one rank: reshard_after_forward=false (resharding would only "
+                "gather the same parameters again in backward)"
+            )
+    for module in units:
+        fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward, **kwargs)
+    fully_shard(model, mesh=mesh, **kwargs)  # reshard_after_forward=None: torch's choice for the root
 
 
 @contextmanager
@@ -135,19 +177,13 @@ class FSDPStrategy(Strategy):
         """Shard unit by unit: each `fully_shard` moves only its own unit to the mesh's device, so
         the peak at setup is one unit, not the whole model (and a meta model stays on meta)."""
         mesh = self.device_mesh()
-        kwargs: dict[str, Any] = {
-            "mesh": mesh,
-            "reshard_after_forward": self.cfg.reshard_after_forward,
-            "mp_policy": self.mp_policy(),
-        }
+        kwargs: dict[str, Any] = {"mp_policy": mp_policy(self.cfg.param_dtype, self.cfg.reduce_dtype)}
         if self.cfg.cpu_offload:
             # pin_memory needs an accelerator; on a CPU-only machine the shards simply stay in RAM.
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.env.device.type == "cuda")
         units = modules_to_wrap(model, set(self.cfg.wrap_classes), self.cfg.min_num_params)
-        names = ", ".join(sorted({type(m).__name__ for m in units})) or "none"
-        for module in units:
-            fully_shard(module, **kwargs)
-        fully_shard(model, **kwargs)
+        names = unit_names(units)  # before fully_shard renames their classes (FSDP<Class>)
+        shard_units(model, units, mesh, self.cfg.reshard_after_forward, self.env.is_zero, **kwargs)
         place_unsharded(model, self.env.device)  # what no unit manages (nothing today), one by one
         if self.env.is_zero:
             log.info("fsdp: mesh %s, root + %d wrapped units (%s)", tuple(mesh.shape), len(units), names)
@@ -162,13 +198,6 @@ class FSDPStrategy(Strategy):
                 device, (replicate, world // replicate), mesh_dim_names=("replicate", "shard")
             )
         return init_device_mesh(device, (world,), mesh_dim_names=("shard",))
-
-    def mp_policy(self) -> MixedPrecisionPolicy:
-        """param/reduce dtypes: `strategy.param_dtype` defaults to `${amp.dtype}`; fp32 means no casts."""
-        param, reduce = DTYPES[self.cfg.param_dtype], DTYPES[self.cfg.reduce_dtype]
-        if param == reduce == torch.float32:
-            return MixedPrecisionPolicy()
-        return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
 
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> Any:
         """Non-final micro-steps keep unsharded gradients locally; the last one reduce-scatters.

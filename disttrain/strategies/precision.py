@@ -44,7 +44,7 @@ class Precision:
             self.scaler: Any = ShardedGradScaler(device.type, **kwargs)
         else:
             self.scaler = torch.amp.GradScaler(device.type, **kwargs)
-        self.skipped_steps = 0
+        self.skipped: torch.Tensor | int = 0  # on the device: steps whose scale fell (read when logged)
 
     @property
     def scaling(self) -> bool:
@@ -61,18 +61,25 @@ class Precision:
         """Divide the gradients by the scale in place, so clipping and norms see true values."""
         self.scaler.unscale_(optimizer)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """optimizer.step() unless the gradients overflowed; update the scale. True: step applied."""
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """optimizer.step() unless the gradients overflowed; update the scale.
+
+        No host sync of its own: `get_scale()` before and after (a sync each) gave way to the scale
+        tensors, compared on the device; a step is skipped exactly when the update lowers the scale.
+        `_get_scale_async` is torch's own sync-free read of that tensor (private, but GradScaler.step
+        itself uses it for fused optimizers, which then skip an overflowing step without a sync)."""
         if not self.scaling:
             optimizer.step()
-            return True
-        before = self.scaler.get_scale()
+            return
+        before = self.scaler._get_scale_async().clone()
         self.scaler.step(optimizer)
         self.scaler.update()
-        applied = self.scaler.get_scale() >= before
-        if not applied:
-            self.skipped_steps += 1
-        return applied
+        self.skipped = self.skipped + (self.scaler._get_scale_async() < before).long()
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped for overflowing gradients so far: a host read (log steps only)."""
+        return int(self.skipped)
 
     def scale_value(self) -> float:
         return float(self.scaler.get_scale()) if self.scaling else 1.0

@@ -84,9 +84,10 @@ class TPStrategy(Strategy):
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         total = global_grad_norm(grads)
         if max_norm is not None and grads:
-            coef = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
-            for group in _by_mesh(grads):  # foreach kernels take one mesh, or plain tensors only
-                torch._foreach_mul_(group, coef)
+            # a tensor coefficient, as torch's clip_grad_norm_: a Python float was a host sync per step
+            coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+            # each grad's own shard (DTensor or plain, one mesh or several): the same coefficient for all
+            torch._foreach_mul_([g.to_local() if isinstance(g, DTensor) else g for g in grads], coef)
         return total
 
     # ---------------------------------------------------------------------------------- collectives
@@ -109,12 +110,23 @@ class FSDPTPStrategy(TPStrategy):
         return fsdp_tp_degrees(self.cfg, self.env.world_size)  # the spec's dp_degree, one formula
 
     def setup_module(self, model: nn.Module) -> nn.Module:
-        from torch.distributed.fsdp import fully_shard
+        """The tp plan on the tp sub-mesh, then FSDP over dp as torchtitan lays it out: one unit per
+        repeated block and the root, with the mixed-precision policy (bf16 gathers under amp=bf16).
+        One unit for the whole model held it gathered, in fp32, from the first forward to the end of
+        backward, and left nothing to overlap (review G5)."""
+        from disttrain.strategies.fsdp import modules_to_wrap, mp_policy, shard_units, unit_names
 
         model = self._parallelize(model)
         assert self.mesh is not None
+        units = modules_to_wrap(model, set(), 0)  # the repeated blocks; the rest goes to the root
+        names = unit_names(units)
+        policy = mp_policy(self.cfg.param_dtype, self.cfg.reduce_dtype)
         # fully_shard moves the replicated (non-DTensor) params itself, then shards them over dp
-        fully_shard(model, mesh=self.mesh["dp"], reshard_after_forward=self.cfg.reshard_after_forward)
+        shard_units(
+            model, units, self.mesh["dp"], self.cfg.reshard_after_forward, self.env.is_zero, mp_policy=policy
+        )
+        if self.env.is_zero:
+            log.info("fsdp+tp: root + %d units (%s) over dp", len(units), names)
         return place_unsharded(model, self.env.device)
 
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> Any:

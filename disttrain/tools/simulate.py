@@ -405,6 +405,34 @@ def sample_batch(run: Run, batch: int) -> Any:
     return default_collate([samples[i % len(samples)] for i in range(batch)])
 
 
+STEP_NOTICE_S = 5.0  # a step on fake tensors that takes longer says so, with the way to skip it
+
+
+@contextmanager
+def slow_step_notice(after_s: float) -> Iterator[None]:
+    """One line on stderr if the one-step rehearsal is still running after `after_s` seconds: a deep
+    model's step (review 2026-11-28 D24: 300 layers ~2 min, 1000 layers > 10 min) ran silently."""
+    import sys
+    import threading
+
+    def say() -> None:
+        print(
+            f"plan --simulate: still stepping the model once on fake tensors ({after_s:.0f} s so far; deep "
+            "models take minutes). HINT: --no-step skips the collectives of one step; the memory "
+            "rehearsal is done.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    timer = threading.Timer(after_s, say)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
 # ------------------------------------------------------------------------------------ main
 def simulate(
     run: Run,
@@ -454,7 +482,8 @@ def simulate(
     elif not replica and layout["pp"] > 1:
         collectives = {"skipped": "pipeline schedules (P2P between stages) are not stepped"}
     elif not replica:
-        collectives = step_collectives(run, 0, world, int(plan_result["micro_batch"]))
+        with slow_step_notice(STEP_NOTICE_S):
+            collectives = step_collectives(run, 0, world, int(plan_result["micro_batch"]))
     load = None
     if load_at is not None:
         from disttrain.tools.simulate_load import simulate_load

@@ -124,15 +124,20 @@ def _assert_titled(run_dir: Path) -> None:
 def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(
     tmp_path: Path, reference: dict[str, torch.Tensor]
 ) -> None:
-    # 0.05 s a step: rank 1 must die (after step 15) well before the run's last step (100) on a
-    # busy CI machine too, or there is nothing to restart.
-    run = (*RUN, f"trainer.max_steps={STEPS}", "trainer.ckpt_every=10", "+model.delay=0.05")
+    # Both ranks hold at their 16th forward until `go` exists: rank 1 is killed while the run is
+    # held (a loaded CI machine once finished all 100 steps while `disttrain show` started, and no
+    # rank 1 was left to kill); the restarted ranks pass the 16th forward again with `go` there.
+    go = tmp_path / "go"
+    run = (*RUN, f"trainer.max_steps={STEPS}", "trainer.ckpt_every=10", "+model.pause_at=16")
     run_dir = tmp_path / "killed"
-    proc = _start(tmp_path, *run, "launcher.max_restarts=1", f"hydra.run.dir={run_dir}")
+    proc = _start(
+        tmp_path, *run, f"+model.pause_file={go}", "launcher.max_restarts=1", f"hydra.run.dir={run_dir}"
+    )
     _wait_for_step(proc, run_dir, 15)
     _assert_titled(run_dir)  # a running 2-rank job: its ranks, as ps aux and `disttrain show` list them
     os.kill(_rank_pid(run_dir, 1), signal.SIGKILL)
     killed_at = time.time()
+    go.touch()
     _, err = _wait(proc, 180)
     assert proc.returncode == 0, err[-3000:]
     log = (run_dir / "logs" / "rank0.log").read_text()
@@ -146,7 +151,9 @@ def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(
 
 def test_killed_rank_without_restarts_is_named_with_its_signal(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = _start(tmp_path, *FAULT, "trainer.max_steps=400", "+model.delay=0.02", f"hydra.run.dir={run_dir}")
+    # held at the 4th forward (never released): rank 1 is still there to kill however slow the machine
+    hold = ("+model.pause_at=4", f"+model.pause_file={tmp_path / 'never'}")
+    proc = _start(tmp_path, *FAULT, "trainer.max_steps=400", *hold, f"hydra.run.dir={run_dir}")
     _wait_for_step(proc, run_dir, 3)
     os.kill(_rank_pid(run_dir, 1), signal.SIGKILL)
     _, err = _wait(proc, 90)

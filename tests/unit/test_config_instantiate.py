@@ -368,7 +368,7 @@ def test_experiment_in_a_config_dir_swaps_model_and_data_targets_cleanly(user_di
 def test_swapped_optimizer_keeps_disttrains_own_keys_and_drops_adamws() -> None:
     cfg = checked(["optim._target_=torch.optim.RMSprop", "optim.alpha=0.9", "optim.lr=0.02"], runtime=True)
     assert cfg["optim"] == {"_target_": "torch.optim.RMSprop", "_partial_": True, "lr": 0.02, "weight_decay": 0.0,
-                            "scale_lr": "none", "param_groups": None, "alpha": 0.9}  # fmt: skip
+                            "scale_lr": "none", "param_groups": None, "fused": "auto", "alpha": 0.9}  # fmt: skip
     opt = build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1)
     assert isinstance(opt, torch.optim.RMSprop) and opt.param_groups[0]["alpha"] == 0.9
 

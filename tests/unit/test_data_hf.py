@@ -206,3 +206,44 @@ def test_without_datasets_installed_the_error_names_the_extra(
     with pytest.raises(ConfigError) as err:
         build("data.path=saved")
     assert err.value.key == "data" and "disttrain[hf]" in str(err.value)
+
+
+def _one_bad_line(tmp_path: Path, n: int = 351, bad: int = 301) -> Path:
+    lines = [json.dumps(r) for r in rows(n)]
+    lines[bad - 1] = '{"input_ids": [1, 2], : 3}'
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_d22_a_malformed_json_line_is_named_by_file_and_line_map_style(tmp_path: Path) -> None:
+    """Reliability review 2026-11-28 D22: the paragraph said "set data.format to the files' real
+    format" for JSON lines with one bad line."""
+    path = _one_bad_line(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        build(f"data.path={path.name}")
+    text = str(err.value)
+    assert err.value.key == "data.path" and f"{path.name} line 301 is not JSON" in text, text
+    assert "real format" not in text
+
+
+def test_d22_a_malformed_json_line_is_named_by_file_and_line_streaming(tmp_path: Path) -> None:
+    """Streaming, the bad line past the first chunk: the rank failed with "JSON parse error ... in
+    row 90" at step 26, naming neither the file nor line 301. In the first chunk (read by the
+    pre-launch checks) it is a paragraph; past it, the rank's error names the file and line."""
+    from disttrain.data.hf import NodeSplitStream
+
+    path = _one_bad_line(tmp_path)
+    with pytest.raises(ConfigError, match=r"bad\.jsonl line 301 is not JSON"):
+        build(f"data.path={path.name}", "data.streaming=true", "trainer.max_steps=5", "data.columns=[i]")
+
+    class Chunked:  # datasets' stream, failing at its second chunk as ArrowInvalid does
+        def __iter__(self) -> Any:
+            yield from ({"i": i} for i in range(90))
+            raise RuntimeError("JSON parse error: Missing a name for object member. in row 90")
+
+    stream = NodeSplitStream(Chunked(), json_path=str(path))
+    with pytest.raises(ValueError, match=r"bad\.jsonl line 301 is not JSON") as err:
+        for _ in stream:
+            pass
+    assert "in row 90" in str(err.value)  # datasets' own words kept beside

@@ -43,8 +43,9 @@ def test_shares_follow_the_weights_on_every_rank() -> None:
         assert abs(tags.count(0) / len(tags) - 0.75) < 0.02
     assert mix.counts(range(4000)) == {"a": 3000, "b": 1000}  # exact over the whole table
     # a is smaller than its share: each of its samples comes 3 times; b's 1000 are distinct
-    a = [i for s, i in zip(mix.source, mix.index, strict=True) if s == 0]
-    b = [i for s, i in zip(mix.source, mix.index, strict=True) if s == 1]
+    sources, indices = mix.table.locate(np.arange(len(mix)))
+    a = [i for s, i in zip(sources, indices, strict=True) if s == 0]
+    b = [i for s, i in zip(sources, indices, strict=True) if s == 1]
     assert np.bincount(a).tolist() == [3] * 1000 and len(set(b)) == 1000
 
 
@@ -149,3 +150,44 @@ def test_a_run_logs_source_counts_and_resumes_them_exactly(scratch: Path) -> Non
     assert 0.65 < steps[20][1] / 320 < 0.85  # a's share of a 3:1 mixture
     after = train("resumed")
     assert after and {s: steps[s] for s in after} == after and min(after) == 12
+
+
+def test_d17_a_huge_mixture_is_computed_place_by_place_not_tabled() -> None:
+    """Reliability review 2026-11-28 D17: data.size=2e9 built a table of 2e9 places in every
+    process (bad_alloc at 7.5 GB). The table is now a keyed bijection: nothing grows with size,
+    any place is read directly, and the places of a small mixture are still exactly shared out."""
+    mix = Mixture(
+        {"a": source(0, 1000), "b": source(1, 5000)}, {"a": 0.75, "b": 0.25}, size=2_000_000_000, seed=1
+    )
+    held = [v.nbytes for v in vars(mix.table).values() if isinstance(v, np.ndarray)]
+    assert max(held) <= 16, held  # the two sources' cumulative counts, nothing per place
+    x, t = mix[1_999_999_999]
+    assert int(t) in (0, 1) and 0 <= int(x[0]) < (1000 if int(t) == 0 else 5000)
+    places = np.arange(1_000_000)  # a prefix of the shuffled places: the shares hold there too
+    assert abs(mix.table.source_counts(places)[0] / 1_000_000 - 0.75) < 0.01
+
+
+def test_permute_is_a_bijection_for_any_size() -> None:
+    from disttrain.data.mix import permute
+
+    for n in (1, 2, 3, 7, 64, 1000, 4097):
+        out = permute(np.arange(n), n, key=11)
+        assert sorted(out.tolist()) == list(range(n)), n
+    assert not np.array_equal(permute(np.arange(1000), 1000, 1), permute(np.arange(1000), 1000, 2))
+
+
+@pytest.mark.parametrize("weight", ["inf", "nan", "1e308"])
+def test_d17_infinite_or_extreme_weights_are_a_paragraph_or_work(weight: str) -> None:
+    """inf (or a weight sum that overflows) is refused naming the key; 1e308 beside 1 is legal."""
+    mix = [
+        *MIX[:3],
+        f"data.mix.a={{weight: {weight}, _target_: test_data_mix.source, tag: 0, n: 300}}",
+        MIX[4],
+    ]
+    if weight == "1e308":
+        train, _ = build_datasets(checked(mix)["data"])
+        assert train.counts(range(len(train)))["a"] == len(train)  # b's share rounds to nothing
+        return
+    with pytest.raises(ConfigError) as err:
+        build_datasets(checked(mix)["data"])
+    assert err.value.key == "data.mix.a.weight", err.value

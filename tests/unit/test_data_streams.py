@@ -266,3 +266,22 @@ def test_a_2_gb_token_file_costs_no_more_memory_than_a_2_mb_one(tmp_path: Path) 
     _rss_growth(small, 2)  # the first loader's one-time costs (imports, allocator pools)
     small_mb, big_mb = _rss_growth(small, 40), _rss_growth(big, 40)
     assert big_mb - small_mb < 200, (big_mb, small_mb)
+
+
+def test_d16_a_token_id_past_the_sampled_windows_is_refused_before_launch(tmp_path: Path) -> None:
+    """Reliability review 2026-11-28 D16: one id of 300 at token 1285 of a 20,000-token file with
+    data.num_classes=256 passed the pre-launch check (it samples the first windows) and failed at
+    step 3 as a bare IndexError. The check reads every id once and names the file, position and id."""
+    from unit_support import checked_run
+
+    ids = np.arange(20_000, dtype=np.uint16) % 256
+    ids[1285] = 300
+    ids.tofile(tmp_path / "data.bin")
+    overrides = (["model=gpt", "data=tokens", f"data.path={tmp_path / 'data.bin'}",
+                          "data.num_classes=256", "data.block_size=32", "data.sampling=sequential",
+                          "model.dim=16", "model.n_layers=1", "model.n_heads=2", "trainer.batch_size=2"])  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        checked_run(overrides, runtime=True)
+    assert err.value.key == "data.num_classes"
+    assert f"{tmp_path / 'data.bin'} holds id 300 at token 1285" in str(err.value), err.value
+    assert "at least 301" in str(err.value)

@@ -172,3 +172,37 @@ def test_extending_a_finished_run_is_bitwise_despite_its_end_of_run_validation(t
     fit(again)
     for a, b in zip(params(straight), params(again), strict=True):
         assert torch.equal(a, b)
+
+
+class QueuedWork(torch.Tensor):
+    """A loss on a slow fake device: reading it back (`.item()`, the log step's sync) first waits
+    DRAIN seconds for the work the device still has queued, as a CUDA `.item()` does."""
+
+    DRAIN = 0.25
+
+    def item(self) -> Any:  # type: ignore[override]
+        import time
+
+        time.sleep(self.DRAIN)
+        return super().item()
+
+
+def test_a_throughput_window_ends_after_the_device_drained(tmp_path: Path) -> None:
+    """Review G2: the window's clock was read before the loss `.item()` that waits for the device, and
+    the next window started after it, so the drain counted nowhere (`single/bare` came out 1.051).
+    Each window must hold its drain, once: the windows' times cover the drains and add up to no more
+    than the run's wall time."""
+    e = engine(tmp_path, "trainer.max_steps=4", "trainer.log_every=2")
+    step = e.strategy.forward_backward
+
+    def slow(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return step(*args, **kwargs).as_subclass(QueuedWork)
+
+    e.strategy.forward_backward = slow  # type: ignore[method-assign]
+    summary = fit(e)
+    windows = [r for r in read_metrics(tmp_path) if "step_time_s" in r]
+    assert [r["step"] for r in windows] == [2, 4]
+    spent = [r["step_time_s"] * 2 for r in windows]
+    assert all(s >= QueuedWork.DRAIN for s in spent), spent  # before the fix: a few ms each
+    assert all(r["samples_per_s"] <= 2 * 16 / QueuedWork.DRAIN for r in windows), windows
+    assert sum(spent) <= summary["train_time_s"], (spent, summary["train_time_s"])

@@ -118,18 +118,58 @@ def test_tiny_blocks_stay_with_the_root_and_the_size_policy_covers_the_rest() ->
     assert modules_to_wrap(model, set(), 0) == [model.blocks[0], model.blocks[1]]
 
 
-@pytest.fixture
-def fake_world() -> Iterator[Any]:
-    """Rank 0 of 2 on torch's fake process group, and its (2,) cpu mesh."""
+def test_no_size_policy_unit_inside_a_wrap_class_unit() -> None:
+    """Review G7: `strategy.wrap_classes=[Block]` (the help's example) with the default
+    min_num_params also wrapped every >= 100k-parameter Linear inside each Block: 84 units, not 12."""
+    model = build_on_meta(lambda: GPT(256, 64, dim=1024, n_layers=12, n_heads=16))
+    assert Counter(type(m).__name__ for m in modules_to_wrap(model, {"Block"}, 100_000)) == {"Block": 12}
+    # a class named inside a chosen unit is still the user's choice
+    both = Counter(type(m).__name__ for m in modules_to_wrap(model, {"Block", "Attention"}, 100_000))
+    assert both == {"Block": 12, "Attention": 12}
+
+
+@pytest.fixture(params=[2])
+def fake_world(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Rank 0 of `param` (2 unless parametrized) on torch's fake process group, and its cpu mesh."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=request.param)
     try:
-        yield init_device_mesh("cpu", (2,))
+        yield init_device_mesh("cpu", (request.param,))
     finally:
         dist.destroy_process_group()
+
+
+def _reshards_after_forward(module: nn.Module) -> bool:
+    """FSDP2's own flag: a unit with a post-forward mesh frees its gathered parameters after forward."""
+    groups = module._get_fsdp_state()._fsdp_param_groups  # type: ignore[operator]
+    return any(g.post_forward_mesh_info is not None for g in groups)
+
+
+@pytest.mark.parametrize("fake_world", [2, 1], indirect=True)
+def test_the_root_and_a_one_rank_shard_group_keep_their_parameters_after_forward(
+    fake_world: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review G12: the root got reshard_after_forward=True explicitly, so torch's exemption for the
+    root (auto: not resharded, backward needs it first) never applied. Review G9: on a shard group
+    of one rank resharding only gathers the same parameters again in backward."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from disttrain.dist import DistEnv
+    from disttrain.strategies import build_strategy
+
+    world = fake_world.size()
+    env = DistEnv(0, 0, world, world, "fake", torch.device("cpu"))
+    strategy = build_strategy({"name": "fsdp", "param_dtype": "float32"}, env)
+    with caplog.at_level("INFO", logger="disttrain"):
+        model = strategy.setup_module(GPT(64, 16, dim=16, n_layers=2, n_heads=2))
+    model(torch.randint(0, 64, (2, 16)))  # the first forward settles which unit is the root
+    blocks = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
+    assert len(blocks) == 2 and not _reshards_after_forward(model)
+    assert all(_reshards_after_forward(b) for b in blocks) == (world > 1)
+    assert ("a shard group of one rank: reshard_after_forward=false" in caplog.text) == (world == 1)
 
 
 def test_fully_shard_takes_the_default_units(fake_world: Any) -> None:

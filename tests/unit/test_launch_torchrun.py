@@ -111,3 +111,12 @@ def test_nccl_ranks_get_the_flight_recorder_dumping_into_the_run_logs(
     }
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")
     assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in flight_recorder_environment(nccl, tmp_path)
+
+
+def test_d25_a_sigbus_names_a_truncated_token_file_as_the_likely_cause(tmp_path: Path) -> None:
+    """Reliability review 2026-11-28 D25: a token file truncated under a running job ended as
+    "rank 0 was killed by SIGBUS (signal 7)" with no cause named."""
+    failures = {0: _failure(tmp_path, 0, -7, None, 100), 1: _failure(tmp_path, 1, -15, None, 101)}
+    rank, message = first_failure(failures)
+    assert rank == 0 and message.startswith("was killed by SIGBUS (signal 7): a memory-mapped file shrank")
+    assert "data.path" in message

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 from unit_support import checked
@@ -74,3 +75,41 @@ def test_a_world_that_cannot_keep_the_global_batch_is_one_paragraph() -> None:
     three = Run.of(cfg)
     with pytest.raises(ConfigError, match="divide the checkpoint's global batch 64"):
         keep_global_batch(three, _meta(cfg, 2), replicas=3)
+
+
+def _resume_report(meta: dict, now: dict, caplog: pytest.LogCaptureFixture) -> str:
+    """The lines a resume logs on rank 0 for a checkpoint's meta.json and the run's own run_info."""
+    import logging
+    from types import SimpleNamespace
+
+    from disttrain.checkpoint.manager import Checkpointer
+
+    base = {"step": 6, "epoch": 0, "epoch_samples": 80, "reason": "periodic", "global_batch": 16}
+    ckpt = SimpleNamespace(env=SimpleNamespace(is_zero=True, world_size=1), run_info=now)
+    with caplog.at_level(logging.INFO):
+        Checkpointer._report(ckpt, Path("ck/step_6"), {**base, **meta})  # type: ignore[arg-type]
+    return caplog.text
+
+
+def test_d16_a_token_file_changed_since_the_checkpoint_is_named_on_resume(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Reliability review 2026-11-28 D16: a data=tokens file doubled or cut between a checkpoint and
+    `disttrain resume` resumed silently ("96 samples into the epoch" of a 42-window epoch)."""
+    then, now = {"data_files": {"/d/data.bin": 40000}}, {"data_files": {"/d/data.bin": 3000}}
+    text = _resume_report(then, now, caplog)
+    assert "the training data changed since the checkpoint (/d/data.bin: 40000 -> 3000 bytes)" in text
+    caplog.clear()
+    assert "changed" not in _resume_report(then, then, caplog)
+
+
+def test_d23_a_stream_resumed_at_another_dp_size_gets_no_data_order_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """D23: a stream resumed 2 -> 1 ranks was told its epoch "keeps its seeded permutation and
+    continues at global sample 80" and then, truly, that the stream is read from its start."""
+    text = _resume_report({"dp_world_size": 2}, {"dp_world_size": 1, "data_stream": True}, caplog)
+    assert "world size 2 -> 1" in text and "seeded permutation" not in text
+    caplog.clear()
+    text = _resume_report({"dp_world_size": 2}, {"dp_world_size": 1, "data_stream": False}, caplog)
+    assert "keeps its seeded permutation and continues at global sample 80" in text

@@ -167,3 +167,36 @@ def test_export_final_materialises_the_whole_model_on_the_writing_rank(name: str
     assert {k: v.shape for k, v in state.items()} == shapes
     assert all(v.device.type == "cpu" for v in state.values())
     assert copies.bytes == sum(v.numel() * v.element_size() for v in state.values())
+
+
+def test_fsdp_tp_shards_per_block_with_the_mixed_precision_policy(rank3: DistEnv) -> None:
+    """Review G5: fsdp+tp made the whole model one FSDP unit with no MixedPrecisionPolicy (gathered
+    whole, in fp32). Now: a unit per block and the root, all gathering in the amp dtype over dp."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cfg = {"name": "fsdp+tp", "tp_degree": 4, "param_dtype": "bfloat16"}
+    model = build_strategy(cfg, rank3).setup_module(gpt("meta", "fsdp+tp"))
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    assert sorted(type(u).__name__ for u in units) == ["FSDPBlock", "FSDPBlock", "FSDPGPT"]
+    assert {u._get_fsdp_state()._mp_policy.param_dtype for u in units} == {torch.bfloat16}
+    assert {u._get_fsdp_state()._mp_policy.reduce_dtype for u in units} == {torch.float32}
+
+
+@pytest.mark.parametrize("name", ["tp", "fsdp+tp"])
+def test_tp_clipping_reads_nothing_back_to_the_host(name: str, rank3: DistEnv) -> None:
+    """Review G8: `float(torch.clamp(...))` was a device sync every step; the coefficient stays a
+    tensor. Every grad (DTensor shards on the tp or dp mesh, plain replicated ones) is scaled by it."""
+    from unit_support import HostReads
+
+    strategy = build_strategy(strategy_slice(name), rank3)
+    model = strategy.setup_module(gpt("cpu", name))
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    with HostReads() as reads:
+        total = strategy.clip_grad_norm(model, 0.5)
+    assert reads.count == 0
+    coef = torch.clamp(0.5 / (total + 1e-6), max=1.0)
+    assert float(coef) < 1.0  # clipping is active
+    for p in model.parameters():
+        local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+        assert torch.equal(local, torch.full_like(local, float(coef)))

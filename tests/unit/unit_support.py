@@ -251,3 +251,31 @@ def split_flags(argv: Sequence[str]) -> tuple[list[str], dict[str, Any], bool]:
         words.remove("-m")
         multirun = True
     return words, kwargs, multirun
+
+
+class HostReads:
+    """Counts reads of a tensor's value back to the host inside a `with` block: `.item()`, `float()`,
+    `int()`, `bool()` all run aten._local_scalar_dense, which on CUDA waits for the device (a sync).
+    On CPU nothing waits, but the count is the same: a test on CPU proves a GPU step has no sync."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __enter__(self) -> HostReads:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        reads = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                if func is torch.ops.aten._local_scalar_dense.default:
+                    reads.count += 1
+                return func(*args, **(kwargs or {}))
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)

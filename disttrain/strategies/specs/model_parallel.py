@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from disttrain.config.common import Choice, world_shape
+from omegaconf import II
+
+from disttrain.config.common import Choice, ComputeDtype, world_shape
 from disttrain.config.common import help_field as h
 from disttrain.config.errors import ConfigError, check_divides, one_of
 from disttrain.strategies.specs import core
@@ -62,7 +64,15 @@ class FSDPTPStrategyConfig(TPStrategyConfig):
     tp_degree: int = h("ranks per tensor-parallel group (the fast, inner mesh dimension)", 2)
     dp_degree: int = h("FSDP replicas (outer mesh dimension); -1: world size / tp_degree", -1)
     reshard_after_forward: bool = h(
-        "free gathered params after forward (less memory, one more all-gather)", True
+        "free gathered params after forward (less memory, one more all-gather); never the root's, "
+        "nor on a shard group of one rank",
+        True,
+    )
+    param_dtype: ComputeDtype = h(
+        "dtype of FSDP-gathered params for compute: float32, bfloat16, float16", II("amp.dtype")
+    )
+    reduce_dtype: ComputeDtype = h(
+        "dtype of the gradient reduce-scatter over dp: float32, bfloat16, float16", ComputeDtype.float32
     )
 
 

@@ -44,7 +44,9 @@ class FSDPStrategyConfig(StrategyConfig):
         100_000,
     )
     reshard_after_forward: bool = h(
-        "free gathered params after forward (less memory, one more all-gather)", True
+        "free gathered params after forward (less memory, one more all-gather); never the root's, "
+        "nor on a shard group of one rank",
+        True,
     )
     cpu_offload: bool = h("keep sharded params, grads and optimizer state in CPU memory", False)
     replicate: int = h("HSDP: replicas R; mesh (R, world/R), sharded within a replica; 1: plain FSDP", 1)
