@@ -134,11 +134,17 @@ class Strategy:
         """The full, unwrapped state dict as plain PyTorch would save it: CPU tensors on rank 0 (the
         writing rank), {} on the others. Every rank calls it: a DTensor (fsdp, tp) is gathered one
         tensor at a time, a collective, and the other ranks drop each full tensor at once; nothing
-        reaches their host memory (torch's full_state_dict + cpu_offload: ranks_only=(0,))."""
+        reaches their host memory (torch's full_state_dict + cpu_offload: ranks_only=(0,)). A tied
+        weight (an embedding and its head) is one tensor under both names, as in the model."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state: dict[str, torch.Tensor] = get_model_state_dict(self.unwrap(model), options=full)  # type: ignore[assignment]
+        module = self.unwrap(model)
+        state: dict[str, torch.Tensor] = get_model_state_dict(module, options=full)  # type: ignore[assignment]
+        first: dict[int, str] = {}
+        for key, source in module.state_dict(keep_vars=True).items():
+            if key in state and first.setdefault(id(source), key) != key:
+                state[key] = state[first[id(source)]]  # gathered twice: the second copy goes
         return state
 
     def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:

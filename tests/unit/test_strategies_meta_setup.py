@@ -167,6 +167,7 @@ def test_export_final_materialises_the_whole_model_on_the_writing_rank(name: str
     assert {k: v.shape for k, v in state.items()} == shapes
     assert all(v.device.type == "cpu" for v in state.values())
     assert copies.bytes == sum(v.numel() * v.element_size() for v in state.values())
+    assert state["head.out.weight"] is state["embed.tok.weight"]  # tied: one tensor, stored once (F4)
 
 
 def test_fsdp_tp_shards_per_block_with_the_mixed_precision_policy(rank3: DistEnv) -> None:
