@@ -78,7 +78,7 @@ def evaluate(run: Run, env: DistEnv, job: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError("the validation data set is empty or not configured (data.val)")
     # --ema: the checkpoint's averaged weights, swapped in (the decay is never used: nothing updates)
     ema = EMA(EmaConfig(decay=0.5), strategy.unwrap(parts.model)) if job.get("ema") else NullEMA()
-    restored = restore(run, env, strategy, parts.model, parts.optimizer, Path(job["checkpoint"]), ema)
+    restored = restore(run, env, strategy, parts.model, Path(job["checkpoint"]), ema)
     where = {"checkpoint": str(restored[0]), "step": restored[1], "world_size": env.world_size}
     if isinstance(ema, EMA):
         where["weights"] = "ema"
@@ -104,16 +104,15 @@ def restore(
     env: DistEnv,
     strategy: Strategy,
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
     location: Path,
     ema: NullEMA | None = None,
 ) -> tuple[Path, int]:
     """The model (through ModelState, the strategy's own sharded state dict: it reshards to this
     world size and strategy) from the newest loadable checkpoint at `location`; no scheduler, no
-    train state, no RNG is applied. The optimizer's state comes along (the strategies' state dicts
-    pair it with the model) and is never used: nothing steps. `ema` (an EMA): its weights too."""
+    train state, no RNG is applied. No optimizer: its state is neither built nor read (AdamW's
+    would be twice the parameters' bytes). `ema` (an EMA): its weights too."""
     state = TrainState()
-    states: dict[str, Any] = {"model": ModelState(strategy, model, optimizer), "train": state}
+    states: dict[str, Any] = {"model": ModelState(strategy, model, None), "train": state}
     if isinstance(ema, EMA):
         states["ema"] = ema
     ckpt = Checkpointer(run.checkpoint, location, env, states, barrier=strategy.barrier)
@@ -141,11 +140,17 @@ def predict(
     indices = list(loader.sampler)  # ShardSampler: this rank's samples, in order
     mine: list[tuple[int, Any]] = []
     batch: Any = None
+    dropped: dict[str, str] = {}
     for batch in loader:
         n = batches.leading_size(batch)
-        out = _per_sample(_to_cpu(forward(strategy, model, task, batch, env.device)), n)
+        out = _per_sample(_to_cpu(forward(strategy, model, task, batch, env.device), dropped), n)
         for i in range(n):
             mine.append((indices[len(mine)], _row(out, i)))
+    if dropped and env.is_zero:
+        log.info(
+            "predict: dropped what the model's dict output holds besides tensors: %s",
+            ", ".join(f"{k} ({kind})" for k, kind in dropped.items()),
+        )
     for _ in range(val_batches(loader) - len(loader)):
         if batch is None:
             batch = default_collate([loader.dataset[0]])
@@ -176,19 +181,32 @@ def forward(strategy: Strategy, model: torch.nn.Module, task: Task, batch: Any, 
         return task.forward(model, inputs, target)
 
 
-def _to_cpu(out: Any) -> Any:
-    """Outputs as plain CPU tensors (a DTensor, tp's output, is gathered whole first)."""
+def _to_cpu(out: Any, dropped: dict[str, str]) -> Any:
+    """Outputs as plain CPU tensors (a DTensor, tp's output, is gathered whole first). A dict's
+    values that hold no tensors (the cache object of a Hugging Face causal LM's output, None) are
+    dropped, their keys and types recorded in `dropped`."""
     if isinstance(out, torch.Tensor):
         full = getattr(out, "full_tensor", None)
         return (full() if callable(full) else out).detach().cpu()
     if isinstance(out, dict):
-        return {k: _to_cpu(v) for k, v in out.items()}
+        kept = {k: v for k, v in out.items() if _tensors(v)}
+        dropped.update((str(k), type(v).__name__) for k, v in out.items() if k not in kept)
+        return {k: _to_cpu(v, dropped) for k, v in kept.items()}
     if isinstance(out, (tuple, list)):
-        return type(out)(_to_cpu(v) for v in out)
+        return type(out)(_to_cpu(v, dropped) for v in out)
     raise TypeError(
         f"predict: the model (or task.predict) returned {type(out).__name__}; it must return a tensor "
         "(first dimension: the batch), a dict or a tuple of them"
     )
+
+
+def _tensors(value: Any) -> bool:
+    """Whether `value` is a tensor, or a dict, tuple or list of them (nested)."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, dict):
+        return all(_tensors(v) for v in value.values())
+    return isinstance(value, (tuple, list)) and all(_tensors(v) for v in value)
 
 
 def _per_sample(out: Any, n: int) -> Any:

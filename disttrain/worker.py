@@ -29,7 +29,7 @@ from disttrain.engine.loop import Engine, Parts, global_batch, total_steps
 from disttrain.engine.optim import build_optimizer, build_scheduler
 from disttrain.engine.state import TrainState
 from disttrain.launch.forkserver import linger_after_a_peer_died
-from disttrain.models import build_model
+from disttrain.models import build_model, to_master_dtype
 from disttrain.models.blocks import prepare_blocks
 from disttrain.observe.envreport import report_env
 from disttrain.observe.log import (
@@ -50,6 +50,7 @@ from disttrain.rundir import RunDir, read_config, record_orphaned, refuse_plante
 from disttrain.shared_dir import check_shared, checkpoint_dir
 from disttrain.strategies import build_strategy, specs
 from disttrain.strategies.base import Strategy
+from disttrain.strategies.precision import DTYPES
 from disttrain.tasks import build_task
 from disttrain.timing import mark, mark_process_start
 
@@ -165,6 +166,9 @@ def build_parts(run: Run, env: DistEnv) -> tuple[Strategy, Parts]:
     # init.path filling a sharded model: built on meta where safe (init_from.build says why not)
     meta_setup = specs.get(run.strategy.name).meta_setup
     model, on_meta = init_from.build(run.init, lambda: build_model(run.model), meta_setup)
+    to_master_dtype(
+        model, DTYPES[run.amp.master_dtype], env.is_zero
+    )  # before sharding: the optimizer's dtype
     strategy = build_strategy(run.strategy, env, run.amp)
     seed_everything(run.seed + strategy.rng_rank())  # per-rank randomness from here on (dropout, ...)
     model = strategy.precision.convert(model, precompute=not trainer.ema.decay)  # amp=fp8, before sharding

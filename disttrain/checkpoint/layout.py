@@ -10,7 +10,8 @@
                          older versions' manifests carry crc32 or sha256 instead, still verified
   .tmp-step_00000020/    a save in progress (or one a crash interrupted: ignored, later removed)
   latest                 the newest committed checkpoint's name, replaced with os.replace
-  final.pt               the consolidated model for plain PyTorch (checkpoint.export_final)
+  final.pt               {"model": state_dict, "step", "epoch"}: the consolidated model for plain
+                         PyTorch under "model" (checkpoint.export_final)
   superseded/step_N/     checkpoints past the step a run resumed from (an abandoned timeline)
 """
 

@@ -44,10 +44,11 @@ MODEL, TRAIN = "model", "train"
 
 
 class ModelState:
-    """Model and optimizer as one Stateful, through the strategy (which shards, renames, flattens)."""
+    """Model and optimizer as one Stateful, through the strategy (which shards, renames, flattens).
+    `optimizer` None: the model alone (eval, predict), and no optimizer state is built or read."""
 
     def __init__(
-        self, strategy: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema: Any = None
+        self, strategy: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, ema: Any = None
     ) -> None:
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
         self.ema = ema  # trainer.ema's averages, whose buffers are synchronised with the model's
@@ -383,8 +384,9 @@ class Checkpointer:
             self.finish()
 
     def export_final(self, model_state: dict[str, torch.Tensor]) -> None:
-        """checkpoints/final.pt: the consolidated model a plain `torch.load` + load_state_dict takes.
-        `model_state` is the strategy's full state dict (gathered on rank 0: every rank calls this)."""
+        """checkpoints/final.pt: `{"model": state_dict, "step": N, "epoch": E}`, the consolidated
+        model under "model": `model.load_state_dict(torch.load(path, weights_only=True)["model"])`.
+        `model_state` is the strategy's full state dict (on rank 0, which writes; every rank calls this)."""
         if self.env.is_zero:
             train = self.train.state_dict()
             state = {"model": model_state, "step": train["step"], "epoch": train["epoch"]}

@@ -21,6 +21,7 @@ from omegaconf import II, MISSING, DictConfig
 from disttrain.config.common import Choice, ComputeDtype, Switch
 from disttrain.config.common import help_field as _h
 from disttrain.config.names import NO_DECAY as NO_DECAY  # optim.param_groups (the engine imports names)
+from disttrain.config.names import NO_DECAY_1D as NO_DECAY_1D
 from disttrain.config.registry import Registry, config_nodes
 from disttrain.strategies.specs import STRATEGIES, StrategyConfig
 
@@ -168,6 +169,12 @@ class AmpConfig:
         "float8 matmuls, a numerics check, slower than bf16",
         False,
     )
+    master_dtype: ComputeDtype = _h(
+        "dtype of the trained parameters, and so of the optimizer state and the EMA: a model that "
+        "arrives in another one (a bf16 Hugging Face checkpoint) is cast to it after it is built, "
+        "before sharding, and the log says so; float32 (master weights), bfloat16 or float16",
+        ComputeDtype.float32,
+    )
 
 
 # ---------------------------------------------------------------------------------------- optim
@@ -181,8 +188,10 @@ class OptimConfig:
     weight_decay: float = _h("decoupled (AdamW) or L2 (SGD) weight decay", 0.0)
     scale_lr: ScaleLr = _h("none, or linear: lr x world size (the linear scaling rule)", ScaleLr.none)
     param_groups: Any = _h(
-        "null: one group; no_decay_bias_norm_embed: weight decay only on >=2-D weights that are not "
-        "embeddings; or a `_target_` factory called with the model that returns torch param groups",
+        "null: one group; no_decay_1d: weight decay on every >=2-D parameter, embeddings included "
+        "(nanoGPT's configure_optimizers); no_decay_bias_norm_embed: on >=2-D parameters that are not "
+        "nn.Embedding weights (minGPT-style: embeddings and a head tied to one exempt); or a `_target_` "
+        "factory called with the model that returns torch param groups",
         None,
     )
     fused: Any = _h(
@@ -470,7 +479,11 @@ class CheckpointConfig:
     )
     on_signal: bool = _h("SIGTERM/SIGINT: every rank saves a checkpoint, then exits", True)
     on_error: bool = _h("an exception on every rank at the same step saves an emergency checkpoint", True)
-    export_final: bool = _h("also write checkpoints/final.pt: the consolidated model for plain PyTorch", True)
+    export_final: bool = _h(
+        'also write checkpoints/final.pt, {"model": state_dict, "step", "epoch"}: the consolidated '
+        'model for plain PyTorch, torch.load(path, weights_only=True)["model"]',
+        True,
+    )
     keep_best: int = _h(
         "also keep the K best checkpoints by checkpoint.monitor, saved at the validations that rank "
         "among them and never pruned by `keep` while they do; checkpoints/best names the best. 0: off",

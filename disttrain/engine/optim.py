@@ -13,7 +13,7 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from disttrain.config.errors import ConfigError
 from disttrain.config.instantiate import build, locate
-from disttrain.config.names import NO_DECAY
+from disttrain.config.names import NO_DECAY, NO_DECAY_1D
 from disttrain.config.schema import CosineSchedConfig, OptimConfig, SchedConfig, TrainerConfig
 from disttrain.config.typed import own_key, typed
 
@@ -121,14 +121,14 @@ def for_checks(factory: Any) -> Any:
 
 
 def param_groups(choice: Any, model: torch.nn.Module | Iterable[torch.nn.Parameter]) -> Any:
-    """null: every parameter in one group; NO_DECAY: see no_decay_groups; a `_target_` node: the
+    """null: every parameter in one group; NO_DECAY, NO_DECAY_1D: see no_decay_groups; a `_target_` node: the
     user's factory, called with the model, returns param groups (or parameters)."""
     if choice is None:
         return model.parameters() if isinstance(model, torch.nn.Module) else model
     if not isinstance(model, torch.nn.Module):
         raise TypeError("optim.param_groups needs the model, not its parameters")
-    if choice == NO_DECAY:
-        return no_decay_groups(model)
+    if choice in (NO_DECAY, NO_DECAY_1D):
+        return no_decay_groups(model, embeddings_decay=choice == NO_DECAY_1D)
     if isinstance(choice, dict):
         factory = build({**choice, "_partial_": True}, "optim.param_groups", supplied=1)  # the model
         groups = list(factory(model))
@@ -143,20 +143,27 @@ def param_groups(choice: Any, model: torch.nn.Module | Iterable[torch.nn.Paramet
     raise ConfigError(
         "optim.param_groups",
         choice,
-        f"null, {NO_DECAY}, or a node with _target_ (a factory called with the model)",
-        f"optim.param_groups={NO_DECAY} exempts biases, norms and embeddings from weight decay.",
+        f"null, {NO_DECAY_1D}, {NO_DECAY}, or a node with _target_ (a factory called with the model)",
+        f"optim.param_groups={NO_DECAY_1D} exempts 1-D parameters (biases, norms) from weight decay "
+        f"(nanoGPT); {NO_DECAY} exempts embeddings too.",
     )
 
 
-def no_decay_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
-    """nanoGPT's and HF's rule: weight decay on >= 2-D weights that are not embeddings; biases,
-    norm weights (1-D) and embeddings (also a head tied to one) get weight_decay 0."""
-    embeddings = {
-        id(p)
-        for m in model.modules()
-        if isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag)
-        for p in m.parameters(recurse=False)
-    }
+def no_decay_groups(model: torch.nn.Module, embeddings_decay: bool = False) -> list[dict[str, Any]]:
+    """Weight decay on >= 2-D parameters; 1-D ones (biases, norm weights) get weight_decay 0.
+    `embeddings_decay` (NO_DECAY_1D): that is all, nanoGPT's `configure_optimizers` rule. Otherwise
+    (NO_DECAY, minGPT-style) the weights of nn.Embedding/EmbeddingBag modules (and a head tied to
+    one) are exempt too. HF's Trainer exempts biases and norms by name: close to NO_DECAY_1D."""
+    embeddings = (
+        set()
+        if embeddings_decay
+        else {
+            id(p)
+            for m in model.modules()
+            if isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag)
+            for p in m.parameters(recurse=False)
+        }
+    )
     decay: list[torch.nn.Parameter] = []
     exempt: list[torch.nn.Parameter] = []
     for p in model.parameters():  # each shared (tied) parameter once

@@ -14,7 +14,15 @@ from typing import Any
 from disttrain.config.common import Choice
 from disttrain.config.errors import ConfigError, _show, one_of
 from disttrain.config.run import Run, World
-from disttrain.config.schema import NO_DECAY, CosineSchedConfig, OptimConfig, ScaleLr, Shard, Targets
+from disttrain.config.schema import (
+    NO_DECAY,
+    NO_DECAY_1D,
+    CosineSchedConfig,
+    OptimConfig,
+    ScaleLr,
+    Shard,
+    Targets,
+)
 from disttrain.config.typed import own_key
 from disttrain.data.specs import Sampling, TokenDtype
 from disttrain.launch.registry import launcher_names, launcher_specs
@@ -360,12 +368,16 @@ def _check_optim(run: Run) -> None:
             "auto uses the optimizer's fused kernels when every parameter is on CUDA.",
         )
     groups = own_key(optim, OptimConfig, "param_groups")  # a run frozen before the key: null
-    if groups not in (None, NO_DECAY) and not (isinstance(groups, dict) and "_target_" in groups):
+    if groups not in (None, NO_DECAY, NO_DECAY_1D) and not (
+        isinstance(groups, dict) and "_target_" in groups
+    ):
         raise ConfigError(
             "optim.param_groups",
             groups,
-            f"null (one group), {NO_DECAY}, or a node with _target_ (a factory called with the model)",
-            f"optim.param_groups={NO_DECAY} exempts biases, norms and embeddings from weight decay; "
+            f"null (one group), {NO_DECAY_1D}, {NO_DECAY}, or a node with _target_ (a factory called "
+            "with the model)",
+            f"optim.param_groups={NO_DECAY_1D} exempts biases and norms from weight decay (nanoGPT), "
+            f"{NO_DECAY} embeddings too; "
             "optim.param_groups._target_=mylab.groups calls your function with the model.",
         )
     if "_target_" in sched:  # any scheduler class: its arguments are checked when it is built

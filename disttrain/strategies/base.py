@@ -148,27 +148,47 @@ class Strategy:
 
     # ---------------------------------------------------------------- state
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """The full, unwrapped state dict (CPU tensors), as plain PyTorch would save it."""
-        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
+        """The full, unwrapped state dict as plain PyTorch would save it: CPU tensors on rank 0 (the
+        writing rank), {} on the others. Every rank calls it: a DTensor (fsdp, tp) is gathered one
+        tensor at a time, a collective, and the other ranks drop each full tensor at once; nothing
+        reaches their host memory (torch's full_state_dict + cpu_offload: ranks_only=(0,)). A tied
+        weight (an embedding and its head) is one tensor under both names, as in the model."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        module = self.unwrap(model)
+        state: dict[str, torch.Tensor] = get_model_state_dict(module, options=full)  # type: ignore[assignment]
+        first: dict[int, str] = {}
+        for key, source in module.state_dict(keep_vars=True).items():
+            if key in state and first.setdefault(id(source), key) != key:
+                state[key] = state[first[id(source)]]  # gathered twice: the second copy goes
+        return state
+
+    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
         """Model and optimizer state for a sharded checkpoint (torch.distributed.checkpoint).
 
         Every rank calls it. The default (DCP's get_state_dict) gives unwrapped parameter names and
         each rank's own shards (DTensors under FSDP2/TP, full tensors under DDP), so a checkpoint
         reshards on load to another world size or strategy. Pipeline stages may override both.
+        `optimizer` None (eval, predict): the model's entries only. get_state_dict would build the
+        optimizer's state first (a zero gradient and a step: 2x the parameters' bytes for AdamW).
         """
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
+        if optimizer is None:
+            return {"model": get_model_state_dict(model)}
         model_state, optim_state = get_state_dict(model, optimizer)
         return {"model": model_state, "optim": optim_state}
 
     def load_state_dict(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
     ) -> None:
         """Apply `state` (shaped like `state_dict()`, filled from a checkpoint) to model and optimizer."""
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
+        if optimizer is None:
+            set_model_state_dict(model, state["model"])
+            return
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     def optimizer_states(self, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:

@@ -15,10 +15,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -30,8 +26,6 @@ from disttrain.strategies.precision import DTYPES
 from disttrain.strategies.specs.sharded import FSDPStrategyConfig
 
 log = logging.getLogger("disttrain")
-
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def modules_to_wrap(model: nn.Module, classes: set[str], min_num_params: int) -> list[nn.Module]:
@@ -179,8 +173,3 @@ class FSDPStrategy(Strategy):
     def state_bytes(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
         self.reshard(model)  # count the shards, not full parameters a forward left in place
         return super().state_bytes(model, optimizer)
-
-    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """The full, unsharded state dict on rank 0 (empty elsewhere); every rank must call it."""
-        state: dict[str, torch.Tensor] = get_model_state_dict(model, options=FULL)  # type: ignore[assignment]
-        return state

@@ -88,7 +88,7 @@ class LocalSGDStrategy(DDPStrategy):
         self.averager = averager
         return _CountingPostLocalSGD(optim=optimizer, averager=averager, strategy=self)
 
-    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
         """Each rank's OWN model and optimizer state, plus the phase counters.
 
         Between averages the replicas differ, but DCP treats a plain tensor under the same name on
@@ -99,15 +99,17 @@ class LocalSGDStrategy(DDPStrategy):
         state = super().state_dict(model, _plain(optimizer))
         if self.env.rank > 0:
             state = {f"rank{self.env.rank}": state}
-        state["localsgd"] = torch.tensor([self.hook_state.iter, _averager(optimizer).step, self.steps])
+        if optimizer is not None:  # None: the model only (eval), no counters
+            state["localsgd"] = torch.tensor([self.hook_state.iter, _averager(optimizer).step, self.steps])
         return state
 
     def load_state_dict(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
     ) -> None:
         own = state[f"rank{self.env.rank}"] if self.env.rank > 0 else state
         super().load_state_dict(model, _plain(optimizer), own)
-        self.hook_state.iter, _averager(optimizer).step, self.steps = (int(v) for v in state["localsgd"])
+        if optimizer is not None:
+            self.hook_state.iter, _averager(optimizer).step, self.steps = (int(v) for v in state["localsgd"])
 
     def end_of_training(self, model: nn.Module) -> None:
         """Replicas drift apart between averages; the trained model is their average, so the final
@@ -143,8 +145,10 @@ class _CountingPostLocalSGD(PostLocalSGDOptimizer):
         self._strategy.steps += 1
 
 
-def _plain(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+def _plain(optimizer: torch.optim.Optimizer | None) -> torch.optim.Optimizer | None:
     """The wrapped optimizer: DCP reads and writes its state (the averager's step is saved apart)."""
+    if optimizer is None:
+        return None
     assert isinstance(optimizer, PostLocalSGDOptimizer)
     return optimizer.optim
 

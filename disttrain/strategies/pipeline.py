@@ -222,31 +222,51 @@ class PipelineStrategy(Strategy):
 
     # ---------------------------------------------------------------------------------- state
     def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """The full model's state dict on rank 0 with the original names ({} on other ranks)."""
-        mine: dict[int, dict[str, torch.Tensor]] = {
-            s: {self._original(f"stages.{s}.{k}"): v.detach().cpu() for k, v in module.state_dict().items()}
-            for s, module in self.modules.items()
-        }
-        gathered: list[Any] = [None] * self.env.world_size if self.env.is_zero else []
-        if dist.is_initialized() and self.env.world_size > 1:
-            dist.gather_object(mine, gathered if self.env.is_zero else None, dst=0)
-        else:
-            gathered = [mine]
-        if not self.env.is_zero:
-            return {}
-        by_stage = {s: sd for part in gathered for s, sd in part.items()}
-        return {k: v for s in sorted(by_stage) for k, v in by_stage[s].items()}
+        """The full model's state dict on rank 0 with the original names ({} on other ranks).
 
-    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        Every rank calls it. The stages' names, shapes and dtypes travel as objects; the tensors
+        reach rank 0 one at a time (send/recv on the device), and only rank 0 copies them to host
+        memory. (`gather_object` of the stages would pickle every stage through rank 0's GPU.)
+        """
+        mine = [
+            (s, i, self._original(f"stages.{s}.{k}"), v.detach())
+            for s, module in self.modules.items()
+            for i, (k, v) in enumerate(module.state_dict().items())
+        ]
+        if not dist.is_initialized() or self.env.world_size == 1:
+            return {key: v.cpu() for _, _, key, v in mine}
+        layout = [(s, i, key, tuple(v.shape), v.dtype) for s, i, key, v in mine]
+        layouts: list[Any] = [None] * self.env.world_size if self.env.is_zero else []
+        dist.gather_object(layout, layouts if self.env.is_zero else None, dst=0)
+        if not self.env.is_zero:
+            for *_, v in mine:
+                dist.send(v.contiguous(), dst=0)
+            return {}
+        full = {(s, i): (key, v.cpu()) for s, i, key, v in mine}
+        for src in range(1, self.env.world_size):
+            for s, i, key, shape, dtype in layouts[src]:
+                buffer = torch.empty(shape, dtype=dtype, device=self.env.device)
+                dist.recv(buffer, src=src)
+                full[(s, i)] = (key, buffer.cpu())
+        return dict(full[at] for at in sorted(full))
+
+    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
         """This rank's stages for a sharded checkpoint, under the original names.
 
         The optimizer state is flattened per parameter (`state.<name>.exp_avg`,
         `param_groups.<name>.lr`): no list differs between ranks, so the stages' disjoint keys
-        merge into one checkpoint that names parameters as `single` does.
+        merge into one checkpoint that names parameters as `single` does. `optimizer` None: the
+        model only (see Strategy.state_dict).
         """
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_state_dict,
+        )
 
         options = StateDictOptions(flatten_optimizer_state_dict=True)
+        if optimizer is None:
+            return {"model": {self._original(k): v for k, v in get_model_state_dict(model).items()}}
         model_state, optim_state = get_state_dict(model, optimizer, options=options)
         return {
             "model": {self._original(k): v for k, v in model_state.items()},
@@ -254,9 +274,13 @@ class PipelineStrategy(Strategy):
         }
 
     def load_state_dict(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
     ) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_state_dict,
+        )
 
         local = {orig: f"stages.{s}.{i}." for s, names in self.names.items() for i, orig in enumerate(names)}
 
@@ -269,6 +293,9 @@ class PipelineStrategy(Strategy):
                     return f"{head}{sep}{mine}{rest[len(orig) + 1 :]}"
             return key
 
+        if optimizer is None:
+            set_model_state_dict(model, {back(k): v for k, v in state["model"].items()})
+            return
         set_state_dict(
             model,
             optimizer,

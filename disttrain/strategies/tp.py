@@ -105,15 +105,6 @@ class TPStrategy(Strategy):
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.mesh["dp"].get_group())
         return tensor / self.dp if op == "mean" else tensor
 
-    # ---------------------------------------------------------------------------------- state
-    def model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Full tensors with the original names on rank 0, {} elsewhere (every rank gathers: a collective)."""
-        out = {}
-        for k, v in model.state_dict().items():
-            full = v.full_tensor() if isinstance(v, DTensor) else v
-            out[k] = full.detach().cpu()
-        return out if self.env.is_zero else {}
-
 
 class FSDPTPStrategy(TPStrategy):
     """2D: tensor parallel inside each group of `tp_degree` ranks, FSDP across the groups."""

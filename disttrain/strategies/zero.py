@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from disttrain.strategies.ddp import DDPStrategy
@@ -37,26 +36,28 @@ class ZeroStrategy(DDPStrategy):
         )
 
     def optimizer_states(self, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
-        return list(_inner(optimizer).state.values())  # only this rank's partition
+        inner = _inner(optimizer)
+        assert inner is not None
+        return list(inner.state.values())  # only this rank's partition
 
-    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    def state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
         """Each rank contributes the optimizer state of the parameters it owns, keyed by name.
 
         ZeRO's own state_dict() would first gather everything on one rank; going through the inner
         (local) optimizer instead lets DCP write each parameter's state once, from its owner, and
         load it back on whichever rank owns that parameter then.
         """
-        model_state, optim_state = get_state_dict(model, _inner(optimizer))
-        return {"model": model_state, "optim": optim_state}
+        return super().state_dict(model, _inner(optimizer))
 
     def load_state_dict(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
     ) -> None:
-        set_state_dict(
-            model, _inner(optimizer), model_state_dict=state["model"], optim_state_dict=state["optim"]
-        )
+        super().load_state_dict(model, _inner(optimizer), state)
 
 
-def _inner(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+def _inner(optimizer: torch.optim.Optimizer | None) -> torch.optim.Optimizer | None:
+    """ZeRO's local optimizer (None: the model only, see Strategy.state_dict)."""
+    if optimizer is None:
+        return None
     assert isinstance(optimizer, ZeroRedundancyOptimizer)
     return optimizer.optim

@@ -232,3 +232,48 @@ def test_rank_states_go_into_the_ranks_file_and_come_back_at_the_same_dp_size(tm
     resharded.run_info["dp_world_size"] = 2  # rank 0's position at 1 replica means nothing at 2
     restored = resharded.resume(tmp_path)
     assert restored is not None and restored.rank_states == [] and other.at == 0
+
+
+def test_eval_restores_the_model_without_building_optimizer_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review G4: `disttrain eval`/`predict` restore the model (and EMA) only. Through a model +
+    optimizer state dict torch would build AdamW's state (a zero gradient and a step: 2x the
+    parameters' bytes) and read it from the checkpoint; nothing named exp_avg is requested now."""
+    from disttrain import checkpoint
+    from disttrain.eval_worker import restore
+
+    ckpt, model, opt, state, _ = manager(tmp_path)
+    train(model, opt, ckpt.states["scheduler"], state, 2)
+    ckpt.save("periodic")
+    requested: list[str] = []
+    real_load = checkpoint.load_sharded
+
+    def spy(path: Path, app: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+        requested.extend(flatten_state_dict(app)[0])
+        return real_load(path, app, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "load_sharded", spy)
+    fresh, _, _ = parts()
+    for p in fresh.parameters():
+        p.data.zero_()
+    where = restore(RUN, ENV, Strategy(SingleStrategyConfig(), ENV), fresh, tmp_path)
+    assert where == (tmp_path / "step_00000002", 2)
+    assert sorted(requested) == sorted(f"model.{k}" for k in model.state_dict())  # nothing else
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in fresh.state_dict().items())
+    assert all(p.grad is None for p in fresh.parameters())  # torch's optimizer-state init sets zeros
+
+
+def test_final_pt_holds_the_model_under_model_for_a_plain_load(tmp_path: Path) -> None:
+    """Review F4: final.pt is {"model": state_dict, "step", "epoch"} (what the docs now say);
+    its "model" entry loads into the plain model, strictly."""
+    ckpt, model, opt, state, _ = manager(tmp_path)
+    train(model, opt, ckpt.states["scheduler"], state, 2)
+    ckpt.export_final(Strategy(SingleStrategyConfig(), ENV).model_state_dict(model))
+    final = torch.load(tmp_path / "final.pt", weights_only=True)
+    assert (sorted(final), final["step"], final["epoch"]) == (["epoch", "model", "step"], 2, 0)
+    plain, _, _ = parts()
+    plain.load_state_dict(final["model"])  # strict
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in plain.state_dict().items())

@@ -601,6 +601,18 @@ def test_no_decay_groups_of_the_built_in_gpt() -> None:
     assert len(decay) + len(exempt) == len(list(model.parameters()))
 
 
+def test_no_decay_1d_is_nanogpts_rule() -> None:
+    """Review F5: nanoGPT decays every >= 2-D parameter, embeddings (and the head tied to one) too."""
+    cfg = checked(["model=gpt", "model.dim=16", "optim.param_groups=no_decay_1d"], runtime=True)
+    model = build_model(cfg["model"])
+    opt = build_optimizer(cfg["optim"], model, world_size=1)
+    decay, exempt = ({id(p) for p in g["params"]} for g in opt.param_groups)
+    assert decay == {id(p) for p in model.parameters() if p.dim() >= 2}  # nanoGPT's configure_optimizers
+    assert id(model.embed.tok.weight) in decay and exempt == {
+        id(p) for p in model.parameters() if p.dim() < 2
+    }
+
+
 def test_a_run_frozen_before_param_groups_still_resumes() -> None:
     """`disttrain resume` checks and builds from an old config.yaml that lacks optim.param_groups."""
     cfg = checked([])

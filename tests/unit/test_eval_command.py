@@ -166,3 +166,43 @@ def test_a_batch_level_loss_beside_per_sample_outputs_is_dropped() -> None:
     assert set(_per_sample({"logits": logits, "loss": loss}, 4)) == {"logits"}
     with pytest.raises(TypeError, match="predict\\(model, batch\\)"):
         _per_sample(loss, 4)
+
+
+def test_a_cache_object_in_a_dict_output_is_dropped_with_one_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Review F3: a Hugging Face causal LM returns CausalLMOutputWithPast (a dict) whose
+    past_key_values is a cache object: predict keeps the logits, drops the cache and says so once."""
+    import logging
+    from collections import OrderedDict
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from disttrain.config.schema import StrategyConfig
+    from disttrain.data.samplers import ShardSampler
+    from disttrain.dist import DistEnv
+    from disttrain.strategies.base import Strategy
+    from disttrain.tasks import Classification
+
+    class DynamicCache:  # what HF puts beside the logits
+        pass
+
+    class CausalLM(torch.nn.Linear):
+        def forward(self, x: torch.Tensor) -> OrderedDict:  # type: ignore[override]
+            logits = super().forward(x)
+            return OrderedDict(loss=logits.mean(), logits=logits, past_key_values=DynamicCache())
+
+    data = TensorDataset(torch.arange(10.0).reshape(5, 2), torch.zeros(5, dtype=torch.long))
+    loader = DataLoader(data, batch_size=2, sampler=ShardSampler(5, 0, 1))
+    model = CausalLM(2, 3)
+    env = DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu"))
+    with caplog.at_level(logging.INFO, logger="disttrain"):
+        rows = predict(Strategy(StrategyConfig(name="single"), env), model, Classification(), loader, env)
+    with torch.no_grad():
+        logits = torch.nn.functional.linear(data.tensors[0], model.weight, model.bias)
+    assert [set(r) for _, r in rows] == [{"logits"}] * 5
+    assert torch.allclose(torch.stack([r["logits"] for _, r in rows]), logits)
+    said = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert said == [
+        "predict: dropped what the model's dict output holds besides tensors: past_key_values (DynamicCache)"
+    ]

@@ -211,3 +211,14 @@ def test_what_fully_shard_refuses_is_named_before_launch() -> None:
         info.value.key == "model" and "logit_scale" in str(info.value) and "torch.zeros(1)" in str(info.value)
     )
     check_fsdp_model({}, FSDPStrategyConfig(), model, 0)  # the default units: nothing to refuse
+
+    # Review F6: channels_last weights are not contiguous, which fully_shard refuses in every rank
+    def channels_last() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(2, 4, 3), nn.Flatten()).to(memory_format=torch.channels_last)
+
+    with pytest.raises(ConfigError) as info:
+        check_fsdp_model({}, FSDPStrategyConfig(), build_on_meta(channels_last), 0)
+    assert info.value.key == "model" and "0.weight (stride (18, 1, 6, 2))" in str(info.value)
+    assert "contiguous parameters with strategy=fsdp" in str(info.value) and "channels_last" in str(
+        info.value
+    )

@@ -129,3 +129,21 @@ def test_tp_plan_pattern_selecting_no_module_fails_before_launch(scratch: Path) 
     err = config_error(scratch, "strategy=tp", plan, command="train")
     assert "strategy.tp_plan={'layers.1': 'colwise', 'layers.9': 'rowwise'}" in err
     assert "'layers.9' selects none" in err and "'layers' selects layers, whose children are 0, 1, 2" in err
+
+
+def test_a_pipeline_stage_without_parameters_fails_before_launch(scratch: Path) -> None:
+    """Review F7: the docs' Sequential(Unflatten, net) cut in two leaves stage 0 without parameters
+    ("optimizer got an empty parameter list" in rank 0 after launch). Here: the mlp's Flatten alone."""
+    err = config_error(scratch, "strategy=pipeline", "model.hidden=[]", command="train")
+    assert "strategy.split_points=null" in err and "stage 0: layers.0 would hold no parameters" in err
+    assert "only 1 layer(s) hold parameters (layers.1): use at most 1 stages" in err
+
+
+def test_a_parameterless_stage_names_split_points_that_give_each_stage_one() -> None:
+    from disttrain.strategies.specs.model_parallel import PipelineStrategyConfig, _check_stages_train
+
+    names, trained = ["unflatten", "conv", "fc"], [False, True, True]
+    with pytest.raises(ConfigError) as info:
+        _check_stages_train(PipelineStrategyConfig(), names, trained, [0, 1, 3])  # the even split
+    assert info.value.key == "strategy.split_points" and "strategy.split_points=[fc]" in str(info.value)
+    _check_stages_train(PipelineStrategyConfig(split_points=["fc"]), names, trained, [0, 2, 3])

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.overrides import TorchFunctionMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from disttrain.config import compose, resolve
@@ -31,7 +32,7 @@ STRATEGIES = {
     "fsdp+tp": ["strategy=fsdp+tp", "strategy.tp_degree=4"],
     "pipeline": ["strategy=pipeline", "model.tie_weights=false"],
 }
-_CFG: dict[str, dict[str, Any]] = {}
+_CFG: dict[str, dict[str, Any]] = {"ddp": {"name": "ddp"}}  # the spec's defaults: no Hydra
 
 
 def strategy_slice(name: str) -> dict[str, Any]:
@@ -43,11 +44,20 @@ def strategy_slice(name: str) -> dict[str, Any]:
 @pytest.fixture
 def rank3() -> Iterator[DistEnv]:
     """Rank 3 of 16 on the fake process group (collectives return at once, no peers)."""
-    dist.init_process_group("fake", store=FakeStore(), rank=3, world_size=WORLD)
+    yield from _rank(3)
+
+
+def _rank(rank: int) -> Iterator[DistEnv]:
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=WORLD)
     try:
-        yield DistEnv(3, 3, WORLD, 8, "fake", torch.device("cpu"))
+        yield DistEnv(rank, rank, WORLD, 8, "fake", torch.device("cpu"))
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def rank0() -> Iterator[DistEnv]:
+    yield from _rank(0)
 
 
 def gpt(device: str, name: str) -> GPT:
@@ -108,6 +118,55 @@ def test_meta_model_stays_meta_through_real_setup(name: str, rank3: DistEnv) -> 
         assert sum(t.numel() for t in locals_) == sum(p.numel() for p in reference.blocks[2].parameters())
         return
     assert sum(t.numel() for t in locals_) == _expected_local(name, reference)
+
+
+class HostCopies(TorchFunctionMode):
+    """Bytes of every `Tensor.cpu()` / `Tensor.to(cpu)` call: a copy into host memory on a GPU
+    (on this CPU harness the same calls return their input, so the calls are counted, not RSS).
+    A DTensor's `.to(its mesh's device type)` (torch's gather moves a stray shard to the mesh
+    first) is left out: the mesh's device is the GPU there; here it is CPU as well."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        to_cpu = func is torch.Tensor.to and any(
+            str(a) == "cpu" for a in (*args[1:], kwargs.get("device")) if isinstance(a, str | torch.device)
+        )
+        if (func is torch.Tensor.cpu or to_cpu) and not isinstance(args[0], DTensor):
+            self.bytes += out.numel() * out.element_size()
+        return out
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "tp", "fsdp+tp", "pipeline"])
+def test_export_final_copies_nothing_to_host_memory_on_a_non_writing_rank(name: str, rank3: DistEnv) -> None:
+    """Review G3: checkpoints/final.pt's state dict was copied to host memory on every rank (ddp:
+    `.cpu()` of everything; tp, fsdp+tp: every full tensor kept; pipeline: every stage pickled),
+    ~224 GB for 7B fp32 on 8 ranks of a node. Rank 3 takes part in the gathers and keeps nothing."""
+    strategy = build_strategy(strategy_slice(name), rank3)
+    model = strategy.setup_module(gpt("cpu", name))
+    with HostCopies() as copies:
+        state = strategy.model_state_dict(model)
+    assert state == {}
+    assert copies.bytes <= (1024 if name == "pipeline" else 0)  # the stages' names and shapes (pickled)
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "tp"])
+def test_export_final_materialises_the_whole_model_on_the_writing_rank(name: str, rank0: DistEnv) -> None:
+    """Rank 0 gets every tensor of the plain model's state dict, whole, in host memory."""
+    strategy = build_strategy(strategy_slice(name), rank0)
+    reference = gpt("cpu", name)
+    shapes = {k: v.shape for k, v in reference.state_dict().items()}
+    model = strategy.setup_module(reference)
+    with HostCopies() as copies:
+        state = strategy.model_state_dict(model)
+    assert {k: v.shape for k, v in state.items()} == shapes
+    assert all(v.device.type == "cpu" for v in state.values())
+    assert copies.bytes == sum(v.numel() * v.element_size() for v in state.values())
+    assert state["head.out.weight"] is state["embed.tok.weight"]  # tied: one tensor, stored once (F4)
 
 
 def test_fsdp_tp_shards_per_block_with_the_mixed_precision_policy(rank3: DistEnv) -> None:

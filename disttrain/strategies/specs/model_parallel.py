@@ -341,7 +341,10 @@ def check_tp(run: Run, s: TPStrategyConfig, model: Any, gpus: int) -> None:
 
 
 def check_fsdp_tp_model(run: Run, s: FSDPTPStrategyConfig, model: Any, gpus: int) -> None:
+    from disttrain.strategies.specs.sharded import check_contiguous
+
     check_tp_model(run, s, model, s.tp_degree)
+    check_contiguous(s, model)
 
 
 def check_pipeline_model(run: Run, s: PipelineStrategyConfig, model: Any, gpus: int) -> None:
@@ -379,7 +382,7 @@ def check_pipeline_model(run: Run, s: PipelineStrategyConfig, model: Any, gpus: 
     stages = run.world.size * s.stages_per_rank
     names = [n for n, _ in layers]
     try:
-        stage_bounds(names, stages, s.split_points)
+        bounds = stage_bounds(names, stages, s.split_points)
     except ValueError as exc:
         key = "strategy.split_points" if s.split_points else "strategy.stages_per_rank"
         raise ConfigError(
@@ -388,6 +391,35 @@ def check_pipeline_model(run: Run, s: PipelineStrategyConfig, model: Any, gpus: 
             f"<= {len(names)} stages, cut at layer names of {class_path(model)}: {', '.join(names)}",
             f"{exc}; use fewer ranks or stages_per_rank, or a deeper model.",
         ) from None
+    _check_stages_train(s, names, [any(True for _ in layer.parameters()) for _, layer in layers], bounds)
+
+
+def _check_stages_train(
+    s: PipelineStrategyConfig, names: list[str], trained: list[bool], bounds: list[int]
+) -> None:
+    """Every stage holds a parameter: a stage of parameterless layers (the docs' `Sequential(Unflatten,
+    net)` cut in two) gets an optimizer over nothing, which torch refuses in the ranks."""
+    empty = [k for k in range(len(bounds) - 1) if not any(trained[bounds[k] : bounds[k + 1]])]
+    if not empty:
+        return
+    stages = len(bounds) - 1
+    where = "; ".join(f"stage {k}: {', '.join(names[bounds[k] : bounds[k + 1]])}" for k in empty)
+    with_params = [i for i, t in enumerate(trained) if t]
+    if len(with_params) >= stages:  # a cut before the k-th of them gives each stage one
+        cuts = [names[with_params[k * len(with_params) // stages]] for k in range(1, stages)]
+        hint = f"e.g. strategy.split_points=[{','.join(cuts)}]"
+    else:
+        hint = (
+            f"only {len(with_params)} layer(s) hold parameters ({', '.join(names[i] for i in with_params)}): "
+            f"use at most {len(with_params)} stages (ranks x strategy.stages_per_rank), or make the "
+            "model an nn.Sequential of its own layers so that it splits finer"
+        )
+    raise ConfigError(
+        "strategy.split_points",
+        s.split_points,
+        f"a cut of the {stages} stages where each holds a layer with parameters",
+        f"{where} would hold no parameters, and its optimizer would have nothing to train; {hint}.",
+    )
 
 
 # ------------------------------------------------------------------------------------------ plan

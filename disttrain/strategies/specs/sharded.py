@@ -117,6 +117,25 @@ def check_fsdp_model(run: Run, s: FSDPStrategyConfig, model: Any, gpus: int) -> 
             "a module with a forward (the root is always an FSDP unit)",
             f"{type(model).__name__} is a container; return a module that runs it (e.g. nn.Sequential).",
         )
+    check_contiguous(s, model)
+
+
+def check_contiguous(s: Any, model: Any) -> None:
+    """fully_shard refuses parameters that are not contiguous (channels_last convolution weights:
+    `model.to(memory_format=torch.channels_last)`), in every rank after launch; found here on meta."""
+    from disttrain.models.parallel import class_path
+
+    strided = [(n, tuple(p.stride())) for n, p in model.named_parameters() if not p.is_contiguous()]
+    if strided:
+        shown = ", ".join(f"{n} (stride {st})" for n, st in strided[:3])
+        raise ConfigError(
+            "model",
+            class_path(model),
+            f"contiguous parameters with strategy={s.name}",
+            f"fully_shard refuses non-contiguous parameters: {shown}; channels_last weights are; "
+            "drop `.to(memory_format=torch.channels_last)` from the model (the convolutions still "
+            "take channels_last inputs), or use strategy=ddp.",
+        )
 
 
 def check_wrap_classes(s: FSDPStrategyConfig, model: Any) -> None:
