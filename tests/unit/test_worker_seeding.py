@@ -43,14 +43,19 @@ def test_tp_ranks_draw_one_stream_and_data_parallel_ranks_their_own() -> None:
     ("name", "world", "extra", "expected"),
     [
         ("tp", 4, {}, [0, 0, 0, 0]),
-        ("fsdp+tp", 4, {"tp_degree": 2}, [0, 0, 1, 1]),  # mesh (dp=2, tp=2): tp ranks are neighbours
-        ("fsdp+tp", 8, {"tp_degree": 4}, [0, 0, 0, 0, 1, 1, 1, 1]),
+        (
+            "fsdp+tp",
+            4,
+            {"tp_degree": 2, "param_dtype": "float32"},
+            [0, 0, 1, 1],
+        ),  # mesh (dp=2, tp=2): tp ranks are neighbours
+        ("fsdp+tp", 8, {"tp_degree": 4, "param_dtype": "float32"}, [0, 0, 0, 0, 1, 1, 1, 1]),
         ("ddp", 4, {}, [0, 1, 2, 3]),
         ("pipeline", 4, {}, [0, 1, 2, 3]),  # stages hold different layers: streams of their own
     ],
 )
 def test_rng_rank_is_the_data_parallel_rank_for_tensor_parallel(
-    name: str, world: int, extra: dict[str, int], expected: list[int]
+    name: str, world: int, extra: dict[str, int | str], expected: list[int]
 ) -> None:
     got = [
         build_strategy(
