@@ -11,7 +11,9 @@ is code. The rule:
   no longer matches its signature;
 - any other run dir is built only if every `_target_` in it names one of disttrain's or torch's own
   callables (`builtin_object`), and it names no program to run (`PROGRAMS`: `launcher.kubectl`,
-  `launcher.image`) that the command line does not set, or with an explicit `--trust`;
+  `launcher.image`) that the command line does not set, and it holds no `${...}` interpolation
+  (config.yaml is frozen resolved; `${oc.create:{_target_: ...}}` becomes a `_target_` node only
+  when resolved, after the check), or with an explicit `--trust`;
 - otherwise one paragraph lists what it would import or run, and nothing is built.
 
 The check is on the *object* a target names, not its text (review 2026-11-28-reliability D1):
@@ -127,6 +129,23 @@ def targets(node: Any, key: str = "") -> Iterator[tuple[str, str]]:
             yield from targets(value, f"{key}[{i}]")
 
 
+def interpolations(node: Any, key: str = "") -> Iterator[tuple[str, str]]:
+    """(config key, text) of every string that OmegaConf would resolve. A frozen config.yaml holds
+    none (`read_config`); in a foreign one `${oc.create:{_target_: ...}}` (or `oc.decode`) becomes a
+    `_target_` node only when the config is resolved, after `targets` looked at it."""
+    if isinstance(node, dict):
+        for name, value in node.items():
+            sub = f"{key}.{name}" if key else str(name)
+            if "${" in str(name):
+                yield sub, str(name)
+            yield from interpolations(value, sub)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from interpolations(value, f"{key}[{i}]")
+    elif isinstance(node, str) and "${" in node:
+        yield key, node
+
+
 def walk(target: str) -> Any:
     """The object `target` names, found as Hydra's `_locate` finds it (attribute first, else the
     submodule), or None where the path passes a private name or a module of another name
@@ -214,20 +233,23 @@ def check_trusted(
         return
     programs = [] if launches is None else foreign_programs(cfg, launches)
     foreign = foreign_targets(cfg)
-    if not foreign and not programs:
+    resolved = list(interpolations(cfg))
+    if not foreign and not programs and not resolved:
         return
     listing = ", ".join(f"{k}={t}" for k, t in foreign[:6]) + (
         f" and {len(foreign) - 6} more" if len(foreign) > 6 else ""
     )
     actions = [f"import and call {listing}"] if foreign else []
     actions += [f"run {k}={v}" for k, v in programs]
+    actions += [f"resolve {k}={v}" for k, v in resolved[:3]]
     own = " or ".join(f"{k}=YOURS" for k, _ in programs)
     raise ConfigError(
         "RUN_DIR",
         str(run_dir),
         "a run dir you created with disttrain, or one whose config.yaml builds only disttrain's and "
         "torch's own models, losses, optimizers, schedulers, tasks and data sets (defined in "
-        f"{', '.join(p + '*' for p in BUILTIN)}, not what those modules import) and names no program",
+        f"{', '.join(p + '*' for p in BUILTIN)}, not what those modules import) and names no program "
+        "and holds no ${...} interpolation",
         f"it was made by someone else, or its config.yaml changed since disttrain wrote it, and using "
         f"it would {' and '.join(actions)}. Read {run_dir / 'config.yaml'}; "
         + (f"give your own program on the command line ({own}), or " if programs else "")

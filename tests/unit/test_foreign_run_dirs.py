@@ -387,3 +387,53 @@ def test_d2_program_keys_come_from_the_command_line_or_stay_default(saved: dict)
     _k8s(cfg, "kubectl")
     assert foreign_programs(cfg, ["launcher.image=mine:1"]) == []  # the default: the user's PATH
     assert foreign_programs(saved) == []  # a local launcher names no program
+
+
+# ------------------------------------------------------------- trust review of D1's fix (2026-11-28)
+# A frozen config.yaml holds no interpolation; a foreign one's `${oc.create:...}` / `${oc.decode:...}`
+# became a `_target_` node when `apply_overrides` resolved the config, after the check looked.
+
+INTERPOLATED = {
+    "oc_create": "${oc.create:{_target_: builtins.open, file: '%s', mode: w}}",
+    "oc_decode": "${oc.decode:'{_target_: builtins.open, file: \"%s\", mode: w}'}",
+    "escaped": "\\${oc.create:{_target_: builtins.open, file: '%s', mode: w}}",
+}
+
+
+@pytest.mark.parametrize("form", sorted(INTERPOLATED))
+def test_a_foreign_interpolation_that_builds_a_target_is_refused(
+    saved: dict, tmp_path: Path, own_key: Path, form: str
+) -> None:
+    marker = tmp_path / "PWNED"
+    payload = INTERPOLATED[form] % marker
+    run = _foreign_copy(
+        tmp_path, saved, lambda c: c["task"]["criterion"].__setitem__("label_smoothing", payload)
+    )
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert foreign_targets(cfg) == []  # no `_target_` is visible before resolution
+    with pytest.raises(ConfigError) as refused:
+        check_trusted(run, cfg, trusted=False)
+    said = str(refused.value)
+    assert f"resolve task.criterion.label_smoothing={payload}" in said and "--trust" in said
+    assert not marker.exists()
+    check_trusted(run, cfg, trusted=True)  # --trust: the user's consent
+    sign(run)
+    check_trusted(run, cfg, trusted=False)  # in the user's own run it is the user's own config
+
+
+def test_a_foreign_interpolation_never_runs_through_the_cli(
+    saved: dict, tmp_path: Path, own_key: Path
+) -> None:
+    marker = tmp_path / "PWNED"
+    payload = INTERPOLATED["oc_create"] % marker
+    run = _foreign_copy(
+        tmp_path, saved, lambda c: c["task"]["criterion"].__setitem__("label_smoothing", payload)
+    )
+    proc = disttrain_in_process("rerun", str(run), "--run-dir", str(tmp_path / "rr"), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert (
+        proc.stderr.startswith("disttrain: config error: RUN_DIR=")
+        and "resolve task.criterion" in proc.stderr
+    )
+    assert not marker.exists() and not (tmp_path / "rr").exists()
