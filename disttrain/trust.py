@@ -11,9 +11,10 @@ is code. The rule:
   no longer matches its signature;
 - any other run dir is built only if every `_target_` in it names one of disttrain's or torch's own
   callables (`builtin_object`), and it names no program to run (`PROGRAMS`: `launcher.kubectl`,
-  `launcher.image`) that the command line does not set, and it holds no `${...}` interpolation
-  (config.yaml is frozen resolved; `${oc.create:{_target_: ...}}` becomes a `_target_` node only
-  when resolved, after the check), or with an explicit `--trust`;
+  `launcher.image`, slurm's `launcher.extra`, k8s's `launcher.env`) that the command line does not
+  set, and it holds no `${...}` interpolation (config.yaml is frozen resolved;
+  `${oc.create:{_target_: ...}}` becomes a `_target_` node only when resolved, after the check),
+  or with an explicit `--trust`;
 - otherwise one paragraph lists what it would import or run, and nothing is built.
 
 The check is on the *object* a target names, not its text (review 2026-11-28-reliability D1):
@@ -58,8 +59,16 @@ BUILDERS = frozenset(
 )
 TASK = "disttrain.tasks.builtin.Task"  # the base class of disttrain's tasks
 # Keys whose value is a program disttrain runs (or has a cluster run), with their schema default: a
-# foreign run dir keeps the default or the value the user's command line gives (review D2).
-PROGRAMS = {"launcher.kubectl": "kubectl", "launcher.image": None}
+# foreign run dir keeps the default or the value the user's command line gives (review D2). Slurm's
+# `extra` lines are sbatch options (`#SBATCH --export=ALL,BASH_ENV=x.sh` makes the job's bash source
+# x.sh; `--output=FILE` overwrites FILE) and k8s's `env` is the pods' environment (LD_PRELOAD,
+# PYTHONPATH): either runs code of the config's choosing as the user.
+PROGRAMS: dict[str, Any] = {
+    "launcher.kubectl": "kubectl",
+    "launcher.image": None,
+    "launcher.extra": [],
+    "launcher.env": {},
+}
 TRUST_FLAG = "--trust"
 
 

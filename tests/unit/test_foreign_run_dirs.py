@@ -437,3 +437,32 @@ def test_a_foreign_interpolation_never_runs_through_the_cli(
         and "resolve task.criterion" in proc.stderr
     )
     assert not marker.exists() and not (tmp_path / "rr").exists()
+
+
+def test_d2_slurm_extra_lines_and_k8s_env_are_programs(saved: dict, tmp_path: Path, own_key: Path) -> None:
+    """`#SBATCH --export=ALL,BASH_ENV=x.sh` makes the job's bash source x.sh; a pod's LD_PRELOAD or
+    PYTHONPATH picks the code its python runs: both came from a foreign config.yaml unasked."""
+    from disttrain.trust import foreign_programs
+
+    slurm = json.loads(json.dumps(saved))
+    slurm["launcher"] = {"name": "slurm", "extra": ["#SBATCH --export=ALL,BASH_ENV=x.sh"], "dry_run": False}
+    assert foreign_programs(slurm) == [("launcher.extra", "['#SBATCH --export=ALL,BASH_ENV=x.sh']")]
+    assert foreign_programs(slurm, ["launcher.extra=[]"]) == []
+    slurm["launcher"]["extra"] = []  # the schema's default
+    assert foreign_programs(slurm) == []
+    k8s = json.loads(json.dumps(saved))
+    _k8s(k8s, "kubectl")
+    k8s["launcher"]["env"] = {"LD_PRELOAD": "/runs/x.so"}
+    assert foreign_programs(k8s, ["launcher.image=mine:1"]) == [
+        ("launcher.env", "{'LD_PRELOAD': '/runs/x.so'}")
+    ]
+    assert foreign_programs(k8s, ["launcher.image=mine:1", "launcher.env={}"]) == []
+    k8s["launcher"]["env"] = {}
+    assert foreign_programs(k8s, ["launcher.image=mine:1"]) == []
+    run = _foreign_copy(
+        tmp_path,
+        saved,
+        lambda c: c.__setitem__("launcher", slurm["launcher"] | {"extra": ["#SBATCH --output=/x"]}),
+    )
+    with pytest.raises(ConfigError, match=r"run launcher\.extra=\['#SBATCH --output=/x'\]"):
+        check_trusted(run, yaml.safe_load((run / "config.yaml").read_text()), trusted=False, launches=[])
