@@ -69,6 +69,10 @@ PROGRAMS: dict[str, Any] = {
     "launcher.extra": [],
     "launcher.env": {},
 }
+# Folders a resumed run writes and prunes: a foreign run dir's are inside it or given on the command
+# line (a copy whose checkpoint.dir named one of this user's folders had resume delete its `.tmp-*`
+# entries and the step_* folders of a checkpoint dir without owner.json).
+FOLDERS = ("checkpoint.dir",)
 TRUST_FLAG = "--trust"
 
 
@@ -213,16 +217,35 @@ def _value(cfg: dict[str, Any], key: str) -> Any:
     return node
 
 
+def _given(key: str, overrides: Sequence[str]) -> bool:
+    """Whether the command line's `overrides` set `key` (`launcher=spawn` sets every launcher key)."""
+    given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    return any(key == g or key.startswith(g + ".") for g in given)
+
+
 def foreign_programs(cfg: dict[str, Any], overrides: Sequence[str] = ()) -> list[tuple[str, str]]:
     """(key, value) of every program-valued key the config sets to another value than disttrain's
     default, unless the command line's `overrides` set it (the user's own choice)."""
-    given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}  # `launcher=spawn` gives them all
     return [
         (key, str(value))
         for key, default in PROGRAMS.items()
-        if not any(key == g or key.startswith(g + ".") for g in given)
+        if not _given(key, overrides) and (value := _value(cfg, key)) is not None and value != default
+    ]
+
+
+def foreign_folders(
+    cfg: dict[str, Any], run_dir: Path, overrides: Sequence[str] = ()
+) -> list[tuple[str, str]]:
+    """(key, value) of every folder key (`FOLDERS`) naming a folder outside `run_dir`, unless the
+    command line's `overrides` set it: a resumed run saves there, prunes its `step_*` folders
+    (keep-N) and deletes its `.tmp-*` entries."""
+    home = run_dir.resolve()
+    return [
+        (key, str(value))
+        for key in FOLDERS
+        if not _given(key, overrides)
         and (value := _value(cfg, key)) is not None
-        and value != default
+        and not Path(os.path.realpath(str(value))).is_relative_to(home)
     ]
 
 
@@ -233,14 +256,21 @@ def take_trust_flag(args: list[str]) -> tuple[list[str], bool]:
 
 
 def check_trusted(
-    run_dir: Path, cfg: dict[str, Any], trusted: bool, launches: Sequence[str] | None = None
+    run_dir: Path,
+    cfg: dict[str, Any],
+    trusted: bool,
+    launches: Sequence[str] | None = None,
+    writes: bool = False,
 ) -> None:
     """Refuse, before anything is built, a run dir made by someone else whose config imports code,
     or, for a command that starts the run's launcher (`launches`: its command line's overrides,
-    which may set a program key), names a program to run."""
+    which may set a program key), names a program to run, or, for one that saves into the run's
+    own folders (`writes`: resume), names such a folder outside the run dir."""
     if trusted or made_by_me(run_dir):
         return
     programs = [] if launches is None else foreign_programs(cfg, launches)
+    if writes:
+        programs += [(k, v) for k, v in foreign_folders(cfg, run_dir, launches or ())]
     foreign = foreign_targets(cfg)
     resolved = list(interpolations(cfg))
     if not foreign and not programs and not resolved:
@@ -249,7 +279,7 @@ def check_trusted(
         f" and {len(foreign) - 6} more" if len(foreign) > 6 else ""
     )
     actions = [f"import and call {listing}"] if foreign else []
-    actions += [f"run {k}={v}" for k, v in programs]
+    actions += [f"{'write into' if k in FOLDERS else 'run'} {k}={v}" for k, v in programs]
     actions += [f"resolve {k}={v}" for k, v in resolved[:3]]
     own = " or ".join(f"{k}=YOURS" for k, _ in programs)
     raise ConfigError(
@@ -258,9 +288,9 @@ def check_trusted(
         "a run dir you created with disttrain, or one whose config.yaml builds only disttrain's and "
         "torch's own models, losses, optimizers, schedulers, tasks and data sets (defined in "
         f"{', '.join(p + '*' for p in BUILTIN)}, not what those modules import) and names no program "
-        "and holds no ${...} interpolation",
+        "and holds no ${...} interpolation (nor, for resume, a checkpoint.dir outside it)",
         f"it was made by someone else, or its config.yaml changed since disttrain wrote it, and using "
         f"it would {' and '.join(actions)}. Read {run_dir / 'config.yaml'}; "
-        + (f"give your own program on the command line ({own}), or " if programs else "")
+        + (f"give your own on the command line ({own}), or " if programs else "")
         + f"if you trust that code, repeat the command with {TRUST_FLAG}.",
     )

@@ -466,3 +466,29 @@ def test_d2_slurm_extra_lines_and_k8s_env_are_programs(saved: dict, tmp_path: Pa
     )
     with pytest.raises(ConfigError, match=r"run launcher\.extra=\['#SBATCH --output=/x'\]"):
         check_trusted(run, yaml.safe_load((run / "config.yaml").read_text()), trusted=False, launches=[])
+
+
+def test_d3_a_foreign_checkpoint_dir_outside_the_run_is_never_written(
+    saved: dict, tmp_path: Path, own_key: Path
+) -> None:
+    """A copy whose checkpoint.dir named one of this user's folders: resume saved there, deleted its
+    `.tmp-*` entries and pruned its step_* folders (no owner.json to refuse them), exit 0."""
+    mine = tmp_path / "mine"
+    (mine / ".tmp-notes").mkdir(parents=True)
+    (mine / ".tmp-notes" / "notes.txt").write_text("precious")
+    (mine / "step_00000001").mkdir()
+    before = _tree(mine)
+    run = _foreign_copy(tmp_path, saved, lambda c: c["checkpoint"].update(dir=str(mine), keep=1))
+    proc = disttrain_in_process("resume", str(run), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"write into checkpoint.dir={mine}" in proc.stderr and "checkpoint.dir=YOURS" in proc.stderr
+    assert _tree(mine) == before and not (run / "logs").exists()
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    check_trusted(run, cfg, trusted=False, launches=[f"checkpoint.dir={mine}"], writes=True)  # the user's
+    check_trusted(run, cfg, trusted=False, launches=[])  # rerun: its checkpoints are its own
+    inside = {**cfg, "checkpoint": {**cfg["checkpoint"], "dir": str(run / "ckpts")}}
+    check_trusted(run, inside, trusted=False, launches=[], writes=True)
+    (run / "ckpts").symlink_to(mine)  # inside by name, outside in fact
+    with pytest.raises(ConfigError, match=r"write into checkpoint\.dir="):
+        check_trusted(run, inside, trusted=False, launches=[], writes=True)
