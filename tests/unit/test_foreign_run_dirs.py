@@ -492,3 +492,22 @@ def test_d3_a_foreign_checkpoint_dir_outside_the_run_is_never_written(
     (run / "ckpts").symlink_to(mine)  # inside by name, outside in fact
     with pytest.raises(ConfigError, match=r"write into checkpoint\.dir="):
         check_trusted(run, inside, trusted=False, launches=[], writes=True)
+
+
+@pytest.mark.parametrize(
+    "aliases",
+    [
+        "loop: &a [*a]\n",  # a list inside itself: the trust check's walk was a RecursionError traceback
+        "l0: &l0 [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]\n"  # 10^5 lists by aliases (nine levels: hours)
+        + "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 6)),
+    ],
+    ids=["recursive", "nested"],
+)
+def test_a_config_of_yaml_aliases_is_one_paragraph(saved: dict, tmp_path: Path, aliases: str) -> None:
+    from disttrain.rundir import read_config
+
+    run = _run(tmp_path, saved)
+    (run / "config.yaml").write_text((run / "config.yaml").read_text() + aliases)
+    with pytest.raises(ConfigError, match="YAML alias"):
+        read_config(run)
+    assert read_config(_run(tmp_path, saved, "plain")) == saved
