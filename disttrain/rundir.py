@@ -109,6 +109,29 @@ def write_json(path: Path, data: Any) -> None:
     _write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
+MAX_CONFIG_NODES = 20_000  # a config has hundreds of mappings and lists; YAML aliases can nest billions
+
+
+def _shape(cfg: Any) -> str | None:
+    """Why `cfg` is not a tree of plain values, or None. YAML aliases make a list that holds itself
+    (`a: &x [*x]`: the trust check's walk ended in a RecursionError traceback) or nest copies of copies
+    (nine levels of nine expand to 387 million nodes: the walk never ends)."""
+    stack: list[tuple[Any, frozenset[int]]] = [(cfg, frozenset())]
+    nodes = 0
+    while stack:
+        value, above = stack.pop()
+        if not isinstance(value, dict | list):
+            continue
+        if id(value) in above:
+            return "it holds a mapping or list inside itself (a YAML alias within its own anchor)"
+        nodes += 1
+        if nodes > MAX_CONFIG_NODES:
+            return f"it expands to over {MAX_CONFIG_NODES} mappings and lists (nested YAML aliases)"
+        inner = above | {id(value)}
+        stack.extend((child, inner) for child in (value.values() if isinstance(value, dict) else value))
+    return None
+
+
 def read_config(run_dir: Path) -> dict[str, Any]:
     """The frozen, fully resolved config: plain YAML, no interpolation left to re-resolve.
     A config.yaml that is not a YAML mapping (edited, truncated, a planted file) is a ConfigError."""
@@ -117,7 +140,9 @@ def read_config(run_dir: Path) -> dict[str, Any]:
     try:
         with (run_dir / CONFIG).open(encoding="utf-8") as f:
             cfg = yaml.safe_load(f)
-        problem = None if isinstance(cfg, dict) else f"it holds a {type(cfg).__name__}, not a mapping"
+        problem = (
+            f"it holds a {type(cfg).__name__}, not a mapping" if not isinstance(cfg, dict) else _shape(cfg)
+        )
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         problem = f"it is not YAML text ({str(exc).splitlines()[0]})"
     if problem is not None:

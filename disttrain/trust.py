@@ -11,7 +11,10 @@ is code. The rule:
   no longer matches its signature;
 - any other run dir is built only if every `_target_` in it names one of disttrain's or torch's own
   callables (`builtin_object`), and it names no program to run (`PROGRAMS`: `launcher.kubectl`,
-  `launcher.image`) that the command line does not set, or with an explicit `--trust`;
+  `launcher.image`, slurm's `launcher.extra`, k8s's `launcher.env`) that the command line does not
+  set, and it holds no `${...}` interpolation (config.yaml is frozen resolved;
+  `${oc.create:{_target_: ...}}` becomes a `_target_` node only when resolved, after the check),
+  or with an explicit `--trust`;
 - otherwise one paragraph lists what it would import or run, and nothing is built.
 
 The check is on the *object* a target names, not its text (review 2026-11-28-reliability D1):
@@ -56,8 +59,20 @@ BUILDERS = frozenset(
 )
 TASK = "disttrain.tasks.builtin.Task"  # the base class of disttrain's tasks
 # Keys whose value is a program disttrain runs (or has a cluster run), with their schema default: a
-# foreign run dir keeps the default or the value the user's command line gives (review D2).
-PROGRAMS = {"launcher.kubectl": "kubectl", "launcher.image": None}
+# foreign run dir keeps the default or the value the user's command line gives (review D2). Slurm's
+# `extra` lines are sbatch options (`#SBATCH --export=ALL,BASH_ENV=x.sh` makes the job's bash source
+# x.sh; `--output=FILE` overwrites FILE) and k8s's `env` is the pods' environment (LD_PRELOAD,
+# PYTHONPATH): either runs code of the config's choosing as the user.
+PROGRAMS: dict[str, Any] = {
+    "launcher.kubectl": "kubectl",
+    "launcher.image": None,
+    "launcher.extra": [],
+    "launcher.env": {},
+}
+# Folders a resumed run writes and prunes: a foreign run dir's are inside it or given on the command
+# line (a copy whose checkpoint.dir named one of this user's folders had resume delete its `.tmp-*`
+# entries and the step_* folders of a checkpoint dir without owner.json).
+FOLDERS = ("checkpoint.dir",)
 TRUST_FLAG = "--trust"
 
 
@@ -127,6 +142,23 @@ def targets(node: Any, key: str = "") -> Iterator[tuple[str, str]]:
             yield from targets(value, f"{key}[{i}]")
 
 
+def interpolations(node: Any, key: str = "") -> Iterator[tuple[str, str]]:
+    """(config key, text) of every string that OmegaConf would resolve. A frozen config.yaml holds
+    none (`read_config`); in a foreign one `${oc.create:{_target_: ...}}` (or `oc.decode`) becomes a
+    `_target_` node only when the config is resolved, after `targets` looked at it."""
+    if isinstance(node, dict):
+        for name, value in node.items():
+            sub = f"{key}.{name}" if key else str(name)
+            if "${" in str(name):
+                yield sub, str(name)
+            yield from interpolations(value, sub)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from interpolations(value, f"{key}[{i}]")
+    elif isinstance(node, str) and "${" in node:
+        yield key, node
+
+
 def walk(target: str) -> Any:
     """The object `target` names, found as Hydra's `_locate` finds it (attribute first, else the
     submodule), or None where the path passes a private name or a module of another name
@@ -185,16 +217,35 @@ def _value(cfg: dict[str, Any], key: str) -> Any:
     return node
 
 
+def _given(key: str, overrides: Sequence[str]) -> bool:
+    """Whether the command line's `overrides` set `key` (`launcher=spawn` sets every launcher key)."""
+    given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    return any(key == g or key.startswith(g + ".") for g in given)
+
+
 def foreign_programs(cfg: dict[str, Any], overrides: Sequence[str] = ()) -> list[tuple[str, str]]:
     """(key, value) of every program-valued key the config sets to another value than disttrain's
     default, unless the command line's `overrides` set it (the user's own choice)."""
-    given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}  # `launcher=spawn` gives them all
     return [
         (key, str(value))
         for key, default in PROGRAMS.items()
-        if not any(key == g or key.startswith(g + ".") for g in given)
+        if not _given(key, overrides) and (value := _value(cfg, key)) is not None and value != default
+    ]
+
+
+def foreign_folders(
+    cfg: dict[str, Any], run_dir: Path, overrides: Sequence[str] = ()
+) -> list[tuple[str, str]]:
+    """(key, value) of every folder key (`FOLDERS`) naming a folder outside `run_dir`, unless the
+    command line's `overrides` set it: a resumed run saves there, prunes its `step_*` folders
+    (keep-N) and deletes its `.tmp-*` entries."""
+    home = run_dir.resolve()
+    return [
+        (key, str(value))
+        for key in FOLDERS
+        if not _given(key, overrides)
         and (value := _value(cfg, key)) is not None
-        and value != default
+        and not Path(os.path.realpath(str(value))).is_relative_to(home)
     ]
 
 
@@ -205,31 +256,41 @@ def take_trust_flag(args: list[str]) -> tuple[list[str], bool]:
 
 
 def check_trusted(
-    run_dir: Path, cfg: dict[str, Any], trusted: bool, launches: Sequence[str] | None = None
+    run_dir: Path,
+    cfg: dict[str, Any],
+    trusted: bool,
+    launches: Sequence[str] | None = None,
+    writes: bool = False,
 ) -> None:
     """Refuse, before anything is built, a run dir made by someone else whose config imports code,
     or, for a command that starts the run's launcher (`launches`: its command line's overrides,
-    which may set a program key), names a program to run."""
+    which may set a program key), names a program to run, or, for one that saves into the run's
+    own folders (`writes`: resume), names such a folder outside the run dir."""
     if trusted or made_by_me(run_dir):
         return
     programs = [] if launches is None else foreign_programs(cfg, launches)
+    if writes:
+        programs += [(k, v) for k, v in foreign_folders(cfg, run_dir, launches or ())]
     foreign = foreign_targets(cfg)
-    if not foreign and not programs:
+    resolved = list(interpolations(cfg))
+    if not foreign and not programs and not resolved:
         return
     listing = ", ".join(f"{k}={t}" for k, t in foreign[:6]) + (
         f" and {len(foreign) - 6} more" if len(foreign) > 6 else ""
     )
     actions = [f"import and call {listing}"] if foreign else []
-    actions += [f"run {k}={v}" for k, v in programs]
+    actions += [f"{'write into' if k in FOLDERS else 'run'} {k}={v}" for k, v in programs]
+    actions += [f"resolve {k}={v}" for k, v in resolved[:3]]
     own = " or ".join(f"{k}=YOURS" for k, _ in programs)
     raise ConfigError(
         "RUN_DIR",
         str(run_dir),
         "a run dir you created with disttrain, or one whose config.yaml builds only disttrain's and "
         "torch's own models, losses, optimizers, schedulers, tasks and data sets (defined in "
-        f"{', '.join(p + '*' for p in BUILTIN)}, not what those modules import) and names no program",
+        f"{', '.join(p + '*' for p in BUILTIN)}, not what those modules import) and names no program "
+        "and holds no ${...} interpolation (nor, for resume, a checkpoint.dir outside it)",
         f"it was made by someone else, or its config.yaml changed since disttrain wrote it, and using "
         f"it would {' and '.join(actions)}. Read {run_dir / 'config.yaml'}; "
-        + (f"give your own program on the command line ({own}), or " if programs else "")
+        + (f"give your own on the command line ({own}), or " if programs else "")
         + f"if you trust that code, repeat the command with {TRUST_FLAG}.",
     )

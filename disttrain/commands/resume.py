@@ -247,7 +247,7 @@ def cmd_resume(rest: list[str]) -> int:
     overrides = rest[1:]
     saved_cfg = read_config(run_dir)
     check_run_files(run_dir)
-    check_trusted(run_dir, saved_cfg, trusted, launches=overrides)  # someone else's code: --trust
+    check_trusted(run_dir, saved_cfg, trusted, launches=overrides, writes=True)  # someone else's: --trust
     cfg = apply_overrides(saved_cfg, overrides)
     refuse_planted_links(run_dir, "RUN_DIR", cfg)  # keep-N inside a linked folder deletes another run's
     run = run_of(cfg)

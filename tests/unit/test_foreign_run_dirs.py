@@ -387,3 +387,127 @@ def test_d2_program_keys_come_from_the_command_line_or_stay_default(saved: dict)
     _k8s(cfg, "kubectl")
     assert foreign_programs(cfg, ["launcher.image=mine:1"]) == []  # the default: the user's PATH
     assert foreign_programs(saved) == []  # a local launcher names no program
+
+
+# ------------------------------------------------------------- trust review of D1's fix (2026-11-28)
+# A frozen config.yaml holds no interpolation; a foreign one's `${oc.create:...}` / `${oc.decode:...}`
+# became a `_target_` node when `apply_overrides` resolved the config, after the check looked.
+
+INTERPOLATED = {
+    "oc_create": "${oc.create:{_target_: builtins.open, file: '%s', mode: w}}",
+    "oc_decode": "${oc.decode:'{_target_: builtins.open, file: \"%s\", mode: w}'}",
+    "escaped": "\\${oc.create:{_target_: builtins.open, file: '%s', mode: w}}",
+}
+
+
+@pytest.mark.parametrize("form", sorted(INTERPOLATED))
+def test_a_foreign_interpolation_that_builds_a_target_is_refused(
+    saved: dict, tmp_path: Path, own_key: Path, form: str
+) -> None:
+    marker = tmp_path / "PWNED"
+    payload = INTERPOLATED[form] % marker
+    run = _foreign_copy(
+        tmp_path, saved, lambda c: c["task"]["criterion"].__setitem__("label_smoothing", payload)
+    )
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert foreign_targets(cfg) == []  # no `_target_` is visible before resolution
+    with pytest.raises(ConfigError) as refused:
+        check_trusted(run, cfg, trusted=False)
+    said = str(refused.value)
+    assert f"resolve task.criterion.label_smoothing={payload}" in said and "--trust" in said
+    assert not marker.exists()
+    check_trusted(run, cfg, trusted=True)  # --trust: the user's consent
+    sign(run)
+    check_trusted(run, cfg, trusted=False)  # in the user's own run it is the user's own config
+
+
+def test_a_foreign_interpolation_never_runs_through_the_cli(
+    saved: dict, tmp_path: Path, own_key: Path
+) -> None:
+    marker = tmp_path / "PWNED"
+    payload = INTERPOLATED["oc_create"] % marker
+    run = _foreign_copy(
+        tmp_path, saved, lambda c: c["task"]["criterion"].__setitem__("label_smoothing", payload)
+    )
+    proc = disttrain_in_process("rerun", str(run), "--run-dir", str(tmp_path / "rr"), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert (
+        proc.stderr.startswith("disttrain: config error: RUN_DIR=")
+        and "resolve task.criterion" in proc.stderr
+    )
+    assert not marker.exists() and not (tmp_path / "rr").exists()
+
+
+def test_d2_slurm_extra_lines_and_k8s_env_are_programs(saved: dict, tmp_path: Path, own_key: Path) -> None:
+    """`#SBATCH --export=ALL,BASH_ENV=x.sh` makes the job's bash source x.sh; a pod's LD_PRELOAD or
+    PYTHONPATH picks the code its python runs: both came from a foreign config.yaml unasked."""
+    from disttrain.trust import foreign_programs
+
+    slurm = json.loads(json.dumps(saved))
+    slurm["launcher"] = {"name": "slurm", "extra": ["#SBATCH --export=ALL,BASH_ENV=x.sh"], "dry_run": False}
+    assert foreign_programs(slurm) == [("launcher.extra", "['#SBATCH --export=ALL,BASH_ENV=x.sh']")]
+    assert foreign_programs(slurm, ["launcher.extra=[]"]) == []
+    slurm["launcher"]["extra"] = []  # the schema's default
+    assert foreign_programs(slurm) == []
+    k8s = json.loads(json.dumps(saved))
+    _k8s(k8s, "kubectl")
+    k8s["launcher"]["env"] = {"LD_PRELOAD": "/runs/x.so"}
+    assert foreign_programs(k8s, ["launcher.image=mine:1"]) == [
+        ("launcher.env", "{'LD_PRELOAD': '/runs/x.so'}")
+    ]
+    assert foreign_programs(k8s, ["launcher.image=mine:1", "launcher.env={}"]) == []
+    k8s["launcher"]["env"] = {}
+    assert foreign_programs(k8s, ["launcher.image=mine:1"]) == []
+    run = _foreign_copy(
+        tmp_path,
+        saved,
+        lambda c: c.__setitem__("launcher", slurm["launcher"] | {"extra": ["#SBATCH --output=/x"]}),
+    )
+    with pytest.raises(ConfigError, match=r"run launcher\.extra=\['#SBATCH --output=/x'\]"):
+        check_trusted(run, yaml.safe_load((run / "config.yaml").read_text()), trusted=False, launches=[])
+
+
+def test_d3_a_foreign_checkpoint_dir_outside_the_run_is_never_written(
+    saved: dict, tmp_path: Path, own_key: Path
+) -> None:
+    """A copy whose checkpoint.dir named one of this user's folders: resume saved there, deleted its
+    `.tmp-*` entries and pruned its step_* folders (no owner.json to refuse them), exit 0."""
+    mine = tmp_path / "mine"
+    (mine / ".tmp-notes").mkdir(parents=True)
+    (mine / ".tmp-notes" / "notes.txt").write_text("precious")
+    (mine / "step_00000001").mkdir()
+    before = _tree(mine)
+    run = _foreign_copy(tmp_path, saved, lambda c: c["checkpoint"].update(dir=str(mine), keep=1))
+    proc = disttrain_in_process("resume", str(run), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"write into checkpoint.dir={mine}" in proc.stderr and "checkpoint.dir=YOURS" in proc.stderr
+    assert _tree(mine) == before and not (run / "logs").exists()
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    check_trusted(run, cfg, trusted=False, launches=[f"checkpoint.dir={mine}"], writes=True)  # the user's
+    check_trusted(run, cfg, trusted=False, launches=[])  # rerun: its checkpoints are its own
+    inside = {**cfg, "checkpoint": {**cfg["checkpoint"], "dir": str(run / "ckpts")}}
+    check_trusted(run, inside, trusted=False, launches=[], writes=True)
+    (run / "ckpts").symlink_to(mine)  # inside by name, outside in fact
+    with pytest.raises(ConfigError, match=r"write into checkpoint\.dir="):
+        check_trusted(run, inside, trusted=False, launches=[], writes=True)
+
+
+@pytest.mark.parametrize(
+    "aliases",
+    [
+        "loop: &a [*a]\n",  # a list inside itself: the trust check's walk was a RecursionError traceback
+        "l0: &l0 [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]\n"  # 10^5 lists by aliases (nine levels: hours)
+        + "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 6)),
+    ],
+    ids=["recursive", "nested"],
+)
+def test_a_config_of_yaml_aliases_is_one_paragraph(saved: dict, tmp_path: Path, aliases: str) -> None:
+    from disttrain.rundir import read_config
+
+    run = _run(tmp_path, saved)
+    (run / "config.yaml").write_text((run / "config.yaml").read_text() + aliases)
+    with pytest.raises(ConfigError, match="YAML alias"):
+        read_config(run)
+    assert read_config(_run(tmp_path, saved, "plain")) == saved
