@@ -485,8 +485,7 @@ def _single_restore(run_dir: Path, location: Path) -> tuple[Path, int]:
     run = Run.of(read_config(run_dir))
     env = DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu"))
     model = build_model(run.model)
-    opt = torch.optim.AdamW(model.parameters())
-    return restore(run, env, Strategy(SingleStrategyConfig(), env), model, opt, location)
+    return restore(run, env, Strategy(SingleStrategyConfig(), env), model, location)
 
 
 def test_d13_a_named_checkpoint_that_fails_to_load_is_an_error_never_an_older_one(
