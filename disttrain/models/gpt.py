@@ -49,6 +49,7 @@ class Attention(nn.Module):
         super().__init__()
         self.head_dim = dim // n_heads
         self.qkv = nn.Linear(dim, 3 * dim)  # output features (n_heads, 3, head_dim): see the docstring
+        self.qkv.fused_heads = n_heads  # type: ignore[assignment]  # _init draws it as q, k, v were
         self.proj = nn.Linear(dim, dim)
         self.dropout = dropout
 
@@ -133,7 +134,15 @@ class GPT(nn.Module):
 
 
 def _init(module: nn.Module) -> None:
-    if isinstance(module, (nn.Linear, nn.Embedding)):
+    heads = getattr(module, "fused_heads", None)
+    if isinstance(module, nn.Linear) and heads:
+        # q, k and v drawn one after the other, as the separate projections were, then laid out
+        # head by head (fuse_qkv): a seed gives the model it gave before the fusion
+        with torch.no_grad():
+            w = module.weight
+            parts = {n: w.new_empty(w.shape[0] // 3, w.shape[1]).normal_(0.0, 0.02) for n in "qkv"}
+            w.copy_(fuse_qkv({f"attn.{n}.weight": t for n, t in parts.items()}, heads)["attn.qkv.weight"])
+    elif isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, mean=0.0, std=0.02)
     if isinstance(module, nn.Linear) and module.bias is not None:
         nn.init.zeros_(module.bias)
@@ -142,7 +151,8 @@ def _init(module: nn.Module) -> None:
 def fuse_qkv(state: dict[str, torch.Tensor], n_heads: int) -> dict[str, torch.Tensor]:
     """A state dict of the gpt from before the fused projection (`attn.q`, `attn.k`, `attn.v`) in
     today's layout (`attn.qkv`, output features ordered (n_heads, 3, head_dim)); other keys as they
-    are. E.g. `torch.save(fuse_qkv(torch.load("old.pt"), n_heads=4), "new.pt")`, then init.path."""
+    are. E.g. `torch.save(fuse_qkv(torch.load("old.pt", weights_only=True), n_heads=4), "new.pt")`,
+    then init.path."""
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         module, _, leaf = key.rpartition(".")

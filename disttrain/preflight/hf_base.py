@@ -32,7 +32,7 @@ def _path_of(spec: dict[str, Any]) -> Any:
 
 def base_folder(spec: dict[str, Any]) -> Path | None:
     """The local folder a `*.from_pretrained` model block names, when it holds a config.json."""
-    if not str(spec.get("_target_", "")).endswith(".from_pretrained") or isinstance(spec.get("config"), dict):
+    if not str(spec.get("_target_")).endswith(".from_pretrained") or isinstance(spec.get("config"), dict):
         return None
     path = _path_of(spec)
     if not isinstance(path, str) or not path:

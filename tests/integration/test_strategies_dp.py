@@ -318,7 +318,7 @@ def test_predict_writes_one_row_per_sample_in_dataset_order(runs: Sweep, tmp_pat
     cmd = ["predict", str(run), "--out", str(out), f"data.val.num_samples={n}", "threads_per_rank=1"]
     proc = cli_in_process(*cmd, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"predict: {n} rows -> {out}" in proc.stdout
+    assert f"predict: {n} rows from step_" in proc.stdout and f" -> {out}" in proc.stdout
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(n))
     cfg = read_config(run)

@@ -147,3 +147,17 @@ def test_a_parameterless_stage_names_split_points_that_give_each_stage_one() -> 
         _check_stages_train(PipelineStrategyConfig(), names, trained, [0, 1, 3])  # the even split
     assert info.value.key == "strategy.split_points" and "strategy.split_points=[fc]" in str(info.value)
     _check_stages_train(PipelineStrategyConfig(split_points=["fc"]), names, trained, [0, 2, 3])
+
+
+def test_a_parameterless_stage_beside_a_trained_one_on_its_rank_is_allowed() -> None:
+    """stages_per_rank=2 on 2 ranks: rank 0 holds stages 0 and 2, rank 1 stages 1 and 3; stage 2
+    without parameters trains beside stage 0 (docs/strategies.md's interleaved_1f1b command on the
+    default mlp). A rank whose stages are all parameterless is still refused."""
+    from disttrain.strategies.specs.model_parallel import PipelineStrategyConfig, _check_stages_train
+
+    names = [f"layers.{i}" for i in range(6)]
+    trained = [False, True, False, True, False, True]
+    two = PipelineStrategyConfig(stages_per_rank=2)
+    _check_stages_train(two, names, trained, [0, 2, 4, 5, 6])  # stage 2 = layers.4: rank 0 has stage 0
+    with pytest.raises(ConfigError):
+        _check_stages_train(two, names, [False, False, False, True, False, True], [0, 1, 2, 3, 6])

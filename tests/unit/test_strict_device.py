@@ -83,7 +83,7 @@ def test_model_parallel_collectives_use_the_device(monkeypatch: pytest.MonkeyPat
     from disttrain.strategies.pipeline import _recv, _send
 
     with strict_world(4, rank=3, monkeypatch=monkeypatch) as env:
-        tp = build_strategy({"name": "fsdp+tp", "tp_degree": 2}, env)
+        tp = build_strategy({"name": "fsdp+tp", "tp_degree": 2, "param_dtype": "float32"}, env)
         tp.mesh = init_device_mesh(env.device.type, (2, 2), mesh_dim_names=("dp", "tp"))  # type: ignore[attr-defined]
         assert past_collectives(lambda: tp.all_reduce(torch.ones((), device=env.device)), monkeypatch) == 1
         with pytest.raises(RuntimeError, match=NCCL_CPU_ERROR):

@@ -56,11 +56,11 @@ def test_fsdp_tp_world_64_bytes_by_hand_and_the_step_collectives() -> None:
         for r in sim["ranks"]
     )
     assert not any(r["agrees"] for r in sim["ranks"])
-    # one step: per block 2 row-wise forward + 4 column-wise backward all-reduces; FSDP units per
+    # one step: per block 2 row-wise forward + 2 column-wise backward (fused qkv, fc) all-reduces; FSDP units per
     # block + the root (review G5): 3 all-gathers for forward, the 2 blocks again for backward (the
     # root is not resharded after forward: G12), 3 reduce-scatters
     fb = sim["collectives"]["phases"]["forward+backward"]
-    assert fb == {"all_reduce": 6 * layers, "allgather_base": 3 + layers, "reduce_scatter_base": 3}
+    assert fb == {"all_reduce": 4 * layers, "allgather_base": 3 + layers, "reduce_scatter_base": 3}
     # tp's clip no longer reads the norm back (G8), so it is simulated: the (dp, tp) mesh's norm
     # reduced over both dimensions, the dp-only DTensors' (embeddings, norms) over dp
     assert sim["collectives"]["phases"]["clip"] == {"all_reduce": 3}

@@ -397,12 +397,15 @@ def check_pipeline_model(run: Run, s: PipelineStrategyConfig, model: Any, gpus: 
 def _check_stages_train(
     s: PipelineStrategyConfig, names: list[str], trained: list[bool], bounds: list[int]
 ) -> None:
-    """Every stage holds a parameter: a stage of parameterless layers (the docs' `Sequential(Unflatten,
-    net)` cut in two) gets an optimizer over nothing, which torch refuses in the ranks."""
-    empty = [k for k in range(len(bounds) - 1) if not any(trained[bounds[k] : bounds[k + 1]])]
-    if not empty:
-        return
+    """Every rank's stages hold a parameter: a rank whose stages are all parameterless layers (the
+    docs' `Sequential(Unflatten, net)` cut in two) gets an optimizer over nothing, which torch refuses
+    in the ranks. With stages_per_rank > 1 a rank holds stages r, r + ranks, ... (the looped placement
+    of the interleaved schedules): one of them without parameters trains beside the others."""
     stages = len(bounds) - 1
+    ranks = max(1, stages // max(1, s.stages_per_rank))
+    empty = [k for k in range(stages) if not any(trained[bounds[k] : bounds[k + 1]])]
+    if not any(all(k in empty for k in range(r, stages, ranks)) for r in range(ranks)):
+        return
     where = "; ".join(f"stage {k}: {', '.join(names[bounds[k] : bounds[k + 1]])}" for k in empty)
     with_params = [i for i, t in enumerate(trained) if t]
     if len(with_params) >= stages:  # a cut before the k-th of them gives each stage one
