@@ -113,9 +113,16 @@ def count_flops(step: Callable[[], T]) -> tuple[T, int]:
 
     The step runs eagerly (`torch.compiler.set_stance("force_eager")`): a compiled model or block
     (trainer.compile) would show the counter dynamo's tracing, not the step's ops, so its first
-    step is counted as eager and compiles on the next one; the count is the eager model's."""
+    step is counted as eager and compiles on the next one; the count is the eager model's.
+
+    Only where dynamo is loaded (something was compiled): set_stance imports torch._dynamo and
+    torch._inductor, 2-12 CPU-s in every rank of an eager run's first step otherwise."""
+    import sys
+    from contextlib import nullcontext
+
     from torch.utils.flop_counter import FlopCounterMode
 
-    with torch.compiler.set_stance("force_eager"), FlopCounterMode(display=False) as counter:
+    eager = torch.compiler.set_stance("force_eager") if "torch._dynamo" in sys.modules else nullcontext()
+    with eager, FlopCounterMode(display=False) as counter:
         result = step()
     return result, int(counter.get_total_flops())
