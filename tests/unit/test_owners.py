@@ -27,6 +27,20 @@ from disttrain.config.errors import ConfigError
 from disttrain.rundir import reuse
 
 
+def _holding(code: str, procs: list[subprocess.Popen]) -> int:
+    """Run `code` in a process of its own, which prints `held` once it holds its lock: its pid."""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    procs.append(proc)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc.pid
+
+
+def _end(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture
 def other_launcher(tmp_path: Path) -> Iterator[callable]:
     """Start a process that holds a folder's lock as a live launcher would; killed at the end."""
@@ -41,15 +55,10 @@ def other_launcher(tmp_path: Path) -> Iterator[callable]:
             print("held", flush=True)
             time.sleep(60)
         """)
-        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-        procs.append(proc)
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
-        return proc.pid
+        return _holding(code, procs)
 
     yield start
-    for proc in procs:
-        proc.kill()
-        proc.wait()
+    _end(procs)
 
 
 def _finished(root: Path, cfg: dict, name: str = "run") -> Path:
@@ -260,15 +269,10 @@ def old_rank(tmp_path: Path) -> Iterator[callable]:
             print("held", flush=True)
             time.sleep({seconds})
         """)
-        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-        procs.append(proc)
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
-        return proc.pid
+        return _holding(code, procs)
 
     yield start
-    for proc in procs:
-        proc.kill()
-        proc.wait()
+    _end(procs)
 
 
 def test_d6_a_run_dir_is_not_taken_while_ranks_of_a_dead_launcher_live(
