@@ -85,7 +85,7 @@ def load_hf(
 
 def format_of_json(path: str, format: str | None) -> bool:
     """Whether `path` is read as JSON (lines): a bad line in it can be located by bad_json_line."""
-    return format == "json" or (format is None and Path(path).suffix.lower() in (".json", ".jsonl"))
+    return (format or FORMATS.get(Path(path).suffix.lower())) == "json"
 
 
 def _require_datasets(key: str) -> None:
