@@ -200,3 +200,19 @@ def test_the_checks_catch_a_load_by_name_and_a_cycle_inside_a_unit(tmp_path) -> 
         "disttrain/config/validate.py:7 disttrain.config.validate -> disttrain.launch.slurm.SlurmLauncher (by name)",
     ]
     assert module_cycles(found, package) == [["disttrain.launch.slurm", "disttrain.launch.torchrun"]]
+
+
+def test_hydra_private_names_live_in_one_module() -> None:
+    """Issue 39: `hydra._internal` and Hydra's private methods are read in config/hydra_private.py
+    only (a Hydra upgrade that moves them breaks one module)."""
+    from layer_graph import PACKAGE
+
+    private = ("hydra._internal", "._query(", "split_arguments(", "get_args_parser(")
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{n}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name != "hydra_private.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if any(name in line for name in private)
+    ]
+    assert found == []
