@@ -1,6 +1,5 @@
-"""Where disttrain relies on Hydra beyond its public API: each use behind one function, with the
-reason no public API does the job (Hydra 1.3). Everything else uses `hydra.compose`,
-`hydra.main`, `hydra.utils` and `omegaconf` as documented.
+"""The commands' ways into Hydra: its command-line parser and `@hydra.main` with a given argv, and
+the `--help` groups resolver. Hydra's private names live in config/hydra_private.py only.
 """
 
 from __future__ import annotations
@@ -12,16 +11,10 @@ from typing import Any
 
 def parse_args(argv: list[str]) -> Any:
     """`argv` parsed exactly as `@hydra.main` will parse it (-m, --cfg, --config-dir, -sc, --help,
-    the overrides).
+    the overrides), by Hydra's own parser (private: config/hydra_private.py)."""
+    from disttrain.config.hydra_private import args_parser
 
-    Private: Hydra has no public parser of its own command line; `hydra.main` parses sys.argv
-    itself and shows the task only the composed config. disttrain must read the same flags and
-    overrides first, to check every job before Hydra creates a run dir; a copy of the parser would
-    drift from the installed Hydra's flags.
-    """
-    from hydra._internal.utils import get_args_parser
-
-    return get_args_parser().parse_args(argv)
+    return args_parser().parse_args(argv)
 
 
 def run_main(task: Callable[[Any], Any], config_path: str, config_name: str, argv: list[str]) -> None:

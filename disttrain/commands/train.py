@@ -145,20 +145,17 @@ def cmd_train(rest: list[str]) -> int:
     return _run_hydra_app([*command, f"hydra.run.dir={_hydra_quote(str(run_dir))}"], jobs)
 
 
-_BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
-_BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
-
-
 def _basic_sweep(full: Any, overrides: list[str]) -> bool:
     """`-m` that Hydra's own sweeper and launcher would run one job after the other, in this process,
     with nothing of the user's around the jobs (no callbacks, no `hydra.sweeper.params` in a config,
     no sweeper plugin's syntax): `_run_sweep` runs it. Anything else runs under `@hydra.main`."""
     from disttrain.config.compose import plugin_sweep
+    from disttrain.config.hydra_private import BASIC_LAUNCHER, BASIC_SWEEPER
 
     hydra = full.hydra
     return (
-        hydra.sweeper.get("_target_") == _BASIC_SWEEPER
-        and hydra.launcher.get("_target_") == _BASIC_LAUNCHER
+        hydra.sweeper.get("_target_") == BASIC_SWEEPER
+        and hydra.launcher.get("_target_") == BASIC_LAUNCHER
         and not hydra.callbacks
         and not hydra.sweeper.get("params")
         and not plugin_sweep(overrides)
