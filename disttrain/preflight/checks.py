@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from disttrain.config import extras
 from disttrain.config.common import Choice
 from disttrain.config.errors import ConfigError, _show, one_of
 from disttrain.config.run import Run, World
@@ -161,6 +162,7 @@ def check_static(run: Run) -> None:
     """Checks that need only the resolved config."""
     _check_world(run)
     check_sinks(list(run.observe.sinks))
+    extras.check_run(run)  # a tracker, fp8, peft without its package: the install command, before launch
     _at_least(run, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
     spec, strategy = specs.get(run.strategy.name), run.strategy
     if spec.check_static is not None:
