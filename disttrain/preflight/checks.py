@@ -599,3 +599,23 @@ def check_optim_runtime(run: Run, model: Any, batches_per_epoch: int) -> None:
     optimizer = build_optimizer(run.optim, model, specs.dp_degree(run), checking=True)
     steps = total_steps(run.trainer, max(batches_per_epoch, 1) * run.trainer.grad_accum)
     build_scheduler(run.sched, optimizer, max(steps, 1))
+    warning = warmup_warning(run.sched, steps)
+    if warning:
+        import sys
+
+        sys.stderr.write(f"disttrain: warning: {warning}\n")
+
+
+def warmup_warning(sched: Mapping[str, Any], steps: int) -> str | None:
+    """The built-in schedule's warm-up covering the whole run: the lr only climbs and never decays
+    (review 2026-11-28-ux #14: cosine's 20 warm-up steps silently swallowed a 20-step run)."""
+    warmup = sched.get("warmup_steps") or 0
+    if "_target_" in sched or not isinstance(warmup, int) or warmup <= 0 or warmup < steps:
+        return None
+    fix = max(1, steps // 10)
+    decays = "" if sched.get("name") == "constant" else " and never decays"
+    return (
+        f"sched.warmup_steps={warmup} is not shorter than the run ({steps} optimizer steps): the lr "
+        f"climbs for the whole run{decays}. "
+        f"HINT: sched.warmup_steps={fix} (a tenth of the run), or sched.warmup_steps=0."
+    )

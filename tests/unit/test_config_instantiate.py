@@ -603,6 +603,26 @@ def test_scheduler_mistakes_are_config_errors_before_launch() -> None:
     assert info.value.key == "sched.step_size" and "sched._target_=" in info.value.hint
 
 
+def test_a_warm_up_as_long_as_the_run_is_named_before_launch(capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 2026-11-28-ux #14: `trainer.max_steps=20` under cosine's 20 warm-up steps trained at a
+    rising lr that never decayed, without a word."""
+    from unit_support import checked_run
+
+    from disttrain.preflight.checks import check_optim_runtime, warmup_warning
+
+    check_optim_runtime(checked_run(["trainer.max_steps=20", "optim=sgd"]), torch.nn.Linear(4, 2), 45)
+    err = capsys.readouterr().err
+    assert err == (
+        "disttrain: warning: sched.warmup_steps=20 is not shorter than the run (20 optimizer steps): the lr "
+        "climbs for the whole run and never decays. HINT: sched.warmup_steps=2 (a tenth of the run), or "
+        "sched.warmup_steps=0.\n"
+    )
+    assert warmup_warning({"name": "cosine", "warmup_steps": 20}, 21) is None
+    assert "climbs for the whole run. " in str(warmup_warning({"name": "constant", "warmup_steps": 50}, 30))
+    assert warmup_warning({"name": "cosine", "warmup_steps": 0}, 0) is None
+    assert warmup_warning({"_target_": "torch.optim.lr_scheduler.StepLR", "warmup_steps": 5}, 3) is None
+
+
 # ------------------------------------------------------------------------------- param groups
 GROUPS = """
 def by_name(model, head_lr: float = 0.5):
