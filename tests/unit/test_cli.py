@@ -337,7 +337,7 @@ def test_train_help_is_printed_without_hydra_and_is_what_hydra_renders(scratch: 
     config repository 159 times): it prints the page rendered ahead of time (commands/train_help.txt,
     `python -m disttrain.commands.train_help` writes it), importing neither Hydra nor torch; the
     page must be what rendering prints today. Speed itself: scripts/bench_help.py, not asserted."""
-    from disttrain.commands.train_help import PAGE, render
+    from disttrain.commands.train_help import PAGE, fingerprint, render
 
     code = (
         "import sys; from disttrain.cli import main; rc = main(['train', '--help']); "
@@ -346,8 +346,9 @@ def test_train_help_is_printed_without_hydra_and_is_what_hydra_renders(scratch: 
     )
     proc = run([sys.executable, "-c", code], scratch)
     assert proc.returncode == 0 and proc.stderr == "[]", proc.stderr[-2000:]
-    assert proc.stdout == PAGE.read_text(encoding="utf-8")
-    assert render() == proc.stdout, "stale: run `python -m disttrain.commands.train_help`"
+    stale = "stale: run `python -m disttrain.commands.train_help`"
+    assert PAGE.read_text(encoding="utf-8") == f"fingerprint {fingerprint()}\n{proc.stdout}", stale
+    assert render() == proc.stdout, stale
 
 
 # ------------------------------------------------------------------------------- no torch import
