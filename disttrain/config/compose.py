@@ -105,7 +105,9 @@ def compose(
     The `_target_` nodes are then settled (config/clean.py): a swapped `_target_` starts clean.
     """
     from disttrain.config.clean import settle
+    from disttrain.config.extras import check_options
 
+    check_options(overrides)  # hydra/sweeper=optuna without the extra: the install command
     cfg = _compose(overrides, user_config_dir, config_name, with_hydra)
     with translated(overrides):
         settle(cfg, overrides, lambda ovs: _compose(ovs, user_config_dir, config_name, False))
