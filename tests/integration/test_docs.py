@@ -3,8 +3,8 @@
 The commands are read from the docs themselves: each line of a fenced code block that runs
 `disttrain <command>` (continuation lines joined), and each inline code span that does so with at
 least one argument. The files the docs tell the user to create (code blocks headed `# path`:
-`mylab/data.py`, `mylab/tasks.py`, `hfmodels.py`, `conf/model/*.yaml`) are written from the docs
-too, so a doc edit that breaks a recipe breaks this test. `PLAN` says how each command runs; a
+`mylab/data.py`, `mylab/tasks.py`, `hfmodels.py`, `conf/model/*.yaml`, ...) are written from the docs
+too, so a doc edit that breaks a recipe breaks this test; the test writes no code of its own. `PLAN` says how each command runs; a
 command in the docs that is not in `PLAN`, or a `PLAN` entry no longer in the docs, fails
 `test_every_doc_command_is_planned`, and the counts are asserted.
 
@@ -470,17 +470,6 @@ NEEDS = {  # command -> commands whose outputs (files) it reads
     ],
 }
 
-# Files the docs name but do not show (the commands imply them): the test's stand-ins. Every
-# recipe's code is in the docs (review 2026-11-28-ux section 5), so only a config folder is left.
-STAND_INS = {
-    "myconfigs/experiment/paper.yaml": """\
-# @package _global_
-name: paper
-optim:
-  lr: 0.0123
-""",
-}
-
 
 def _write_data(cwd: Path) -> None:
     """book.txt, train.npz/val.npz (20 features, 3 classes), holdout.npz (digits-shaped), token
@@ -526,7 +515,7 @@ def _run_python_lines(cwd: Path) -> None:
 
 
 class Workspace:
-    """The user's folder: the docs' files, the stand-ins, the data; the runs the commands made."""
+    """The user's folder: the docs' files, the data; the runs the commands made."""
 
     def __init__(self, cwd: Path) -> None:
         self.cwd = cwd
@@ -538,7 +527,7 @@ class Workspace:
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
     cwd = tmp_path_factory.mktemp("docs")
-    for path, text in {**STAND_INS, **doc_files()}.items():
+    for path, text in doc_files().items():  # every file a command needs is in the docs
         (cwd / path).parent.mkdir(parents=True, exist_ok=True)
         (cwd / path).write_text(text)
     shutil.copy(ROOT / "tests/clients/nanogpt/model.py", cwd / "model.py")
