@@ -100,16 +100,19 @@ def doc_commands() -> dict[str, tuple[str, list[str]]]:
 
 def doc_files() -> dict[str, str]:
     """path -> text of every file a doc shows as a code block headed `# path` (`(continued)`
-    blocks append to it)."""
+    blocks append to it), written as a reader copies the block: the `# path` line included. A Hydra
+    `# @package` line must open its file, so it may come before the `# path` line."""
     files: dict[str, str] = {}
     for doc in DOCS:
         lines = doc.read_text().splitlines()
-        for i, line in enumerate(lines[:-1]):
-            match = FILE_HEADER.match(lines[i + 1]) if line.startswith("```") else None
+        for i, line in enumerate(lines[:-2]):
+            package = line.startswith("```") and lines[i + 1].startswith("# @package ")
+            at = i + 2 if package else i + 1
+            match = FILE_HEADER.match(lines[at]) if line.startswith("```") else None
             if not match:
                 continue
             end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-            body = "\n".join(lines[i + 2 : end]) + "\n"
+            body = "\n".join(lines[i + 1 : end]) + "\n"  # as a reader copies it, the path line too
             path = match.group(1)
             files[path] = files.get(path, "") + "\n\n" + body if match.group(2) else body
     return files
@@ -693,6 +696,10 @@ def test_doc_command(ws: Workspace, key: str) -> None:
         resumed = Path(args[1])
         assert json.loads((resumed / "summary.json").read_text())["steps"] == 4, "the job's max_steps=4"
         assert max(json.loads(ln)["step"] for ln in (resumed / "metrics.jsonl").read_text().splitlines()) == 4
+    if (
+        command == "disttrain train --config-dir ./myconfigs experiment=paper"
+    ):  # the doc's file, as a reader copies it
+        assert run_dir is not None and run_dir.parent.name == "paper", run_dir
     if command == "disttrain train --cfg job":  # review 2E: what config.yaml will hold
         assert "${" not in proc.stdout and "in_features: 64" in proc.stdout, proc.stdout
     if command.startswith("disttrain show "):  # review 3.6: the rerun command is one whole line
