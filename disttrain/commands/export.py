@@ -7,6 +7,7 @@ loads with plain PyTorch. `--format hf` writes a Hugging Face model's `save_pret
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from disttrain.config.errors import ConfigError
 
 EXPORT_USAGE = """\
 usage: disttrain export RUN_DIR|CHECKPOINT_DIR [--out model.pt|model.safetensors|DIR] [--format pt|safetensors|hf]
-       [--config RUN_DIR/config.yaml] [--ema] [--trust]
+       [--config RUN_DIR/config.yaml] [--ema] [--merge] [--trust]
 
 Write the newest whole checkpoint's model as one consolidated state dict that plain PyTorch loads
 into the unwrapped model: torch.load(path, weights_only=True), or safetensors.torch.load_model(model,
@@ -30,6 +31,8 @@ that AutoModel*.from_pretrained(DIR) loads. The format defaults to --out's suffi
 A checkpoint folder outside its run dir (checkpoint.dir elsewhere) takes the run's config by
 --config RUN_DIR/config.yaml; no config.yaml is ever looked for in the folders above it.
 --ema writes the moving average of the weights (trainer.ema) instead of the trained weights.
+A peft=lora run: --format hf writes PEFT's adapter folder (PeftModel.from_pretrained(base, DIR) loads
+it); --merge writes the base with the adapters merged in (any format: a plain model's state dict).
 """
 FORMATS = ("pt", "safetensors", "hf")
 
@@ -42,6 +45,7 @@ def cmd_export(rest: list[str]) -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--ema", action="store_true", help="export the EMA weights (trainer.ema)")
     parser.add_argument("--trust", action="store_true", help="build a run dir someone else made")
+    parser.add_argument("--merge", action="store_true", help="peft=lora: the adapters merged into the base")
     parser.add_argument("--format", default=None)
     parser.add_argument("--config", default=None, help="the run's config.yaml, for checkpoints elsewhere")
     args = parser.parse_args(rest)
@@ -81,7 +85,26 @@ def cmd_export(rest: list[str]) -> int:
     from disttrain.rundir import read_config
     from disttrain.trust import check_trusted
 
-    check_trusted(run_dir, read_config(run_dir), args.trust)  # its model _target_ is code
+    saved = read_config(run_dir)
+    check_trusted(run_dir, saved, args.trust)  # its model _target_ is code
+    lora = (saved.get("peft") or {}).get("name") == "lora"
+    if args.merge and not lora:
+        raise ConfigError(
+            "--merge",
+            True,
+            "a run trained with peft=lora",
+            "the run trained every parameter: its export is the whole model already; drop --merge.",
+        )
+    if lora and fmt != "hf" and not args.merge:
+        raise ConfigError(
+            "--format",
+            fmt,
+            "hf (PEFT's adapter folder) or --merge (the base with the adapters merged in) for a peft=lora run",
+            "its checkpoints hold the adapters alone: `--format hf --out DIR` for PeftModel.from_pretrained, "
+            "or add --merge for a plain model.",
+        )
+    if lora:
+        return export_adapted(run_dir, location, out, fmt, ema=args.ema, merge=args.merge)
     return export(run_dir, location, out, fmt, ema=args.ema)
 
 
@@ -170,7 +193,6 @@ def _can_create_in(folder: Path) -> bool:
 
 
 def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt", ema: bool = False) -> int:
-    import json
     import resource
 
     import torch
@@ -220,6 +242,67 @@ def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt", ema: bool 
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     what = f"{source.name}'s EMA weights" if ema else source.name
     sys.stdout.write(f"exported {what} ({n} values) -> {out} (peak RSS {peak_mb:.0f} MB)\n")
+    return 0
+
+
+def export_adapted(run_dir: Path, location: Path, out: Path, fmt: str, ema: bool, merge: bool) -> int:
+    """A peft=lora run: the base rebuilt as the ranks built it (the model factory after the seed,
+    then init.path), checked against the run's record of it (its hash), the adapters on it and the
+    checkpoint's adapters loaded; then PEFT's adapter folder, or the merged model."""
+    import resource
+
+    from disttrain import checkpoint
+    from disttrain.checkpoint import init_from
+    from disttrain.config.run import Run
+    from disttrain.models import adapters, build_model
+    from disttrain.observe.log import setup_logging
+    from disttrain.rng import seed_everything
+    from disttrain.rundir import read_config
+
+    run = Run.of(read_config(run_dir))
+    if location == run_dir:
+        from disttrain.shared_dir import checkpoint_dir
+
+        location = checkpoint_dir(run, run_dir)
+    setup_logging(None, 0, to_console=True)
+    seed_everything(run.seed)
+    base = build_model(run.model)
+    init_from.apply(run.init, base, True)
+    problem = adapters.keep_base(run_dir / adapters.BASE_RECORD, adapters.base_record(run, base), write=False)
+    if problem:
+        raise ConfigError(
+            "RUN_DIR", str(run_dir), "a peft=lora run whose base is as it trained on it", problem
+        )
+    model = adapters.apply(run.peft, base, announce=False)
+    try:
+        source = checkpoint.load_model(location, model, run.checkpoint.verify, ema, trainable_only=True)
+    except checkpoint.NoEMA as exc:
+        raise ConfigError(
+            "--ema", True, "a checkpoint of a run trained with trainer.ema.decay set", f"{exc}; drop --ema."
+        ) from None
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            "RUN_DIR", str(location), "a run dir with a committed checkpoint", str(exc)
+        ) from None
+    written = adapters.merged(model) if merge else model
+    if fmt == "hf" and merge:
+        check_hf_model(written, run.model)
+    try:
+        if fmt == "hf":
+            save_pretrained(written, out)
+        else:
+            checkpoint.write_model(
+                written, out, source, {"disttrain.model": json.dumps(run.model, sort_keys=True)}
+            )
+    except Exception as exc:
+        raise disk_full(exc, out, written) from None
+    trainable, total = adapters.counts(model)
+    what = ("the merged model" if merge else "the adapters") + (" (EMA weights)" if ema else "")
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    sys.stdout.write(
+        f"exported {source.name}'s {what} ({trainable} adapter parameters of {total}) -> {out} "
+        f"(peak RSS {peak_mb:.0f} MB)\n"
+    )
     return 0
 
 
