@@ -7,9 +7,11 @@ loads with plain PyTorch. `--format hf` writes a Hugging Face model's `save_pret
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,7 +89,9 @@ def cmd_export(rest: list[str]) -> int:
 
     saved = read_config(run_dir)
     check_trusted(run_dir, saved, args.trust)  # its model _target_ is code
-    lora = (saved.get("peft") or {}).get("name") == "lora"
+    from disttrain.config.run import Run
+
+    lora = Run.of(saved).peft.name == "lora"  # a run dir from before peft: none
     if args.merge and not lora:
         raise ConfigError(
             "--merge",
@@ -223,20 +227,13 @@ def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt", ema: bool 
     if ema:
         metadata["disttrain.weights"] = "ema"
     try:
-        if fmt == "hf":
-            source = checkpoint.load_model(location, model, verify, ema)
-            save_pretrained(model, out)
-        else:
-            source = checkpoint.export_model(location, out, model, verify, metadata, ema=ema)
-    except checkpoint.NoEMA as exc:
-        raise ConfigError(
-            "--ema", True, "a checkpoint of a run trained with trainer.ema.decay set", f"{exc}; drop --ema."
-        ) from None
-    except FileNotFoundError as exc:
-        raise ConfigError(
-            "RUN_DIR", str(location), "a run dir with a committed checkpoint", str(exc)
-        ) from None
-    except Exception as exc:
+        with named_load_errors(location):
+            if fmt == "hf":
+                source = checkpoint.load_model(location, model, verify, ema)
+                save_pretrained(model, out)
+            else:
+                source = checkpoint.export_model(location, out, model, verify, metadata, ema=ema)
+    except Exception as exc:  # a ConfigError of named_load_errors comes back as it is
         raise disk_full(exc, out, model) from None
     n = sum(v.numel() for v in model.state_dict().values())
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
@@ -274,16 +271,8 @@ def export_adapted(run_dir: Path, location: Path, out: Path, fmt: str, ema: bool
             "RUN_DIR", str(run_dir), "a peft=lora run whose base is as it trained on it", problem
         )
     model = adapters.apply(run.peft, base, announce=False)
-    try:
+    with named_load_errors(location):
         source = checkpoint.load_model(location, model, run.checkpoint.verify, ema, trainable_only=True)
-    except checkpoint.NoEMA as exc:
-        raise ConfigError(
-            "--ema", True, "a checkpoint of a run trained with trainer.ema.decay set", f"{exc}; drop --ema."
-        ) from None
-    except FileNotFoundError as exc:
-        raise ConfigError(
-            "RUN_DIR", str(location), "a run dir with a committed checkpoint", str(exc)
-        ) from None
     written = adapters.merged(model) if merge else model
     if fmt == "hf" and merge:
         check_hf_model(written, run.model)
@@ -304,6 +293,24 @@ def export_adapted(run_dir: Path, location: Path, out: Path, fmt: str, ema: bool
         f"(peak RSS {peak_mb:.0f} MB)\n"
     )
     return 0
+
+
+@contextlib.contextmanager
+def named_load_errors(location: Path) -> Iterator[None]:
+    """A checkpoint that cannot give what export asks as one paragraph: --ema of a run without
+    an EMA, or no committed checkpoint at `location`."""
+    from disttrain import checkpoint
+
+    try:
+        yield
+    except checkpoint.NoEMA as exc:
+        raise ConfigError(
+            "--ema", True, "a checkpoint of a run trained with trainer.ema.decay set", f"{exc}; drop --ema."
+        ) from None
+    except FileNotFoundError as exc:
+        raise ConfigError(
+            "RUN_DIR", str(location), "a run dir with a committed checkpoint", str(exc)
+        ) from None
 
 
 def disk_full(exc: Exception, out: Path, model: torch.nn.Module) -> Exception:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from shared_support import LORA_GPT2, lora_gpt2_run, lora_params
 from unit_support import ONE_RANK, checked, checked_run, train_in_process
 
 from disttrain.config.errors import ConfigError
@@ -27,41 +28,12 @@ from disttrain.rundir import freeze
 pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
-RANK = 2
-# d=384 and r=2: the adapters are 0.7 % of the weights (DCP adds ~1.5 KB per tensor and the RNG
-# file 15 KB, which a model this small notices), so "under 5 %" means something
-GPT2 = {"vocab_size": 256, "n_positions": 64, "n_embd": 384, "n_layer": 2, "n_head": 2}
-
-
-def gpt2_overrides(tiny: Path) -> tuple[str, ...]:
-    return (
-        "data=text",
-        "task=model_loss",
-        "task.call={input_ids: x, labels: x}",
-        "model._target_=transformers.AutoModelForCausalLM.from_pretrained",
-        f"model.pretrained_model_name_or_path={tiny}",
-        f"init.path={tiny}",
-        "peft=lora",
-        f"peft.rank={RANK}",
-        "trainer.batch_size=2",
-        "trainer.val_batches=1",
-        "sched=constant",
-        "optim.lr=0.01",
-    )
-
-
-def adapter_params(cfg: dict[str, int], rank: int) -> int:
-    """LoRA parameters on GPT-2's c_attn, c_proj (attention and MLP) and c_fc: r x (in + out) each."""
-    d = cfg["n_embd"]
-    per_layer = rank * ((d + 3 * d) + (d + d) + (d + 4 * d) + (4 * d + d))
-    return cfg["n_layer"] * per_layer
-
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("lora")
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2))
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**LORA_GPT2))
     model.save_pretrained(root / "tiny")
     return root / "tiny"
 
@@ -75,7 +47,7 @@ def _meta(build: Any) -> torch.nn.Module:
 def test_default_targets_per_architecture() -> None:
     from disttrain.models.gpt import GPT
 
-    gpt2 = _meta(lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(**GPT2)))
+    gpt2 = _meta(lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(**LORA_GPT2)))
     llama = _meta(lambda: transformers.LlamaForCausalLM(_llama_config()))
     assert adapters.default_targets(gpt2)[0] == ["c_attn", "c_proj", "c_fc"]
     assert adapters.default_targets(llama)[0] == [
@@ -171,10 +143,10 @@ def test_lora_trains_adapters_only_resumes_bitwise_and_exports(tiny: Path, tmp_p
     """fsdp at world 1 (DTensor parameters, DCP) in this process: the numbers the acceptance asks
     for, a resume from the middle checkpoint that ends bitwise, eval and both exports."""
     run = tmp_path / "run"
-    common = (*gpt2_overrides(tiny), "strategy=fsdp", "trainer.max_steps=4")
+    common = (*lora_gpt2_run(tiny), "strategy=fsdp", "trainer.max_steps=4")
     summary = train_in_process(run, *common, "trainer.ckpt_every=2")
     freeze(run, checked_run([*ONE_RANK, *common, "trainer.ckpt_every=2"]), [], [])  # eval, export read it
-    lora = adapter_params(GPT2, RANK)
+    lora = lora_params()
     base = transformers.AutoModelForCausalLM.from_pretrained(tiny)
     weights = sum(p.numel() * p.element_size() for p in base.parameters())
     assert summary["peft"] == {
