@@ -143,7 +143,7 @@ def test_lora_trains_adapters_only_resumes_bitwise_and_exports(tiny: Path, tmp_p
     """fsdp at world 1 (DTensor parameters, DCP) in this process: the numbers the acceptance asks
     for, a resume from the middle checkpoint that ends bitwise, eval and both exports."""
     run = tmp_path / "run"
-    common = (*lora_gpt2_run(tiny), "strategy=fsdp", "trainer.max_steps=4")
+    common = (*lora_gpt2_run(tiny), "strategy=fsdp", "trainer.max_steps=4", "trainer.ema.decay=0.5")
     summary = train_in_process(run, *common, "trainer.ckpt_every=2")
     freeze(run, checked_run([*ONE_RANK, *common, "trainer.ckpt_every=2"]), [], [])  # eval, export read it
     lora = lora_params()
@@ -158,6 +158,12 @@ def test_lora_trains_adapters_only_resumes_bitwise_and_exports(tiny: Path, tmp_p
     assert abs(optim - 8 * lora) <= 0.1 * 8 * lora, (optim, lora)  # AdamW's two fp32 moments
     step = run / "checkpoints" / "step_00000004"
     assert _dir_bytes(step) < 0.05 * weights, (_dir_bytes(step), weights)
+    from disttrain import checkpoint
+
+    saved = list(checkpoint.dcp_metadata(step).state_dict_metadata)
+    ema = [k for k in saved if k.startswith("ema.weights.")]
+    assert ema and all("lora_" in k for k in ema), [k for k in ema if "lora_" not in k][:3]
+    assert all("lora_" in k for k in saved if k.startswith("model.")), saved[:3]
     final = torch.load(run / "checkpoints" / "final.pt", weights_only=True)["model"]
     assert final and all("lora_" in k for k in final), [k for k in final if "lora_" not in k][:3]
     record = json.loads((run / adapters.BASE_RECORD).read_text())
