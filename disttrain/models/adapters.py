@@ -15,7 +15,6 @@ imports transformers, accelerate and torchao: seconds of CPU).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -30,7 +29,6 @@ if TYPE_CHECKING:  # the parent's static checks import this module torch-free
 
 log = logging.getLogger("disttrain")
 
-INSTALL = "pip install 'disttrain[peft]' (or pip install 'peft>=0.17')"
 BASE_RECORD = "peft_base.json"
 # Known architectures (a Hugging Face config's model_type): their attention and MLP projections.
 KNOWN = {
@@ -46,22 +44,11 @@ def enabled(cfg: PeftConfig) -> bool:
     return cfg.name == "lora"
 
 
-def peft_missing() -> bool:
-    return importlib.util.find_spec("peft") is None
-
-
 def check_static(cfg: PeftConfig, strategy: str, strategies: list[str], amp: str) -> None:
-    """Before launch: the package is there (found without importing it), the numbers make sense,
-    the strategy can hold adapters."""
+    """Before launch: the numbers make sense, the strategy can hold adapters (a missing peft
+    package: disttrain.config.extras, with the install command)."""
     if not enabled(cfg):
         return
-    if peft_missing():
-        raise ConfigError(
-            "peft",
-            "lora",
-            "none without the peft package (LoRA comes from Hugging Face PEFT, which is not installed here)",
-            f"install it: {INSTALL}; or drop peft=lora to train every parameter.",
-        )
     if cfg.rank < 1:
         raise ConfigError("peft.rank", cfg.rank, "an integer >= 1", "8 or 16 is common.")
     if cfg.alpha <= 0:

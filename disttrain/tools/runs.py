@@ -487,7 +487,9 @@ def cmd_runs(rest: list[str]) -> int:
             _num(r["last_loss"]),
             f"{r['best_val']['metric']}={r['best_val']['value']:.4g}" if r["best_val"] else "-",
             _duration(r["duration_s"]),
-            f"{r['strategy']} x{r['world_size']}" if r["strategy"] and r["world_size"] else r["strategy"] or "-",
+            f"{r['strategy']} x{r['world_size']}"
+            if r["strategy"] and r["world_size"]
+            else r["strategy"] or "-",
             " ".join(o for o in r["overrides"] if o not in shared) or "-",
         )
         for r in rows
