@@ -73,7 +73,8 @@ def evaluate(run: Run, env: DistEnv, job: dict[str, Any]) -> dict[str, Any]:
     """Build, restore, then eval or predict; rank 0 writes `job["out"]`. Returns what it wrote."""
     from disttrain.worker import build_parts
 
-    strategy, parts = build_parts(run, env)
+    base = Path(job["base"]) if job.get("base") else None  # peft=lora: the base's record, compared
+    strategy, parts = build_parts(run, env, base, record=False)
     if parts.val_loader is None:  # the command checks it; a user's data module may still build None
         raise RuntimeError("the validation data set is empty or not configured (data.val)")
     # --ema: the checkpoint's averaged weights, swapped in (the decay is never used: nothing updates)

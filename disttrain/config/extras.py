@@ -52,7 +52,7 @@ EXTRAS: dict[str, Extra] = {
         Extra("stream", ("torchdata",), "torchdata>=0.10"),
         Extra("hf", ("datasets",), "datasets>=2.19"),
         Extra("fp8", ("torchao",), "torchao>=0.18"),
-        Extra("peft", ("peft",), "peft"),
+        Extra("peft", ("peft",), "peft>=0.17"),
     )
 }
 
@@ -76,7 +76,7 @@ def _amp_fp8(run: Mapping[str, Any]) -> bool:
 
 
 def _peft(run: Mapping[str, Any]) -> bool:
-    return run.get("peft") not in (None, {})  # a `peft=` group, when the run chose one
+    return (run.get("peft") or {}).get("name") == "lora"  # peft=lora (peft=none: the default)
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ NEEDS: tuple[Need, ...] = (
     Need("observe.sinks", "mlflow", _sinks("mlflow"), "mlflow"),
     Need("observe.sinks", "wandb", _sinks("wandb"), "wandb"),
     Need("amp", "fp8", _amp_fp8, "fp8"),
-    Need("peft", "(set)", _peft, "peft"),
+    Need("peft", "lora", _peft, "peft"),
 )
 
 # A config group's option that only an extra provides: (group, option) -> extra

@@ -78,8 +78,10 @@ def warm_up(run: Run | None = None) -> None:
 
 
 def preload(run: Run | None = None) -> list[str]:
-    """The modules the server imports for `run`'s ranks: the same for every run (see PRELOAD)."""
-    return list(PRELOAD)
+    """The modules the server imports for `run`'s ranks: PRELOAD, and for peft=lora the `peft`
+    package (an extra of disttrain's, not the user's code: it imports transformers, accelerate
+    and torchao, seconds of CPU that every rank would pay again)."""
+    return [*PRELOAD, "peft"] if run is not None and run.peft.name == "lora" else list(PRELOAD)
 
 
 _STOP_AT_EXIT: list[Any] = []

@@ -171,6 +171,7 @@ def check_static(run: Run) -> None:
     _at_least(run, "launcher.max_restarts", 0, "0 fails the run on the first rank failure.")
     launch_checks.check_static(run)  # rendezvous, elastic range, SLURM
     _check_amp(run)
+    _check_peft(run)
     _check_trainer(run)
     _check_checkpoint(run)
     _check_optim(run)
@@ -230,6 +231,12 @@ def _check_amp(run: Run) -> None:
     if name == "fp16":
         _at_least(run, "amp.init_scale", 1, "65536 is the usual start; the scale adapts.")
         _at_least(run, "amp.growth_interval", 1, "steps without overflow before the scale doubles.")
+
+
+def _check_peft(run: Run) -> None:
+    from disttrain.models.adapters import check_static as check_adapters
+
+    check_adapters(run.peft, run.strategy.name, [s.name for s in specs.all() if s.peft], run.amp.name)
 
 
 def _check_debug(run: Run) -> None:
@@ -544,6 +551,10 @@ def _check_runtime(run: Run) -> dict[str, int]:
             from disttrain.strategies.float8 import check_model
 
             check_model(run.amp, model.meta)
+        if run.peft.name == "lora":  # every target name reaches a module (without importing peft)
+            from disttrain.models.adapters import resolve_targets
+
+            resolve_targets(run.peft, model.meta)
     from disttrain.checkpoint import init_from
 
     init_from.check(run.init, model.meta)  # init.path: kind, key names and shapes from headers, before launch

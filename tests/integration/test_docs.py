@@ -423,6 +423,10 @@ PLAN: dict[str, Plan] = {
     "docs/your-own-code.md: disttrain train data=text task=model_loss task.call={input_ids: x, labels: x} "
     "strategy=fsdp amp=bf16 model._target_=transformers.AutoModelForCausalLM.from_pretrained "
     "model.pretrained_model_name_or_path=./tiny": Run(),
+    # trained with these options by tests/unit/test_peft_lora.py and tests/integration/test_lora.py
+    "docs/your-own-code.md: disttrain train data=text task=model_loss task.call={input_ids: x, labels: x} "
+    "strategy=fsdp model._target_=transformers.AutoModelForCausalLM.from_pretrained "
+    "model.pretrained_model_name_or_path=./tiny init.path=./tiny peft=lora peft.rank=8": Check(),
     "docs/your-own-code.md: disttrain train data=text task=model_loss task.call={x: x} model._target_=mylm.tiny_lm "
     "strategy=tp strategy.tp_plan={net.attn_layers.layers.*.1.ff.0.0: colwise, "
     "net.attn_layers.layers.*.1.ff.2: rowwise}": CLIENT,
@@ -442,7 +446,7 @@ PLAN: dict[str, Plan] = {
     "docs/your-own-code.md: disttrain train data.train._target_=mylab.data.make_train data.val=null": Run(),
 }
 
-COVERED, SKIPPED = 106, 23  # asserted: a doc edit that adds or drops a command updates these
+COVERED, SKIPPED = 107, 23  # asserted: a doc edit that adds or drops a command updates these
 
 
 def test_every_doc_command_is_planned() -> None:

@@ -22,8 +22,6 @@ def test_the_table_matches_pyproject_s_extras() -> None:
     text = (ROOT / "pyproject.toml").read_text()  # (tomllib is 3.11+; the package supports 3.10)
     for name, extra in extras.EXTRAS.items():
         line = re.search(rf"^{name} = \[(.*)\]", text, re.M)
-        if name == "peft" and line is None:  # the peft group lands with its extra (issue 37)
-            continue
         assert line is not None and f'"{extra.package}"' in line[1], f"disttrain[{name}]: {line}"
     for need in extras.NEEDS:
         assert need.extra in extras.EXTRAS
@@ -39,8 +37,9 @@ def test_the_table_matches_pyproject_s_extras() -> None:
             "hydra_plugins.hydra_optuna_sweeper",
             "optuna",
         ),
+        (["train", "peft=lora"], "peft", "peft"),
     ],
-    ids=["wandb", "mlflow", "optuna"],
+    ids=["wandb", "mlflow", "optuna", "peft"],
 )
 def test_a_missing_extra_is_refused_before_anything_starts(
     argv: list[str], missing: str, install: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -58,7 +57,7 @@ def test_a_missing_extra_is_refused_before_anything_starts(
 
 def test_needs_follow_the_config() -> None:
     """What each row looks at: a built-in sink by alias or class path (not a user's own class named
-    WandB), amp=fp8, and a non-null `peft` block (the group may not exist yet: then never)."""
+    WandB), amp=fp8, and peft=lora."""
     uses = {need.value: need.uses for need in extras.NEEDS}
     assert uses["wandb"](
         {"observe": {"sinks": ["tensorboard", {"_target_": "disttrain.observe.sinks.WandB"}]}}
@@ -68,4 +67,5 @@ def test_needs_follow_the_config() -> None:
         {"observe": {"sinks": []}}
     )
     assert uses["fp8"]({"amp": {"name": "fp8"}}) and not uses["fp8"]({"amp": {"name": "bf16"}})
-    assert uses["(set)"]({"peft": {"r": 8}}) and not uses["(set)"]({"peft": None}) and not uses["(set)"]({})
+    assert uses["lora"]({"peft": {"name": "lora"}}) and not uses["lora"]({"peft": {"name": "none"}})
+    assert not uses["lora"]({})  # a config.yaml from before the peft group
