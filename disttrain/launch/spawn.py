@@ -15,6 +15,7 @@ from disttrain.launch.forkserver import (
     LauncherStdio,
     detach_from_server,
     launcher_env,
+    rank_signals,
     warm_up,
 )
 
@@ -50,6 +51,7 @@ def _rank_main(
     """A rank forked from the fork server: the launcher's environment, stdout and stderr (the
     server's are older)."""
     stdio.install()
+    rank_signals()
     detach_from_server()
     os.environ.clear()
     os.environ.update(environ)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import time
 import uuid
@@ -15,6 +16,7 @@ from disttrain.launch.errors import (
     LaunchError,
     error_summary,
     exit_code_message,
+    forced_message,
     is_secondary,
     stopped_message,
 )
@@ -129,12 +131,13 @@ def launch_torchrun(run: Run, run_dir: Path, entry: str = "disttrain.worker") ->
             message += stalled_places(run_dir, rank, since=started)
         raise LaunchError(rank, message, run_dir) from None
     except SignalException as exc:
-        raise LaunchError(
-            None,
-            stopped_message(signal.Signals(exc.sigval).name, run_dir, started),
-            run_dir,
-            exit_code=128 + int(exc.sigval),
-        ) from None
+        from disttrain.procs import rank_pids
+
+        name = signal.Signals(exc.sigval).name
+        # Ranks still alive: a second signal cut the agent's wait for their save short.
+        forced = bool(rank_pids(os.getpid()))
+        message = forced_message(name, run_dir) if forced else stopped_message(name, run_dir, started)
+        raise LaunchError(None, message, run_dir, exit_code=128 + int(exc.sigval)) from None
     finally:
         del store  # node 0: stop serving the rendezvous only after every agent is done
 
@@ -197,8 +200,6 @@ def _watchdog_victim(failure: Any) -> bool:
 def nccl_watchdog(run: Run) -> bool:
     """Whether the ranks' NCCL watchdog ends a timed-out collective by SIGABRT: nccl (`auto` on a
     CUDA machine) and torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING default (1; 3 also tears down)."""
-    import os
-
     from disttrain.config.gpus import choose_backend
 
     backend = choose_backend(run.backend.name)
