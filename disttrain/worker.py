@@ -104,6 +104,9 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     except ConfigError as exc:
         log.error("rank %d: %s", env.rank, exc)  # one paragraph, no traceback
         raise
+    except KeyboardInterrupt:  # Ctrl-C before the stop flag (training) took SIGINT over
+        log.warning("rank %d: interrupted (SIGINT) before training", env.rank)
+        raise
     except BaseException as exc:
         log.exception("rank %d failed", env.rank)
         if env.is_zero:

@@ -223,7 +223,8 @@ def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str], stdio: La
     `python -m entry` would.
 
     Exit codes match `disttrain.dist.rank_main`: a ConfigError is 2 (its paragraph is in the error
-    file torchelastic's @record wrote), a signal stop exits as the signal would."""
+    file torchelastic's @record wrote), a signal stop exits as the signal would (a Ctrl-C before
+    training too: 130, without the traceback multiprocessing would print)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from disttrain.config.errors import ConfigError
@@ -239,6 +240,8 @@ def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str], stdio: La
         record(importlib.import_module(entry).run)(run_dir)
     except ConfigError:
         raise SystemExit(2) from None
+    except KeyboardInterrupt:  # Ctrl-C while the rank starts: its exit status, not a traceback
+        raise SystemExit(128 + signal.SIGINT) from None
 
 
 def launcher_env() -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,7 +61,10 @@ def _rank_main(
     )
     import importlib
 
-    importlib.import_module(entry).run(run_dir)
+    try:
+        importlib.import_module(entry).run(run_dir)
+    except KeyboardInterrupt:  # Ctrl-C while the rank starts: its exit status, not a traceback
+        raise SystemExit(128 + signal.SIGINT) from None
     from disttrain.dist import exit_rank
 
     exit_rank(0)  # only after success: an exception still reaches mp.spawn's error queue

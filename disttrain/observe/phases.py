@@ -24,6 +24,7 @@ console's until rank 0 starts: rank 0 waits (at most HANDOVER_S) until the paren
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import re
 import sys
@@ -63,6 +64,9 @@ def enter_time() -> float | None:
 
 
 def _is_terminal(stream: IO[str]) -> bool:
+    """A terminal that can rewrite a line (not TERM=dumb: Emacs' shell, some CI consoles)."""
+    if os.environ.get("TERM") == "dumb":
+        return False
     isatty = getattr(stream, "isatty", None)
     try:
         return bool(isatty and isatty())
@@ -188,10 +192,17 @@ def _said_up(flag: Path) -> bool:
 
 
 def _columns(stream: IO[str]) -> int:
+    """The terminal's width; COLUMNS, then 80, where it does not say (a new pseudo-terminal: 0)."""
     try:
-        return os.get_terminal_size(stream.fileno()).columns
-    except (OSError, ValueError, AttributeError):
-        return 80
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = int(os.environ.get("COLUMNS", "80"))
+        except ValueError:
+            columns = 80
+    return max(columns, 40)
 
 
 # ------------------------------------------------------------------------------ this command's

@@ -118,6 +118,7 @@ def test_train_announces_its_first_phase_before_composing(
     monkeypatch.setattr(train, "_compose_checked", spy)
     monkeypatch.setattr(sys, "path", list(sys.path))  # main() appends the cwd
     monkeypatch.delenv(ENTER_ENV, raising=False)  # main() sets it for the ranks
+    monkeypatch.setenv("TERM", "xterm")  # a terminal that can rewrite a line
     monkeypatch.chdir(scratch)
     err, out = _Terminal(), io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):

@@ -45,7 +45,10 @@ def test_phases_off_a_terminal_are_one_plain_line_each_with_the_time_of_the_one_
     assert [bool(PHASE_LINE.match(line)) for line in lines] == [True, True, False]
 
 
-def test_phases_on_a_terminal_are_one_live_line_ended_before_anything_else_is_said() -> None:
+def test_phases_on_a_terminal_are_one_live_line_ended_before_anything_else_is_said(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TERM", "xterm")
     out = _Terminal()
     said = Phases(out)
     said.start("compose")
