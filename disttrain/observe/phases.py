@@ -85,7 +85,7 @@ class Phases:
         self.done: list[tuple[str, float]] = []
         self.name: str | None = None
         self.began = 0.0
-        self.watch: Path | None = None  # live: the file whose creation means rank 0 is up
+        self.watch: Path | None = None  # live: the flag file rank 0 writes into once it is up
         self._lock = threading.Lock()
         self._ticker: threading.Thread | None = None
         self._stop = threading.Event()
