@@ -100,7 +100,9 @@ def test_export_never_takes_a_config_from_a_folder_above_the_run(saved: dict, tm
     proc = disttrain_in_process("export", str(step), "--out", str(tmp_path / "w.pt"), cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "PAYLOAD" not in proc.stdout + proc.stderr
-    assert said(proc.stderr)[0].startswith(f"disttrain: config error: RUN_DIR={step} is not valid"), proc.stderr
+    assert said(proc.stderr)[0].startswith(f"disttrain: config error: RUN_DIR={step} is not valid"), (
+        proc.stderr
+    )
 
 
 def test_export_finds_the_run_of_its_own_checkpoints(saved: dict, tmp_path: Path) -> None:
@@ -259,7 +261,9 @@ def test_export_of_checkpoints_elsewhere_takes_the_named_config(saved: dict, tmp
     assert proc.returncode == 2, proc.stderr  # the config is taken; the (empty) folder has no checkpoint
     assert "a run dir with a committed checkpoint" in proc.stderr and str(step) in proc.stderr
     proc = disttrain_in_process("export", str(step), "--config", str(tmp_path / "x.yaml"), cwd=tmp_path)
-    assert proc.returncode == 2 and said(proc.stderr)[0].startswith("disttrain: config error: --config="), proc.stderr
+    assert proc.returncode == 2 and said(proc.stderr)[0].startswith("disttrain: config error: --config="), (
+        proc.stderr
+    )
 
 
 # ------------------------------------------------------------------- review 2026-11-28-reliability D1

@@ -194,7 +194,9 @@ def test_missing_kubectl_is_one_paragraph_and_nothing_is_written(tmp_path: Path)
         "train", *K8S, "launcher.kubectl=/no/such/kubectl", "hydra.run.dir=r", cwd=tmp_path
     )
     assert proc.returncode == 2
-    assert said(proc.stderr)[0].startswith("disttrain: config error: launcher.kubectl=/no/such/kubectl is not valid")
+    assert said(proc.stderr)[0].startswith(
+        "disttrain: config error: launcher.kubectl=/no/such/kubectl is not valid"
+    )
     assert "launcher.dry_run=true" in proc.stderr and "Traceback" not in proc.stderr
     assert len(said(proc.stderr)) == 1 and not (tmp_path / "r").exists()
 
