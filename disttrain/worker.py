@@ -104,8 +104,8 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
     except ConfigError as exc:
         log.error("rank %d: %s", env.rank, exc)  # one paragraph, no traceback
         raise
-    except KeyboardInterrupt:  # Ctrl-C before the stop flag (training) took SIGINT over
-        log.warning("rank %d: interrupted (SIGINT) before training", env.rank)
+    except KeyboardInterrupt:  # Ctrl-C while the stop flag does not hold SIGINT (start-up, the signal save)
+        log.warning("rank %d: interrupted by SIGINT: exiting without a checkpoint", env.rank)
         raise
     except BaseException as exc:
         log.exception("rank %d failed", env.rank)

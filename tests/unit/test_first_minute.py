@@ -249,3 +249,20 @@ def test_the_summary_says_enter_to_first_step_and_launch_to_first_step(
     monkeypatch.setenv(phases.ENTER_ENV, "100.0")
     monkeypatch.setenv("DISTTRAIN_LAUNCH_TIME", "103.0")
     assert phases.first_step_line(104.5) == "first step 4.50 s after Enter (launch to first step 1.50 s)"
+
+
+def test_the_launcher_counts_the_signals_that_reach_it_while_the_agent_runs() -> None:
+    """Review #12: a double Ctrl-C was reported with the hint for a slow save. The launcher counts
+    what arrives (set_wakeup_fd, whatever torch's handler does): twice is a forced stop."""
+    from disttrain.launch.torchrun import SignalCount
+
+    saved = signal.signal(signal.SIGINT, lambda *_: None)  # as torch's agent: a Python handler
+    try:
+        with SignalCount() as signals:
+            signal.raise_signal(signal.SIGINT)
+            assert signals.count(signal.SIGINT) == 1
+            signal.raise_signal(signal.SIGINT)
+        assert signals.count(signal.SIGINT) == 2 and signals.count(signal.SIGTERM) == 0
+        assert signal.set_wakeup_fd(-1) == -1  # restored: no wakeup fd left behind
+    finally:
+        signal.signal(signal.SIGINT, saved)
