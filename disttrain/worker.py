@@ -34,6 +34,7 @@ from disttrain.models import adapters, build_model, to_master_dtype
 from disttrain.models.blocks import prepare_blocks
 from disttrain.observe.envreport import report_env
 from disttrain.observe.log import (
+    console,
     console_apart,
     get_logger,
     prints_into_log,
@@ -42,6 +43,7 @@ from disttrain.observe.log import (
     teardown_logging,
 )
 from disttrain.observe.metrics import NullMetrics, make_metrics
+from disttrain.observe.phases import enter_time, rank_up
 from disttrain.observe.profiler import make_profiler
 from disttrain.observe.summary import record_summary
 from disttrain.owner import rank_lock
@@ -87,6 +89,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
         init_process_group(env, run.backend.timeout, cpu_collectives=specs.cpu_collectives(run))
         mark("process_group")
         if env.is_zero:
+            rank_up(console.file)  # the launch phase is over: the console is rank 0's from here
             log.info(
                 "rank 0 of %d | backend %s | strategy %s | %d threads per rank | run dir %s",
                 env.world_size,
@@ -101,6 +104,9 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
             summary = train(run, env, run_dir)
     except ConfigError as exc:
         log.error("rank %d: %s", env.rank, exc)  # one paragraph, no traceback
+        raise
+    except KeyboardInterrupt:  # Ctrl-C while the stop flag does not hold SIGINT (start-up, the signal save)
+        log.warning("rank %d: interrupted by SIGINT: exiting without a checkpoint", env.rank)
         raise
     except BaseException as exc:
         log.exception("rank %d failed", env.rank)
@@ -144,9 +150,11 @@ def train(run: Run, env: DistEnv, run_dir: Path) -> dict[str, Any]:
         summary.update(frozen())  # a collective: every rank
     finally:
         metrics.close()
-    launched = float(os.environ.get("DISTTRAIN_LAUNCH_TIME", "0") or 0)
+    launched, enter = float(os.environ.get("DISTTRAIN_LAUNCH_TIME", "0") or 0), enter_time()
     if launched and summary.get("first_step_at"):
         summary["time_to_first_step_s"] = round(summary["first_step_at"] - launched, 3)
+    if enter and summary.get("first_step_at"):  # the wait the user had, from Enter
+        summary["enter_to_first_step_s"] = round(summary["first_step_at"] - enter, 3)
     summary.update(strategy.summary_stats(model, optimizer))  # a collective: every rank
     if env.is_zero:  # a finished run resumed trains nothing: its summary.json stays
         record_summary(

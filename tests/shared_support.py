@@ -66,6 +66,14 @@ def lora_params() -> int:
     return LORA_GPT2["n_layer"] * LORA_RANK * ((d + 3 * d) + (d + d) + (d + 4 * d) + (4 * d + d))
 
 
+def said(stderr: str) -> list[str]:
+    """The lines of a command's stderr without its start-up phase lines (disttrain.observe.phases):
+    what it said beyond its progress."""
+    from disttrain.observe.phases import PHASE_LINE
+
+    return [line for line in stderr.strip().splitlines() if not PHASE_LINE.match(line)]
+
+
 def check_one_fp16_overflow(records: list[dict[str, Any]]) -> None:
     """The logged steps of an fp16 run whose step 3 overflows on every rank (FaultMLP
     inf_grad_at=3): GradScaler's initial scale until then, halved once, that one step skipped, and

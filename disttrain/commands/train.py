@@ -112,8 +112,6 @@ def cmd_train(rest: list[str], prerendered_ok: bool = True) -> int:
         return 0
     if args.hydra_help or args.info:
         return _run_hydra_app(rest, jobs)
-    if not args.cfg:
-        _say_checking()
     # Check every job before anything is written: nothing half-written on bad input.
     from disttrain.config import expand_sweep
     from disttrain.rundir import program
@@ -242,16 +240,6 @@ def _run_job(run: Run, run_dir: Path, overrides: list[str], job: Any, command: l
             sys.stderr.write(f"Error executing job with overrides: {overrides}\n{traceback.format_exc()}")
             return 1
     return 0
-
-
-def _say_checking() -> None:
-    """One line on a terminal's stderr as soon as the command is parsed: composition, the checks and
-    torch's import take seconds before the first log line, a blank screen after Enter (docs-as-written
-    review 3.10). Not on a pipe or file: stdout carries only the result, stderr the logs."""
-    isatty = getattr(sys.stderr, "isatty", None)
-    if isatty is not None and isatty():
-        sys.stderr.write("disttrain: checking the config ...\n")
-        sys.stderr.flush()
 
 
 def task_overrides(overrides: list[str]) -> list[str]:

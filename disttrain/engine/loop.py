@@ -30,6 +30,7 @@ from disttrain.engine.signals import FAILED_KEY, StopFlag, StopUnagreed
 from disttrain.engine.state import TrainState
 from disttrain.observe import gpu_memory
 from disttrain.observe.metrics import NullMetrics
+from disttrain.observe.phases import first_step_line
 from disttrain.observe.profiler import NullProfiler
 from disttrain.observe.progress import make_progress
 from disttrain.observe.throughput import Throughput, count_flops
@@ -168,7 +169,8 @@ class Engine:
         self.early_stop = self.monitoring.stopped  # a resumed run that had stopped early trains no more
         resumed_done = (s.step >= self.total_steps and s.step > 0) or self.early_stop is not None
         self.metrics.start(None)  # opened by resume() already, unless the caller skipped it
-        progress = make_progress(self.env.is_zero, t.progress, self.total_steps, "train")
+        epochs = None if self.steps_per_epoch is None else -(-self.total_steps // self.steps_per_epoch)
+        progress = make_progress(self.env.is_zero, t.progress, self.total_steps, "train", epochs)
         gpu_memory.reset_peaks(self.env)
         with self.stop, self.hangs, self.profiler, progress as bar:
             bar.update(s.step)
@@ -211,6 +213,7 @@ class Engine:
                 window.loss_sum += loss
                 window.steps += 1
                 window.tokens += self.step_tokens
+                bar.advance(s.step, s.epoch, self.global_batch, self.step_tokens * self.dp_size)
                 if s.step % t.log_every == 0 or s.step == self.total_steps:
                     values, ended = self._log_train(window, grad_norm)
                     window = self._new_window(ended)  # the log step's own work counts in the next
@@ -372,6 +375,8 @@ class Engine:
         self.in_update = False
         if self.state.first_step_at is None:
             self.state.first_step_at = time.time()
+            if self.env.is_zero and (said := first_step_line(self.state.first_step_at)):
+                log.info("%s", said)
         return total, grad_norm
 
     def _counted_step(self, micro_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -160,6 +160,9 @@ def _check_world(cfg: Mapping[str, Any]) -> None:
 
 def check_static(run: Run) -> None:
     """Checks that need only the resolved config."""
+    from disttrain.observe.phases import phase
+
+    phase("checks")
     _check_world(run)
     check_sinks(list(run.observe.sinks))
     extras.check_run(run)  # a tracker, fp8, peft without its package: the install command, before launch
@@ -499,10 +502,13 @@ def _check_resume_path(run: Run) -> None:
 def check_runtime(run: Run) -> dict[str, int]:
     """Checks that look at the machine and build data and model; returns data set sizes."""
     from disttrain.observe.log import prints_into_log, transformers_quiet
+    from disttrain.observe.phases import phase
 
     # the dry build's prints and transformers' warnings: the ranks print them again, into their logs
     with prints_into_log(), transformers_quiet():
-        return _check_runtime(run)
+        sizes = _check_runtime(run)
+    phase("launch")  # the run dir, its frozen config, the ranks started (disttrain.launch.launch)
+    return sizes
 
 
 def _check_runtime(run: Run) -> dict[str, int]:
@@ -513,6 +519,7 @@ def _check_runtime(run: Run) -> dict[str, int]:
 
     from disttrain.data import build_datasets
     from disttrain.data.streams import is_stream
+    from disttrain.observe.phases import phase
     from disttrain.preflight.dry_step import dry_step
     from disttrain.preflight.gpus import check_bf16, check_fp8, check_nccl_ranks
     from disttrain.preflight.model import model_for_checks
@@ -540,6 +547,7 @@ def _check_runtime(run: Run) -> dict[str, int]:
             f"{run.trainer.batch_size} x grad_accum {run.trainer.grad_accum} = {per_step} samples; "
             "lower trainer.batch_size or use fewer ranks.",
         )
+    phase("model on meta")
     model = model_for_checks(run.model)  # never loads weights: see disttrain.preflight.model
     if model.meta is not None:
         with torch.device("meta"):
@@ -561,6 +569,7 @@ def _check_runtime(run: Run) -> dict[str, int]:
     from disttrain.timing import mark
 
     mark("dry_step_start")
+    phase("dry step")
     dry_step(run, lambda: build_task(run.task), model.meta, model.build_cpu, train, val)
     sizes = {} if is_stream(train) else {"train": len(train)}
     if val is not None and not is_stream(val):

@@ -97,32 +97,40 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_train_says_it_is_checking_before_composing_on_a_terminal(
+def test_train_announces_its_first_phase_before_composing(
     scratch: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Docs-as-written review 3.10: the terminal stayed blank ~3.75 s after Enter (imports,
-    composition, checks). On a terminal, stderr says so before the config is composed; stdout
-    (the result only) and a piped stderr get nothing of it."""
+    """Review 2026-11-28-ux #1: 10-36 s under one static line on a terminal, nothing when piped.
+    The first phase is on stderr before the config is composed (before Hydra is imported), on a
+    terminal as a live line that ends before the error, off a terminal as plain lines; stdout
+    (the result only) gets nothing of it."""
     from disttrain.cli import main
     from disttrain.commands import train
+    from disttrain.observe.phases import ENTER_ENV, PHASE_LINE
 
     compose_checked = train._compose_checked
-    said_first: list[bool] = []
+    said_first: list[str] = []
 
     def spy(*args: Any, **kwargs: Any) -> Any:
-        said_first.append(err.getvalue() == "disttrain: checking the config ...\n")
+        said_first.append(err.getvalue())
         return compose_checked(*args, **kwargs)
 
     monkeypatch.setattr(train, "_compose_checked", spy)
     monkeypatch.setattr(sys, "path", list(sys.path))  # main() appends the cwd
+    monkeypatch.delenv(ENTER_ENV, raising=False)  # main() sets it for the ranks
+    monkeypatch.setenv("TERM", "xterm")  # a terminal that can rewrite a line
     monkeypatch.chdir(scratch)
     err, out = _Terminal(), io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         rc = main(["train", "trainer.max_epoch=5"])
-    assert (rc, said_first, out.getvalue()) == (2, [True], "")
-    assert err.getvalue().splitlines()[1].startswith("disttrain: config error: trainer.max_epoch=5 ")
+    assert (rc, out.getvalue()) == (2, "")
+    assert len(said_first) == 1 and "disttrain: compose" in said_first[0] and "\n" not in said_first[0]
+    live, error = err.getvalue().split("\n")[:2]  # the live line ends before the error starts
+    assert live.startswith("\r\x1b[Kdisttrain: compose") and "\n" not in live, repr(err.getvalue())
+    assert error.startswith("disttrain: config error: trainer.max_epoch=5 "), repr(err.getvalue())
     piped = disttrain_in_process("train", "trainer.max_epoch=5", cwd=scratch)
-    assert "checking the config" not in piped.stderr and piped.returncode == 2
+    assert piped.stderr.splitlines()[0] == "disttrain: compose ..." and piped.returncode == 2
+    assert all(PHASE_LINE.match(line) for line in piped.stderr.splitlines()[:-1]), piped.stderr
     assert list(scratch.iterdir()) == []
 
 
