@@ -16,9 +16,11 @@ from typing import Any
 
 import torch
 
+from disttrain.checkpoint import remote
 from disttrain.checkpoint.commit import commit_dir
 from disttrain.checkpoint.files import _bytes_digest, _HashingFile, _write_synced
 from disttrain.checkpoint.layout import TMP, step_name
+from disttrain.storage import ObjectPath
 
 log = logging.getLogger("disttrain")
 
@@ -122,7 +124,7 @@ def staging_options(device: torch.device) -> Any:
 
 
 def save(
-    ckpt_dir: Path,
+    ckpt_dir: Path | ObjectPath,
     step: int,
     app_state: dict[str, Any],
     rng: dict[str, Any],
@@ -148,27 +150,21 @@ def save(
     then names the first)."""
     started = time.time()
     name = step_name(step)
-    tmp = ckpt_dir / f"{TMP}{name}"
     _Background.finish()  # a save still in flight owns the staging buffers and its .tmp- folder
-    if rank == 0:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        for stale in ckpt_dir.glob(f"{TMP}*"):  # saves a crash interrupted: never committed
-            remove_stale(stale)
-        tmp.mkdir()
+    args = (name, _torch_bytes(rng), meta, rank, keep, verify, process_group)
+    if isinstance(ckpt_dir, ObjectPath):  # an object store: written in place, committed by its manifest
+        if rank == 0:
+            remote.prepare(ckpt_dir, name)
+        write = functools.partial(remote.write_and_commit, ckpt_dir, *args, protect=tuple(protect))
+    else:
+        tmp = ckpt_dir / f"{TMP}{name}"
+        if rank == 0:
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            for stale in ckpt_dir.glob(f"{TMP}*"):  # saves a crash interrupted: never committed
+                remove_stale(stale)
+            tmp.mkdir()
+        write = functools.partial(_write_and_commit, ckpt_dir, tmp, *args, protect=tuple(protect))
     barrier()
-    write = functools.partial(
-        _write_and_commit,
-        ckpt_dir,
-        tmp,
-        name,
-        _torch_bytes(rng),
-        meta,
-        rank,
-        keep,
-        verify,
-        process_group,
-        protect=tuple(protect),
-    )
     if not async_save:
         write(app_state)
         pending = PendingSave(None, lambda: None, started)
@@ -294,23 +290,29 @@ def _writer(path: Path, with_hash: bool = False) -> Any:
                 if (entry := self.digests.pop(Path(path).name, None)) is not None:
                     self.digests[Path(new_path).name] = entry
 
-    class Writer(FileSystemWriter):
+    fs = HashingFileSystem()
+    writer = checked_write(FileSystemWriter)(str(path), sync_files=True, thread_count=WRITER_THREADS)
+    writer.fs = fs
+    return writer
+
+
+def checked_write(base: type) -> type:
+    """`base` (DCP's FileSystemWriter or FsspecWriter) whose write fails when any writer thread
+    failed: in torch 2.13 an exception in a thread other than the caller's is only printed, and its
+    items would go missing. The writer's `fs` records those errors (`fs.errors`)."""
+
+    class Writer(base):
         def write_data(self, plan: Any, planner: Any) -> Any:
-            """DCP's write, failing when any writer thread failed: in torch 2.13 an exception in a
-            thread other than the caller's is only printed, and its items would go missing."""
             written = super().write_data(plan, planner)
-            if fs.errors:
-                raise fs.errors[0]
+            if self.fs.errors:
+                raise self.fs.errors[0]
             if len(written.value()) != len(plan.items):
                 raise RuntimeError(
                     f"DCP wrote {len(written.value())} of {len(plan.items)} items to {self.path}"
                 )
             return written
 
-    fs = HashingFileSystem()
-    writer = Writer(str(path), sync_files=True, thread_count=WRITER_THREADS)
-    writer.fs = fs
-    return writer
+    return Writer
 
 
 def _torch_bytes(obj: Any) -> bytes:

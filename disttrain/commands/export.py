@@ -185,7 +185,7 @@ def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt", ema: bool 
     if location == run_dir:  # the run's checkpoint.dir, which may lie outside the run dir
         from disttrain.shared_dir import checkpoint_dir
 
-        location = checkpoint_dir(run, run_dir)
+        location = checkpoint_dir(run, run_dir)  # type: ignore[assignment]
     setup_logging(None, 0, to_console=True)
     from disttrain.preflight import hf_base
 

@@ -1,0 +1,220 @@
+"""Checkpoints in an object store (checkpoint.dir=s3://... or gs://...), through fsspec and DCP's
+FsspecWriter. The same guarantees as a local folder, by another means: an object store has no
+rename and no folders, but each object appears whole (one PUT).
+
+  s3://bucket/run/step_00000017/   .metadata, __R_0.distcp, rng_rankR.pt, meta.json, manifest.json
+  s3://bucket/run/latest
+
+A save writes straight under its final prefix; the checkpoint counts once rank 0 has written its
+manifest (the commit marker, after every shard, rng file and meta.json) and then `latest`. A prefix
+without a manifest (a save a kill interrupted) is never listed (`committed`), never loaded, never
+counted by keep-N, and is removed by the next save. Pruning deletes the manifest first: a kill
+mid-delete leaves an uncommitted prefix, never a half checkpoint that still looks whole.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from disttrain.checkpoint.files import _bytes_digest, _HashingFile
+from disttrain.checkpoint.layout import BEST, LATEST, MANIFEST, META, PREFIX, SUPERSEDED, step_name
+from disttrain.storage import ObjectPath
+
+log = logging.getLogger("disttrain")
+
+
+def _steps(ckpt_dir: ObjectPath) -> dict[str, bool]:
+    """{step_N: whether its manifest is there} of every step prefix, from one listing."""
+    steps: dict[str, bool] = {}
+    for key in ckpt_dir.listing():
+        name, _, rest = key.partition("/")
+        if name.startswith(PREFIX) and rest:
+            steps[name] = steps.get(name, False) or rest == MANIFEST
+    return steps
+
+
+def committed(ckpt_dir: ObjectPath) -> list[ObjectPath]:
+    """Committed checkpoints (a manifest under their prefix), oldest first."""
+    return [ckpt_dir / name for name, whole in sorted(_steps(ckpt_dir).items()) if whole]
+
+
+def prepare(ckpt_dir: ObjectPath, name: str) -> None:
+    """Rank 0, before a save: remove what interrupted saves left, and the step's own prefix (the
+    same step saved again, e.g. an emergency save after a periodic one: un-committed first)."""
+    steps = _steps(ckpt_dir)
+    for stale, whole in steps.items():
+        if not whole:
+            log.info("removing %s: a save that never committed", ckpt_dir / stale)
+            (ckpt_dir / stale).rmtree()
+    if steps.get(name):
+        (ckpt_dir / name / MANIFEST).unlink()
+        (ckpt_dir / name).rmtree()
+
+
+def write_and_commit(
+    ckpt_dir: ObjectPath,
+    name: str,
+    rng_bytes: bytes,
+    meta: dict[str, Any],
+    rank: int,
+    keep: int,
+    verify: str,
+    process_group: Any,
+    state: dict[str, Any],
+    protect: tuple[str, ...] = (),
+) -> None:
+    """This rank's rng file and DCP shards (hashed while uploaded); rank 0 gathers the digests and
+    commits: meta.json, manifest.json, `latest`, then prunes."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from disttrain.checkpoint.writing import _test_pause
+
+    with_hash = verify == "hash"
+    target = ckpt_dir / name
+    rng_name = f"rng_rank{rank}.pt"
+    (target / rng_name).write_bytes(rng_bytes)
+    writer = _writer(target, with_hash)
+    no_dist = not dist.is_initialized()
+    crc = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        dcp.save(state, storage_writer=writer, process_group=process_group, no_dist=no_dist)
+    finally:
+        torch.serialization.set_crc32_options(crc)
+    digests = {rng_name: _bytes_digest(rng_bytes, with_hash), **writer.fs.digests}
+    if not no_dist and dist.get_world_size(process_group) > 1:
+        everyone: list[Any] | None = [None] * dist.get_world_size(process_group) if rank == 0 else None
+        dist.gather_object(digests, everyone, dst=0, group=process_group)
+        digests = {k: v for d in everyone or [] for k, v in d.items()}
+    if rank == 0:
+        _test_pause("DISTTRAIN_TEST_SAVE_SLEEP")
+        commit(ckpt_dir, name, meta, verify, keep, digests, protect)
+
+
+def commit(
+    ckpt_dir: ObjectPath,
+    name: str,
+    meta: dict[str, Any],
+    verify: str,
+    keep: int,
+    digests: dict[str, dict[str, Any]],
+    protect: Sequence[str] = (),
+) -> ObjectPath:
+    """meta.json, then manifest.json (the commit marker: every file it lists is whole in the store),
+    then `latest` (and `best`), then keep-N. A file the writers did not digest (none, normally) or
+    whose size in the store differs is read back and summed."""
+    from disttrain.checkpoint.files import _file_digest
+    from disttrain.checkpoint.reading import XXH3, algo_of
+
+    with_hash = verify == "hash"
+    target = ckpt_dir / name
+    meta_bytes = json.dumps(meta, indent=1, sort_keys=True, default=str).encode()
+    (target / META).write_bytes(meta_bytes)
+    known = {**digests, META: _bytes_digest(meta_bytes, with_hash)}
+    entries = {}
+    for fname, size in target.files().items():
+        if fname == MANIFEST:
+            continue
+        entry = known.get(fname)
+        if entry is None or entry["size"] != size or algo_of(entry) != (XXH3 if with_hash else None):
+            entry = _file_digest(target / fname, with_hash)  # type: ignore[arg-type]  # ObjectPath: stat, open
+        entries[fname] = entry
+    (target / MANIFEST).write_bytes(
+        json.dumps({"files": entries, "name": name}, indent=1, sort_keys=True).encode()
+    )
+    (ckpt_dir / LATEST).write_text(name + "\n")
+    if protect and protect[0] in {p.name for p in committed(ckpt_dir)}:
+        (ckpt_dir / BEST).write_text(protect[0] + "\n")
+    prune(ckpt_dir, keep, protect)
+    return target
+
+
+def read_pointer(ckpt_dir: ObjectPath, which: str) -> str | None:
+    try:
+        return (ckpt_dir / which).read_text().strip() or None
+    except (OSError, FileNotFoundError):
+        return None
+
+
+def prune(ckpt_dir: ObjectPath, keep: int, protect: Collection[str] = ()) -> list[ObjectPath]:
+    """All but the newest `keep` committed checkpoints (never `latest`'s, `best`'s nor `protect`'s):
+    each un-committed (manifest deleted) before its objects go."""
+    spared = {read_pointer(ckpt_dir, LATEST), read_pointer(ckpt_dir, BEST), *protect}
+    doomed = [p for p in committed(ckpt_dir)[:-keep] if p.name not in spared]
+    for p in doomed:
+        (p / MANIFEST).unlink(missing_ok=True)
+        p.rmtree()
+    return doomed
+
+
+def supersede(ckpt_dir: ObjectPath, step: int) -> list[ObjectPath]:
+    """Committed checkpoints past `step` copied under `superseded/`, then removed (manifest first)."""
+    moved = []
+    for p in committed(ckpt_dir):
+        if p.name > step_name(step):
+            target = ckpt_dir / SUPERSEDED / p.name
+            target.rmtree()
+            p.fs.copy(p.key, target.key, recursive=True)
+            (p / MANIFEST).unlink(missing_ok=True)
+            p.rmtree()
+            moved.append(target)
+    names = {p.name for p in moved}
+    for pointer in (LATEST, BEST):
+        if read_pointer(ckpt_dir, pointer) in names:
+            (ckpt_dir / pointer).unlink(missing_ok=True)
+    return moved
+
+
+def _writer(target: ObjectPath, with_hash: bool) -> Any:
+    """DCP's FsspecWriter whose files are summed as they are uploaded (`writer.fs.digests`)."""
+    import contextlib
+    import os
+    import threading
+
+    from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecWriter
+
+    from disttrain.checkpoint.writing import WRITER_THREADS, checked_write
+
+    class HashingFileSystem(FileSystem):
+        def __init__(self) -> None:
+            super().__init__()
+            self.digests: dict[str, dict[str, Any]] = {}
+            self.errors: list[BaseException] = []
+            self._lock = threading.Lock()
+
+        @contextlib.contextmanager
+        def create_stream(self, path: str | os.PathLike, mode: str) -> Any:
+            if mode != "wb":
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            try:
+                with super().create_stream(path, mode) as f:
+                    hashing = _HashingFile(f, with_hash)
+                    yield hashing
+            except BaseException as exc:  # DCP's extra writer threads drop their exceptions
+                with self._lock:
+                    self.errors.append(exc)
+                raise
+            with self._lock:
+                self.digests[os.path.basename(os.fspath(path))] = hashing.digest()
+
+        def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+            super().rename(path, new_path)  # `.metadata.tmp` -> `.metadata`: a copy in the store
+            with self._lock:
+                old, new = os.path.basename(os.fspath(path)), os.path.basename(os.fspath(new_path))
+                if (entry := self.digests.pop(old, None)) is not None:
+                    self.digests[new] = entry
+
+    # sync_files off: an object is durable once its upload ends (fsync has no file to sync; DCP
+    # would fall back to os.sync() of the whole machine for every file)
+    writer = checked_write(FsspecWriter)(target.url, sync_files=False, thread_count=WRITER_THREADS)
+    fs = HashingFileSystem()
+    fs.fs = writer.fs.fs
+    writer.fs = fs
+    return writer
