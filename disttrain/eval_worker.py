@@ -53,6 +53,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
 
     job_dir = Path(run_dir)
     run = Run.of(read_config(job_dir))  # once per rank: everything below takes it
+    storage.configure(run.storage_options)  # s3:// and gs:// paths: the config's store options
     job = json.loads((job_dir / JOB).read_text(encoding="utf-8"))
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # the user's own modules, as in the parent; never ahead of torch

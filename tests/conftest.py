@@ -99,6 +99,7 @@ def s3_bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     import uuid
 
     import s3fs
+    from shared_support import S3_ENV
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     for key, value in S3_ENV.items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -157,3 +158,42 @@ def test_bad_urls_are_one_paragraph_before_launch(s3_bucket: str, monkeypatch: p
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with pytest.raises(ConfigError, match="did not answer"):
         probe("checkpoint.dir", f"{s3_bucket}/run")
+
+
+def test_a_missing_bucket_is_one_paragraph_and_exit_2_before_anything_is_written(
+    s3_bucket: str, scratch: Path
+) -> None:
+    """The CLI's pre-launch checks meet the store: a bucket that is not there is the config error of
+    checkpoint.dir (exit 2, no traceback, no run dir), named before any rank starts."""
+    from shared_support import disttrain_in_process
+
+    proc = disttrain_in_process(
+        "train",
+        "data=synthetic",
+        "nproc_per_node=1",
+        "checkpoint.dir=s3://no-such-bucket-here/run",
+        cwd=scratch,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "checkpoint.dir=s3://no-such-bucket-here/run is not valid" in proc.stderr
+    assert "does not exist at this endpoint" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(scratch.iterdir()) == [], "nothing written"
+
+
+def test_storage_options_reach_the_store_without_the_environment(
+    s3_bucket: str, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """storage_options={s3: {endpoint_url: ...}}: fsspec's per-protocol defaults in this process,
+    over the environment's endpoint (here one nothing listens at)."""
+    import fsspec.config
+    import s3fs
+
+    from disttrain import storage
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setattr(fsspec.config, "conf", {})  # restored after the test: configure() is process-wide
+    s3fs.S3FileSystem.clear_instance_cache()
+    with pytest.raises(ConfigError, match="did not answer"):
+        probe("checkpoint.dir", f"{s3_bucket}/run")
+    storage.configure({"s3": {"endpoint_url": s3_endpoint}})
+    probe("checkpoint.dir", f"{s3_bucket}/run", write=True)
