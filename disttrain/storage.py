@@ -189,6 +189,10 @@ class ObjectPath:
         """One PUT: the object appears whole or not at all."""
         self.fs.pipe_file(self.key, bytes(data))
 
+    def put(self, name: str, data: bytes) -> None:
+        """The object `name` under this prefix, written whole."""
+        (self / name).write_bytes(data)
+
     def write_text(self, text: str) -> None:
         self.write_bytes(text.encode())
 

@@ -104,7 +104,6 @@ def s3_bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     for key, value in S3_ENV.items():
         monkeypatch.setenv(key, value)
-    s3fs.S3FileSystem.clear_instance_cache()  # a client made before these variables keeps its endpoint
     name = f"bkt-{uuid.uuid4().hex[:12]}"
     s3fs.S3FileSystem().mkdir(name)
     return f"s3://{name}"

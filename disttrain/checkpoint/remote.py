@@ -54,48 +54,6 @@ def prepare(ckpt_dir: ObjectPath, name: str) -> None:
         (ckpt_dir / name).rmtree()
 
 
-def write_and_commit(
-    ckpt_dir: ObjectPath,
-    name: str,
-    rng_bytes: bytes,
-    meta: dict[str, Any],
-    rank: int,
-    keep: int,
-    verify: str,
-    process_group: Any,
-    state: dict[str, Any],
-    protect: tuple[str, ...] = (),
-) -> None:
-    """This rank's rng file and DCP shards (hashed while uploaded); rank 0 gathers the digests and
-    commits: meta.json, manifest.json, `latest`, then prunes."""
-    import torch
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-
-    from disttrain.checkpoint.writing import _test_pause
-
-    with_hash = verify == "hash"
-    target = ckpt_dir / name
-    rng_name = f"rng_rank{rank}.pt"
-    (target / rng_name).write_bytes(rng_bytes)
-    writer = _writer(target, with_hash)
-    no_dist = not dist.is_initialized()
-    crc = torch.serialization.get_crc32_options()
-    torch.serialization.set_crc32_options(False)
-    try:
-        dcp.save(state, storage_writer=writer, process_group=process_group, no_dist=no_dist)
-    finally:
-        torch.serialization.set_crc32_options(crc)
-    digests = {rng_name: _bytes_digest(rng_bytes, with_hash), **writer.fs.digests}
-    if not no_dist and dist.get_world_size(process_group) > 1:
-        everyone: list[Any] | None = [None] * dist.get_world_size(process_group) if rank == 0 else None
-        dist.gather_object(digests, everyone, dst=0, group=process_group)
-        digests = {k: v for d in everyone or [] for k, v in d.items()}
-    if rank == 0:
-        _test_pause("DISTTRAIN_TEST_SAVE_SLEEP")
-        commit(ckpt_dir, name, meta, verify, keep, digests, protect)
-
-
 def commit(
     ckpt_dir: ObjectPath,
     name: str,
@@ -170,7 +128,7 @@ def supersede(ckpt_dir: ObjectPath, step: int) -> list[ObjectPath]:
     return moved
 
 
-def _writer(target: ObjectPath, with_hash: bool) -> Any:
+def writer(target: ObjectPath, with_hash: bool) -> Any:
     """DCP's FsspecWriter whose files are summed as they are uploaded (`writer.fs.digests`)."""
     import contextlib
     import os

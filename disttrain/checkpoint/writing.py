@@ -151,11 +151,16 @@ def save(
     started = time.time()
     name = step_name(step)
     _Background.finish()  # a save still in flight owns the staging buffers and its .tmp- folder
-    args = (name, _torch_bytes(rng), meta, rank, keep, verify, process_group)
+    with_hash, done = verify == "hash", tuple(protect)
     if isinstance(ckpt_dir, ObjectPath):  # an object store: written in place, committed by its manifest
+        target = ckpt_dir / name
         if rank == 0:
             remote.prepare(ckpt_dir, name)
-        write = functools.partial(remote.write_and_commit, ckpt_dir, *args, protect=tuple(protect))
+        put: Callable[[str, bytes], None] = target.put
+        writer = remote.writer(target, with_hash)
+        commit: Callable[[dict[str, Any]], Any] = functools.partial(
+            remote.commit, ckpt_dir, name, meta, verify, keep, protect=done
+        )
     else:
         tmp = ckpt_dir / f"{TMP}{name}"
         if rank == 0:
@@ -163,7 +168,12 @@ def save(
             for stale in ckpt_dir.glob(f"{TMP}*"):  # saves a crash interrupted: never committed
                 remove_stale(stale)
             tmp.mkdir()
-        write = functools.partial(_write_and_commit, ckpt_dir, tmp, *args, protect=tuple(protect))
+        put = functools.partial(_put_synced, tmp)
+        writer = _writer(tmp, with_hash)
+        commit = functools.partial(commit_dir, ckpt_dir, tmp, name, meta, verify, keep, protect=done)
+    write = functools.partial(
+        _write_and_commit, put, writer, commit, _torch_bytes(rng), rank, verify, process_group
+    )
     barrier()
     if not async_save:
         write(app_state)
@@ -203,27 +213,28 @@ def remove_stale(stale: Path) -> None:
         log.warning("moved %s (it could not be removed) aside to %s", stale.name, aside.name)
 
 
+def _put_synced(folder: Path, fname: str, data: bytes) -> None:
+    _write_synced(folder / fname, data)
+
+
 def _write_and_commit(
-    ckpt_dir: Path,
-    tmp: Path,
-    name: str,
+    put: Callable[[str, bytes], None],
+    writer: Any,
+    commit: Callable[[dict[str, dict[str, Any]]], Any],
     rng_bytes: bytes,
-    meta: dict[str, Any],
     rank: int,
-    keep: int,
     verify: str,
     process_group: Any,
     state: dict[str, Any],
-    protect: tuple[str, ...] = (),
 ) -> None:
-    """This rank's files (hashed while written), then rank 0 gathers every rank's digests and commits."""
+    """This rank's rng file (`put`) and DCP shards (`writer`, hashed while written), then rank 0
+    gathers every rank's digests and commits them (`commit`: a folder's rename, a store's manifest)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     with_hash = verify == "hash"
     rng_name = f"rng_rank{rank}.pt"
-    _write_synced(tmp / rng_name, rng_bytes)
-    writer = _writer(tmp, with_hash)
+    put(rng_name, rng_bytes)
     no_dist = not dist.is_initialized()
     # torch.save's zip CRC32 of every tensor record is a second checksum of the same bytes: the
     # manifest's xxh3_64 (verify=hash) or size (verify=size) is what a load checks, and torch.load
@@ -240,10 +251,10 @@ def _write_and_commit(
         dist.gather_object(digests, everyone, dst=0, group=process_group)
         digests = {k: v for d in everyone or [] for k, v in d.items()}
     # DCP's last phase gathers every rank's write result on rank 0 before .metadata is written,
-    # so when rank 0's save returns, every shard and every rng file is on disk.
+    # so when rank 0's save returns, every shard and every rng file is on disk (in the store).
     if rank == 0:
         _test_pause("DISTTRAIN_TEST_SAVE_SLEEP")
-        commit_dir(ckpt_dir, tmp, name, meta, verify, keep, digests, protect)
+        commit(digests)
 
 
 # DCP's writer threads per rank (one file each); hashing and copying run in parallel on two cores.

@@ -17,6 +17,7 @@ from disttrain.commands.resume import run_dir_arg
 if TYPE_CHECKING:
     import torch
 from disttrain.config.errors import ConfigError
+from disttrain.storage import ObjectPath, is_url, probe
 
 EXPORT_USAGE = """\
 usage: disttrain export RUN_DIR|CHECKPOINT_DIR [--out model.pt|model.safetensors|DIR] [--format pt|safetensors|hf]
@@ -72,7 +73,9 @@ def cmd_export(rest: list[str]) -> int:
         from disttrain.rundir import refuse_planted_links
 
         refuse_planted_links(run_dir, "RUN_DIR")  # export/... must land in this run dir
-    if fmt == "hf":
+    if args.out and is_url(args.out):
+        probe("--out", args.out, write=True)  # the bucket answers and takes an object: before the load
+    elif fmt == "hf":
         out = Path(args.out) if args.out else run_dir / "export" / "hf"
         check_out_dir(out, "--out" if args.out else "RUN_DIR")
     else:
@@ -82,7 +85,29 @@ def cmd_export(rest: list[str]) -> int:
     from disttrain.trust import check_trusted
 
     check_trusted(run_dir, read_config(run_dir), args.trust)  # its model _target_ is code
+    if args.out and is_url(args.out):
+        return export_to_store(run_dir, location, ObjectPath(args.out), fmt, ema=args.ema)
     return export(run_dir, location, out, fmt, ema=args.ema)
+
+
+def export_to_store(run_dir: Path, location: Path, out: ObjectPath, fmt: str, ema: bool = False) -> int:
+    """`--out s3://...` or gs://: the export written into a local temporary folder, then uploaded
+    (a file as one object; `--format hf` a prefix of its files, config.json last: a loader that
+    finds it finds the weights)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="disttrain-export-") as tmp:
+        local = Path(tmp) / (out.name or "export")
+        rc = export(run_dir, location, local, fmt, ema=ema)
+        if rc:
+            return rc
+        files = sorted(local.rglob("*"), key=lambda f: f.name == "config.json") if local.is_dir() else [local]
+        for f in files:
+            if f.is_file():
+                target = out / str(f.relative_to(local)) if local.is_dir() else out
+                out.fs.put_file(str(f), target.key)
+    sys.stdout.write(f"uploaded to {out}\n")
+    return 0
 
 
 def owning_run_dir(location: Path, given: str) -> Path:

@@ -86,9 +86,10 @@ def test_saves_commit_prune_verify_and_load_bitwise(s3_bucket: str) -> None:
 
 
 def test_a_save_killed_before_its_manifest_leaves_the_previous_one_loadable(s3_bucket: str) -> None:
-    """Every process killed during a save: its objects are there, its manifest and `latest` are not."""
+    """Every process killed during a save: its objects are there, its manifest and `latest` are not.
+    The previous checkpoint loads; keep-N does not count the partial one; the next save removes it."""
     where = ObjectPath(f"{s3_bucket}/run")
-    kept = _save(where, 4, seed=4)
+    kept = _save(where, 4, seed=4, keep=1)
     partial = where / "step_00000005"
     for f in (where / "step_00000004").files():  # the shards and meta of a save, not its marker
         if f != "manifest.json":
@@ -197,3 +198,17 @@ def test_storage_options_reach_the_store_without_the_environment(
         probe("checkpoint.dir", f"{s3_bucket}/run")
     storage.configure({"s3": {"endpoint_url": s3_endpoint}})
     probe("checkpoint.dir", f"{s3_bucket}/run", write=True)
+
+
+def test_hf_data_files_from_s3(s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """data=hf with data.path=s3://.../*.jsonl: the glob is listed in the store, datasets reads the
+    objects through fsspec; a glob that matches nothing is data.path's paragraph."""
+    from disttrain.data.hf import load_hf
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path))
+    rows = [{"x": [float(i), 1.0], "y": i % 2} for i in range(6)]
+    ObjectPath(f"{s3_bucket}/hf/part-0.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    ds = load_hf(f"{s3_bucket}/hf/*.jsonl", columns=["x", "y"])
+    assert len(ds) == 6 and ds[5]["x"].tolist() == [5.0, 1.0] and int(ds[5]["y"]) == 1
+    with pytest.raises(ConfigError, match="nothing is there"):
+        load_hf(f"{s3_bucket}/hf/*.parquet")
