@@ -100,6 +100,10 @@ def test_a_save_killed_before_its_manifest_leaves_the_previous_one_loadable(s3_b
     assert checkpoint.choose(partial, "size", fallback=False) is None
     _save(where, 6, seed=6, keep=1)  # the next save removes what the interrupted one left
     assert [p.name for p in where.iterdir() if p.name.startswith("step_")] == ["step_00000006"]
+    # a resume from step 4 abandons step 6: kept under superseded/, out of keep-N and `latest`
+    assert checkpoint.supersede(where, 4) == [where / "superseded" / "step_00000006"]
+    assert checkpoint.committed(where) == [] and checkpoint.read_latest(where) is None
+    assert checkpoint.problem(where / "superseded" / "step_00000006") is None
 
 
 def test_tokens_from_s3_read_ranges_flat_in_object_size(s3_bucket: str) -> None:
