@@ -216,3 +216,15 @@ def test_hf_data_files_from_s3(s3_bucket: str, tmp_path: Path, monkeypatch: pyte
     assert len(ds) == 6 and ds[5]["x"].tolist() == [5.0, 1.0] and int(ds[5]["y"]) == 1
     with pytest.raises(ConfigError, match="nothing is there"):
         load_hf(f"{s3_bucket}/hf/*.parquet")
+
+
+def test_a_url_is_frozen_as_given_and_a_bad_key_refused_before_launch() -> None:
+    """config.yaml keeps checkpoint.dir=s3://... as written (never joined to the working directory);
+    a key with a '..' segment is checkpoint.dir's paragraph, before any request."""
+    from unit_support import checked
+
+    assert checked(["checkpoint.dir=s3://lab-ckpt/gpt"])["checkpoint"]["dir"] == "s3://lab-ckpt/gpt"
+    with pytest.raises(
+        ConfigError, match=r"checkpoint.dir=s3://lab-ckpt/a/../b is not valid.*'\.\.' segment"
+    ):
+        checked(["checkpoint.dir=s3://lab-ckpt/a/../b"])
