@@ -319,14 +319,19 @@ def _check_urls(run: Run) -> None:
             )
 
 
+def _probes_stores(run: Run) -> bool:
+    """Whether this machine meets the run's stores as its ranks will (not a Kubernetes pod's)."""
+    from disttrain.launch.specs import LAUNCHERS
+
+    return not LAUNCHERS.get(run.launcher.name).own_files
+
+
 def _probe_stores(run: Run) -> None:
     """Before launch: each object store the run names answers, with these credentials, and holds
     the bucket (checkpoint.dir: takes an object). One paragraph naming the key otherwise. Not for a
     launcher whose nodes have their own environment (a Kubernetes pod's credentials are not this
     machine's): its ranks meet the store first."""
-    from disttrain.launch.specs import LAUNCHERS
-
-    if LAUNCHERS.get(run.launcher.name).own_files:
+    if not _probes_stores(run):
         return
     storage.configure(run.storage_options)
     for key, url, write in _urls(run):
@@ -517,7 +522,9 @@ def _check_resume_path(run: Run) -> None:
     from disttrain import checkpoint
 
     resume = run.resume
-    if resume in (None, "auto", "never") or checkpoint.choose(storage.location(resume), "size") is not None:
+    if resume in (None, "auto", "never") or (is_url(resume) and not _probes_stores(run)):
+        return  # a pod's own credentials reach its store: its ranks check the checkpoint
+    if checkpoint.choose(storage.location(resume), "size") is not None:
         return
     raise ConfigError(
         "resume",
