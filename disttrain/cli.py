@@ -34,7 +34,7 @@ commands:
             --load-at OVERRIDES: its checkpoint's DCP load planned at another layout)
   runs     table of the runs under DIR (default ./runs): status, step, loss, best val
   show     one run: config diff against defaults, final metrics, checkpoints, how to reproduce it
-  compare  two runs side by side: config diff and metric diff
+  compare  two or more runs side by side: config diff and final metrics (--plot FILE: curves)
            (env, bench, plan, runs, show and compare take --json for scripts)
   completion  bash|zsh: the shell completion script (eval "$(disttrain completion bash)")
 

@@ -85,6 +85,8 @@ class MissingBackend(ImportError):
 def filesystem(url: str, fresh: bool = False, **extra: Any) -> Any:
     """The fsspec filesystem serving `url` (its backend imported now). `fresh`: a new instance
     (fsspec caches one per set of options), for a probe whose options differ."""
+    from disttrain.config.extras import EXTRAS
+
     scheme = url.partition("://")[0]
     package, extra_name = SCHEMES.get(scheme, (scheme, scheme))
     try:
@@ -92,9 +94,8 @@ def filesystem(url: str, fresh: bool = False, **extra: Any) -> Any:
 
         __import__(package)
     except ImportError as exc:
-        raise MissingBackend(
-            f"{url} needs the {package} package: pip install 'disttrain[{extra_name}]'"
-        ) from exc
+        how = EXTRAS[extra_name].install if extra_name in EXTRAS else f"pip install {package}"
+        raise MissingBackend(f"{url} needs the {package} package: {how}") from exc
     if fresh:
         extra["skip_instance_cache"] = True
     return fsspec.filesystem(scheme, **extra)

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from disttrain.checkpoint.files import _bytes_digest, _HashingFile
+from disttrain.checkpoint.files import _bytes_digest
 from disttrain.checkpoint.layout import BEST, LATEST, MANIFEST, META, PREFIX, SUPERSEDED, step_name
 from disttrain.storage import ObjectPath
 
@@ -126,53 +126,3 @@ def supersede(ckpt_dir: ObjectPath, step: int) -> list[ObjectPath]:
         if read_pointer(ckpt_dir, pointer) in names:
             (ckpt_dir / pointer).unlink(missing_ok=True)
     return moved
-
-
-def writer(target: ObjectPath, with_hash: bool) -> Any:
-    """DCP's FsspecWriter whose files are summed as they are uploaded (`writer.fs.digests`)."""
-    import contextlib
-    import os
-    import threading
-
-    from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecWriter
-
-    from disttrain.checkpoint.writing import WRITER_THREADS, checked_write
-
-    class HashingFileSystem(FileSystem):
-        def __init__(self) -> None:
-            super().__init__()
-            self.digests: dict[str, dict[str, Any]] = {}
-            self.errors: list[BaseException] = []
-            self._lock = threading.Lock()
-
-        @contextlib.contextmanager
-        def create_stream(self, path: str | os.PathLike, mode: str) -> Any:
-            if mode != "wb":
-                with super().create_stream(path, mode) as stream:
-                    yield stream
-                return
-            try:
-                with super().create_stream(path, mode) as f:
-                    hashing = _HashingFile(f, with_hash)
-                    yield hashing
-            except BaseException as exc:  # DCP's extra writer threads drop their exceptions
-                with self._lock:
-                    self.errors.append(exc)
-                raise
-            with self._lock:
-                self.digests[os.path.basename(os.fspath(path))] = hashing.digest()
-
-        def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
-            super().rename(path, new_path)  # `.metadata.tmp` -> `.metadata`: a copy in the store
-            with self._lock:
-                old, new = os.path.basename(os.fspath(path)), os.path.basename(os.fspath(new_path))
-                if (entry := self.digests.pop(old, None)) is not None:
-                    self.digests[new] = entry
-
-    # sync_files off: an object is durable once its upload ends (fsync has no file to sync; DCP
-    # would fall back to os.sync() of the whole machine for every file)
-    writer = checked_write(FsspecWriter)(target.url, sync_files=False, thread_count=WRITER_THREADS)
-    fs = HashingFileSystem()
-    fs.fs = writer.fs.fs
-    writer.fs = fs
-    return writer

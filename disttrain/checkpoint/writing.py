@@ -157,7 +157,7 @@ def save(
         if rank == 0:
             remote.prepare(ckpt_dir, name)
         put: Callable[[str, bytes], None] = target.put
-        writer = remote.writer(target, with_hash)
+        writer = _store_writer(target, with_hash)
         commit: Callable[[dict[str, Any]], Any] = functools.partial(
             remote.commit, ckpt_dir, name, meta, verify, keep, protect=done
         )
@@ -303,6 +303,54 @@ def _writer(path: Path, with_hash: bool = False) -> Any:
 
     fs = HashingFileSystem()
     writer = checked_write(FileSystemWriter)(str(path), sync_files=True, thread_count=WRITER_THREADS)
+    writer.fs = fs
+    return writer
+
+
+def _store_writer(target: ObjectPath, with_hash: bool) -> Any:
+    """DCP's FsspecWriter whose files are summed as they are uploaded (`writer.fs.digests`)."""
+    import contextlib
+    import os
+    import threading
+
+    from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecWriter
+
+    class HashingFileSystem(FileSystem):
+        def __init__(self) -> None:
+            super().__init__()
+            self.digests: dict[str, dict[str, Any]] = {}
+            self.errors: list[BaseException] = []
+            self._lock = threading.Lock()
+
+        @contextlib.contextmanager
+        def create_stream(self, path: str | os.PathLike, mode: str) -> Any:
+            if mode != "wb":
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            try:
+                with super().create_stream(path, mode) as f:
+                    hashing = _HashingFile(f, with_hash)
+                    yield hashing
+            except BaseException as exc:  # DCP's extra writer threads drop their exceptions
+                with self._lock:
+                    self.errors.append(exc)
+                raise
+            with self._lock:
+                self.digests[os.path.basename(os.fspath(path))] = hashing.digest()
+
+        def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+            super().rename(path, new_path)  # `.metadata.tmp` -> `.metadata`: a copy in the store
+            with self._lock:
+                old, new = os.path.basename(os.fspath(path)), os.path.basename(os.fspath(new_path))
+                if (entry := self.digests.pop(old, None)) is not None:
+                    self.digests[new] = entry
+
+    # sync_files off: an object is durable once its upload ends (fsync has no file to sync; DCP
+    # would fall back to os.sync() of the whole machine for every file)
+    writer = checked_write(FsspecWriter)(target.url, sync_files=False, thread_count=WRITER_THREADS)
+    fs = HashingFileSystem()
+    fs.fs = writer.fs.fs
     writer.fs = fs
     return writer
 

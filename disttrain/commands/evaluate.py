@@ -365,7 +365,9 @@ def report(mode: str, out: Path, result: dict[str, Any]) -> None:
     if "checkpoint" in result:
         weights = "'s EMA weights" if "weights" in result else ""
         source = f" from {Path(result['checkpoint']).name}{weights} (step {result['step']})"
-    sys.stdout.write(f"predict: {_rows(out)} rows{source} -> {out}\n")
+    from disttrain.tools.render import human_bytes
+
+    sys.stdout.write(f"predict: {_rows(out)} rows{source} -> {out} ({human_bytes(out.stat().st_size)})\n")
 
 
 def _rows(out: Path) -> int:

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 def launch_config(run: Run, run_dir: Path) -> Any:
     from torch.distributed.launcher.api import LaunchConfig
 
-    from disttrain.launch.multinode import endpoint, local_address, node_bounds
+    from disttrain.launch.address import endpoint, local_address
+    from disttrain.launch.multinode import node_bounds
 
     single = run.world.nodes == 1
     launcher = run.launcher
@@ -113,7 +114,8 @@ def launch_torchrun(run: Run, run_dir: Path, entry: str = "disttrain.worker") ->
                 entry, str(run_dir), launcher_env(), LauncherStdio()
             )
     except RendezvousError as exc:
-        from disttrain.launch.multinode import RendezvousFailure, endpoint
+        from disttrain.launch.address import endpoint
+        from disttrain.launch.multinode import RendezvousFailure
 
         host, port = endpoint(run)
         raise RendezvousFailure(

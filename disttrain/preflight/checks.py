@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from disttrain import storage
+from disttrain.config import extras
 from disttrain.config.common import Choice
 from disttrain.config.errors import ConfigError, _show, one_of
 from disttrain.config.run import Run, World
@@ -163,6 +164,7 @@ def check_static(run: Run) -> None:
     """Checks that need only the resolved config."""
     _check_world(run)
     check_sinks(list(run.observe.sinks))
+    extras.check_run(run)  # a tracker, fp8, peft without its package: the install command, before launch
     _at_least(run, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
     spec, strategy = specs.get(run.strategy.name), run.strategy
     if spec.check_static is not None:
@@ -646,3 +648,23 @@ def check_optim_runtime(run: Run, model: Any, batches_per_epoch: int) -> None:
     optimizer = build_optimizer(run.optim, model, specs.dp_degree(run), checking=True)
     steps = total_steps(run.trainer, max(batches_per_epoch, 1) * run.trainer.grad_accum)
     build_scheduler(run.sched, optimizer, max(steps, 1))
+    warning = warmup_warning(run.sched, steps)
+    if warning:
+        import sys
+
+        sys.stderr.write(f"disttrain: warning: {warning}\n")
+
+
+def warmup_warning(sched: Mapping[str, Any], steps: int) -> str | None:
+    """The built-in schedule's warm-up covering the whole run: the lr only climbs and never decays
+    (review 2026-11-28-ux #14: cosine's 20 warm-up steps silently swallowed a 20-step run)."""
+    warmup = sched.get("warmup_steps") or 0
+    if "_target_" in sched or not isinstance(warmup, int) or warmup <= 0 or warmup < steps:
+        return None
+    fix = max(1, steps // 10)
+    decays = "" if sched.get("name") == "constant" else " and never decays"
+    return (
+        f"sched.warmup_steps={warmup} is not shorter than the run ({steps} optimizer steps): the lr "
+        f"climbs for the whole run{decays}. "
+        f"HINT: sched.warmup_steps={fix} (a tenth of the run), or sched.warmup_steps=0."
+    )

@@ -307,20 +307,48 @@ def test_help_and_version(scratch: Path, no_torch_report: dict[str, dict]) -> No
 def test_train_help_is_one_page_listing_each_key_once_with_help(no_torch_report: dict[str, dict]) -> None:
     """Docs-as-written review 3.11: `train --help` was 250 lines, Hydra's dump of the whole config
     and then the key table with the same keys, and optim.lr, data.num_features had no help text.
-    Now: the groups and their options, then each key once, with its type, default and help."""
+    Now: the groups and their options, then each key once (key=default, type), its help below it;
+    review 2026-11-28-ux #10: no line wider than 100 columns (120 of 147 lines were over 120)."""
+    import textwrap
+
     from disttrain.config import compose
-    from disttrain.config.keyhelp import key_rows
+    from disttrain.config.keyhelp import INDENT, WIDTH, key_rows
 
     stdout = no_torch_report["train --help"]["stdout"]
     lines = stdout.splitlines()
     assert "== Config ==" not in stdout and "_target_: disttrain.models.mlp.MLP" not in stdout, "no dump"
-    rows = key_rows(compose([]))
-    assert len(lines) < len(rows) + 35, f"{len(lines)} lines for {len(rows)} keys"
-    for key, _, _, text in rows:
-        shown = [line for line in lines if line.split(" ", 1)[0] == key]
-        assert len(shown) == 1, f"{key} is shown {len(shown)} times"
-        assert text.strip() and shown[0].rstrip().endswith(text), f"{key} has no help text: {shown[0]}"
+    assert WIDTH == 100 and max(map(len, lines)) <= WIDTH, max(lines, key=len)
+    for key, kind, default, text in key_rows(compose([])):
+        at = [i for i, line in enumerate(lines) if line.split("=", 1)[0].split(" ", 1)[0] == key]
+        assert len(at) == 1, f"{key} is shown {len(at)} times"
+        head = lines[at[0]]
+        assert head == (f"{key}  ({kind})" if kind == "group" else f"{key}={default}  ({kind})"), head
+        below = []
+        for line in lines[at[0] + 1 :]:
+            if not line.startswith(INDENT):
+                break
+            below.append(line[len(INDENT) :])
+        assert text.strip() and " ".join(below) == " ".join(textwrap.wrap(text, WIDTH)), f"{key}: {below}"
     assert lines[-1] == "Use --hydra-help to view Hydra specific help"
+
+
+def test_train_help_is_printed_without_hydra_and_is_what_hydra_renders(scratch: Path) -> None:
+    """`train --help` took 4.5-5.9 CPU-s (review 2026-11-28-ux #10: Hydra's app_help deep-copies the
+    config repository 159 times): it prints the page rendered ahead of time (commands/train_help.txt,
+    `python -m disttrain.commands.train_help` writes it), importing neither Hydra nor torch; the
+    page must be what rendering prints today. Speed itself: scripts/bench_help.py, not asserted."""
+    from disttrain.commands.train_help import PAGE, fingerprint, render
+
+    code = (
+        "import sys; from disttrain.cli import main; rc = main(['train', '--help']); "
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'torch', 'omegaconf')); "
+        "sys.stderr.write(repr(heavy)); raise SystemExit(rc)"
+    )
+    proc = run([sys.executable, "-c", code], scratch)
+    assert proc.returncode == 0 and proc.stderr == "[]", proc.stderr[-2000:]
+    stale = "stale: run `python -m disttrain.commands.train_help`"
+    assert PAGE.read_text(encoding="utf-8") == f"fingerprint {fingerprint()}\n{proc.stdout}", stale
+    assert render() == proc.stdout, stale
 
 
 # ------------------------------------------------------------------------------- no torch import
