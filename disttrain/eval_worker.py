@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, default_collate
 
-from disttrain import checkpoint
+from disttrain import checkpoint, storage
 from disttrain.checkpoint.manager import Checkpointer, ModelState
 from disttrain.config.run import Run
 from disttrain.config.schema import EmaConfig
@@ -33,6 +33,7 @@ from disttrain.engine.loop import val_batches, validation
 from disttrain.engine.state import TrainState
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
 from disttrain.rundir import JOB, RunDir, read_config, write_json
+from disttrain.storage import ObjectPath
 from disttrain.strategies.base import Strategy
 from disttrain.tasks import Task
 from disttrain.tasks import batch as batches
@@ -52,6 +53,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
 
     job_dir = Path(run_dir)
     run = Run.of(read_config(job_dir))  # once per rank: everything below takes it
+    storage.configure(run.storage_options)  # s3:// and gs:// paths: the config's store options
     job = json.loads((job_dir / JOB).read_text(encoding="utf-8"))
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # the user's own modules, as in the parent; never ahead of torch
@@ -79,7 +81,7 @@ def evaluate(run: Run, env: DistEnv, job: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError("the validation data set is empty or not configured (data.val)")
     # --ema: the checkpoint's averaged weights, swapped in (the decay is never used: nothing updates)
     ema = EMA(EmaConfig(decay=0.5), strategy.unwrap(parts.model)) if job.get("ema") else NullEMA()
-    restored = restore(run, env, strategy, parts.model, Path(job["checkpoint"]), ema)
+    restored = restore(run, env, strategy, parts.model, storage.location(job["checkpoint"]), ema)
     where = {"checkpoint": str(restored[0]), "step": restored[1], "world_size": env.world_size}
     if isinstance(ema, EMA):
         where["weights"] = "ema"
@@ -105,9 +107,9 @@ def restore(
     env: DistEnv,
     strategy: Strategy,
     model: torch.nn.Module,
-    location: Path,
+    location: Path | ObjectPath,
     ema: NullEMA | None = None,
-) -> tuple[Path, int]:
+) -> tuple[Path | ObjectPath, int]:
     """The model (through ModelState, the strategy's own sharded state dict: it reshards to this
     world size and strategy) from the newest loadable checkpoint at `location`; no scheduler, no
     train state, no RNG is applied. No optimizer: its state is neither built nor read (AdamW's

@@ -17,16 +17,19 @@ from typing import Any
 from disttrain.config.errors import ConfigError
 from disttrain.config.run import Run
 from disttrain.rundir import RunDir
+from disttrain.storage import ObjectPath, is_url
 
 KEY = "checkpoint.dir"
 
 
-def checkpoint_dir(run: Run | Mapping[str, Any], run_dir: Path) -> Path:
+def checkpoint_dir(run: Run | Mapping[str, Any], run_dir: Path) -> Path | ObjectPath:
     """`checkpoint.dir`, else `<run dir>/checkpoints`. Of a run, or of a run dir's plain
     config.yaml (`disttrain eval` finds the checkpoint before the config is checked and trusted).
     Composition freezes it absolute (config.compose.absolute_paths); a relative one (a config.yaml
     from before) is read from the working directory."""
     chosen = _chosen(run)
+    if chosen and is_url(chosen):  # s3://, gs://: an object store every node reaches
+        return ObjectPath(str(chosen))
     return Path(str(chosen)).absolute() if chosen else RunDir(run_dir).checkpoints
 
 
@@ -46,6 +49,8 @@ def check_shared(run: Run | Mapping[str, Any], run_dir: Path, env: Any) -> None:
     if not dist.is_initialized() or env.world_size == env.local_world_size:
         return
     directory = checkpoint_dir(run, run_dir)
+    if isinstance(directory, ObjectPath):  # every node reaches the store (probed before launch)
+        return
     box: list[Any] = [None]
     if env.is_zero:
         directory.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from disttrain import storage
 from disttrain.checkpoint import init_from
 from disttrain.checkpoint.geometry import checkpoint_meta, keep_global_batch
 from disttrain.checkpoint.manager import Checkpointer, ModelState, resume_location, run_info
@@ -70,6 +71,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
         sys.path.append(os.getcwd())  # the user's own modules, as in the parent; never ahead of torch
     refuse_planted_links(run_dir, "RUN_DIR", plain)  # before the first write into logs/ or checkpoints/
     run = Run.of(plain)  # once per rank: everything below takes it
+    storage.configure(run.storage_options)  # s3:// and gs:// paths: the config's store options
     env = DistEnv.from_env(str(run.backend.name))  # a plain string, as config.yaml holds it
     if "RANK" in os.environ:  # a process of its own: titled `disttrain rank R/W RUN_DIR` in ps aux
         name_process(env.rank, env.world_size, str(run_dir.absolute()))  # (`disttrain show` finds it)

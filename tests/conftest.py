@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 # The modules that take longest (wall seconds at `-n 4 --dist loadscope` on the 2-core CI machine,
@@ -66,3 +68,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A real S3-compatible server on 127.0.0.1 (moto's server mode, as s3fs tests itself): the
+    tests reach it over HTTP through s3fs and botocore, never a mocked client. One per session."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`s3://<a new bucket>` on the session's server, reached the standard way: AWS_ENDPOINT_URL and
+    credentials in the environment (which the ranks a test starts inherit)."""
+    import uuid
+
+    import s3fs
+    from shared_support import S3_ENV
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    for key, value in S3_ENV.items():
+        monkeypatch.setenv(key, value)
+    name = f"bkt-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem().mkdir(name)
+    return f"s3://{name}"

@@ -275,3 +275,11 @@ def _stale(module: Any) -> bool:
     places = _places(module)
     roots = [str(Path(p).resolve()) for p in sys.path if p]
     return bool(places) and not any(str(Path(p).resolve()).startswith(r) for p in places for r in roots)
+
+
+# Credentials of the tests' S3 server (moto on 127.0.0.1: the `s3_endpoint` fixture, tests/conftest.py)
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}

@@ -4,7 +4,8 @@ Storage, one concern a module: `layout` (the folder's names, `latest`/`best`), `
 fsynced, and their digests), `writing` (DCP shards written, async staging), `commit` (the atomic rename,
 the manifest written last), `retention` (what stays: prune, `superseded/`), `dcp_read` and `reading` (reading
 shards safely, verified against the manifest), `fallback` (which checkpoint to load; its shards),
-`export` (weights for plain PyTorch). `manager` decides what goes into one and when, given its state
+`export` (weights for plain PyTorch), `remote` (a checkpoint in an object store, s3:// or gs://:
+written in place and committed by its manifest, then `latest`, since a store has no rename). `manager` decides what goes into one and when, given its state
 objects explicitly; `init_from` loads weights only; `geometry` is the saved world's shape.
 
 A save writes into `.tmp-<name>/`, fsyncs every file, then renames the folder into place and

@@ -19,6 +19,7 @@ from disttrain.checkpoint.reading import (
     refuse_compressed,
     storage_problem,
 )
+from disttrain.storage import ObjectPath
 
 log = logging.getLogger("disttrain")
 
@@ -67,16 +68,22 @@ class _SafeUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not allowed")
 
 
-def _reader(path: Path, expected: dict[str, Any] | None = None, check_unread: bool = False) -> Any:
+def _reader(
+    path: Path | ObjectPath, expected: dict[str, Any] | None = None, check_unread: bool = False
+) -> Any:
     """DCP's FileSystemReader with `.metadata` through the allow-list and `reading.read_data`:
     one thread per file, whole tensors read straight into the live ones, and each file checked
     against its manifest entry in `expected` (those it reads; with `check_unread`, the rest too)."""
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
     from disttrain.checkpoint import reading
 
-    class SafeReader(FileSystemReader):
+    remote = isinstance(path, ObjectPath)
+
+    class SafeReader(FsspecReader if remote else FileSystemReader):  # type: ignore[misc]
+        location: Path | ObjectPath = path  # the folder, as a Path or an ObjectPath (self.path: DCP's)
         expected: dict[str, Any] | None = None
         check_unread = False
         metadata: Any = None
@@ -90,7 +97,7 @@ def _reader(path: Path, expected: dict[str, Any] | None = None, check_unread: bo
                 self.metadata.storage_meta.load_id = self.load_id
                 return self.metadata
             name = ".metadata" if rank is None else f"__{rank}.metadata"
-            with open_regular(Path(self.path) / name) as f:
+            with open_regular(self.location / name) as f:
                 metadata = _SafeUnpickler(f).load()
             if why := storage_problem(metadata, self._listed()):
                 raise CorruptCheckpoint(f"checkpoint {self.path}: {why}")
@@ -105,7 +112,7 @@ def _reader(path: Path, expected: dict[str, Any] | None = None, check_unread: bo
             if self.expected is not None:
                 return self.expected
             try:
-                return json.loads((Path(self.path) / MANIFEST).read_text())["files"]
+                return json.loads((self.location / MANIFEST).read_text())["files"]
             except (OSError, ValueError, KeyError, TypeError):
                 return None
 

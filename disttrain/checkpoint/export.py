@@ -15,6 +15,7 @@ from disttrain.checkpoint.dcp_read import _reader
 from disttrain.checkpoint.fallback import choose, load_errors, load_sharded, pruned, why_not
 from disttrain.checkpoint.files import save_atomic
 from disttrain.safefile import default_mode
+from disttrain.storage import ObjectPath
 
 log = logging.getLogger("disttrain")
 
@@ -23,7 +24,7 @@ class NoEMA(FileNotFoundError):
     """export --ema of a checkpoint that holds no EMA weights (trainer.ema.decay was off)."""
 
 
-def ema_names(path: Path) -> list[str]:
+def ema_names(path: Path | ObjectPath) -> list[str]:
     """The names of the EMA weights the checkpoint at `path` holds (`ema.weights.<name>`); NoEMA
     when it holds none."""
     prefix = "ema.weights."
@@ -35,18 +36,18 @@ def ema_names(path: Path) -> list[str]:
     return names
 
 
-def ema_entries(path: Path, model_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def ema_entries(path: Path | ObjectPath, model_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Empty tensors for the EMA weights the checkpoint at `path` holds, to load them into."""
     return {n: torch.empty_like(model_state[n]) for n in ema_names(path) if n in model_state}
 
 
 def load_model(
-    location: Path,
+    location: Path | ObjectPath,
     model: torch.nn.Module,
     verify: str = "hash",
     ema: bool = False,
     trainable_only: bool = False,
-) -> Path:
+) -> Path | ObjectPath:
     """Load the newest whole checkpoint at `location` into the plain `model` in one process; returns
     it. DCP reads each saved shard (an fsdp/tp run's, rank by rank) into its slice of the model's own
     tensors, in place: the shards are gathered into the model, not into a second copy of it.
@@ -56,7 +57,7 @@ def load_model(
     import warnings
 
     frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
-    failed: list[Path] = []
+    failed: list[Any] = []
     while True:
         path = choose(location, verify, skip=failed)
         if path is None:
@@ -87,13 +88,13 @@ def load_model(
 
 
 def export_model(
-    location: Path,
+    location: Path | ObjectPath,
     out: Path,
     model: torch.nn.Module,
     verify: str = "hash",
     metadata: dict[str, str] | None = None,
     ema: bool = False,
-) -> Path:
+) -> Path | ObjectPath:
     """Load the newest whole checkpoint at `location` into the plain `model`; save one state dict.
     `ema`: the averaged weights (trainer.ema) in place of the trained ones where the EMA has them.
 
@@ -107,7 +108,7 @@ def export_model(
 
 
 def write_model(
-    model: torch.nn.Module, out: Path, path: Path, metadata: dict[str, str] | None = None
+    model: torch.nn.Module, out: Path, path: Path | ObjectPath, metadata: dict[str, str] | None = None
 ) -> None:
     """`model`'s state dict as one file (see export_model); `path`: the checkpoint it came from."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}

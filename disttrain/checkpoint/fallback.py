@@ -24,11 +24,12 @@ from disttrain.checkpoint.reading import (
 )
 from disttrain.checkpoint.retention import committed
 from disttrain.rundir import RunDir
+from disttrain.storage import ObjectPath
 
 log = logging.getLogger("disttrain")
 
 
-def problem(path: Path, verify: str = "hash") -> str | None:
+def problem(path: Path | ObjectPath, verify: str = "hash") -> str | None:
     """Why the checkpoint at `path` is not loadable (naming the file), or None when it is whole."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())
@@ -42,8 +43,15 @@ def problem(path: Path, verify: str = "hash") -> str | None:
     for fname in (".metadata", META):
         if fname not in files:
             return f"{path / MANIFEST} lists no {fname}"
+    sizes = path.files() if isinstance(path, ObjectPath) else None  # one listing, not a request a file
     for fname, want in files.items():
         f = path / fname
+        if sizes is not None:
+            if fname not in sizes:
+                return f"{f} is missing"
+            if why := mismatch(f, want, sizes[fname], None):
+                return why
+            continue
         if f.is_symlink() or not f.is_file():  # a link or FIFO planted there is never read
             return f"{f} is missing" if not os.path.lexists(f) else f"{f} is not a regular file"
         if why := mismatch(f, want, f.stat().st_size, None):
@@ -59,12 +67,13 @@ def problem(path: Path, verify: str = "hash") -> str | None:
     return None
 
 
-def candidates(location: Path) -> list[Path]:
+def candidates(location: Path | ObjectPath) -> list[Any]:
     """Checkpoints to try, best first: `location` itself, or a run/checkpoints dir's latest, then older."""
     if named(location):
         return [location, *reversed([p for p in committed(location.parent) if p.name < location.name])]
-    own = RunDir(location).checkpoints
-    ckpt_dir = own if own.is_dir() else location
+    ckpt_dir: Path | ObjectPath = location
+    if isinstance(location, Path) and (own := RunDir(location).checkpoints).is_dir():
+        ckpt_dir = own
     found = list(reversed(committed(ckpt_dir)))
     latest = read_latest(ckpt_dir)
     if latest and (ckpt_dir / latest).is_dir():
@@ -73,8 +82,8 @@ def candidates(location: Path) -> list[Path]:
 
 
 def choose(
-    location: Path, verify: str = "hash", skip: Collection[Path] = (), fallback: bool = True
-) -> Path | None:
+    location: Path | ObjectPath, verify: str = "hash", skip: Collection[Any] = (), fallback: bool = True
+) -> Path | ObjectPath | None:
     """The newest whole checkpoint at `location` not in `skip` (those failed to load); warns
     naming each bad file it passes over. A checkpoint that vanished meanwhile (its run is training
     and pruned it) is passed over with one quiet line. `fallback=False`: `location` itself only
@@ -94,12 +103,14 @@ def choose(
     return None
 
 
-def pruned(path: Path) -> bool:
+def pruned(path: Path | ObjectPath) -> bool:
     """Whether the checkpoint folder at `path` is gone (a training run's keep-N removed it)."""
+    if isinstance(path, ObjectPath):
+        return not (path / MANIFEST).exists()
     return not os.path.lexists(path)
 
 
-def named(location: Path) -> bool:
+def named(location: Path | ObjectPath) -> bool:
     """Whether `location` is one checkpoint folder (step_N/), not a run or checkpoints/ dir."""
     return (location / MANIFEST).exists() or (location / ".metadata").exists()
 
@@ -119,7 +130,7 @@ def why_not(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
 
 
-def read_meta(path: Path) -> dict[str, Any]:
+def read_meta(path: Path | ObjectPath) -> dict[str, Any]:
     """meta.json, checked (`meta_problem`): CorruptCheckpoint (a ValueError) names a bad field."""
     meta = json.loads((path / META).read_text())
     if why := meta_problem(meta):
@@ -127,14 +138,14 @@ def read_meta(path: Path) -> dict[str, Any]:
     return dict(meta)
 
 
-def dcp_metadata(path: Path) -> Any:
+def dcp_metadata(path: Path | ObjectPath) -> Any:
     """The DCP `.metadata` of the checkpoint at `path` (names, shapes, dtypes of every entry),
     through the allow-list: what a checkpoint holds, without reading a shard."""
     return _reader(path).read_metadata()
 
 
 def load_sharded(
-    path: Path, app_state: dict[str, Any], rank: int, no_dist: bool = False, verify: str = "size"
+    path: Path | ObjectPath, app_state: dict[str, Any], rank: int, no_dist: bool = False, verify: str = "size"
 ) -> dict[str, Any] | None:
     """Fill `app_state` in place from the DCP checkpoint at `path` (resharding as needed).
 

@@ -3,6 +3,7 @@ and the digests the manifest records of each."""
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from pathlib import Path
@@ -16,15 +17,23 @@ from disttrain.checkpoint.reading import (
     file_digest,
     refuse_compressed,
 )
+from disttrain.storage import ObjectPath
 
 log = logging.getLogger("disttrain")
 
 
-def save_atomic(state: dict[str, Any], path: Path) -> Path:
+def save_atomic(state: dict[str, Any], path: Path | ObjectPath) -> Path | ObjectPath:
     """torch.save to a fresh temporary file, fsync, rename: the file at `path` is always whole.
+    An object in a store: one PUT of the bytes, whole or absent.
 
     The temp name is random and created exclusively (never a planted symlink followed)."""
     from disttrain.safefile import write_atomic
+
+    if isinstance(path, ObjectPath):
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        path.write_bytes(buf.getvalue())
+        return path
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, lambda f: torch.save(state, f), sync=True)
@@ -32,9 +41,11 @@ def save_atomic(state: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    refuse_compressed(path, str(path))  # a deflated record would inflate in full
-    state: dict[str, Any] = torch.load(path, map_location=map_location, weights_only=True)
+def load(path: Path | ObjectPath, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """A torch.save file, loaded with weights_only=True (an object in a store: read once, in memory)."""
+    source: Path | io.BytesIO = io.BytesIO(path.read_bytes()) if isinstance(path, ObjectPath) else path
+    refuse_compressed(source, str(path))  # a deflated record would inflate in full
+    state: dict[str, Any] = torch.load(source, map_location=map_location, weights_only=True)
     return state
 
 

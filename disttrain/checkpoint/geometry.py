@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from disttrain.config.errors import ConfigError
+from disttrain.storage import ObjectPath
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
@@ -32,7 +33,7 @@ def batch_shape(batch_size: int, global_batch: int, replicas: int) -> tuple[int,
     return None
 
 
-def checkpoint_meta(location: Path | None) -> dict[str, Any] | None:
+def checkpoint_meta(location: Path | ObjectPath | None) -> dict[str, Any] | None:
     """meta.json of the checkpoint a resume from `location` starts with (None: none there)."""
     from disttrain import checkpoint
 

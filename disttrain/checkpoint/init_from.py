@@ -22,13 +22,16 @@ import pickle
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from disttrain import storage
 from disttrain.config.errors import ConfigError
 from disttrain.config.schema import InitConfig
+from disttrain.storage import ObjectPath, is_url
 
 log = logging.getLogger("disttrain")
 
@@ -45,7 +48,7 @@ SHOWN = 5  # names per list in a report
 @dataclass
 class Source:
     kind: str  # "dcp", "safetensors" or "pt"
-    path: Path  # the checkpoint folder, or the file or folder named
+    path: Path | ObjectPath  # the checkpoint folder (in an object store too), or the file or folder named
     files: dict[str, Path] = field(default_factory=dict)  # safetensors: key -> the file holding it
 
 
@@ -63,9 +66,11 @@ class Match:
 
 
 # ------------------------------------------------------------------------------------ sources
-def resolve(path: str, skip: Collection[Path] = ()) -> Source:
+def resolve(path: str, skip: Collection[Any] = ()) -> Source:
     """What `init.path` names, or one paragraph saying why it is none of the known kinds (`skip`:
     checkpoints of a training run that were pruned while this one looked at them)."""
+    if is_url(path):
+        return _resolve_remote(path, skip)
     p = Path(path).expanduser()
     if p.is_file():
         if p.suffix == ".safetensors":
@@ -96,11 +101,32 @@ def resolve(path: str, skip: Collection[Path] = ()) -> Source:
     )
 
 
-def _choose_all(p: Path) -> Iterator[Path]:
+def _resolve_remote(path: str, skip: Collection[Any]) -> Source:
+    """An object-store init.path: a disttrain checkpoint there (step_N/, or a checkpoint.dir prefix),
+    read by DCP's fsspec reader; a file there is not memory-mapped from a store (copy it here)."""
+    p = ObjectPath(path)
+    chosen = next((c for c in _choose_all(p) if c not in skip), None)
+    if chosen is not None:
+        return Source("dcp", chosen)
+    if p.name.endswith((".safetensors", *PT_SUFFIXES)) or (p / INDEX).exists():
+        raise _bad(
+            path,
+            "a weights file in an object store is not read in place (only checkpoints are).",
+            "Copy it to a local path (aws s3 cp / gsutil cp) and give that path.",
+        )
+    raise _bad(
+        path,
+        f"{p} holds no committed checkpoint (a step_N/ prefix with its manifest.json)"
+        + (" (the source run pruned each one this run chose while it read it)" if skip else "")
+        + ".",
+    )
+
+
+def _choose_all(p: Path | ObjectPath) -> Iterator[Path | ObjectPath]:
     """The newest whole checkpoint at `p`, then (when the caller skips it) the next one."""
     from disttrain import checkpoint
 
-    skip: list[Path] = []
+    skip: list[Any] = []
     while (found := checkpoint.choose(p, verify="size", skip=skip)) is not None:
         yield found
         skip.append(found)
@@ -236,6 +262,7 @@ def source_layout(src: Source) -> dict[str, tuple[tuple[int, ...], str]]:
     if src.kind == "dcp":
         return _dcp_layout(src)
     if src.kind == "pt":
+        assert isinstance(src.path, Path)  # a file source is local (`resolve`)
         try:
             tensors = _pt_tensors(src.path)
         except ConfigError:
@@ -434,7 +461,7 @@ def check(init: InitConfig, model: nn.Module | None) -> None:
 def read_source(path: str) -> tuple[Source, dict[str, tuple[tuple[int, ...], str]]]:
     """`resolve` and `source_layout`; a checkpoint of a run that is still training, pruned between
     the choice and the read, is passed over for the next newest with one line."""
-    pruned: list[Path] = []
+    pruned: list[Any] = []
     while True:
         src = resolve(path, pruned)
         try:
@@ -521,7 +548,7 @@ def apply(init: InitConfig, model: nn.Module, is_zero: bool, name: Callable[[str
         box = [str(src.path)]  # every rank loads rank 0's choice (a training source prunes as it goes)
         dist.broadcast_object_list(box, src=0)
         if box[0] != str(src.path):
-            src = Source("dcp", Path(box[0]))
+            src = Source("dcp", storage.location(box[0]))
             layout = source_layout(src)
     state = {name(k): v for k, v in model.state_dict().items()}
     shapes, ties = model_layout(model, name)
@@ -576,6 +603,7 @@ def _slices(src: Source) -> Iterator[Reader]:
     """`read(key, slices)`: only those elements are read from the file (safetensors get_slice, or
     an mmap'd tensor's view)."""
     if src.kind == "pt":
+        assert isinstance(src.path, Path)  # a file source is local (`resolve`)
         tensors = _pt_tensors(src.path)
         yield lambda key, s: tensors[key][s] if s else tensors[key]
         return
@@ -591,7 +619,7 @@ def _slices(src: Source) -> Iterator[Reader]:
         yield read
 
 
-def _load_dcp(path: Path, model_state: dict[str, torch.Tensor]) -> None:
+def _load_dcp(path: Path | ObjectPath, model_state: dict[str, torch.Tensor]) -> None:
     """`dcp.load` of the checkpoint's `model.*` entries named in `model_state` (source names), in
     place: its planner gives each rank the chunks its DTensors hold, resharding as needed."""
     from disttrain import checkpoint

@@ -21,6 +21,7 @@ import logging
 from pathlib import Path
 
 from disttrain.checkpoint.files import fsync_dir
+from disttrain.storage import ObjectPath
 
 log = logging.getLogger("disttrain")
 
@@ -42,21 +43,25 @@ def point_latest(ckpt_dir: Path, name: str) -> None:
     fsync_dir(ckpt_dir)
 
 
-def point_best(ckpt_dir: Path, name: str) -> None:
+def point_best(ckpt_dir: Path | ObjectPath, name: str) -> None:
     """`best`: the name of the best checkpoint by checkpoint.monitor (written as `latest` is)."""
     from disttrain.safefile import write_atomic
+
+    if isinstance(ckpt_dir, ObjectPath):
+        (ckpt_dir / BEST).write_text(name + "\n")  # one PUT: whole or absent
+        return
 
     write_atomic(ckpt_dir / BEST, (name + "\n").encode(), sync=True)
 
 
-def read_best(ckpt_dir: Path) -> str | None:
+def read_best(ckpt_dir: Path | ObjectPath) -> str | None:
     try:
         return (ckpt_dir / BEST).read_text().strip() or None
     except OSError:
         return None
 
 
-def read_latest(ckpt_dir: Path) -> str | None:
+def read_latest(ckpt_dir: Path | ObjectPath) -> str | None:
     try:
         return (ckpt_dir / LATEST).read_text().strip() or None
     except OSError:

@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from disttrain import checkpoint
+from disttrain import checkpoint, storage
 from disttrain.config.fingerprint import config_diff, config_hash, shaping_config
 from disttrain.config.schema import CheckpointConfig
 from disttrain.dist import DistEnv, default_store
 from disttrain.rng import rng_state
 from disttrain.shared_dir import checkpoint_dir
+from disttrain.storage import ObjectPath
 from disttrain.traps import warn_gloo_across_nodes
 
 if TYPE_CHECKING:  # DCP (and DTensor with it) is imported at the first save or load, not at rank start
@@ -108,7 +109,7 @@ class DiskFull(OSError):
 
 
 @contextmanager
-def named_disk_full(directory: Path) -> Iterator[None]:
+def named_disk_full(directory: Path | ObjectPath) -> Iterator[None]:
     """A save that fails for lack of space says so, with the space free and the space a save needs.
 
     torch's zip writer turns ENOSPC into `RuntimeError: [enforce fail at inline_container.cc] .
@@ -146,10 +147,12 @@ def out_of_room(exc: BaseException) -> bool:
     return False
 
 
-def disk_full(exc: BaseException, directory: Path) -> str | None:
+def disk_full(exc: BaseException, directory: Path | ObjectPath) -> str | None:
     """The message for a save that failed on a full disk, or None when `exc` is something else."""
     import shutil
 
+    if isinstance(directory, ObjectPath):  # a store has no disk to measure: its own error says why
+        return None
     text = str(exc)
     full = out_of_room(exc)
     try:
@@ -167,17 +170,19 @@ def disk_full(exc: BaseException, directory: Path) -> str | None:
     )
 
 
-def free_bytes(directory: Path) -> str:
+def free_bytes(directory: Path | ObjectPath) -> str:
     """The space free on `directory`'s disk, in words ("unknown" when it cannot be read)."""
     import shutil
 
+    if isinstance(directory, ObjectPath):
+        return "unknown (an object store)"
     try:
         return _size(shutil.disk_usage(directory).free)
     except OSError:
         return "unknown"
 
 
-def last_checkpoint_bytes(directory: Path) -> int:
+def last_checkpoint_bytes(directory: Path | ObjectPath) -> int:
     """The size of the newest committed checkpoint (0 when none)."""
     saved = checkpoint.committed(directory)
     if not saved:
@@ -193,7 +198,7 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def resume_location(run: Run, run_dir: Path) -> Path | None:
+def resume_location(run: Run, run_dir: Path) -> Path | ObjectPath | None:
     """Where to continue from: a restart or resume=auto takes the run dir's own checkpoints first."""
     own = checkpoint_dir(run, run_dir)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
@@ -202,7 +207,7 @@ def resume_location(run: Run, run_dir: Path) -> Path | None:
         return own
     if resume in (None, "auto", "never"):
         return None
-    return Path(str(resume))
+    return storage.location(resume)
 
 
 RANK_STATES = "rank_states"  # the key of the per-rank states in a rank's rng_rank<r>.pt
@@ -210,7 +215,7 @@ RANK_STATES = "rank_states"  # the key of the per-rank states in a rank's rng_ra
 
 @dataclass
 class Restored:
-    path: Path
+    path: Path | ObjectPath
     meta: dict[str, Any]
     rng: dict[str, Any] | None  # this rank's RNG states: set once the resumed epoch's iterator exists
     rank_states: list[str] = field(default_factory=list)  # the per-rank states restored (see Checkpointer)
@@ -222,7 +227,7 @@ class Checkpointer:
     def __init__(
         self,
         cfg: CheckpointConfig,
-        directory: Path,
+        directory: Path | ObjectPath,
         env: DistEnv,
         states: dict[str, Stateful],
         *,
@@ -414,7 +419,9 @@ class Checkpointer:
         return True
 
     # ------------------------------------------------------------------------------------ restore
-    def choose(self, location: Path, skip: Collection[Path] = (), fallback: bool = True) -> Path | None:
+    def choose(
+        self, location: Path | ObjectPath, skip: Collection[Any] = (), fallback: bool = True
+    ) -> Path | ObjectPath | None:
         """Rank 0 picks the newest checkpoint whose manifest and sizes check out and tells the other ranks."""
         box: list[Any] = [None]
         if self.env.is_zero:
@@ -423,9 +430,9 @@ class Checkpointer:
             box = [str(found) if found else None]
         if dist.is_initialized() and self.env.world_size > 1:
             dist.broadcast_object_list(box, src=0)
-        return Path(box[0]) if box[0] else None
+        return storage.location(box[0]) if box[0] else None
 
-    def resume(self, location: Path) -> Restored | None:
+    def resume(self, location: Path | ObjectPath) -> Restored | None:
         """Restore the newest checkpoint at `location` that every rank loads; None when none passes
         the manifest check. A load error on any rank (a bad pickle, garbage DCP metadata, a shape
         mismatch) is logged and every rank moves on to the previous checkpoint together."""
@@ -434,13 +441,15 @@ class Checkpointer:
             self._supersede(restored.path)
         return restored
 
-    def load(self, location: Path, report: bool = True, fallback: bool = True) -> Restored | None:
+    def load(
+        self, location: Path | ObjectPath, report: bool = True, fallback: bool = True
+    ) -> Restored | None:
         """`resume` without moving later checkpoints aside: `disttrain eval`/`predict` read the
         checkpoint the user named and leave the run's timeline as it is (`report`: log what a
         training resume compares; an evaluation trains nothing, so there is nothing to compare).
         `fallback=False`: `location` is the one checkpoint the user named; it loads or this raises
         naming it, never an older one in its place."""
-        failed: list[Path] = []
+        failed: list[Any] = []
         while (path := self.choose(location, failed, fallback)) is not None:
             error, restored = "", None
             try:
@@ -479,7 +488,7 @@ class Checkpointer:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
-    def _supersede(self, path: Path) -> None:
+    def _supersede(self, path: Path | ObjectPath) -> None:
         """After resuming at step s, this run's checkpoints past s belong to an abandoned timeline:
         move them aside so that keep-N and the fallback never pick them over the new ones."""
         if not self.env.is_zero:
@@ -493,7 +502,7 @@ class Checkpointer:
                 old.parent.name + "/" + old.name,
             )
 
-    def restore(self, path: Path, report: bool = True) -> Restored:
+    def restore(self, path: Path | ObjectPath, report: bool = True) -> Restored:
         """Load every state from the checkpoint at `path`; a state it does not hold keeps its value."""
         meta = checkpoint.read_meta(path)
         saved = meta.get("states")
@@ -529,7 +538,7 @@ class Checkpointer:
             self.rank_states[name].load_state_dict(saved[name])
         return names
 
-    def _report(self, path: Path, meta: dict[str, Any]) -> None:
+    def _report(self, path: Path | ObjectPath, meta: dict[str, Any]) -> None:
         if not self.env.is_zero:
             return
         log.info(

@@ -131,7 +131,7 @@ def meta_problem(meta: Any) -> str | None:
     return None
 
 
-def entries_problem(manifest: Path, files: Any) -> str | None:
+def entries_problem(manifest: Any, files: Any) -> str | None:
     """Why a manifest's "files" cannot be checked (naming the manifest and the entry), or None."""
     if not isinstance(files, dict):
         return f'{manifest} is unreadable ("files" is {type(files).__name__}, not an object)'
@@ -151,12 +151,18 @@ def name_problem(fname: Any) -> str | None:
     return None
 
 
-def open_regular(path: Path) -> Any:
+def open_regular(path: Any) -> Any:
     """`path` opened for reading if it is a regular file; CorruptCheckpoint for a FIFO, a device or
     a link (opening a FIFO blocks, /dev/zero never ends: a checkpoint is data and names neither).
     O_NONBLOCK makes the open itself return at once; it changes nothing for a regular file."""
     import stat
 
+    from disttrain.storage import ObjectPath
+
+    if isinstance(path, ObjectPath):  # an object: no links, FIFOs or devices in a store
+        f = path.open("rb")
+        f.name = str(path)  # what _File's messages name
+        return f
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         f = open(path, "rb", buffering=0, opener=lambda p, _: os.open(p, flags))  # noqa: SIM115
@@ -304,7 +310,7 @@ def _whole(meta: torch.Tensor, nbytes: int, req: Any, target: torch.Tensor) -> b
 
 def _read_file(reader: Any, rel: str, reqs: list[Any], planner: Any, lock: threading.Lock) -> str | None:
     """Every item of one file into the planner's tensors; returns the file's mismatch, if any."""
-    path = Path(reader.path) / rel
+    path = reader.location / rel
     want = reader.expected.get(rel) if reader.expected is not None else None
     try:
         return _read_items(reader, path, want, reqs, planner, lock)
@@ -391,7 +397,7 @@ def read_data(reader: Any, plan: Any, planner: Any) -> Any:
             pool.submit(_read_file, reader, rel, reqs, planner, lock)
             for rel, reqs in sorted(per_file.items())
         ]
-        checks = [pool.submit(_check_whole, Path(reader.path) / n, expected[n]) for n in unread]
+        checks = [pool.submit(_check_whole, reader.location / n, expected[n]) for n in unread]
         problems = [fut.result() for fut in reads + checks]
     why = next((p for p in problems if p), None)
     if why is not None:
@@ -403,7 +409,7 @@ def read_data(reader: Any, plan: Any, planner: Any) -> Any:
     return fut
 
 
-def _check_whole(path: Path, want: dict[str, Any]) -> str | None:
+def _check_whole(path: Any, want: dict[str, Any]) -> str | None:
     if not path.is_file():
         return f"{path} is missing"
     got = file_digest(path, algo_of(want))

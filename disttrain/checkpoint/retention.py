@@ -8,7 +8,9 @@ import os
 import shutil
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
+from disttrain.checkpoint import remote
 from disttrain.checkpoint.files import fsync_dir
 from disttrain.checkpoint.layout import (
     BEST,
@@ -20,21 +22,26 @@ from disttrain.checkpoint.layout import (
     read_latest,
     step_name,
 )
+from disttrain.storage import ObjectPath
 
 log = logging.getLogger("disttrain")
 
 
-def committed(ckpt_dir: Path) -> list[Path]:
+def committed(ckpt_dir: Path | ObjectPath) -> list[Any]:
     """Committed checkpoint folders, oldest first (by step number in the name)."""
+    if isinstance(ckpt_dir, ObjectPath):
+        return remote.committed(ckpt_dir)
     if not ckpt_dir.is_dir():
         return []
     dirs = [p for p in ckpt_dir.iterdir() if p.is_dir() and p.name.startswith(PREFIX)]
     return sorted(dirs, key=lambda p: p.name)
 
 
-def prune(ckpt_dir: Path, keep: int, protect: Collection[str] = ()) -> list[Path]:
+def prune(ckpt_dir: Path | ObjectPath, keep: int, protect: Collection[str] = ()) -> list[Any]:
     """Delete all but the newest `keep` committed checkpoints (never the one `latest` or `best`
     names, nor those in `protect`: checkpoint.keep_best's)."""
+    if isinstance(ckpt_dir, ObjectPath):
+        return remote.prune(ckpt_dir, keep, protect)
     spared = {read_latest(ckpt_dir), read_best(ckpt_dir), *protect}
     doomed = [p for p in committed(ckpt_dir)[:-keep] if p.name not in spared]
     for p in doomed:
@@ -45,9 +52,11 @@ def prune(ckpt_dir: Path, keep: int, protect: Collection[str] = ()) -> list[Path
     return doomed
 
 
-def supersede(ckpt_dir: Path, step: int) -> list[Path]:
+def supersede(ckpt_dir: Path | ObjectPath, step: int) -> list[Any]:
     """Move committed checkpoints past `step` into `superseded/` (a resume from `step` abandoned
     them); they stay on disk for the user but leave keep-N, `latest` and the fallback."""
+    if isinstance(ckpt_dir, ObjectPath):
+        return remote.supersede(ckpt_dir, step)
     moved = []
     for p in committed(ckpt_dir):
         if p.name > step_name(step):

@@ -16,9 +16,11 @@ from typing import Any
 
 import torch
 
+from disttrain.checkpoint import remote
 from disttrain.checkpoint.commit import commit_dir
 from disttrain.checkpoint.files import _bytes_digest, _HashingFile, _write_synced
 from disttrain.checkpoint.layout import TMP, step_name
+from disttrain.storage import ObjectPath
 
 log = logging.getLogger("disttrain")
 
@@ -122,7 +124,7 @@ def staging_options(device: torch.device) -> Any:
 
 
 def save(
-    ckpt_dir: Path,
+    ckpt_dir: Path | ObjectPath,
     step: int,
     app_state: dict[str, Any],
     rng: dict[str, Any],
@@ -148,27 +150,31 @@ def save(
     then names the first)."""
     started = time.time()
     name = step_name(step)
-    tmp = ckpt_dir / f"{TMP}{name}"
     _Background.finish()  # a save still in flight owns the staging buffers and its .tmp- folder
-    if rank == 0:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        for stale in ckpt_dir.glob(f"{TMP}*"):  # saves a crash interrupted: never committed
-            remove_stale(stale)
-        tmp.mkdir()
-    barrier()
+    with_hash, done = verify == "hash", tuple(protect)
+    if isinstance(ckpt_dir, ObjectPath):  # an object store: written in place, committed by its manifest
+        target = ckpt_dir / name
+        if rank == 0:
+            remote.prepare(ckpt_dir, name)
+        put: Callable[[str, bytes], None] = target.put
+        writer = _store_writer(target, with_hash)
+        commit: Callable[[dict[str, Any]], Any] = functools.partial(
+            remote.commit, ckpt_dir, name, meta, verify, keep, protect=done
+        )
+    else:
+        tmp = ckpt_dir / f"{TMP}{name}"
+        if rank == 0:
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            for stale in ckpt_dir.glob(f"{TMP}*"):  # saves a crash interrupted: never committed
+                remove_stale(stale)
+            tmp.mkdir()
+        put = functools.partial(_put_synced, tmp)
+        writer = _writer(tmp, with_hash)
+        commit = functools.partial(commit_dir, ckpt_dir, tmp, name, meta, verify, keep, protect=done)
     write = functools.partial(
-        _write_and_commit,
-        ckpt_dir,
-        tmp,
-        name,
-        _torch_bytes(rng),
-        meta,
-        rank,
-        keep,
-        verify,
-        process_group,
-        protect=tuple(protect),
+        _write_and_commit, put, writer, commit, _torch_bytes(rng), rank, verify, process_group
     )
+    barrier()
     if not async_save:
         write(app_state)
         pending = PendingSave(None, lambda: None, started)
@@ -207,27 +213,28 @@ def remove_stale(stale: Path) -> None:
         log.warning("moved %s (it could not be removed) aside to %s", stale.name, aside.name)
 
 
+def _put_synced(folder: Path, fname: str, data: bytes) -> None:
+    _write_synced(folder / fname, data)
+
+
 def _write_and_commit(
-    ckpt_dir: Path,
-    tmp: Path,
-    name: str,
+    put: Callable[[str, bytes], None],
+    writer: Any,
+    commit: Callable[[dict[str, dict[str, Any]]], Any],
     rng_bytes: bytes,
-    meta: dict[str, Any],
     rank: int,
-    keep: int,
     verify: str,
     process_group: Any,
     state: dict[str, Any],
-    protect: tuple[str, ...] = (),
 ) -> None:
-    """This rank's files (hashed while written), then rank 0 gathers every rank's digests and commits."""
+    """This rank's rng file (`put`) and DCP shards (`writer`, hashed while written), then rank 0
+    gathers every rank's digests and commits them (`commit`: a folder's rename, a store's manifest)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     with_hash = verify == "hash"
     rng_name = f"rng_rank{rank}.pt"
-    _write_synced(tmp / rng_name, rng_bytes)
-    writer = _writer(tmp, with_hash)
+    put(rng_name, rng_bytes)
     no_dist = not dist.is_initialized()
     # torch.save's zip CRC32 of every tensor record is a second checksum of the same bytes: the
     # manifest's xxh3_64 (verify=hash) or size (verify=size) is what a load checks, and torch.load
@@ -244,10 +251,10 @@ def _write_and_commit(
         dist.gather_object(digests, everyone, dst=0, group=process_group)
         digests = {k: v for d in everyone or [] for k, v in d.items()}
     # DCP's last phase gathers every rank's write result on rank 0 before .metadata is written,
-    # so when rank 0's save returns, every shard and every rng file is on disk.
+    # so when rank 0's save returns, every shard and every rng file is on disk (in the store).
     if rank == 0:
         _test_pause("DISTTRAIN_TEST_SAVE_SLEEP")
-        commit_dir(ckpt_dir, tmp, name, meta, verify, keep, digests, protect)
+        commit(digests)
 
 
 # DCP's writer threads per rank (one file each); hashing and copying run in parallel on two cores.
@@ -294,23 +301,77 @@ def _writer(path: Path, with_hash: bool = False) -> Any:
                 if (entry := self.digests.pop(Path(path).name, None)) is not None:
                     self.digests[Path(new_path).name] = entry
 
-    class Writer(FileSystemWriter):
+    fs = HashingFileSystem()
+    writer = checked_write(FileSystemWriter)(str(path), sync_files=True, thread_count=WRITER_THREADS)
+    writer.fs = fs
+    return writer
+
+
+def _store_writer(target: ObjectPath, with_hash: bool) -> Any:
+    """DCP's FsspecWriter whose files are summed as they are uploaded (`writer.fs.digests`)."""
+    import contextlib
+    import os
+    import threading
+
+    from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecWriter
+
+    class HashingFileSystem(FileSystem):
+        def __init__(self) -> None:
+            super().__init__()
+            self.digests: dict[str, dict[str, Any]] = {}
+            self.errors: list[BaseException] = []
+            self._lock = threading.Lock()
+
+        @contextlib.contextmanager
+        def create_stream(self, path: str | os.PathLike, mode: str) -> Any:
+            if mode != "wb":
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            try:
+                with super().create_stream(path, mode) as f:
+                    hashing = _HashingFile(f, with_hash)
+                    yield hashing
+            except BaseException as exc:  # DCP's extra writer threads drop their exceptions
+                with self._lock:
+                    self.errors.append(exc)
+                raise
+            with self._lock:
+                self.digests[os.path.basename(os.fspath(path))] = hashing.digest()
+
+        def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+            super().rename(path, new_path)  # `.metadata.tmp` -> `.metadata`: a copy in the store
+            with self._lock:
+                old, new = os.path.basename(os.fspath(path)), os.path.basename(os.fspath(new_path))
+                if (entry := self.digests.pop(old, None)) is not None:
+                    self.digests[new] = entry
+
+    # sync_files off: an object is durable once its upload ends (fsync has no file to sync; DCP
+    # would fall back to os.sync() of the whole machine for every file)
+    writer = checked_write(FsspecWriter)(target.url, sync_files=False, thread_count=WRITER_THREADS)
+    fs = HashingFileSystem()
+    fs.fs = writer.fs.fs
+    writer.fs = fs
+    return writer
+
+
+def checked_write(base: type) -> type:
+    """`base` (DCP's FileSystemWriter or FsspecWriter) whose write fails when any writer thread
+    failed: in torch 2.13 an exception in a thread other than the caller's is only printed, and its
+    items would go missing. The writer's `fs` records those errors (`fs.errors`)."""
+
+    class Writer(base):
         def write_data(self, plan: Any, planner: Any) -> Any:
-            """DCP's write, failing when any writer thread failed: in torch 2.13 an exception in a
-            thread other than the caller's is only printed, and its items would go missing."""
             written = super().write_data(plan, planner)
-            if fs.errors:
-                raise fs.errors[0]
+            if self.fs.errors:
+                raise self.fs.errors[0]
             if len(written.value()) != len(plan.items):
                 raise RuntimeError(
                     f"DCP wrote {len(written.value())} of {len(plan.items)} items to {self.path}"
                 )
             return written
 
-    fs = HashingFileSystem()
-    writer = Writer(str(path), sync_files=True, thread_count=WRITER_THREADS)
-    writer.fs = fs
-    return writer
+    return Writer
 
 
 def _torch_bytes(obj: Any) -> bytes:

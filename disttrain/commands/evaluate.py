@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from disttrain.config.errors import ConfigError
 from disttrain.models.adapters import BASE_RECORD
+from disttrain.storage import ObjectPath
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
@@ -93,7 +94,7 @@ def _command(mode: str, rest: list[str], usage: str) -> int:
         from disttrain.rundir import read_config
         from disttrain.shared_dir import checkpoint_dir
 
-        location = checkpoint_dir(read_config(run_dir), run_dir)
+        location = checkpoint_dir(read_config(run_dir), run_dir)  # type: ignore[assignment]
     newest = _check_checkpoint(location, rest[0], ema)  # before the checks that build the model and data
     run, overrides = eval_config(run_dir, rest[1:], trusted, mode)
     _check_model_fits(run, newest, rest[0])
@@ -225,7 +226,7 @@ def _val_spec(value: str, data: dict[str, Any]) -> dict[str, Any]:
     return {"_target_": VAL_FILE_LOADER, "path": str(path.resolve()), "targets": data["targets"]}
 
 
-def _check_checkpoint(location: Path, given: str, ema: bool = False) -> Path | None:
+def _check_checkpoint(location: Path | ObjectPath, given: str, ema: bool = False) -> Path | ObjectPath | None:
     """The checkpoint the ranks will load: a checkpoint folder the user named (step_N/) must be
     whole itself (no older one is ever used in its place); a run or checkpoints/ dir gives its newest
     whole one."""
@@ -260,7 +261,7 @@ def _check_checkpoint(location: Path, given: str, ema: bool = False) -> Path | N
     return newest
 
 
-def _check_model_fits(run: Run, chosen: Path | None, given: str) -> None:
+def _check_model_fits(run: Run, chosen: Path | ObjectPath | None, given: str) -> None:
     """The run's model (on the meta device) and the checkpoint's `model.*` entries (its
     `.metadata`): a key the model has and the checkpoint lacks, or a shape that differs, is one
     paragraph here instead of every rank failing after launch."""

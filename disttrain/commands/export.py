@@ -20,6 +20,7 @@ from disttrain.commands.resume import run_dir_arg
 if TYPE_CHECKING:
     import torch
 from disttrain.config.errors import ConfigError
+from disttrain.storage import ObjectPath, is_url, probe
 
 EXPORT_USAGE = """\
 usage: disttrain export RUN_DIR|CHECKPOINT_DIR [--out model.pt|model.safetensors|DIR] [--format pt|safetensors|hf]
@@ -78,7 +79,9 @@ def cmd_export(rest: list[str]) -> int:
         from disttrain.rundir import refuse_planted_links
 
         refuse_planted_links(run_dir, "RUN_DIR")  # export/... must land in this run dir
-    if fmt == "hf":
+    if args.out and is_url(args.out):
+        probe("--out", args.out, write=True)  # the bucket answers and takes an object: before the load
+    elif fmt == "hf":
         out = Path(args.out) if args.out else run_dir / "export" / "hf"
         check_out_dir(out, "--out" if args.out else "RUN_DIR")
     else:
@@ -107,9 +110,38 @@ def cmd_export(rest: list[str]) -> int:
             "its checkpoints hold the adapters alone: `--format hf --out DIR` for PeftModel.from_pretrained, "
             "or add --merge for a plain model.",
         )
+    if lora and args.out and is_url(args.out):
+        raise ConfigError(
+            "--out",
+            args.out,
+            "a local folder for a peft=lora export",
+            "export to a local folder, then copy it to the store.",
+        )
     if lora:
         return export_adapted(run_dir, location, out, fmt, ema=args.ema, merge=args.merge)
+    if args.out and is_url(args.out):
+        return export_to_store(run_dir, location, ObjectPath(args.out), fmt, ema=args.ema)
     return export(run_dir, location, out, fmt, ema=args.ema)
+
+
+def export_to_store(run_dir: Path, location: Path, out: ObjectPath, fmt: str, ema: bool = False) -> int:
+    """`--out s3://...` or gs://: the export written into a local temporary folder, then uploaded
+    (a file as one object; `--format hf` a prefix of its files, config.json last: a loader that
+    finds it finds the weights)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="disttrain-export-") as tmp:
+        local = Path(tmp) / (out.name or "export")
+        rc = export(run_dir, location, local, fmt, ema=ema)
+        if rc:
+            return rc
+        files = sorted(local.rglob("*"), key=lambda f: f.name == "config.json") if local.is_dir() else [local]
+        for f in files:
+            if f.is_file():
+                target = out / str(f.relative_to(local)) if local.is_dir() else out
+                out.fs.put_file(str(f), target.key)
+    sys.stdout.write(f"uploaded to {out}\n")
+    return 0
 
 
 def owning_run_dir(location: Path, given: str) -> Path:
@@ -211,7 +243,7 @@ def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt", ema: bool 
     if location == run_dir:  # the run's checkpoint.dir, which may lie outside the run dir
         from disttrain.shared_dir import checkpoint_dir
 
-        location = checkpoint_dir(run, run_dir)
+        location = checkpoint_dir(run, run_dir)  # type: ignore[assignment]
     setup_logging(None, 0, to_console=True)
     from disttrain.preflight import hf_base
 
@@ -242,7 +274,9 @@ def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt", ema: bool 
     return 0
 
 
-def export_adapted(run_dir: Path, location: Path, out: Path, fmt: str, ema: bool, merge: bool) -> int:
+def export_adapted(
+    run_dir: Path, location: Path | ObjectPath, out: Path, fmt: str, ema: bool, merge: bool
+) -> int:
     """A peft=lora run: the base rebuilt as the ranks built it (the model factory after the seed,
     then init.path), checked against the run's record of it (its hash), the adapters on it and the
     checkpoint's adapters loaded; then PEFT's adapter folder, or the merged model."""
@@ -296,7 +330,7 @@ def export_adapted(run_dir: Path, location: Path, out: Path, fmt: str, ema: bool
 
 
 @contextlib.contextmanager
-def named_load_errors(location: Path) -> Iterator[None]:
+def named_load_errors(location: Path | ObjectPath) -> Iterator[None]:
     """A checkpoint that cannot give what export asks as one paragraph: --ema of a run without
     an EMA, or no committed checkpoint at `location`."""
     from disttrain import checkpoint

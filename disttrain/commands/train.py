@@ -442,6 +442,8 @@ def own_checkpoint_dir(run: Run, run_dir: Path) -> None:
     if not run.checkpoint.dir or run.world.node_rank != 0 or launcher_for(run).scheduler:
         return
     directory = checkpoint_dir(run, run_dir)
+    if not isinstance(directory, Path):  # an object store holds no lock: one run a URL is the user's to keep
+        return
     owner.hold(directory, run_dir, "checkpoint.dir", "checkpoint folder")
     home = owner.home_run_dir(directory)
     if home is not None and home != run_dir:  # another run's own folder: never while that run lives

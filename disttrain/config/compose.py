@@ -228,6 +228,8 @@ def absolute_paths(cfg: dict[str, Any]) -> None:
     def absolute(value: Any, must_exist: bool) -> Any:
         if not isinstance(value, str) or not value or os.path.isabs(value) or value.startswith("~"):
             return value
+        if "://" in value:  # s3://, gs://: a location in an object store, never under the cwd
+            return value
         if must_exist and not (os.path.lexists(value) or (glob.has_magic(value) and glob.glob(value))):
             return value
         return os.path.join(os.getcwd(), value)

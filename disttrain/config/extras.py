@@ -53,6 +53,8 @@ EXTRAS: dict[str, Extra] = {
         Extra("hf", ("datasets",), "datasets>=2.19"),
         Extra("fp8", ("torchao",), "torchao>=0.18"),
         Extra("peft", ("peft",), "peft>=0.17"),
+        Extra("s3", ("s3fs",), "s3fs>=2024.6"),
+        Extra("gcs", ("gcsfs",), "gcsfs>=2024.6"),
     )
 }
 
@@ -89,11 +91,28 @@ class Need:
     extra: str
 
 
+def _url(key: str, schemes: tuple[str, ...]) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether the run's `key` (block.name) is an object-store URL of one of `schemes`."""
+    block, _, name = key.partition(".")
+
+    def uses(run: Mapping[str, Any]) -> bool:
+        node = run.get(block) if name else run
+        value = node.get(name or block) if isinstance(node, Mapping) else None
+        return isinstance(value, str) and value.partition("://")[0] in schemes and "://" in value
+
+    return uses
+
+
+# the keys that may name an object store (s3:// or gs://), each needing its fsspec backend
+URL_KEYS = ("checkpoint.dir", "init.path", "resume", "data.path", "data.val_path")
+
 NEEDS: tuple[Need, ...] = (
     Need("observe.sinks", "mlflow", _sinks("mlflow"), "mlflow"),
     Need("observe.sinks", "wandb", _sinks("wandb"), "wandb"),
     Need("amp", "fp8", _amp_fp8, "fp8"),
     Need("peft", "lora", _peft, "peft"),
+    *(Need(key, "s3://...", _url(key, ("s3",)), "s3") for key in URL_KEYS),
+    *(Need(key, "gs://...", _url(key, ("gs", "gcs")), "gcs") for key in URL_KEYS),
 )
 
 # A config group's option that only an extra provides: (group, option) -> extra

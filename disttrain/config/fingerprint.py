@@ -34,6 +34,7 @@ NOT_SHAPING = (
     "data.num_workers",
     "data.pin_memory",
     "observe",  # where metrics go (sinks) does not change training
+    "storage_options",  # how to reach a store (and its keys: never into a checkpoint's meta.json)
 )
 
 

@@ -76,6 +76,7 @@ class Run(Mapping[str, Any]):
     name: str
     seed: int
     resume: str | None
+    storage_options: dict[str, Any]
     threads_per_rank: int | None
     profile: bool
     _plain: dict[str, Any] = field(repr=False)  # the YAML form: handed out only as copies
@@ -136,6 +137,7 @@ class Run(Mapping[str, Any]):
             name=str(own_key(plain, Config, "name")),
             seed=int(own_key(plain, Config, "seed")),
             resume=own_key(plain, Config, "resume"),
+            storage_options=dict(own_key(plain, Config, "storage_options") or {}),
             threads_per_rank=own_key(plain, Config, "threads_per_rank"),
             profile=bool(own_key(plain, Config, "profile")),
             _plain=plain,

@@ -557,6 +557,12 @@ class Config:
     resume: str | None = _h(
         "auto (the run dir's latest checkpoint, if any), a checkpoint or run dir PATH, or null", "auto"
     )
+    storage_options: Any = _h(
+        "options of the object stores that s3:// and gs:// paths name, by protocol: {s3: {endpoint_url: URL, "
+        "profile: NAME}, gs: {project: P}} (fsspec's s3fs/gcsfs options); empty: the standard environment "
+        "(AWS_ENDPOINT_URL, AWS_PROFILE, ~/.aws, GOOGLE_APPLICATION_CREDENTIALS)",
+        factory=dict,
+    )
 
 
 _REGISTERED: list[Any] = []  # what the ConfigStore holds: [key of the registries' contents]

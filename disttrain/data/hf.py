@@ -22,6 +22,7 @@ from torch.utils.data import IterableDataset
 
 from disttrain.config.errors import ConfigError
 from disttrain.config.extras import EXTRAS
+from disttrain.storage import filesystem, is_url
 
 # Suffix -> the `datasets` builder that reads it.
 FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text", ".csv": "csv"}
@@ -112,7 +113,7 @@ def _format_of(path: str, format: str | None, key: str) -> str | None:
                 "json reads JSON lines too; leave it null for a folder saved with save_to_disk.",
             )
         return format
-    if Path(path).is_dir():
+    if not is_url(path) and Path(path).is_dir():
         return None
     suffix = Path(path).suffix.lower()
     if suffix not in FORMATS:
@@ -125,8 +126,16 @@ def _format_of(path: str, format: str | None, key: str) -> str | None:
     return FORMATS[suffix]
 
 
+def _matches(path: str) -> list[str]:
+    """The files `path` (a file, folder or glob; s3:// or gs:// too) names, or []."""
+    if is_url(path):  # an object store: its listing (datasets reads the objects through fsspec)
+        scheme, _, key = path.partition("://")
+        return [f"{scheme}://{name}" for name in filesystem(path).glob(key)]
+    return glob.glob(path)
+
+
 def _open(path: str, format: str | None, split: str, streaming: bool, key: str, split_key: str) -> Any:
-    if not glob.glob(path):
+    if not _matches(path):
         raise ConfigError(
             key,
             path,
@@ -138,7 +147,7 @@ def _open(path: str, format: str | None, split: str, streaming: bool, key: str, 
         return _from_disk(path, split, streaming, key, split_key)
     import datasets
 
-    data_dir = Path(path).is_dir()
+    data_dir = not is_url(path) and Path(path).is_dir()
     try:
         return datasets.load_dataset(
             builder,
@@ -183,6 +192,8 @@ def bad_json_line(path: str) -> str | None:
     document each). `datasets` names a row within a chunk, never the file or the line."""
     import json
 
+    if is_url(path):  # reading every object again to find the line: left to datasets' own message
+        return None
     root = Path(path)
     files = sorted(root.rglob("*.json*")) if root.is_dir() else sorted(map(Path, glob.glob(path)))
     for file in files:

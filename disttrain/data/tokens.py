@@ -8,6 +8,10 @@ map-style over a deterministic index, so the sampler's position resumes it exact
 - `random`: sample i starts at a pseudo-random offset drawn from (seed, i) (splitmix64), uniform
   over every start in the files: nanoGPT's `get_batch` windows, the same for any world size.
 
+Token files in an object store (`data.path=s3://bucket/tokens/*.bin`) are read the same way through
+fsspec: each process opens each object once and reads the windows it needs with ranged reads of
+at most RANGE bytes (a read-ahead buffer), never the whole object.
+
 Several files (a glob) are one token sequence for the tail split and are windowed each on its own
 (no window spans two files). x = window[:-1], y = window[1:] (targets shifted by one).
 """
@@ -24,7 +28,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from disttrain.storage import ObjectPath, filesystem, is_url
+
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+RANGE = 1 << 16  # bytes one ranged read of a token object fetches at most (its read-ahead)
 MASK = (1 << 64) - 1
 
 
@@ -47,6 +54,14 @@ def splitmix64(x: int) -> int:
 
 def token_files(pattern: str) -> list[str]:
     """One file, or the sorted files of a glob (shards in name order)."""
+    if is_url(pattern):
+        scheme, _, key = pattern.partition("://")
+        fs = filesystem(pattern)
+        names = fs.glob(key) if glob.has_magic(key) else [key]
+        files = sorted(f"{scheme}://{n}" for n in names if fs.isfile(n))
+        if not files:
+            raise FileNotFoundError(f"no token object matches {pattern}")
+        return files
     files = sorted(glob.glob(os.path.expanduser(pattern)))
     if not files:
         raise FileNotFoundError(f"no token file matches {pattern}")
@@ -55,7 +70,7 @@ def token_files(pattern: str) -> list[str]:
 
 def segments(files: list[str], itemsize: int, part: str, val_fraction: float) -> list[Segment]:
     """The files as one token sequence cut at 1 - val_fraction: the head trains, the tail validates."""
-    sizes = [os.path.getsize(f) // itemsize for f in files]
+    sizes = [file_size(f) // itemsize for f in files]
     total = sum(sizes)
     cut = total if part == "all" else int(total * (1.0 - val_fraction))
     lo, hi = (0, cut) if part in ("train", "all") else (cut, total)
@@ -66,6 +81,10 @@ def segments(files: list[str], itemsize: int, part: str, val_fraction: float) ->
             out.append(Segment(f, start, end))
         at += n
     return out
+
+
+def file_size(path: str) -> int:
+    return ObjectPath(path).stat().st_size if is_url(path) else os.path.getsize(path)
 
 
 class TokenWindows(Dataset):
@@ -81,7 +100,7 @@ class TokenWindows(Dataset):
         # sequential: non-overlapping windows per segment; random: every start per segment
         self.windows = np.cumsum([max(0, (n - 1) // block_size) for n in lengths]).tolist()
         self.starts = np.cumsum([max(0, n - span + 1) for n in lengths]).tolist()
-        self._maps: dict[str, np.memmap] | None = None  # opened lazily in each process
+        self._maps: dict[str, Any] | None = None  # opened lazily in each process: maps, store files
 
     def __len__(self) -> int:
         return int(self.windows[-1]) if self.windows else 0
@@ -91,12 +110,25 @@ class TokenWindows(Dataset):
         state["_maps"] = None  # a worker opens its own maps: never pickle the mapping
         return state
 
-    def _map(self, path: str) -> np.memmap:
+    def _map(self, path: str) -> Any:
+        """The file's memory map, or (an object in a store) the file opened for ranged reads."""
         if self._maps is None:
             self._maps = {}
         if path not in self._maps:
-            self._maps[path] = np.memmap(path, dtype=DTYPES[self.dtype], mode="r")
+            if is_url(path):
+                self._maps[path] = ObjectPath(path).open("rb", block_size=RANGE, cache_type="readahead")
+            else:
+                self._maps[path] = np.memmap(path, dtype=DTYPES[self.dtype], mode="r")
         return self._maps[path]
+
+    def _tokens(self, path: str, at: int, n: int) -> np.ndarray:
+        """Tokens [at, at + n) of one file: a view of its map, or one ranged read of the object."""
+        opened = self._map(path)
+        if isinstance(opened, np.memmap):
+            return opened[at : at + n]
+        dtype = np.dtype(DTYPES[self.dtype])
+        opened.seek(at * dtype.itemsize)
+        return np.frombuffer(opened.read(n * dtype.itemsize), dtype=dtype)
 
     def offset(self, i: int) -> tuple[Segment, int]:
         """(segment, start within its file) of sample i."""
@@ -112,16 +144,19 @@ class TokenWindows(Dataset):
 
     def files(self) -> dict[str, int]:
         """{path: size in bytes} of the files the windows read (what a resume compares)."""
-        return {p.path: os.path.getsize(p.path) for p in self.parts}
+        return {p.path: file_size(p.path) for p in self.parts}
 
     def first_id_at_least(self, limit: int, chunk: int = 1 << 24) -> tuple[str, int, int] | None:
         """(path, token position, id) of the first id >= `limit` in the files the windows read
         (whole files: their validation tail too), or None. Reads each file once, `chunk` tokens at a
         time, with plain reads (no mapping left in this process's memory): the pre-launch check's
         sampled windows miss an id past them, which then fails a step later as a bare IndexError
-        (or a CUDA device-side assert)."""
+        (or a CUDA device-side assert). Objects in a store are not scanned (that would download
+        them whole before launch)."""
         dtype = np.dtype(DTYPES[self.dtype])
         for path in dict.fromkeys(p.path for p in self.parts):
+            if is_url(path):  # scanning it here would download the whole object before launch
+                continue
             with open(path, "rb") as f:
                 at = 0
                 while len(part := np.frombuffer(f.read(chunk * dtype.itemsize), dtype=dtype)):
@@ -135,7 +170,7 @@ class TokenWindows(Dataset):
         if not 0 <= i < len(self):
             raise IndexError(f"window {i} of {len(self)}")
         part, at = self.offset(i)
-        chunk = torch.from_numpy(self._map(part.path)[at : at + self.block_size + 1].astype(np.int64))
+        chunk = torch.from_numpy(self._tokens(part.path, at, self.block_size + 1).astype(np.int64))
         return chunk[:-1], chunk[1:]
 
 

@@ -19,6 +19,7 @@ from torch import nn
 from disttrain import checkpoint
 from disttrain.config.schema import DebugConfig
 from disttrain.dist import DistEnv
+from disttrain.storage import ObjectPath
 from disttrain.strategies.precision import Precision
 
 log = logging.getLogger("disttrain")
@@ -44,7 +45,7 @@ class Guards:
         precision: Precision,
         strategy: Any,
         model: nn.Module,
-        ckpt_dir: Path | None = None,
+        ckpt_dir: Path | ObjectPath | None = None,
     ) -> None:
         self.mode = detect_anomaly
         self.env, self.precision, self.strategy, self.model, self.ckpt_dir = (

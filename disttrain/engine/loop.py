@@ -35,6 +35,7 @@ from disttrain.observe.profiler import NullProfiler
 from disttrain.observe.progress import make_progress
 from disttrain.observe.throughput import Throughput, count_flops
 from disttrain.rng import set_rng_state
+from disttrain.storage import ObjectPath
 from disttrain.strategies.base import Strategy
 from disttrain.strategies.precision import Precision
 from disttrain.tasks import Task
@@ -142,7 +143,7 @@ class Engine:
         self.group_wait = 0.0  # the data wait of the group being trained
 
     # ------------------------------------------------------------------------------------ resume
-    def resume(self, location: Path | None) -> Path | None:
+    def resume(self, location: Path | ObjectPath | None) -> Path | ObjectPath | None:
         """Continue from the newest checkpoint at `location` that every rank loads (None, or none
         there: a fresh start). Restores every state, keeps this rank's RNG states for the resumed
         epoch's iterator, and starts the metrics at the checkpoint's step (metrics.jsonl cut back

@@ -6,7 +6,9 @@ the same resolved config on every node (nothing re-composed from the image's own
 `${now:}` resolved per pod). In the pod, disttrain reads the operator's PET_* variables
 (`kubeflow_env`) as node_rank/master_addr/master_port and starts `nproc_per_node` ranks like a
 by-hand node: the nodes' roll call compares config hashes, then torchrun's c10d rendezvous runs.
-The run dir is `<run_root>/<job>` on `launcher.pvc` (shared by the pods), or on a per-pod emptyDir.
+The run dir is `<run_root>/<job>` on `launcher.pvc` (shared by the pods), or on a per-pod emptyDir:
+then a multi-node job keeps its checkpoints in an object store (checkpoint.dir=s3://... or gs://...),
+which needs no ReadWriteMany volume.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from disttrain.launch.k8s_checks import k8s_name
 from disttrain.launch.specs.k8s import K8sLauncherConfig
 from disttrain.rundir import RunDir
 from disttrain.safefile import write_text_atomic
+from disttrain.storage import is_url
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
@@ -238,6 +241,15 @@ def render(run: Run, run_dir: Path, job: str) -> str:
         head.append(
             "# Run dir: an emptyDir per pod (lost with the pod); set launcher.pvc=CLAIM for a shared, kept one"
         )
+        if is_url(run.checkpoint.dir):
+            head.append(
+                f"# Checkpoints: {run.checkpoint.dir}, an object store every pod reaches (no shared volume)"
+            )
+        elif run.world.nodes > 1:
+            head.append(
+                "# Several pods and no shared claim: set checkpoint.dir=s3://BUCKET/RUN (or gs://, or a path on "
+                "a claim in launcher.volumes), else the ranks stop before training (no place every pod sees)"
+            )
     docs = manifests(run, RunDir(run_dir).config.read_text(), job)
     body = yaml.dump_all(docs, Dumper=_BlockDumper, sort_keys=False)
     return "\n".join(head) + "\n---\n" + body

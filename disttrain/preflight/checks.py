@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from disttrain import storage
 from disttrain.config import extras
 from disttrain.config.common import Choice
 from disttrain.config.errors import ConfigError, _show, one_of
@@ -29,6 +30,7 @@ from disttrain.data.specs import Sampling, TokenDtype
 from disttrain.launch.registry import launcher_names, launcher_specs
 from disttrain.observe.sinks import check_sinks
 from disttrain.preflight import launch_checks
+from disttrain.storage import is_url
 from disttrain.strategies import specs
 
 SCHEDULES = ("constant", "cosine")
@@ -276,15 +278,16 @@ def _check_checkpoint(run: Run) -> None:
 
     _at_least(run, "checkpoint.keep", 1, "keep >= 1; the newest committed checkpoint is never deleted.")
     ckpt_dir = run.checkpoint.dir
-    if ckpt_dir is not None and (not str(ckpt_dir).strip() or "://" in str(ckpt_dir)):
+    if ckpt_dir is not None and not str(ckpt_dir).strip():
         raise ConfigError(
             "checkpoint.dir",
             ckpt_dir,
-            "null (<run dir>/checkpoints) or a path; URLs (s3://, gs://) are not supported yet",
-            "mount the shared storage (NFS, a cluster file system, a volume) and give its path.",
+            "null (<run dir>/checkpoints), a path, or an object-store URL (s3://BUCKET/KEY, gs://BUCKET/KEY)",
+            "give the folder (or bucket prefix) that checkpoints go to, or leave it null.",
         )
+    _check_urls(run)
     resume = run.resume
-    if resume not in (None, "auto", "never") and not os.path.exists(str(resume)):
+    if resume not in (None, "auto", "never") and not is_url(resume) and not os.path.exists(str(resume)):
         raise ConfigError(
             "resume",
             resume,
@@ -300,6 +303,51 @@ def _check_checkpoint(run: Run) -> None:
             "set trainer.ckpt_every to resume from the latest checkpoint",
             restarts,
         )
+
+
+def _urls(run: Run) -> list[tuple[str, str, bool]]:
+    """(key, URL, whether it is written) of every object-store location the run names."""
+    found = [("checkpoint.dir", run.checkpoint.dir, True), ("init.path", run.init.path, False)]
+    found.append(("resume", run.resume, False))
+    data = run.data
+    found += [(f"data.{k}", data.get(k), False) for k in ("path", "val_path")]
+    return [(key, str(url), write) for key, url, write in found if is_url(url)]
+
+
+def _check_urls(run: Run) -> None:
+    """storage_options' shape, and each URL's scheme, bucket and key (as a local path is checked)."""
+    if why := storage.options_problem(run.storage_options):
+        raise ConfigError(
+            "storage_options",
+            run.storage_options,
+            f"{{protocol: {{option: value}}}} for {', '.join(storage.SCHEMES)}; it {why}",
+            "e.g. storage_options={s3:{endpoint_url:'http://127.0.0.1:9000'}}; or leave it empty and use "
+            "the standard environment (AWS_ENDPOINT_URL, AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS).",
+        )
+    for key, url, _ in _urls(run):
+        if why := storage.url_problem(url):
+            raise ConfigError(
+                key, url, "a path, or s3://BUCKET/KEY or gs://BUCKET/KEY", f"{why}; fix the URL."
+            )
+
+
+def _probes_stores(run: Run) -> bool:
+    """Whether this machine meets the run's stores as its ranks will (not a Kubernetes pod's)."""
+    from disttrain.launch.specs import LAUNCHERS
+
+    return not LAUNCHERS.get(run.launcher.name).own_files
+
+
+def _probe_stores(run: Run) -> None:
+    """Before launch: each object store the run names answers, with these credentials, and holds
+    the bucket (checkpoint.dir: takes an object). One paragraph naming the key otherwise. Not for a
+    launcher whose nodes have their own environment (a Kubernetes pod's credentials are not this
+    machine's): its ranks meet the store first."""
+    if not _probes_stores(run):
+        return
+    storage.configure(run.storage_options)
+    for key, url, write in _urls(run):
+        storage.probe(key, url, write=write)
 
 
 def _check_trainer(run: Run) -> None:
@@ -483,12 +531,12 @@ def _empty_training_set(data: dict[str, Any], train: Any) -> None:
 
 def _check_resume_path(run: Run) -> None:
     """An explicit resume=PATH must hold a whole checkpoint: otherwise the run would start over."""
-    from pathlib import Path
-
     from disttrain import checkpoint
 
     resume = run.resume
-    if resume in (None, "auto", "never") or checkpoint.choose(Path(str(resume)), "size") is not None:
+    if resume in (None, "auto", "never") or (is_url(resume) and not _probes_stores(run)):
+        return  # a pod's own credentials reach its store: its ranks check the checkpoint
+    if checkpoint.choose(storage.location(resume), "size") is not None:
         return
     raise ConfigError(
         "resume",
@@ -527,6 +575,7 @@ def _check_runtime(run: Run) -> dict[str, int]:
 
     mark("runtime_imports")
     launch_checks.check_runtime(run)
+    _probe_stores(run)
     _check_resume_path(run)
     gpus = check_nccl_ranks(run)  # compares what `auto` becomes, not the literal backend name
     check_bf16(run, gpus)

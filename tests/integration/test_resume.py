@@ -8,13 +8,16 @@ own run dir); `disttrain resume` and the rerun are commands of their own."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import xxhash
+from shared_support import S3_ENV
 
 from .conftest import cli_in_process, final_weights, read_yaml, run_cli, train_losses
 from .sweep import Sweep, run_sweep
@@ -24,8 +27,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # two sweeps: 3 + 5 x
 STEPS = 40
 RUN = ("data=synthetic", f"trainer.max_steps={STEPS}", "trainer.ckpt_every=17", "trainer.log_every=1")
 STEP17 = "checkpoints/step_00000017"
+# checkpoint.dir in an object store: the session's S3 server (moto, tests/conftest.py), one bucket
+S3 = "s3://resume-sweep/run"
 # The runs that need no other run's checkpoint (test_resume's sweep jobs: name -> own overrides).
-FIRST = {"straight": (), "async": ("checkpoint.async=true",), "fsdp_straight": ("strategy=fsdp",)}
+FIRST = {
+    "straight": (),
+    "async": ("checkpoint.async=true",),
+    "fsdp_straight": ("strategy=fsdp",),
+    "s3": (f"checkpoint.dir={S3}", "checkpoint.keep=2"),
+}
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
@@ -51,7 +61,21 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def first(root: Path) -> Sweep:
+def s3(s3_endpoint: str) -> Iterator[None]:
+    """The S3 server reached the standard way (AWS_ENDPOINT_URL and keys in the environment, which
+    the sweeps' ranks inherit) for this module's runs, and S3's bucket."""
+    import s3fs
+
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3_endpoint}.items():
+            mp.setenv(key, value)
+        s3fs.S3FileSystem.clear_instance_cache()
+        s3fs.S3FileSystem().mkdir(S3[len("s3://") :].partition("/")[0])
+        yield
+
+
+@pytest.fixture(scope="module")
+def first(root: Path, s3: None) -> Sweep:
     """The uninterrupted runs, as the jobs of one sweep (one parent process and fork server)."""
     return run_sweep(root / "first", FIRST, *RUN)
 
@@ -73,6 +97,7 @@ def resumes(first: Sweep, root: Path) -> Sweep:
             "async_resumed": (f"resume={a}",),
             "fsdp_resumed": ("strategy=fsdp", f"resume={f}"),
             "fsdp_one": ("strategy=fsdp", f"resume={f}", "nproc_per_node=1"),
+            "s3_resumed": (f"resume={S3}/step_00000034",),
         },
         *RUN,
     )
@@ -146,6 +171,31 @@ def test_async_saves_match_sync_ones_and_resume_bitwise(first: Sweep, resumes: S
         assert entry == {"size": len(data), "xxh3_64": xxhash.xxh3_64(data).hexdigest()}, name
     resumed = resumes["async_resumed"]
     assert read_yaml(resumed / "config.yaml")["resume"] == str(ckpts / "step_00000017")
+    assert _same_weights(straight, resumed)
+
+
+def test_s3_checkpoints_commit_prune_verify_and_resume_bitwise(first: Sweep, resumes: Sweep) -> None:
+    """checkpoint.dir=s3://: 2 ranks save through DCP's fsspec writer; keep=2 pruned step 17; every
+    object matches its manifest's size and xxh3_64; a run resumed from step 34 there is bitwise the
+    uninterrupted one."""
+    from disttrain import checkpoint
+    from disttrain.storage import ObjectPath
+
+    straight, where = first["straight"], ObjectPath(S3)
+    assert _losses(first["s3"]) == _losses(straight), "where checkpoints go changes no number"
+    assert [p.name for p in checkpoint.committed(where)] == ["step_00000034", "step_00000040"]
+    assert checkpoint.read_latest(where) == "step_00000040" and not (where / "step_00000017").exists()
+    step34 = where / "step_00000034"
+    manifest = json.loads((step34 / "manifest.json").read_text())["files"]
+    assert {"rng_rank0.pt", "rng_rank1.pt", ".metadata", "meta.json"} <= set(manifest)
+    for name, entry in manifest.items():
+        data = (step34 / name).read_bytes()
+        assert entry == {"size": len(data), "xxh3_64": xxhash.xxh3_64(data).hexdigest()}, name
+    final = torch.load(io.BytesIO((where / "final.pt").read_bytes()), weights_only=True)["model"]
+    assert all(torch.equal(final[k], v) for k, v in final_weights(straight).items())
+    resumed = resumes["s3_resumed"]
+    a, b = _losses(straight), _losses(resumed)
+    assert sorted(b) == list(range(35, STEPS + 1)) and all(a[s] == b[s] for s in b)
     assert _same_weights(straight, resumed)
 
 

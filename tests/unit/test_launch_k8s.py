@@ -293,3 +293,19 @@ def test_a_pod_composes_the_mounted_frozen_config_unchanged(tmp_path: Path) -> N
         k: v for k, v in frozen.items() if k not in ("node_rank", "master_addr", "master_port")
     }
     assert (cfg["node_rank"], cfg["master_addr"], cfg["master_port"]) == (1, "job-node-0-0.job", 29500)
+
+
+def test_several_pods_without_a_claim_keep_checkpoints_in_an_object_store(tmp_path: Path) -> None:
+    """No launcher.pvc (each pod's run dir an emptyDir): checkpoint.dir=s3://... is the one place
+    every pod reaches, frozen as given; a local checkpoint.dir there is named as the problem."""
+
+    def head(*overrides: str) -> str:
+        cfg = checked_run([*K8S, *overrides])
+        (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        text = k8s.render(cfg, tmp_path, k8s.job_name(cfg, tmp_path, now=0))
+        return text.split("\n---\n", 1)[0]
+
+    remote = head("checkpoint.dir=s3://lab-ckpt/gpt")
+    assert "# Checkpoints: s3://lab-ckpt/gpt, an object store every pod reaches (no shared volume)" in remote
+    local = head()
+    assert "checkpoint.dir=s3://BUCKET/RUN" in local and "Checkpoints:" not in local

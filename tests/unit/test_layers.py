@@ -20,9 +20,11 @@ from layer_graph import Import, all_imports, cycles, graph, imports, module_cycl
 
 LAYERS: dict[str, int] = {
     # 0. leaves: the config (compose, schema, errors, typed slices; with the torch-free plug-in
-    #    declarations layer_graph.PLACED puts here), atomic file writes, start-up timing marks
+    #    declarations layer_graph.PLACED puts here), atomic file writes, object-store paths, start-up
+    #    timing marks
     "config": 0,
     "safefile": 0,
+    "storage": 0,  # s3:// and gs:// locations through fsspec (what a path is, in an object store)
     "timing": 0,
     "traps": 0,
     # 1. the run dir's files (claim, freeze, owner, signature, shared checkpoint dir), where this
