@@ -77,7 +77,7 @@ def _resume(record: SweepRecord, sweep_dir: Path, states: dict[int, tuple[str, s
     after another (a local sweep: a failed job does not stop the others; the table at the end)."""
     from disttrain import sweepdir
     from disttrain.commands.resume import checked_resume, saved_overrides
-    from disttrain.commands.train import freeze_and_launch, freeze_job, recorder
+    from disttrain.commands.train import freeze_job, recorder, run_guarded
     from disttrain.launch.registry import launcher_for
     from disttrain.rundir import command_line
 
@@ -110,10 +110,9 @@ def _resume(record: SweepRecord, sweep_dir: Path, states: dict[int, tuple[str, s
     failed: dict[int, int] = {}
     for job, run, run_dir in zip(again, runs, dirs, strict=True):
         sys.stderr.write(f"disttrain: \t#{job.num} : {' '.join(job.overrides)}\n")
-        try:
-            freeze_and_launch(run, run_dir, saved_overrides(run_dir))
-        except SystemExit as exc:  # its launch failed (said already): the others still run
-            failed[job.num] = exc.code if isinstance(exc.code, int) else 1
+        rc = run_guarded(run, run_dir, saved_overrides(run_dir), command)
+        if rc:  # the others still run
+            failed[job.num] = rc
     states = job_states(record, sweep_dir)
     sys.stdout.write(sweepdir.table(record, states))
     sys.stderr.write(f"disttrain: sweep {sweep_dir}: {sweepdir.counts(states.values())}\n")

@@ -321,23 +321,30 @@ def _run_job(run: Run, run_dir: Path, overrides: list[str], job: Any, command: l
     """One checked job (a run, or a basic sweep's job) trains without `@hydra.main`, which would
     compose the config again (~0.4 CPU-s before every run) only to hand the job a run dir and
     overrides this command already holds. What Hydra's job runner would do for it is done here
-    (`_job_context`). A ConfigError is one paragraph, exit 2; any other error that escapes the job
-    is reported as Hydra reports it (overrides, traceback), exit 1."""
+    (`_job_context`)."""
+    with _job_context(run_dir, job):
+        return run_guarded(run, run_dir, overrides, command)
+
+
+def run_guarded(run: Run, run_dir: Path, overrides: list[str], command: list[str]) -> int:
+    """Freeze and launch one checked job; its exit status, so that a sweep goes on after it: a
+    ConfigError is one paragraph, exit 2; a failed launch its own status (its error already said);
+    any other error that escapes the job is reported as Hydra reports it (overrides, traceback),
+    exit 1."""
     import traceback
 
     from disttrain.config.errors import ConfigError
 
-    with _job_context(run_dir, job):
-        try:
-            _freeze_and_launch(run, run_dir, overrides, command)
-        except ConfigError as exc:  # a refusal (a sweep job's checkpoint.dir): a paragraph, as train's
-            sys.stderr.write(f"disttrain: {exc}\n")
-            return 2
-        except SystemExit as exc:  # a failed launch (its error already said): the sweep goes on
-            return exc.code if isinstance(exc.code, int) else 1
-        except Exception:
-            sys.stderr.write(f"Error executing job with overrides: {overrides}\n{traceback.format_exc()}")
-            return 1
+    try:
+        _freeze_and_launch(run, run_dir, overrides, command)
+    except ConfigError as exc:  # a refusal (a sweep job's checkpoint.dir): a paragraph, as train's
+        sys.stderr.write(f"disttrain: {exc}\n")
+        return 2
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    except Exception:
+        sys.stderr.write(f"Error executing job with overrides: {overrides}\n{traceback.format_exc()}")
+        return 1
     return 0
 
 
