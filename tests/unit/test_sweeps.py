@@ -229,3 +229,75 @@ def test_sweep_status_of_a_folder_without_a_record_is_one_paragraph(tmp_path: Pa
     proc = disttrain_in_process("sweep", "status", str(tmp_path), cwd=tmp_path)
     assert proc.returncode == 2 and "holding sweep.json" in proc.stderr and "Traceback" not in proc.stderr
     assert disttrain_in_process("sweep", "stats", str(tmp_path), cwd=tmp_path).returncode == 2
+
+
+FAKE_KUBECTL = """#!{python}
+import json, pathlib, sys
+here = pathlib.Path(__file__).parent
+args = sys.argv[1:]
+with (here / "kubectl.log").open("a") as f:
+    f.write(" ".join(args) + "\\n")
+if "get" in args:  # every job it is asked about has completed, unless `gone` lists it (deleted)
+    gone = (here / "gone").read_text().split() if (here / "gone").exists() else []
+    names = [a for a in args[args.index("get") + 2 :] if not a.startswith("-") and a != "json"]
+    done = [{{"type": "Created", "status": "True"}}, {{"type": "Complete", "status": "True"}}]
+    items = [{{"metadata": {{"name": n}}, "status": {{"conditions": done}}}} for n in names if n not in gone]
+    print(json.dumps({{"kind": "List", "items": items}}))
+"""
+
+
+def test_k8s_sweep_is_one_job_per_point_with_at_most_max_parallel_alive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three points, max_parallel=2: two Jobs applied, the third only after a look at the cluster
+    found one ended; status from kubectl; a deleted Job is cancelled, and resume applies it again
+    under its own name (its pods' run dir) after deleting what is left of it."""
+    import sys
+
+    from disttrain.launch import k8s
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "kubectl"
+    fake.write_text(FAKE_KUBECTL.format(python=sys.executable))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(k8s, "POLL_S", 0.0)
+    k8s_args = (
+        "launcher=k8s",
+        "launcher.image=lab/train:1",
+        f"launcher.kubectl={fake}",
+        "sweep.max_parallel=2",
+    )
+    proc = disttrain_in_process(
+        "train", "-m", "optim.lr=0.1,0.2,0.3", *ONE, *k8s_args, "hydra.sweep.dir=sw", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    calls = (bin_dir / "kubectl.log").read_text().splitlines()
+    verbs = [c.split()[0] if not c.startswith("-n") else c.split()[2] for c in calls]
+    assert verbs == ["apply", "apply", "get", "apply"], calls  # the third waits for a free slot
+    record = sweepdir.load(tmp_path / "sw")
+    names = [job.submitted[0].split(".", 2)[2] for job in record.jobs]
+    assert [job.submitted[0].split(".")[:2] for job in record.jobs] == [["trainjob", "default"]] * 3
+    assert calls[2].split()[4:6] == names[:2]  # it asked about the live ones only
+    for num, name in enumerate(names):
+        assert (tmp_path / "sw" / str(num) / "k8s" / "job_name").read_text().strip() == name
+    (bin_dir / "gone").write_text(names[1])
+    status = disttrain_in_process("sweep", "status", "sw", cwd=tmp_path)
+    rows = [line.split()[1:4] for line in status.stdout.splitlines()[1:]]
+    assert rows == [
+        ["finished", f"trainjob.default.{names[0]}", "Complete"],
+        ["cancelled", f"trainjob.default.{names[1]}", "deleted"],
+        ["finished", f"trainjob.default.{names[2]}", "Complete"],
+    ], status.stdout
+    (bin_dir / "kubectl.log").unlink()
+    resumed = disttrain_in_process("sweep", "resume", "sw", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    calls = [c for c in (bin_dir / "kubectl.log").read_text().splitlines() if " get " not in f" {c} "]
+    manifest = tmp_path / "sw" / "1" / "k8s" / "job.yaml"
+    assert calls == [
+        f"-n default delete trainjob,configmap {names[1]} {names[1]}-config --ignore-not-found",
+        f"apply -f {manifest}",
+    ]
+    assert f"name: {names[1]}\n" in manifest.read_text()
+    assert sweepdir.load(tmp_path / "sw").job(1).submitted == [f"trainjob.default.{names[1]}"] * 2
