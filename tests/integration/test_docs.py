@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SUBCOMMANDS = (
     "train", "config", "resume", "rerun", "export", "eval", "predict", "env", "bench", "plan", "runs",
-    "show", "compare", "completion",
+    "show", "compare", "completion", "sweep",
 )  # fmt: skip
 FILE_HEADER = re.compile(r"^# ([\w./-]+\.(?:py|yaml))(?:\s+\((continued)\))?(?:\s|$)")
 
@@ -247,6 +247,16 @@ PLAN: dict[str, Plan] = {
     "docs/clusters.md: disttrain train launcher=slurm strategy=fsdp nodes=2 nproc_per_node=1": Run(
         append=DRY, one=False
     ),
+    "docs/clusters.md: disttrain train -m optim.lr=1e-3,3e-3,1e-2,3e-2 launcher=slurm sweep.max_parallel=2": Skip(
+        "a Slurm cluster: tests/integration/test_slurm.py runs this sweep (with QUICK settings) on its two nodes"
+    ),
+    "docs/clusters.md: disttrain sweep status runs/default/multirun_2026-01-01_12-00-00": Skip(
+        "the Slurm sweep above's folder: tests/integration/test_slurm.py runs it there (a local sweep's: "
+        "tests/unit/test_sweeps.py)"
+    ),
+    "docs/clusters.md: disttrain sweep resume runs/default/multirun_2026-01-01_12-00-00": Skip(
+        "the Slurm sweep above's folder after a scancel: tests/integration/test_slurm.py runs it there"
+    ),
     "docs/clusters.md: disttrain train nodes=2 nproc_per_node=8 launcher=k8s launcher.image=ghcr.io/lab/train:1.4 "
     "launcher.gpus_per_node=8 launcher.pvc=runs launcher.namespace=ml": Run(append=DRY, one=False),
     "docs/clusters.md: disttrain train ... launcher=k8s launcher.dry_run=true": Run(
@@ -397,7 +407,7 @@ PLAN: dict[str, Plan] = {
     "docs/your-own-code.md: disttrain train data.train._target_=mylab.data.make_train data.val=null": Run(),
 }
 
-COVERED, SKIPPED = 100, 15  # asserted: a doc edit that adds or drops a command updates these
+COVERED, SKIPPED = 100, 18  # asserted: a doc edit that adds or drops a command updates these
 
 
 def test_every_doc_command_is_planned() -> None:
