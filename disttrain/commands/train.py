@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -179,14 +179,16 @@ def check_sweep(jobs: Jobs, sweep_dir: Path) -> None:
     runs = list(jobs.checked.values())
     first, dirs = runs[0], []
     for num, (run, full) in enumerate(zip(runs, jobs.composed.values(), strict=True)):
-        for key, mine, theirs in (
-            ("launcher.name", run.launcher.name, first.launcher.name),
-            ("sweep", run.sweep, first.sweep),
-        ):
+        shared = [("launcher.name", run.launcher.name, first.launcher.name)]
+        shared += [
+            (f"sweep.{f.name}", getattr(run.sweep, f.name), getattr(first.sweep, f.name))
+            for f in fields(run.sweep)
+        ]
+        for key, mine, theirs in shared:
             if mine != theirs:
                 raise ConfigError(
                     key,
-                    run.to_dict()[key.split(".")[0]] if key == "sweep" else mine,
+                    mine,
                     f"one value for every job of a sweep (job 0 has {theirs})",
                     f"job {num} differs: the sweep's jobs share their launcher and sweep.* settings; "
                     "sweep those in separate sweeps.",

@@ -338,8 +338,9 @@ def submit_jobs(
             previous = run_dir / "k8s" / "job_name"
             name = previous.read_text().strip() if previous.is_file() else ""
             job = submit(run, run_dir, name if _DNS.fullmatch(name) else None)
-            submitted(num, sweep_id(run, job))
             live[num] = sweep_id(run, job)
+            if not lc.dry_run:  # a printed manifest is no job of the cluster's
+                submitted(num, live[num])
         if not waiting or lc.dry_run:
             break
         sys.stderr.write(
@@ -349,6 +350,19 @@ def submit_jobs(
         for num, (state, _) in job_states(live, lc.kubectl, 60.0).items():
             if state in ENDED:
                 del live[num]
+
+
+def _condition(item: Any) -> tuple[str, str]:
+    """(name, last true condition among CONDITIONS, else Created) of a job kubectl printed."""
+    fields = {k: item.get(k) if isinstance(item, dict) else None for k in ("metadata", "status")}
+    meta, status = (v if isinstance(v, dict) else {} for v in fields.values())
+    conditions = status.get("conditions")
+    true = [
+        c.get("type")
+        for c in (conditions if isinstance(conditions, list) else [])
+        if isinstance(c, dict) and c.get("status") == "True"
+    ]
+    return str(meta.get("name")), next((t for t in reversed(true) if t in CONDITIONS), "Created")
 
 
 _DNS = re.compile(r"[a-z]([-a-z0-9]{0,50}[a-z0-9])?")
@@ -384,18 +398,11 @@ def job_states(ids: Mapping[int, str], kubectl: str, timeout: float) -> dict[int
             continue
         items = data.get("items", [data]) if isinstance(data, dict) else []
         seen = set()
-        for item in items:
-            name = str(item.get("metadata", {}).get("name", "")) if isinstance(item, dict) else ""
-            if name not in names:
-                continue
-            seen.add(name)
-            true = [
-                c.get("type")
-                for c in item.get("status", {}).get("conditions", []) or []
-                if c.get("status") == "True"
-            ]
-            word = next((t for t in reversed(true) if t in CONDITIONS), "Created")
-            out[names[name]] = (CONDITIONS[word], word)
+        for item in items if isinstance(items, list) else []:
+            name, word = _condition(item)
+            if name in names:
+                seen.add(name)
+                out[names[name]] = (CONDITIONS[word], word)
         for name in set(names) - seen:
             out[names[name]] = ("cancelled", "deleted")
     return out

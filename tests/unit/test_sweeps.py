@@ -219,7 +219,10 @@ def test_stop_on_failure_stops_the_sweep_at_the_first_failed_job(tmp_path: Path)
 def test_a_sweep_over_sweep_settings_or_launchers_is_refused_before_anything_is_written(
     tmp_path: Path,
 ) -> None:
-    for bad, key in (("sweep.max_parallel=1,2", "sweep"), ("launcher=torchrun,spawn", "launcher.name")):
+    for bad, key in (
+        ("sweep.max_parallel=1,2", "sweep.max_parallel"),
+        ("launcher=torchrun,spawn", "launcher.name"),
+    ):
         proc = disttrain_in_process("train", "-m", bad, *ONE, cwd=tmp_path)
         assert proc.returncode == 2 and f"config error: {key}=" in proc.stderr, proc.stderr[-2000:]
         assert "separate sweeps" in proc.stderr and not (tmp_path / "runs").exists()
