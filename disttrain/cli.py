@@ -23,6 +23,8 @@ commands:
   config   print the resolved config after the same checks (fast: no torch import)
   resume   RUN_DIR [key=value ...]: continue a run from its latest checkpoint with its saved config
   rerun    RUN_DIR [key=value ...] [--run-dir NEW]: the same run again from its frozen config.yaml
+  sweep    status|resume SWEEP_DIR: each job of a `train -m` sweep and its state (from the scheduler
+           where there is one); resume submits again only the failed and cancelled jobs
   export   RUN_DIR --out model.pt|model.safetensors: the consolidated model for plain PyTorch
   eval     RUN_DIR|CHECKPOINT [key=value ...] [--out FILE]: val metrics of a checkpoint, any world
            size or strategy, on the run's or another validation set (data.val=FILE); never trains

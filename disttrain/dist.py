@@ -84,8 +84,10 @@ def init_process_group(env: DistEnv, timeout_s: float, cpu_collectives: bool = F
     if dist.is_initialized():
         return
     kwargs: dict[str, object] = {"device_id": env.device} if env.backend == "nccl" else {}
-    if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
-        kwargs["store"] = dist.HashStore()  # one process: no rendezvous, no port
+    if env.world_size == 1 and "MASTER_PORT" not in os.environ:
+        # one process and no port to meet at: no rendezvous (a one-rank Slurm job exports only
+        # MASTER_ADDR, for torchrun's nodes)
+        kwargs["store"] = dist.HashStore()
     elif (
         "TORCHELASTIC_RESTART_COUNT" in os.environ
         and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"

@@ -10,6 +10,7 @@ COMMANDS: dict[str, str] = {
     "config": "disttrain.commands.config:cmd_config",
     "resume": "disttrain.commands.resume:cmd_resume",
     "rerun": "disttrain.commands.rerun:cmd_rerun",
+    "sweep": "disttrain.commands.sweep:cmd_sweep",
     "export": "disttrain.commands.export:cmd_export",
     "eval": "disttrain.commands.evaluate:cmd_eval",
     "predict": "disttrain.commands.evaluate:cmd_predict",
@@ -24,4 +25,4 @@ COMMANDS: dict[str, str] = {
 
 # Commands that build the user's `_target_`s (`_target_: mylab.nets.Net` from the working directory).
 # The read-only ones (config, runs, show, compare, env, plan) never import from the cwd.
-USER_CODE_COMMANDS = ("train", "resume", "export", "eval", "predict", "bench")
+USER_CODE_COMMANDS = ("train", "resume", "sweep", "export", "eval", "predict", "bench")

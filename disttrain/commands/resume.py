@@ -9,9 +9,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 RESUME_USAGE = """\
 usage: disttrain resume RUN_DIR [key=value ...] [--trust]
@@ -231,20 +234,30 @@ def cmd_resume(rest: list[str]) -> int:
     if not rest or rest[0] in ("-h", "--help"):
         sys.stdout.write(RESUME_USAGE)
         return 0 if rest else 2
-    import yaml
-
     from disttrain.commands.train import freeze_and_launch
+    from disttrain.trust import take_trust_flag
+
+    rest, trusted = take_trust_flag(rest)
+    run_dir = run_dir_arg(rest[0] if rest else "", RESUME_USAGE)
+    overrides = rest[1:]
+    run = checked_resume(run_dir, overrides, trusted)
+    freeze_and_launch(run, run_dir, [*saved_overrides(run_dir), *overrides])  # only now: the checks passed
+    return 0
+
+
+def checked_resume(run_dir: Path, overrides: list[str], trusted: bool) -> Run:
+    """The run that continues in `run_dir` with `overrides`, after every check (`resume` and `sweep
+    resume`): the run dir held by this command and not running elsewhere, its files disttrain's,
+    its config this user's or built only from disttrain's and torch's own `_target_`s (or
+    `trusted`), the config with the overrides checked like `train`'s. Nothing written."""
     from disttrain.launch.registry import launcher_for
     from disttrain.owner import hold
     from disttrain.preflight.checks import check_runtime, check_static, run_of
     from disttrain.rundir import command_line, read_config, refuse_if_running, refuse_planted_links
-    from disttrain.trust import check_trusted, take_trust_flag
+    from disttrain.trust import check_trusted
 
-    rest, trusted = take_trust_flag(rest)
-    run_dir = run_dir_arg(rest[0] if rest else "", RESUME_USAGE)
     hold(run_dir, run_dir, "RUN_DIR", "run dir")  # held until the command ends: one launcher per run dir
     refuse_if_running(run_dir, "RUN_DIR")  # another host's launcher (status.json: running)
-    overrides = rest[1:]
     saved_cfg = read_config(run_dir)
     check_run_files(run_dir)
     check_trusted(run_dir, saved_cfg, trusted, launches=overrides, writes=True)  # someone else's: --trust
@@ -256,10 +269,13 @@ def cmd_resume(rest: list[str]) -> int:
     check_static(run)
     check_runtime(run)
     launcher_for(run).check_command(run_dir, command_line())
-    saved = (
-        yaml.safe_load((run_dir / "overrides.yaml").read_text())
-        if (run_dir / "overrides.yaml").exists()
-        else []
-    )
-    freeze_and_launch(run, run_dir, [*(saved or []), *overrides])  # only now: the checks passed
-    return 0
+    return run
+
+
+def saved_overrides(run_dir: Path) -> list[str]:
+    """The overrides the run was trained with (overrides.yaml), to freeze again with a resume's."""
+    import yaml
+
+    path = run_dir / "overrides.yaml"
+    saved = yaml.safe_load(path.read_text()) if path.exists() else []
+    return [str(o) for o in saved] if isinstance(saved, list) else []

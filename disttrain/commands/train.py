@@ -15,9 +15,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from disttrain.commands.hydra_app import parse_args as _hydra_args
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
+    from disttrain.sweepdir import SweepRecord
 
 
 def freeze_and_launch(run: Run, run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
@@ -131,10 +132,13 @@ def cmd_train(rest: list[str], prerendered_ok: bool = True) -> int:
         return _run_hydra_app(rest, jobs)  # Hydra prints what it composes
     if args.multirun:
         first = next(iter(jobs.composed.values()))
+        basic = _basic_sweep(first, args.overrides)
+        if basic:  # before the sweep dir is claimed: nothing written on a refusal
+            check_sweep(jobs, _sweep_dir_of(first))
         sweep_dir, claimed = _own_sweep_dir(args, first)
         rest = [*rest, *claimed]
         jobs.command = [*program(), "train", *rest]
-        if _basic_sweep(first, args.overrides):
+        if basic:
             return _run_sweep(jobs, sweep_dir)
         return _run_hydra_app(rest, jobs)
     extra = _multinode_run_dir(run, args.overrides)
@@ -164,23 +168,116 @@ def _basic_sweep(full: Any, overrides: list[str]) -> bool:
     )
 
 
+def check_sweep(jobs: Jobs, sweep_dir: Path) -> None:
+    """A basic sweep's jobs, checked together before anything is written: one launcher and one
+    `sweep` block for all (they configure the sweep, not a job), every job's folder inside the
+    sweep folder, and what the launcher's sweep submission needs of them (one job array's head)."""
+    from disttrain.config.errors import ConfigError
+    from disttrain.launch.registry import launcher_for
+
+    runs = list(jobs.checked.values())
+    first, dirs = runs[0], []
+    for num, (run, full) in enumerate(zip(runs, jobs.composed.values(), strict=True)):
+        shared = [("launcher.name", run.launcher.name, first.launcher.name)]
+        shared += [
+            (f"sweep.{f.name}", getattr(run.sweep, f.name), getattr(first.sweep, f.name))
+            for f in fields(run.sweep)
+        ]
+        for key, mine, theirs in shared:
+            if mine != theirs:
+                raise ConfigError(
+                    key,
+                    mine,
+                    f"one value for every job of a sweep (job 0 has {theirs})",
+                    f"job {num} differs: the sweep's jobs share their launcher and sweep.* settings; "
+                    "sweep those in separate sweeps.",
+                )
+        job_dir = _sweep_job_dir(full, sweep_dir, num, create=False)
+        if sweep_dir not in job_dir.parents:
+            raise ConfigError(
+                "hydra.sweep.subdir",
+                str(full.hydra.sweep.subdir),
+                "a folder inside hydra.sweep.dir",
+                f"job {num}'s folder would be {job_dir}; the sweep records its jobs by their folders in it.",
+            )
+        dirs.append(job_dir)
+    launcher_for(first).check_sweep(runs, dirs)
+
+
 def _run_sweep(jobs: Jobs, sweep_dir: Path) -> int:
-    """A basic sweep: every checked job in turn, in `sweep_dir/<hydra.sweep.subdir>` (the job's
-    number by default), as Hydra's BasicLauncher runs them, but without `@hydra.main`, which would
-    compose each job twice more (~0.2 CPU-s a job) only to hand it what `train` already checked.
-    Like Hydra's, the sweep stops at the first job that fails, with that job's exit status."""
-    sys.stderr.write(f"disttrain: launching {len(jobs.checked)} jobs in {sweep_dir}\n")
+    """A basic sweep: every checked job in `sweep_dir/<hydra.sweep.subdir>` (the job's number by
+    default), recorded in `sweep_dir/sweep.json` first (`disttrain.sweepdir`). A launcher with a
+    sweep submission of its own (Slurm's job array, Kubernetes Jobs) gets every frozen job at once;
+    otherwise each runs in turn, as Hydra's BasicLauncher runs them, but without `@hydra.main`,
+    which would compose each job twice more (~0.2 CPU-s a job) only to hand it what `train` already
+    checked. A failed job does not stop the others unless `sweep.stop_on_failure`; the sweep ends
+    with a table of every job's state and the first failed job's exit status."""
+    from disttrain import sweepdir
+    from disttrain.launch.registry import launcher_for
+
+    first = next(iter(jobs.checked.values()))
+    todo = []
     for num, (key, run) in enumerate(jobs.checked.items()):
         full = jobs.composed[key]
-        overrides = task_overrides(list(key))
+        todo.append(
+            (num, run, _sweep_job_dir(full, sweep_dir, num), task_overrides(list(key)), full.hydra.job)
+        )
+    record = sweepdir.SweepRecord(
+        first.launcher.name,
+        first.sweep.max_parallel,
+        [sweepdir.SweepJob(num, str(d.relative_to(sweep_dir)), o) for num, _, d, o, _ in todo],
+        jobs.command,
+    )
+    record.save(sweep_dir)
+    sys.stderr.write(f"disttrain: launching {len(todo)} jobs in {sweep_dir}\n")
+    launcher = launcher_for(first)
+    if launcher.sweeps:
+        frozen = []
+        for num, run, run_dir, overrides, _ in todo:
+            sys.stderr.write(f"disttrain: \t#{num} : {' '.join(overrides)}\n")
+            frozen.append((num, freeze_job(run, run_dir, overrides, jobs.command), run_dir))
+        launcher.submit_sweep(frozen, sweep_dir, first.sweep.max_parallel, recorder(record, sweep_dir))
+        return 0
+    failed: dict[int, int] = {}
+    for num, run, run_dir, overrides, job in todo:
         sys.stderr.write(f"disttrain: \t#{num} : {' '.join(overrides)}\n")
-        rc = _run_job(run, _sweep_job_dir(full, sweep_dir, num), overrides, full.hydra.job, jobs.command)
+        rc = _run_job(run, run_dir, overrides, job, jobs.command)
         if rc:
-            return rc
-    return 0
+            failed[num] = rc
+            if first.sweep.stop_on_failure:
+                break
+    return _sweep_table(record, sweep_dir, failed, ran=num + 1)
 
 
-def _sweep_job_dir(full: Any, sweep_dir: Path, num: int) -> Path:
+def recorder(record: SweepRecord, sweep_dir: Path) -> Callable[[int, str], None]:
+    """`submitted(num, scheduler id)` for a launcher's sweep submission: into sweep.json at once."""
+
+    def submitted(num: int, scheduler_id: str) -> None:
+        record.job(num).submitted.append(scheduler_id)
+        record.save(sweep_dir)
+
+    return submitted
+
+
+def _sweep_table(record: SweepRecord, sweep_dir: Path, failed: dict[int, int], ran: int) -> int:
+    """The end of a local sweep: every job's state (status.json; a job that failed before its ranks
+    started: its exit status; one a stopped sweep never reached: not run) on stdout, the counts on
+    stderr; the exit status of the first failed job (0: none failed)."""
+    from disttrain import sweepdir
+
+    known: dict[int, tuple[str, str]] = {}
+    for job in record.jobs:
+        if job.num >= ran:
+            known[job.num] = ("not run", "")
+        elif job.num in failed and sweepdir.state_of_files(record.run_dir(sweep_dir, job)) is None:
+            known[job.num] = ("failed", f"exit {failed[job.num]}")
+    states = sweepdir.job_states(record, sweep_dir, known)
+    sys.stdout.write(sweepdir.table(record, states))
+    sys.stderr.write(f"disttrain: sweep {sweep_dir}: {sweepdir.counts(states.values())}\n")
+    return next(iter(failed.values()), 0)
+
+
+def _sweep_job_dir(full: Any, sweep_dir: Path, num: int, create: bool = True) -> Path:
     """Job `num`'s folder: `hydra.sweep.subdir` evaluated as Hydra's launcher evaluates it (with
     `hydra.job.num` and `hydra.job.id` set, and the `${hydra:...}` resolver on this job's config)."""
     from hydra.core.hydra_config import HydraConfig
@@ -193,10 +290,11 @@ def _sweep_job_dir(full: Any, sweep_dir: Path, num: int) -> Path:
     saved = hydra_config.cfg
     hydra_config.set_config(full)
     try:
-        job_dir = sweep_dir / str(OmegaConf.select(full, "hydra.sweep.subdir"))
+        job_dir = Path(os.path.normpath(sweep_dir / str(OmegaConf.select(full, "hydra.sweep.subdir"))))
     finally:
         hydra_config.cfg = saved
-    job_dir.mkdir(parents=True, exist_ok=True)
+    if create:
+        job_dir.mkdir(parents=True, exist_ok=True)
     return job_dir
 
 
@@ -224,21 +322,30 @@ def _run_job(run: Run, run_dir: Path, overrides: list[str], job: Any, command: l
     """One checked job (a run, or a basic sweep's job) trains without `@hydra.main`, which would
     compose the config again (~0.4 CPU-s before every run) only to hand the job a run dir and
     overrides this command already holds. What Hydra's job runner would do for it is done here
-    (`_job_context`). A ConfigError is one paragraph, exit 2; any other error that escapes the job
-    is reported as Hydra reports it (overrides, traceback), exit 1."""
+    (`_job_context`)."""
+    with _job_context(run_dir, job):
+        return run_guarded(run, run_dir, overrides, command)
+
+
+def run_guarded(run: Run, run_dir: Path, overrides: list[str], command: list[str]) -> int:
+    """Freeze and launch one checked job; its exit status, so that a sweep goes on after it: a
+    ConfigError is one paragraph, exit 2; a failed launch its own status (its error already said);
+    any other error that escapes the job is reported as Hydra reports it (overrides, traceback),
+    exit 1."""
     import traceback
 
     from disttrain.config.errors import ConfigError
 
-    with _job_context(run_dir, job):
-        try:
-            _freeze_and_launch(run, run_dir, overrides, command)
-        except ConfigError as exc:  # a refusal (a sweep job's checkpoint.dir): a paragraph, as train's
-            sys.stderr.write(f"disttrain: {exc}\n")
-            return 2
-        except Exception:
-            sys.stderr.write(f"Error executing job with overrides: {overrides}\n{traceback.format_exc()}")
-            return 1
+    try:
+        _freeze_and_launch(run, run_dir, overrides, command)
+    except ConfigError as exc:  # a refusal (a sweep job's checkpoint.dir): a paragraph, as train's
+        sys.stderr.write(f"disttrain: {exc}\n")
+        return 2
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    except Exception:
+        sys.stderr.write(f"Error executing job with overrides: {overrides}\n{traceback.format_exc()}")
+        return 1
     return 0
 
 
@@ -302,11 +409,16 @@ def _own_sweep_dir(args: Any, first: Any) -> tuple[Path, list[str]]:
     `first`) claimed exclusively, as a run dir; with the override that names it to Hydra."""
     from disttrain import rundir
 
-    sweep_dir = Path(str(first.hydra.sweep.dir)).absolute()
+    sweep_dir = _sweep_dir_of(first)
     if any(o.lstrip("+").startswith("hydra.sweep.dir=") for o in args.overrides):
         return sweep_dir, []  # the user's own folder: its job subdirs are theirs to reuse
     sweep_dir = rundir.claim(sweep_dir)
     return sweep_dir, [f"hydra.sweep.dir={_hydra_quote(str(sweep_dir))}"]
+
+
+def _sweep_dir_of(full: Any) -> Path:
+    """`hydra.sweep.dir` of a composition, absolute and normalised (job folders are kept relative to it)."""
+    return Path(os.path.normpath(Path(str(full.hydra.sweep.dir)).absolute()))
 
 
 def _hydra_quote(value: str) -> str:
@@ -395,18 +507,11 @@ def _freeze_and_launch(
     run: Run, run_dir: Path, overrides: list[str], command: list[str]
 ) -> dict[str, Any] | None:
     from disttrain.launch import LaunchError, launch, submit
-    from disttrain.rundir import freeze, run_status
+    from disttrain.rundir import run_status
     from disttrain.timing import mark
 
     mark("hydra_task")
-    own_checkpoint_dir(run, run_dir)
-    run, reshaped = same_global_batch(run, run_dir)
-    if reshaped:  # frozen as the ranks will train it: config.yaml and the checkpoints agree
-        sys.stderr.write(f"disttrain: resuming at another world size: {reshaped}\n")
-    freeze(run_dir, run, overrides, command)
-    from disttrain.preflight import hf_base
-
-    hf_base.record(run_dir, run.model)  # from_pretrained's config.json: export rebuilds from this copy
+    run = freeze_job(run, run_dir, overrides, command)
     if submit(run, run_dir, command):
         return None  # a scheduler's nodes train (sbatch, a Kubeflow job); status.json is theirs
     try:
@@ -416,6 +521,21 @@ def _freeze_and_launch(
         sys.stderr.write(f"disttrain: {exc}\n")
         raise SystemExit(exc.exit_code) from None
     return print_summary(run_dir)
+
+
+def freeze_job(run: Run, run_dir: Path, overrides: list[str], command: list[str]) -> Run:
+    """The run dir frozen for the checked `run` (its checkpoint folder owned, its batch shape kept
+    at another world size): what every launcher then launches or submits."""
+    from disttrain.preflight import hf_base
+    from disttrain.rundir import freeze
+
+    own_checkpoint_dir(run, run_dir)
+    run, reshaped = same_global_batch(run, run_dir)
+    if reshaped:  # frozen as the ranks will train it: config.yaml and the checkpoints agree
+        sys.stderr.write(f"disttrain: resuming at another world size: {reshaped}\n")
+    freeze(run_dir, run, overrides, command)
+    hf_base.record(run_dir, run.model)  # from_pretrained's config.json: export rebuilds from this copy
+    return run
 
 
 def same_global_batch(run: Run, run_dir: Path) -> tuple[Run, str | None]:

@@ -32,6 +32,7 @@ from disttrain.config.schema import (
     PeftConfig,
     PlanConfig,
     ProfilerConfig,
+    SweepConfig,
     TrainerConfig,
 )
 from disttrain.config.typed import own_key, typed
@@ -73,6 +74,7 @@ class Run(Mapping[str, Any]):
     observe: ObserveConfig
     debug: DebugConfig
     profiler: ProfilerConfig
+    sweep: SweepConfig
     name: str
     seed: int
     resume: str | None
@@ -134,6 +136,7 @@ class Run(Mapping[str, Any]):
             observe=typed(ObserveConfig, plain.get("observe"), "observe"),
             debug=typed(DebugConfig, plain.get("debug"), "debug"),
             profiler=typed(ProfilerConfig, plain.get("profiler"), "profiler"),
+            sweep=typed(SweepConfig, plain.get("sweep"), "sweep"),
             name=str(own_key(plain, Config, "name")),
             seed=int(own_key(plain, Config, "seed")),
             resume=own_key(plain, Config, "resume"),

@@ -457,6 +457,22 @@ class PlanConfig:
     )
 
 
+# ----------------------------------------------------------------------------------------- sweep
+@dataclass
+class SweepConfig:
+    """Read by `disttrain train -m` (one value per sweep: every job of a sweep shares it)."""
+
+    max_parallel: int = _h(
+        "jobs of a sweep that run at once on a scheduler (launcher=slurm: the job array's % limit; "
+        "launcher=k8s: Jobs alive at once); 0: no limit. Local sweeps run one job at a time",
+        0,
+    )
+    stop_on_failure: bool = _h(
+        "a local sweep stops at the first failed job; false: every job runs, then a table of their states",
+        False,
+    )
+
+
 # ------------------------------------------------------------------------------------ checkpoint
 def _keyword_field(name: str, type_name: str, default: Any, text: str) -> Any:
     """Add a field whose name is a Python keyword (`checkpoint.async`) to a dataclass.
@@ -540,6 +556,7 @@ class Config:
     observe: ObserveConfig = field(default_factory=ObserveConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     profile: bool = _h("record a torch.profiler window into RUN_DIR/profile (TensorBoard traces)", False)
     name: str = _h("run name (used in the run directory)", "default")
     nodes: Any = _h(

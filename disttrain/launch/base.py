@@ -7,6 +7,7 @@ else compares launcher names. Torch-free at import: checks run in `disttrain con
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -21,6 +22,8 @@ class Launcher(Protocol):
     # True: a scheduler starts the nodes (sbatch, a Kubeflow job): it owns their node ranks, the
     # run dir each node derives and the rendezvous port, so none of them is chosen or probed here.
     scheduler: ClassVar[bool] = False
+    # True: `submit_sweep` hands a `-m` sweep's jobs to the scheduler together (a job array).
+    sweeps: ClassVar[bool] = False
 
     def check_static(self, run: Run) -> None:
         """Checks of the resolved config that need no machine; raise ConfigError."""
@@ -42,6 +45,30 @@ class Launcher(Protocol):
         """Hand the frozen run to a scheduler. True: it did, the scheduler's nodes train and
         status.json is theirs; False: `launch` starts the ranks here."""
         return False
+
+    def check_sweep(self, runs: Sequence[Run], run_dirs: Sequence[Path]) -> None:
+        """The checked jobs of one `-m` sweep (their run dirs' would-be paths), before anything is
+        written: what a sweep submission needs of them together (one job array's shared head);
+        raise ConfigError."""
+
+    def submit_sweep(
+        self,
+        jobs: Sequence[tuple[int, Run, Path]],
+        sweep_dir: Path,
+        max_parallel: int,
+        submitted: Callable[[int, str], None],
+    ) -> None:
+        """Only where `sweeps`: hand the frozen jobs `(number, run, run dir)` of a sweep to the
+        scheduler together (a Slurm job array, Kubernetes Jobs), at most `max_parallel` running at
+        once (0: no cap), calling `submitted(number, scheduler id)` for each job handed over.
+        Elsewhere `train` runs (or submits) the jobs one after another."""
+        raise NotImplementedError(f"{type(self).__name__} has no sweep submission (sweeps=False)")
+
+    def sweep_states(self, ids: Mapping[int, str], timeout: float) -> dict[int, tuple[str, str]]:
+        """The scheduler's word on each job of a sweep, by job number, from its current id in `ids`:
+        (a `disttrain.sweepdir.STATES` state, the scheduler's own name for it). Jobs it knows
+        nothing about are left out (their run dirs' status.json speaks for them)."""
+        return {}
 
     @abstractmethod
     def launch(self, run: Run, run_dir: Path, entry: str) -> None:

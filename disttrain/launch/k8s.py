@@ -14,11 +14,13 @@ which needs no ReadWriteMany volume.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -52,6 +54,7 @@ class K8sLauncher(Launcher):
     """kubectl applies a Kubeflow job; in each of its pods `disttrain train` starts the node's ranks."""
 
     scheduler = True
+    sweeps = True
 
     def check_static(self, run: Run) -> None:
         k8s_checks.check_static(run)
@@ -65,6 +68,18 @@ class K8sLauncher(Launcher):
             return False
         submit(run, run_dir)  # the job's pods train, each into its own <run_root>/<job>
         return True
+
+    def submit_sweep(
+        self,
+        jobs: Sequence[tuple[int, Run, Path]],
+        sweep_dir: Path,
+        max_parallel: int,
+        submitted: Callable[[int, str], None],
+    ) -> None:
+        submit_jobs(jobs, max_parallel, submitted)  # one Job per sweep point, at most max_parallel alive
+
+    def sweep_states(self, ids: Mapping[int, str], timeout: float) -> dict[int, tuple[str, str]]:
+        return job_states(ids, "kubectl", timeout)  # kubectl from PATH: the record names no program
 
     def launch(self, run: Run, run_dir: Path, entry: str) -> None:
         from disttrain.launch.torchrun import launch_torchrun
@@ -266,10 +281,12 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 _BlockDumper.add_representer(str, _str)
 
 
-def submit(run: Run, run_dir: Path) -> str:
-    """Write the manifest into the run dir; `kubectl apply` it unless dry_run. Returns the job name."""
+def submit(run: Run, run_dir: Path, job: str | None = None) -> str:
+    """Write the manifest into the run dir; `kubectl apply` it unless dry_run. Returns the job name.
+    `job`: that name again (a sweep's resumed job: its pods' run dir `<run_root>/<job>` holds its
+    checkpoints), after the old job and its ConfigMap are deleted."""
     lc = cast(K8sLauncherConfig, run.launcher)
-    job = job_name(run, run_dir)
+    again, job = job is not None, job or job_name(run, run_dir)
     text = render(run, run_dir, job)
     path = run_dir / MANIFEST
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -279,23 +296,128 @@ def submit(run: Run, run_dir: Path) -> str:
         sys.stdout.write(text)
         sys.stdout.write(f"# dry run: not applied. Manifest: {path}\n# apply it: kubectl apply -f {path}\n")
         return job
-    argv = [lc.kubectl, "apply", "-f", str(path)]
+    kind, ns = API[lc.api][1], lc.namespace
+    if again:
+        _kubectl(
+            lc, ["-n", ns, "delete", f"{kind.lower()},configmap", job, f"{job}-config", "--ignore-not-found"]
+        )
+    _kubectl(lc, ["apply", "-f", str(path)], f"; the manifest is {path}")
+    sys.stdout.write(
+        f"submitted: {kind} {job} in namespace {ns}\n  run dir: {run_dir} (manifest {path})\n"
+        f"  state:   kubectl -n {ns} get {kind.lower()} {job}\n"
+    )
+    return job
+
+
+def _kubectl(lc: K8sLauncherConfig, args: list[str], where: str = "") -> str:
+    """`kubectl ARGS` (an argv list: nothing reaches a shell); its stdout, or the ConfigError."""
+    argv = [lc.kubectl, *args]
     try:
-        subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         detail = (getattr(exc, "stderr", "") or str(exc)).strip()
         raise ConfigError(
             "launcher",
             "k8s",
             "a kubectl that reaches the cluster",
-            f"`{shlex.join(argv)}` failed: {detail}; the manifest is {path}.",
+            f"`{shlex.join(argv)}` failed: {detail}{where}.",
         ) from None
-    kind, ns = API[lc.api][1], lc.namespace
-    sys.stdout.write(
-        f"submitted: {kind} {job} in namespace {ns}\n  run dir: {run_dir} (manifest {path})\n"
-        f"  state:   kubectl -n {ns} get {kind.lower()} {job}\n"
-    )
-    return job
+
+
+# ------------------------------------------------------------------------------- a sweep's Jobs
+POLL_S = 15.0  # seconds between two looks at a capped sweep's live Jobs
+ENDED = ("finished", "failed", "cancelled")
+
+
+def sweep_id(run: Run, job: str) -> str:
+    """A sweep job's id in sweep.json: `<kind>.<namespace>.<name>` (DNS labels: no dots of their own)."""
+    lc = cast(K8sLauncherConfig, run.launcher)
+    return f"{API[lc.api][1].lower()}.{lc.namespace}.{job}"
+
+
+def submit_jobs(
+    jobs: Sequence[tuple[int, Run, Path]], max_parallel: int, submitted: Callable[[int, str], None]
+) -> None:
+    """Apply one Job per sweep point. With a cap, at most `max_parallel` are alive at once: the rest
+    are applied here as live ones end (Kubernetes has no queue of its own for them), and this
+    command returns once the last one is applied. A job submitted again (`sweep resume`) keeps its
+    name, so its pods continue in their run dir `<run_root>/<job>`."""
+    waiting, live = list(jobs), dict[int, str]()
+    lc = cast(K8sLauncherConfig, jobs[0][1].launcher)
+    while waiting:
+        while waiting and (not max_parallel or len(live) < max_parallel):
+            num, run, run_dir = waiting.pop(0)
+            previous = run_dir / "k8s" / "job_name"
+            name = previous.read_text().strip() if previous.is_file() else ""
+            job = submit(run, run_dir, name if _DNS.fullmatch(name) else None)
+            live[num] = sweep_id(run, job)
+            if not lc.dry_run:  # a printed manifest is no job of the cluster's
+                submitted(num, live[num])
+        if not waiting or lc.dry_run:
+            break
+        sys.stderr.write(
+            f"disttrain: {len(live)} jobs alive (sweep.max_parallel={max_parallel}), {len(waiting)} waiting\n"
+        )
+        time.sleep(POLL_S)
+        for num, (state, _) in job_states(live, lc.kubectl, 60.0).items():
+            if state in ENDED:
+                del live[num]
+
+
+def _condition(item: Any) -> tuple[str, str]:
+    """(name, last true condition among CONDITIONS, else Created) of a job kubectl printed."""
+    fields = {k: item.get(k) if isinstance(item, dict) else None for k in ("metadata", "status")}
+    meta, status = (v if isinstance(v, dict) else {} for v in fields.values())
+    conditions = status.get("conditions")
+    true = [
+        c.get("type")
+        for c in (conditions if isinstance(conditions, list) else [])
+        if isinstance(c, dict) and c.get("status") == "True"
+    ]
+    return str(meta.get("name")), next((t for t in reversed(true) if t in CONDITIONS), "Created")
+
+
+_DNS = re.compile(r"[a-z]([-a-z0-9]{0,50}[a-z0-9])?")
+# A job's conditions (TrainJob: Complete, Failed, Suspended; PyTorchJob: Created, Running,
+# Restarting, Succeeded, Failed) in disttrain.sweepdir.STATES; the last true one speaks.
+CONDITIONS = {
+    "Complete": "finished",
+    "Succeeded": "finished",
+    "Failed": "failed",
+    "Suspended": "pending",
+    "Created": "pending",
+    "Running": "running",
+    "Restarting": "running",
+}
+
+
+def job_states(ids: Mapping[int, str], kubectl: str, timeout: float) -> dict[int, tuple[str, str]]:
+    """What the cluster says of each sweep job (`<kind>.<namespace>.<name>`): its last true
+    condition; a job kubectl no longer finds was deleted (cancelled). Nothing where kubectl fails."""
+    by_place: dict[tuple[str, str], dict[str, int]] = {}
+    for num, sid in ids.items():
+        kind, _, rest = sid.partition(".")
+        ns, _, name = rest.partition(".")
+        if kind in ("trainjob", "pytorchjob") and _DNS.fullmatch(ns) and _DNS.fullmatch(name):
+            by_place.setdefault((kind, ns), {})[name] = num
+    out: dict[int, tuple[str, str]] = {}
+    for (kind, ns), names in by_place.items():
+        argv = [kubectl, "-n", ns, "get", kind, *names, "-o", "json", "--ignore-not-found"]
+        try:
+            text = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=True).stdout
+            data = json.loads(text) if text.strip() else {"items": []}
+        except (OSError, subprocess.SubprocessError, ValueError):
+            continue
+        items = data.get("items", [data]) if isinstance(data, dict) else []
+        seen = set()
+        for item in items if isinstance(items, list) else []:
+            name, word = _condition(item)
+            if name in names:
+                seen.add(name)
+                out[names[name]] = (CONDITIONS[word], word)
+        for name in set(names) - seen:
+            out[names[name]] = ("cancelled", "deleted")
+    return out
 
 
 def in_pod() -> bool:

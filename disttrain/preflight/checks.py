@@ -174,6 +174,7 @@ def check_static(run: Run) -> None:
         spec.check_static(run, strategy)
     _choice(run, "launcher.name", launcher_names(), "; ".join(s.help for s in launcher_specs()) + ".")
     _at_least(run, "launcher.max_restarts", 0, "0 fails the run on the first rank failure.")
+    _at_least(run, "sweep.max_parallel", 0, "0 runs every job of a scheduler's sweep at once; 2 at most two.")
     launch_checks.check_static(run)  # rendezvous, elastic range, SLURM
     _check_amp(run)
     _check_peft(run)

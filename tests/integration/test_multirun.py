@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from disttrain.testing import FAULT_MLP
-
 from .conftest import FAST, QUICK, cli_in_process, find_run_dirs, read_yaml, train_losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(360)]
@@ -52,16 +50,3 @@ def test_sweep_gives_one_complete_run_per_value(tmp_path: Path) -> None:
     slow, fast = (train_losses(d) for d in runs)
     assert slow[0] == pytest.approx(fast[0], abs=1e-6)
     assert abs(slow[-1] - fast[-1]) > 1e-3 and fast[-1] < slow[-1], (slow, fast)
-
-
-def test_a_failed_job_stops_the_sweep_with_its_exit_status(tmp_path: Path) -> None:
-    """As Hydra's basic sweeper does: the sweep stops at the first job that fails, with that job's
-    exit status; the jobs after it never start (job 1 would have trained: raise_at=0 never raises)."""
-    cmd = ["train", "-m", "+model.raise_at=2,0", *FAST, *FAULT_MLP, "data=synthetic", "trainer.max_steps=4"]
-    proc = cli_in_process(*cmd, "nproc_per_node=1", "strategy=single", cwd=tmp_path)
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    (failed,) = find_run_dirs(tmp_path)
-    assert failed.name == "0" and not (failed.parent / "1").exists(), find_run_dirs(tmp_path)
-    assert read_yaml(failed / "status.json")["status"] == "failed"
-    assert "injected failure at training forward 2" in proc.stderr, proc.stderr[-3000:]
-    assert "launching 2 jobs" in proc.stderr and "#1 :" not in proc.stderr, proc.stderr[-3000:]

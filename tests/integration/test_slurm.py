@@ -256,18 +256,6 @@ def _submit(tmp_path: Path, env: dict[str, str], *overrides: str) -> tuple[str, 
     return (run_dir / "slurm" / "job_id").read_text().strip(), run_dir
 
 
-def test_submitted_job_trains_and_completes_the_run_dir(tmp_path: Path, slurm: dict[str, str]) -> None:
-    job, run_dir = _submit(tmp_path, slurm, *QUICK, "launcher.time=10", "hydra.run.dir=sl_quick")
-    assert _wait_for(job, slurm, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")) == "COMPLETED", (
-        run_dir / "slurm" / f"job-{job}.out"
-    ).read_text()[-2000:]
-    assert json.loads((run_dir / "status.json").read_text())["status"] == "finished"
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 6
-    script = (run_dir / "slurm" / "job.sbatch").read_text()
-    assert "#SBATCH --nodes=1" in script and "#SBATCH --time=10" in script
-    assert f"job {job} on" in (run_dir / "slurm" / f"job-{job}.out").read_text()
-
-
 def test_time_limit_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slurm: dict[str, str]) -> None:
     steps = ("data=synthetic", "trainer.max_steps=1500", "trainer.log_every=10", "trainer.ckpt_every=0")
     job, run_dir = _submit(tmp_path, slurm, *steps, "hydra.run.dir=sl_requeue")
@@ -321,3 +309,64 @@ def test_fsdp_on_two_slurm_nodes_equals_one_node(tmp_path: Path, slurm2: dict[st
     assert one is not None
     a, b = train_losses(run_dir), train_losses(one)
     assert len(a) == len(b) == 6 and max(abs(x - y) for x, y in zip(a, b, strict=True)) <= 1e-6, (a, b)
+
+
+def _sweep_table(cwd: Path, env: dict[str, str]) -> dict[str, list[str]]:
+    """`disttrain sweep status sweep`: job number -> its row (state, scheduler id and word, ...)."""
+    proc = run_command([CLI, "sweep", "status", "sweep"], cwd, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split() for line in proc.stdout.splitlines()[1:]]
+    return {row[0]: row[1:] for row in rows}
+
+
+def test_sweep_is_one_job_array_and_resume_reruns_only_the_cancelled_job(
+    tmp_path: Path, slurm2: dict[str, str]
+) -> None:
+    """Frontier review item 8 on the two-node cluster: a four-point sweep with max_parallel=2 is one
+    job array `%2` and the command returns at once; `sweep status` shows each job's state; after one
+    job is cancelled, `sweep resume` submits only that one again, under its number, in its folder.
+    (Also what a single submitted job must do: train to COMPLETED and finish its run dir.)"""
+    tiny = (*QUICK, "strategy=single", "nproc_per_node=1", "launcher.time=10", "hydra.sweep.dir=sweep")
+    lrs = "optim.lr=1e-3,3e-3,1e-2,3e-2"
+    cmd = [CLI, "train", "-m", lrs, *FAST, *tiny, "launcher=slurm", "sweep.max_parallel=2"]
+    proc = run_command(cmd, tmp_path, env=slurm2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sweep = tmp_path / "sweep"
+    jobs = json.loads((sweep / "sweep.json").read_text())["jobs"]
+    array = jobs[0]["submitted"][0].split("_")[0]
+    _sh("scancel", f"{array}_3", env=slurm2)  # held back by the %2 cap while jobs 0-2 run: cancelled pending
+    assert [j["submitted"] for j in jobs] == [[f"{array}_{n}"] for n in range(4)]
+    assert [j["folder"] for j in jobs] == ["0", "1", "2", "3"]
+    assert "--array=0-3%2" in proc.stdout and f"SLURM job array {array} " in proc.stdout, proc.stdout
+    assert _job_field(array, slurm2, "ArrayTaskThrottle") == "2"
+    assert "#SBATCH --array=0-3%2\n#" in (sweep / "slurm" / "sweep.sbatch").read_text()
+    for n in range(3):
+        state = _wait_for(f"{array}_{n}", slurm2, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"))
+        assert state == "COMPLETED", (sweep / str(n) / "slurm" / f"job-{array}_{n}.out").read_text()[-2000:]
+    table = _sweep_table(tmp_path, slurm2)
+    assert [table[str(n)][:3] for n in range(4)] == [
+        *[["finished", f"{array}_{n}", "COMPLETED"] for n in range(3)],
+        ["cancelled", f"{array}_3", "CANCELLED(pending)"],
+    ], table
+    assert table["1"][-1] == "optim.lr=0.003", table  # only what tells the jobs apart
+    assert not (sweep / "3" / "status.json").exists()
+
+    proc = run_command([CLI, "sweep", "resume", "sweep"], tmp_path, env=slurm2)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--array=3%2" in proc.stdout and "resuming 1 of 4 jobs" in proc.stderr, (proc.stdout, proc.stderr)
+    again = json.loads((sweep / "sweep.json").read_text())["jobs"][3]["submitted"][-1]
+    assert again.endswith("_3") and again != f"{array}_3"
+    log = sweep / "3" / "slurm" / f"job-{again}.out"
+    assert _wait_for(again, slurm2, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")) == "COMPLETED", (
+        log.read_text()[-2000:]
+    )
+    assert [row[:3] for row in _sweep_table(tmp_path, slurm2).values()][3] == ["finished", again, "COMPLETED"]
+    for n in range(4):
+        run_dir = sweep / str(n)
+        assert json.loads((run_dir / "status.json").read_text())["status"] == "finished"
+        assert json.loads((run_dir / "summary.json").read_text())["steps"] == 6
+        assert len(train_losses(run_dir)) == 6  # each job trained once: the resumed one from its start
+        logs = sorted(p.name for p in (run_dir / "slurm").glob("job-*.out"))
+        assert logs == [f"job-{again if n == 3 else f'{array}_{n}'}.out"], logs
+    assert "disttrain: job " in log.read_text() and " on dtn" in log.read_text()
+    assert (sweep / "3" / "commands.txt").read_text().count("\n") == 2  # train -m, then sweep resume

@@ -45,3 +45,16 @@ def test_other_strategies_keep_plain_nccl(monkeypatch: pytest.MonkeyPatch) -> No
         assert _backend(monkeypatch, "nccl", resolve(compose(overrides), overrides)) == "nccl"
     assert group_backend("nccl", cpu_collectives=True) == "cuda:nccl,cpu:gloo"
     assert group_backend("gloo", cpu_collectives=True) == "gloo"
+
+
+def test_one_process_with_only_master_addr_needs_no_rendezvous(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-rank job of launcher=slurm: the job script exports MASTER_ADDR (for torchrun's nodes)
+    and no MASTER_PORT; the rank runs in the node launcher's process and must not read env://
+    (it failed with "MASTER_PORT expected, but not set")."""
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: seen.update(kw))
+    monkeypatch.setenv("MASTER_ADDR", "node0")
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    init_process_group(DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu")), 30.0)
+    assert isinstance(seen.get("store"), dist.HashStore) and seen["world_size"] == 1

@@ -27,12 +27,13 @@ LAYERS: dict[str, int] = {
     "storage": 0,  # s3:// and gs:// locations through fsspec (what a path is, in an object store)
     "timing": 0,
     "traps": 0,
-    # 1. the run dir's files (claim, freeze, owner, signature, shared checkpoint dir), where this
+    # 1. the run dir's files (claim, freeze, owner, signature, shared checkpoint dir, a sweep's record), where this
     #    rank stands (rank, world, device, process group), its RNGs and the processes /proc shows:
     #    files and environment, no model
     "trust": 1,
     "owner": 1,
     "rundir": 1,
+    "sweepdir": 1,
     "shared_dir": 1,
     "procs": 1,
     "dist": 1,
