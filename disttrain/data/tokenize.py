@@ -1,6 +1,7 @@
 """Tokenizing `data=hf` rows once, cached on disk: `data.tokenizer=FOLDER`.
 
-Rows are read in one of three forms (TRL's names), by the fields they hold:
+Rows are read in one of three forms (TRL's names), each row by the fields it holds (JSON lines may mix
+them: a field a row lacks reads as null):
 
 - `messages`: a chat (a list of {role, content}) rendered by the tokenizer's chat template; only the
   assistant turns are trained (each turn's tokens are what the template adds after the prompt it
@@ -103,7 +104,7 @@ def tokenized(ds: Any, data_path: str, split: str, tokenizer_path: str, cache_di
     """`ds` (a map-style data set of text rows) as `input_ids` and `labels` rows, from the cache."""
     import datasets
 
-    form = form_of(list(ds.column_names), tokenizer_path)
+    form = form_of(list(ds.column_names), tokenizer_path)  # the richest form the columns allow
     root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     final = root / cache_key(data_path, split, tokenizer_path, form)
     if not (final / "dataset_info.json").exists():
@@ -133,14 +134,27 @@ def _write(ds: Any, form: str, tokenizer_path: str, final: Path) -> None:
             "a tokenizer with a chat template, for rows with a messages field",
             "set tokenizer.chat_template before save_pretrained, or give rows prompt and completion fields.",
         )
-    encode = {"messages": _chat, "prompt_completion": _prompt_completion, "text": _text}[form]
     out = ds.map(
-        lambda row: encode(tok, row), remove_columns=list(ds.column_names), desc="tokenizing (data.tokenizer)"
+        lambda row: _encode(tok, row),
+        remove_columns=list(ds.column_names),
+        desc="tokenizing (data.tokenizer)",
     )
     tmp = final.with_name(f"{final.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     out.save_to_disk(str(tmp))
     os.replace(tmp, final)  # whole or not at all: a reader never sees half a folder
+
+
+def _encode(tok: Any, row: dict[str, Any]) -> dict[str, list[int]]:
+    """One row by the fields it has (not null)."""
+    if row.get("messages") is not None:
+        return _chat(tok, row)
+    if row.get("prompt") is not None and row.get("completion") is not None:
+        return _prompt_completion(tok, row)
+    if row.get("text") is not None:
+        return _text(tok, row)
+    have = [k for k, v in row.items() if v is not None]
+    raise ValueError(f"data.tokenizer: a row has none of {FORMS} (it has {', '.join(have)})")
 
 
 def _ids(tok: Any, text: str) -> list[int]:
