@@ -214,7 +214,8 @@ def absolute_paths(cfg: dict[str, Any]) -> None:
     reads the same checkpoints and data (review 2026-11-28-reliability D4). `checkpoint.dir` always
     (it is created); `init.path` and the data nodes' `path`, `val_path`, `*_path` keys (at any
     depth: data.train, a mixture's sources) only where something exists there, since a data path
-    may be a Hugging Face Hub name (`data.path=imdb`); a token glob where it matches. Not for a
+    may be a Hugging Face Hub name (`data.path=imdb`); a token glob where it matches; `data.tokenizer`
+    where it exists and `data.cache_dir` always. Not for a
     launcher whose nodes have their own file system (`own_files`: a Kubernetes pod's image)."""
     import glob
 
@@ -234,8 +235,12 @@ def absolute_paths(cfg: dict[str, Any]) -> None:
     def data_paths(node: Any) -> None:
         if isinstance(node, dict):
             for key, value in node.items():
-                if key in ("path", "val_path") or (isinstance(key, str) and key.endswith("_path")):
+                if key in ("path", "val_path", "tokenizer") or (
+                    isinstance(key, str) and key.endswith("_path")
+                ):
                     node[key] = absolute(value, must_exist=True)
+                elif key == "cache_dir":  # data.cache_dir (data.tokenizer's cache): created when missing
+                    node[key] = absolute(value, must_exist=False)
                 else:
                     data_paths(value)
         elif isinstance(node, list):

@@ -172,36 +172,42 @@ ROWS = [
 INSTRUCT = ("data=hf", "data.block_size=16", "data.cache_dir=tok_cache", "task=model_loss")
 
 
-@pytest.mark.parametrize("form", ["prompt_completion", "messages"])
-def test_prompt_tokens_contribute_zero_loss(
-    hf_cache: Path, form: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_prompt_tokens_contribute_zero_loss(hf_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One JSON-lines file mixing a prompt/completion row and a chat row (each read by its fields):
+    only the completion and the assistant turn train; tokenized once, then read from the cache."""
     tok = _tokenizer(hf_cache)
-    row_ = ROWS[0] if form == "prompt_completion" else ROWS[1]
-    (hf_cache / "rows.jsonl").write_text(json.dumps(row_) + "\n")
+    (hf_cache / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     over = [*INSTRUCT, "data.path=rows.jsonl", f"data.tokenizer={tok}", "model._target_=torch.nn.Identity"]
-    train, _ = build_datasets(checked(over)["data"])
-    sample = train[0]
-    trained = sample["labels"][sample["labels"] != IGNORE].tolist()
+    data = checked(over)["data"]
+    assert (
+        Path(data["tokenizer"]).is_absolute() and Path(data["cache_dir"]).is_absolute()
+    )  # a resume elsewhere
+    train, _ = build_datasets(data)
     # "four <eos>" (ids 10, 1) after the prompt; the chat: "hi four <eos>" after "user : hi <eos> assistant :"
-    assert trained == ([10, 1] if form == "prompt_completion" else [11, 10, 1])
-    model = _hf("llama")
-    task = ModelLoss()
-    inputs, target = task.unpack({k: v[None] for k, v in sample.items()})
-    with torch.no_grad():
-        logits = task.forward(model, inputs, target).logits
-    shifted = F.pad(inputs["labels"][..., 1:], (0, 1), value=IGNORE)
-    losses = per_token(logits, shifted)
-    prompt = shifted.flatten() == IGNORE
-    assert losses[prompt].eq(0).all() and losses[~prompt].gt(0).all()
-    assert int(prompt.logical_not().sum()) == len(trained)
+    for i, trained in enumerate(([10, 1], [11, 10, 1])):
+        sample = train[i]
+        assert sample["labels"][sample["labels"] != IGNORE].tolist() == trained
+        model = GPT(vocab_size=16, block_size=16, dim=8, n_layers=1, n_heads=2)
+        task = LanguageModel()
+        inputs, target = task.unpack({k: v[None] for k, v in sample.items()})
+        with torch.no_grad():
+            losses = per_token(task.forward(model, inputs, target), target)
+        prompt = target.flatten() == IGNORE
+        assert (
+            losses[prompt].eq(0).all()
+            and losses[~prompt].gt(0).all()
+            and int((~prompt).sum()) == len(trained)
+        )
+        with torch.no_grad():
+            assert float(task.loss(task.forward(model, inputs, target), target)) == pytest.approx(
+                float(losses[~prompt].mean()), abs=1e-6
+            )
 
-    # the cache: one folder, read again without loading the tokenizer
     import disttrain.data.tokenize as tokenize
 
     monkeypatch.setattr(tokenize, "load_tokenizer", lambda path: pytest.fail("tokenized twice"))
     again, _ = build_datasets(checked(over)["data"])
-    assert torch.equal(again[0]["labels"], sample["labels"])
+    assert torch.equal(again[1]["labels"], train[1]["labels"])
     assert len([p for p in (hf_cache / "tok_cache").iterdir() if p.is_dir()]) == 1
 
 
@@ -314,14 +320,14 @@ def test_a_packed_tokens_run_logs_pad_frac_and_resumes_bitwise(tmp_path: Path, o
         f"data.path={_token_file(tmp_path / 'docs.bin')}", "data.block_size=32", "data.num_classes=16",
         "data.packing=true", "data.eos_id=0", "strategy=single", "nproc_per_node=1", "trainer.progress=false",
         "trainer.batch_size=4", "trainer.log_every=1", "observe.sinks=[]", "threads_per_rank=1", "sched=constant",
-        "trainer.max_steps=6", "trainer.ckpt_every=3", "trainer.val_every=0", "model.dropout=0.1",
+        "trainer.max_steps=4", "trainer.ckpt_every=2", "trainer.val_every=0", "model.dropout=0.1",
     )  # fmt: skip
     straight = engine_of(tmp_path / "straight", run)
     straight.fit()
-    first = engine_of(tmp_path / "resumed", [*run, "trainer.max_steps=3"])
+    first = engine_of(tmp_path / "resumed", [*run, "trainer.max_steps=2"])
     first.fit()
     again = engine_of(tmp_path / "resumed", run)
-    assert again.resume(again.ckpt.dir) is not None and again.state.step == 3
+    assert again.resume(again.ckpt.dir) is not None and again.state.step == 2
     again.fit()
     for a, b in zip(straight.model.parameters(), again.model.parameters(), strict=True):
         assert torch.equal(a, b)
