@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 from collections.abc import Callable
@@ -188,6 +189,8 @@ def rank_main(run: Callable[[str], Any], module: str) -> int:
         record(run)(sys.argv[1])
     except ConfigError:
         return 2  # @record wrote the paragraph for the launcher, the rank's log has it: no traceback
+    except KeyboardInterrupt:  # Ctrl-C while the rank starts (the stop flag takes it in training)
+        return 128 + signal.SIGINT
     except SystemExit as exc:  # a signal stop, state saved: exit as the signal would, like a success
         if isinstance(exc.code, int):
             return exc.code

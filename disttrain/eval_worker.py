@@ -73,7 +73,8 @@ def evaluate(run: Run, env: DistEnv, job: dict[str, Any]) -> dict[str, Any]:
     """Build, restore, then eval or predict; rank 0 writes `job["out"]`. Returns what it wrote."""
     from disttrain.worker import build_parts
 
-    strategy, parts = build_parts(run, env)
+    base = Path(job["base"]) if job.get("base") else None  # peft=lora: the base's record, compared
+    strategy, parts = build_parts(run, env, base, record=False)
     if parts.val_loader is None:  # the command checks it; a user's data module may still build None
         raise RuntimeError("the validation data set is empty or not configured (data.val)")
     # --ema: the checkpoint's averaged weights, swapped in (the decay is never used: nothing updates)
@@ -238,10 +239,14 @@ def _row(out: Any, i: int) -> Any:
     return type(out)(_row(v, i) for v in out)
 
 
+LARGE_OUTPUT = 64 * 2**20  # predictions from this size on are announced before they are written
+
+
 def write_predictions(rows: list[tuple[int, Any]], out: Path) -> None:
     """`.pt`: one tensor stacked over the samples (or a dict of them), torch.load(weights_only=True)
     reads it; `.npy`: the stacked tensor as a NumPy array; otherwise JSON lines, one per sample:
-    {"index": i, "output": [...]} (a dict output: its keys beside "index")."""
+    {"index": i, "output": [...]} (a dict output: its keys beside "index"). A file of LARGE_OUTPUT
+    or more is announced with its size, and what would make it smaller, before it is written."""
     from disttrain.checkpoint.files import save_atomic
     from disttrain.safefile import write_atomic
 
@@ -250,6 +255,7 @@ def write_predictions(rows: list[tuple[int, Any]], out: Path) -> None:
     if out.suffix in (".pt", ".npy"):
         stacked = _stack(values)
         if out.suffix == ".pt":
+            _announce(out, _nbytes(stacked), len(rows), values)
             save_atomic(stacked, out)
             return
         if not isinstance(stacked, torch.Tensor):
@@ -262,10 +268,50 @@ def write_predictions(rows: list[tuple[int, Any]], out: Path) -> None:
 
         buffer = io.BytesIO()
         np.save(buffer, stacked.float().numpy() if stacked.dtype == torch.bfloat16 else stacked.numpy())
+        _announce(out, buffer.getbuffer().nbytes, len(rows), values)
         write_atomic(out, buffer.getvalue())
         return
     lines = [json.dumps({"index": index, **_json_row(row)}) for index, row in rows]
-    write_atomic(out, ("\n".join(lines) + "\n" if lines else "").encode("utf-8"))
+    payload = ("\n".join(lines) + "\n" if lines else "").encode("utf-8")
+    _announce(out, len(payload), len(rows), values)
+    write_atomic(out, payload)
+
+
+def _nbytes(value: Any) -> int:
+    """The bytes of the tensors in `value` (a tensor, or a dict, list or tuple of them)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def _announce(out: Path, size: int, rows: int, values: list[Any]) -> None:
+    """A warning line before a large file is written (review 2026-11-28-ux #15: 242 MB of JSON
+    logits without a word): its size, and how to make it smaller."""
+    if size < LARGE_OUTPUT:
+        return
+    binary = (_nbytes(values[0]) if values else 0) * rows
+    hint = (
+        f"--out {out.with_suffix('.npy').name} (or .pt) holds the same numbers in binary: about {_size(binary)}"
+        if out.suffix not in (".pt", ".npy") and binary
+        else "fewer samples: data.val=FILE with a subset"
+    )
+    log.warning(
+        "predict: writing %s to %s (%d rows, %s a row); smaller: %s; or a Task.predict that returns "
+        "only what you need (e.g. the argmax class instead of every logit)",
+        _size(size),
+        out,
+        rows,
+        _size(size // max(rows, 1)),
+        hint,
+    )
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB" if n >= 2**20 else f"{n / 2**10:,.1f} KiB"
 
 
 def _stack(values: list[Any]) -> Any:

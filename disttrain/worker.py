@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,11 @@ from disttrain.engine.loop import Engine, Parts, global_batch, total_steps
 from disttrain.engine.optim import build_optimizer, build_scheduler
 from disttrain.engine.state import TrainState
 from disttrain.launch.forkserver import linger_after_a_peer_died
-from disttrain.models import build_model, to_master_dtype
+from disttrain.models import adapters, build_model, to_master_dtype
 from disttrain.models.blocks import prepare_blocks
 from disttrain.observe.envreport import report_env
 from disttrain.observe.log import (
+    console,
     console_apart,
     get_logger,
     prints_into_log,
@@ -41,6 +43,7 @@ from disttrain.observe.log import (
     teardown_logging,
 )
 from disttrain.observe.metrics import NullMetrics, make_metrics
+from disttrain.observe.phases import enter_time, rank_up
 from disttrain.observe.profiler import make_profiler
 from disttrain.observe.summary import record_summary
 from disttrain.owner import rank_lock
@@ -86,6 +89,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
         init_process_group(env, run.backend.timeout, cpu_collectives=specs.cpu_collectives(run))
         mark("process_group")
         if env.is_zero:
+            rank_up(console.file)  # the launch phase is over: the console is rank 0's from here
             log.info(
                 "rank 0 of %d | backend %s | strategy %s | %d threads per rank | run dir %s",
                 env.world_size,
@@ -100,6 +104,9 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
             summary = train(run, env, run_dir)
     except ConfigError as exc:
         log.error("rank %d: %s", env.rank, exc)  # one paragraph, no traceback
+        raise
+    except KeyboardInterrupt:  # Ctrl-C while the stop flag does not hold SIGINT (start-up, the signal save)
+        log.warning("rank %d: interrupted by SIGINT: exiting without a checkpoint", env.rank)
         raise
     except BaseException as exc:
         log.exception("rank %d failed", env.rank)
@@ -124,7 +131,7 @@ def train(run: Run, env: DistEnv, run_dir: Path) -> dict[str, Any]:
     run, reshaped = keep_global_batch(run, checkpoint_meta(resume_from), data_parallel_degree(run, env))
     if reshaped and env.is_zero:  # before the loaders exist: they take the resumed run's batch shape
         log.warning("resuming at another world size: %s", reshaped)
-    strategy, parts = build_parts(run, env)
+    strategy, parts = build_parts(run, env, run_dir / adapters.BASE_RECORD)
     model, optimizer = parts.model, parts.optimizer
     metrics = make_metrics(run_dir, env.is_zero, run)
     try:
@@ -136,14 +143,18 @@ def train(run: Run, env: DistEnv, run_dir: Path) -> dict[str, Any]:
             log.warning("no loadable checkpoint under %s: starting from step 0", resume_from)
         start_step = engine.state.step
         mark("built")
+        frozen = frozen_base(run, env, strategy.unwrap(model))
         summary = engine.fit()
         if path is not None:
             summary["resumed_from"] = str(path)
+        summary.update(frozen())  # a collective: every rank
     finally:
         metrics.close()
-    launched = float(os.environ.get("DISTTRAIN_LAUNCH_TIME", "0") or 0)
+    launched, enter = float(os.environ.get("DISTTRAIN_LAUNCH_TIME", "0") or 0), enter_time()
     if launched and summary.get("first_step_at"):
         summary["time_to_first_step_s"] = round(summary["first_step_at"] - launched, 3)
+    if enter and summary.get("first_step_at"):  # the wait the user had, from Enter
+        summary["enter_to_first_step_s"] = round(summary["first_step_at"] - enter, 3)
     summary.update(strategy.summary_stats(model, optimizer))  # a collective: every rank
     if env.is_zero:  # a finished run resumed trains nothing: its summary.json stays
         record_summary(
@@ -152,24 +163,62 @@ def train(run: Run, env: DistEnv, run_dir: Path) -> dict[str, Any]:
     return summary
 
 
+def frozen_base(run: Run, env: DistEnv, model: torch.nn.Module) -> Callable[[], dict[str, Any]]:
+    """peft=lora: this rank's frozen shards hashed now; the returned call (after training, on every
+    rank) hashes them again and gives summary.json's `peft` numbers, `base_unchanged` true only when
+    no rank's frozen base changed by a bit. Without peft: nothing."""
+    if not adapters.enabled(run.peft):
+        return dict
+    import torch.distributed as dist
+
+    before = adapters.fingerprint(adapters.frozen(model))
+
+    def after() -> dict[str, Any]:
+        changed = torch.tensor(
+            [int(adapters.fingerprint(adapters.frozen(model)) != before)], device=env.device
+        )
+        if dist.is_initialized() and env.world_size > 1:
+            dist.all_reduce(changed, op=dist.ReduceOp.MAX)
+        trainable, total = adapters.counts(model)
+        return {
+            "peft": {
+                "trainable_params": trainable,
+                "total_params": total,
+                "base_unchanged": not changed.item(),
+            }
+        }
+
+    return after
+
+
 def data_parallel_degree(run: Run, env: DistEnv) -> int:
     """The strategy's data-parallel replicas at this world size (elastic membership may differ
     from the config's nodes x nproc_per_node)."""
     return int(specs.get(run.strategy.name).dp_degree(run.strategy, env.world_size))
 
 
-def build_parts(run: Run, env: DistEnv) -> tuple[Strategy, Parts]:
-    """nanoGPT order: seed, data, model, strategy, optimizer, loaders, schedule, task."""
+def build_parts(
+    run: Run, env: DistEnv, base: Path | None = None, record: bool = True
+) -> tuple[Strategy, Parts]:
+    """nanoGPT order: seed, data, model, strategy, optimizer, loaders, schedule, task. `base`:
+    where peft=lora's base is recorded: compared when there, else written (`record`: training)."""
     trainer = run.trainer
     seed_everything(run.seed)  # identical model init on every rank
     train_set, val_set = build_datasets(run.data)
-    # init.path filling a sharded model: built on meta where safe (init_from.build says why not)
-    meta_setup = specs.get(run.strategy.name).meta_setup
+    lora = adapters.enabled(run.peft)
+    if lora:  # the base is built as `export` rebuilds it: right after the seed
+        seed_everything(run.seed)
+    # init.path filling a sharded model: built on meta where safe (init_from.build says why not);
+    # peft=lora's adapters go onto the whole, loaded base before sharding: never on meta
+    meta_setup = specs.get(run.strategy.name).meta_setup and not lora
     model, on_meta = init_from.build(run.init, lambda: build_model(run.model), meta_setup)
+    if lora:
+        model = adapt(run, env, model, base, record)
     to_master_dtype(
         model, DTYPES[run.amp.master_dtype], env.is_zero
     )  # before sharding: the optimizer's dtype
     strategy = build_strategy(run.strategy, env, run.amp)
+    strategy.trainable_only = lora  # checkpoints hold the adapters, not the frozen base
     seed_everything(run.seed + strategy.rng_rank())  # per-rank randomness from here on (dropout, ...)
     model = strategy.precision.convert(model, precompute=not trainer.ema.decay)  # amp=fp8, before sharding
     prepare_blocks(  # activation checkpointing and regional compile: per block, before wrapping
@@ -178,7 +227,8 @@ def build_parts(run: Run, env: DistEnv) -> tuple[Strategy, Parts]:
     model = strategy.setup_module(model)
     if on_meta:
         model.to_empty(device=env.device)  # this rank's shards only; apply fills every one of them
-    init_from.apply(run.init, strategy.unwrap(model), env.is_zero, strategy.model_key)  # init.path: weights
+    if not lora:  # (peft=lora loaded them into the whole model, under the adapters)
+        init_from.apply(run.init, strategy.unwrap(model), env.is_zero, strategy.model_key)  # init.path
     if trainer.compile == "true":
         name = type(strategy.unwrap(model)).__name__
         log.info("trainer.compile: torch.compile of %s (%s)", name, trainer.compile_backend)
@@ -190,6 +240,22 @@ def build_parts(run: Run, env: DistEnv) -> tuple[Strategy, Parts]:
     scheduler = build_scheduler(run.sched, optimizer, total_steps(trainer, batches or 0))
     task = build_task(run.task).setup(env.device)
     return strategy, Parts(model, optimizer, scheduler, task, train_loader, val_loader)
+
+
+def adapt(run: Run, env: DistEnv, model: torch.nn.Module, base: Path | None, record: bool) -> torch.nn.Module:
+    """peft=lora: init.path's weights into the whole model, the base recorded (or compared with
+    the record) by rank 0, then the LoRA adapters (disttrain.models.adapters)."""
+    import torch.distributed as dist
+
+    init_from.apply(run.init, model, env.is_zero)
+    problem = [""]
+    if env.is_zero and base is not None:
+        problem = [adapters.keep_base(base, adapters.base_record(run, model), write=record)]
+    if dist.is_initialized() and env.world_size > 1:
+        dist.broadcast_object_list(problem, src=0)
+    if problem[0]:
+        raise ConfigError("peft", "lora", "adapters over the base they were trained on", problem[0])
+    return adapters.apply(run.peft, model, env.is_zero)
 
 
 def build_engine(

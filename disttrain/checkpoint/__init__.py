@@ -19,7 +19,7 @@ weights_only=True, DCP's `.metadata` through an allow-list of DCP's own classes.
 """
 
 from disttrain.checkpoint.commit import commit_dir
-from disttrain.checkpoint.export import NoEMA, ema_entries, ema_names, export_model, load_model
+from disttrain.checkpoint.export import NoEMA, ema_entries, ema_names, export_model, load_model, write_model
 from disttrain.checkpoint.fallback import (
     candidates,
     choose,
@@ -100,4 +100,5 @@ __all__ = [
     "step_name",
     "supersede",
     "why_not",
+    "write_model",
 ]

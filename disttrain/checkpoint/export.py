@@ -40,26 +40,37 @@ def ema_entries(path: Path, model_state: dict[str, torch.Tensor]) -> dict[str, t
     return {n: torch.empty_like(model_state[n]) for n in ema_names(path) if n in model_state}
 
 
-def load_model(location: Path, model: torch.nn.Module, verify: str = "hash", ema: bool = False) -> Path:
+def load_model(
+    location: Path,
+    model: torch.nn.Module,
+    verify: str = "hash",
+    ema: bool = False,
+    trainable_only: bool = False,
+) -> Path:
     """Load the newest whole checkpoint at `location` into the plain `model` in one process; returns
     it. DCP reads each saved shard (an fsdp/tp run's, rank by rank) into its slice of the model's own
     tensors, in place: the shards are gathered into the model, not into a second copy of it.
-    `ema`: then the averaged weights (trainer.ema) over the trained ones (NoEMA when there are none)."""
+    `ema`: then the averaged weights (trainer.ema) over the trained ones (NoEMA when there are none).
+    `trainable_only` (peft=lora): the checkpoint holds the model but its frozen parameters, which
+    keep the values the model has."""
     import warnings
 
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
     failed: list[Path] = []
     while True:
         path = choose(location, verify, skip=failed)
         if path is None:
             raise FileNotFoundError(f"no loadable checkpoint under {location}")
         state: dict[str, Any] = {"model": model.state_dict()}
+        if trainable_only:
+            state["model"] = {k: v for k, v in state["model"].items() if k not in frozen}
         if ema:
             state["ema"] = {"weights": ema_entries(path, state["model"])}
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
                 load_sharded(path, state, rank=0, no_dist=True)
-            model.load_state_dict(state["model"])
+            model.load_state_dict(state["model"], strict=not trainable_only)
             if ema:  # only the averaged names: a tied alias (gpt's head) keeps the shared, averaged tensor
                 model.load_state_dict(state["ema"]["weights"], strict=False)
             return path
@@ -91,6 +102,14 @@ def export_model(
     back; `metadata` (strings) goes into its header. Anything else is a torch.save file.
     """
     path = load_model(location, model, verify, ema)
+    write_model(model, out, path, metadata)
+    return path
+
+
+def write_model(
+    model: torch.nn.Module, out: Path, path: Path, metadata: dict[str, str] | None = None
+) -> None:
+    """`model`'s state dict as one file (see export_model); `path`: the checkpoint it came from."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".safetensors":
@@ -110,4 +129,3 @@ def export_model(
     else:
         save_atomic(tensors, out)
     log.info("exported %s (%d tensors) to %s", path, len(tensors), out)
-    return path

@@ -15,7 +15,7 @@ COMMANDS: dict[str, str] = {
     "predict": "disttrain.commands.evaluate:cmd_predict",
     "env": "disttrain.tools.envreport:cmd_env",
     "bench": "disttrain.tools.benchcmd:cmd_bench",
-    "plan": "disttrain.tools.planner:cmd_plan",
+    "plan": "disttrain.tools.plan_command:cmd_plan",
     "runs": "disttrain.tools.runs:cmd_runs",
     "show": "disttrain.tools.runs:cmd_show",
     "compare": "disttrain.tools.runs:cmd_compare",

@@ -64,24 +64,20 @@ def _hydra_candidates(words: list[str], current: str) -> list[str]:
     """Hydra's completer over the config: groups (`strategy=`), options (`strategy=ddp`), keys.
 
     The loader comes from the public compose API (`initialize_config_dir`, then `GlobalHydra`'s
-    config loader) and the completer is `DefaultCompletionPlugin` (hydra.plugins). Private: its
-    `_query(config_name, line)`, the one method that completes a line without reading the
-    shell's COMP_LINE variables and printing; Hydra 1.3 has no public completion call.
+    config loader); the completer is `DefaultCompletionPlugin`'s query (private: hydra_private).
     """
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.plugins.completion_plugin import DefaultCompletionPlugin
 
     from disttrain.config import config_dir
+    from disttrain.config.hydra_private import complete
     from disttrain.config.schema import register
 
     register()
     line = " ".join([*words, current]) if current else " ".join(words) + " "
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        found = DefaultCompletionPlugin(GlobalHydra.instance().config_loader())._query(
-            "config", line.lstrip()
-        )
+        found = complete(GlobalHydra.instance().config_loader(), line.lstrip())
     return [c for c in found if "base_" not in c and not c.startswith("hydra")]
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from disttrain.config.errors import ConfigError
+from disttrain.models.adapters import BASE_RECORD
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
@@ -104,6 +105,7 @@ def _command(mode: str, rest: list[str], usage: str) -> int:
         "out": str(out),
         "ema": ema,
         "result": str(job_dir / "result.json"),  # which checkpoint the ranks loaded, for the last line
+        "base": str(run_dir / BASE_RECORD),  # peft=lora: the base the adapters were trained on
     }
     result = launch_job(run, job_dir, overrides, job)
     if result is None:
@@ -262,7 +264,7 @@ def _check_model_fits(run: Run, chosen: Path | None, given: str) -> None:
     """The run's model (on the meta device) and the checkpoint's `model.*` entries (its
     `.metadata`): a key the model has and the checkpoint lacks, or a shape that differs, is one
     paragraph here instead of every rank failing after launch."""
-    if chosen is None:
+    if chosen is None or run.peft.name == "lora":  # adapters only: the ranks compare them
         return
     from disttrain.checkpoint import init_from
     from disttrain.config.schema import InitConfig
@@ -364,7 +366,9 @@ def report(mode: str, out: Path, result: dict[str, Any]) -> None:
     if "checkpoint" in result:
         weights = "'s EMA weights" if "weights" in result else ""
         source = f" from {Path(result['checkpoint']).name}{weights} (step {result['step']})"
-    sys.stdout.write(f"predict: {_rows(out)} rows{source} -> {out}\n")
+    from disttrain.tools.render import human_bytes
+
+    sys.stdout.write(f"predict: {_rows(out)} rows{source} -> {out} ({human_bytes(out.stat().st_size)})\n")
 
 
 def _rows(out: Path) -> int:

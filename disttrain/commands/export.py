@@ -7,8 +7,11 @@ loads with plain PyTorch. `--format hf` writes a Hugging Face model's `save_pret
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +23,7 @@ from disttrain.config.errors import ConfigError
 
 EXPORT_USAGE = """\
 usage: disttrain export RUN_DIR|CHECKPOINT_DIR [--out model.pt|model.safetensors|DIR] [--format pt|safetensors|hf]
-       [--config RUN_DIR/config.yaml] [--ema] [--trust]
+       [--config RUN_DIR/config.yaml] [--ema] [--merge] [--trust]
 
 Write the newest whole checkpoint's model as one consolidated state dict that plain PyTorch loads
 into the unwrapped model: torch.load(path, weights_only=True), or safetensors.torch.load_model(model,
@@ -30,6 +33,8 @@ that AutoModel*.from_pretrained(DIR) loads. The format defaults to --out's suffi
 A checkpoint folder outside its run dir (checkpoint.dir elsewhere) takes the run's config by
 --config RUN_DIR/config.yaml; no config.yaml is ever looked for in the folders above it.
 --ema writes the moving average of the weights (trainer.ema) instead of the trained weights.
+A peft=lora run: --format hf writes PEFT's adapter folder (PeftModel.from_pretrained(base, DIR) loads
+it); --merge writes the base with the adapters merged in (any format: a plain model's state dict).
 """
 FORMATS = ("pt", "safetensors", "hf")
 
@@ -42,6 +47,7 @@ def cmd_export(rest: list[str]) -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--ema", action="store_true", help="export the EMA weights (trainer.ema)")
     parser.add_argument("--trust", action="store_true", help="build a run dir someone else made")
+    parser.add_argument("--merge", action="store_true", help="peft=lora: the adapters merged into the base")
     parser.add_argument("--format", default=None)
     parser.add_argument("--config", default=None, help="the run's config.yaml, for checkpoints elsewhere")
     args = parser.parse_args(rest)
@@ -81,7 +87,28 @@ def cmd_export(rest: list[str]) -> int:
     from disttrain.rundir import read_config
     from disttrain.trust import check_trusted
 
-    check_trusted(run_dir, read_config(run_dir), args.trust)  # its model _target_ is code
+    saved = read_config(run_dir)
+    check_trusted(run_dir, saved, args.trust)  # its model _target_ is code
+    from disttrain.config.run import Run
+
+    lora = Run.of(saved).peft.name == "lora"  # a run dir from before peft: none
+    if args.merge and not lora:
+        raise ConfigError(
+            "--merge",
+            True,
+            "a run trained with peft=lora",
+            "the run trained every parameter: its export is the whole model already; drop --merge.",
+        )
+    if lora and fmt != "hf" and not args.merge:
+        raise ConfigError(
+            "--format",
+            fmt,
+            "hf (PEFT's adapter folder) or --merge (the base with the adapters merged in) for a peft=lora run",
+            "its checkpoints hold the adapters alone: `--format hf --out DIR` for PeftModel.from_pretrained, "
+            "or add --merge for a plain model.",
+        )
+    if lora:
+        return export_adapted(run_dir, location, out, fmt, ema=args.ema, merge=args.merge)
     return export(run_dir, location, out, fmt, ema=args.ema)
 
 
@@ -170,7 +197,6 @@ def _can_create_in(folder: Path) -> bool:
 
 
 def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt", ema: bool = False) -> int:
-    import json
     import resource
 
     import torch
@@ -201,11 +227,82 @@ def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt", ema: bool 
     if ema:
         metadata["disttrain.weights"] = "ema"
     try:
+        with named_load_errors(location):
+            if fmt == "hf":
+                source = checkpoint.load_model(location, model, verify, ema)
+                save_pretrained(model, out)
+            else:
+                source = checkpoint.export_model(location, out, model, verify, metadata, ema=ema)
+    except Exception as exc:  # a ConfigError of named_load_errors comes back as it is
+        raise disk_full(exc, out, model) from None
+    n = sum(v.numel() for v in model.state_dict().values())
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    what = f"{source.name}'s EMA weights" if ema else source.name
+    sys.stdout.write(f"exported {what} ({n} values) -> {out} (peak RSS {peak_mb:.0f} MB)\n")
+    return 0
+
+
+def export_adapted(run_dir: Path, location: Path, out: Path, fmt: str, ema: bool, merge: bool) -> int:
+    """A peft=lora run: the base rebuilt as the ranks built it (the model factory after the seed,
+    then init.path), checked against the run's record of it (its hash), the adapters on it and the
+    checkpoint's adapters loaded; then PEFT's adapter folder, or the merged model."""
+    import resource
+
+    from disttrain import checkpoint
+    from disttrain.checkpoint import init_from
+    from disttrain.config.run import Run
+    from disttrain.models import adapters, build_model
+    from disttrain.observe.log import setup_logging
+    from disttrain.rng import seed_everything
+    from disttrain.rundir import read_config
+
+    run = Run.of(read_config(run_dir))
+    if location == run_dir:
+        from disttrain.shared_dir import checkpoint_dir
+
+        location = checkpoint_dir(run, run_dir)
+    setup_logging(None, 0, to_console=True)
+    seed_everything(run.seed)
+    base = build_model(run.model)
+    init_from.apply(run.init, base, True)
+    problem = adapters.keep_base(run_dir / adapters.BASE_RECORD, adapters.base_record(run, base), write=False)
+    if problem:
+        raise ConfigError(
+            "RUN_DIR", str(run_dir), "a peft=lora run whose base is as it trained on it", problem
+        )
+    model = adapters.apply(run.peft, base, announce=False)
+    with named_load_errors(location):
+        source = checkpoint.load_model(location, model, run.checkpoint.verify, ema, trainable_only=True)
+    written = adapters.merged(model) if merge else model
+    if fmt == "hf" and merge:
+        check_hf_model(written, run.model)
+    try:
         if fmt == "hf":
-            source = checkpoint.load_model(location, model, verify, ema)
-            save_pretrained(model, out)
+            save_pretrained(written, out)
         else:
-            source = checkpoint.export_model(location, out, model, verify, metadata, ema=ema)
+            checkpoint.write_model(
+                written, out, source, {"disttrain.model": json.dumps(run.model, sort_keys=True)}
+            )
+    except Exception as exc:
+        raise disk_full(exc, out, written) from None
+    trainable, total = adapters.counts(model)
+    what = ("the merged model" if merge else "the adapters") + (" (EMA weights)" if ema else "")
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    sys.stdout.write(
+        f"exported {source.name}'s {what} ({trainable} adapter parameters of {total}) -> {out} "
+        f"(peak RSS {peak_mb:.0f} MB)\n"
+    )
+    return 0
+
+
+@contextlib.contextmanager
+def named_load_errors(location: Path) -> Iterator[None]:
+    """A checkpoint that cannot give what export asks as one paragraph: --ema of a run without
+    an EMA, or no committed checkpoint at `location`."""
+    from disttrain import checkpoint
+
+    try:
+        yield
     except checkpoint.NoEMA as exc:
         raise ConfigError(
             "--ema", True, "a checkpoint of a run trained with trainer.ema.decay set", f"{exc}; drop --ema."
@@ -214,13 +311,6 @@ def export(run_dir: Path, location: Path, out: Path, fmt: str = "pt", ema: bool 
         raise ConfigError(
             "RUN_DIR", str(location), "a run dir with a committed checkpoint", str(exc)
         ) from None
-    except Exception as exc:
-        raise disk_full(exc, out, model) from None
-    n = sum(v.numel() for v in model.state_dict().values())
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-    what = f"{source.name}'s EMA weights" if ema else source.name
-    sys.stdout.write(f"exported {what} ({n} values) -> {out} (peak RSS {peak_mb:.0f} MB)\n")
-    return 0
 
 
 def disk_full(exc: Exception, out: Path, model: torch.nn.Module) -> Exception:

@@ -38,7 +38,7 @@ def run_dir_arg(arg: str, usage: str) -> Path:
 # Groups whose option may change on resume (`strategy=fsdp`: the checkpoint reshards). The model,
 # the data and an experiment define what the checkpoint holds: they stay.
 SWITCHABLE = ("backend", "strategy", "amp", "optim", "sched", "launcher", "checkpoint")
-FIXED = ("model", "data", "experiment")
+FIXED = ("model", "data", "experiment", "peft")
 
 
 def apply_overrides(cfg: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from disttrain.commands.config import compose_checked as _compose_checked
-from disttrain.commands.config import key_help as _key_help
 from disttrain.commands.hydra_app import parse_args as _hydra_args
 
 if TYPE_CHECKING:
@@ -84,7 +83,14 @@ def environment_overrides(overrides: list[str], environ: Mapping[str, str]) -> l
     return overrides if node is None else node
 
 
-def cmd_train(rest: list[str]) -> int:
+def cmd_train(rest: list[str], prerendered_ok: bool = True) -> int:
+    if prerendered_ok:  # `train --help`: the built-in configs' page, without importing Hydra
+        from disttrain.commands.train_help import prerendered
+
+        ready = prerendered(rest)
+        if ready is not None:
+            sys.stdout.write(ready)
+            return 0
     args = _hydra_args(rest)
     if not sys.stderr.isatty():
         # No colour codes in a file or pipe: the libraries a sweep brings (optuna's colorlog handler)
@@ -99,17 +105,13 @@ def cmd_train(rest: list[str]) -> int:
         return _train_as_launched_rank(args)
     rest, args.overrides = [*rest, *node[len(args.overrides) :]], node
     jobs = Jobs(args.config_dir, args.config_name or "config", multirun=bool(args.multirun))
-    if args.help:  # Hydra's help (the groups and their options), then every key once, with its help
-        try:
-            _run_hydra_app(rest, jobs)
-        except SystemExit as exc:
-            if exc.code not in (0, None):
-                raise
-        return _key_help(args, footer="\nUse --hydra-help to view Hydra specific help\n")
+    if args.help:  # usage, the groups and their options, then every key once, with its help
+        from disttrain.commands.train_help import page
+
+        sys.stdout.write(page(args.overrides, args.config_dir, args.config_name or "config"))
+        return 0
     if args.hydra_help or args.info:
         return _run_hydra_app(rest, jobs)
-    if not args.cfg:
-        _say_checking()
     # Check every job before anything is written: nothing half-written on bad input.
     from disttrain.config import expand_sweep
     from disttrain.rundir import program
@@ -145,20 +147,17 @@ def cmd_train(rest: list[str]) -> int:
     return _run_hydra_app([*command, f"hydra.run.dir={_hydra_quote(str(run_dir))}"], jobs)
 
 
-_BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
-_BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
-
-
 def _basic_sweep(full: Any, overrides: list[str]) -> bool:
     """`-m` that Hydra's own sweeper and launcher would run one job after the other, in this process,
     with nothing of the user's around the jobs (no callbacks, no `hydra.sweeper.params` in a config,
     no sweeper plugin's syntax): `_run_sweep` runs it. Anything else runs under `@hydra.main`."""
     from disttrain.config.compose import plugin_sweep
+    from disttrain.config.hydra_private import BASIC_LAUNCHER, BASIC_SWEEPER
 
     hydra = full.hydra
     return (
-        hydra.sweeper.get("_target_") == _BASIC_SWEEPER
-        and hydra.launcher.get("_target_") == _BASIC_LAUNCHER
+        hydra.sweeper.get("_target_") == BASIC_SWEEPER
+        and hydra.launcher.get("_target_") == BASIC_LAUNCHER
         and not hydra.callbacks
         and not hydra.sweeper.get("params")
         and not plugin_sweep(overrides)
@@ -241,16 +240,6 @@ def _run_job(run: Run, run_dir: Path, overrides: list[str], job: Any, command: l
             sys.stderr.write(f"Error executing job with overrides: {overrides}\n{traceback.format_exc()}")
             return 1
     return 0
-
-
-def _say_checking() -> None:
-    """One line on a terminal's stderr as soon as the command is parsed: composition, the checks and
-    torch's import take seconds before the first log line, a blank screen after Enter (docs-as-written
-    review 3.10). Not on a pipe or file: stdout carries only the result, stderr the logs."""
-    isatty = getattr(sys.stderr, "isatty", None)
-    if isatty is not None and isatty():
-        sys.stderr.write("disttrain: checking the config ...\n")
-        sys.stderr.flush()
 
 
 def task_overrides(overrides: list[str]) -> list[str]:
@@ -349,12 +338,11 @@ def _run_hydra_app(rest: list[str], jobs: Jobs) -> int:
     """`rest` under `@hydra.main`: help, `--cfg`/`--info` prints, and the jobs `train` does not run
     itself (a sweeper or launcher plugin's, or any with Hydra callbacks), each through `_hydra_task`
     with `jobs`."""
-    from disttrain.commands.hydra_app import register_help_resolver, run_main
+    from disttrain.commands.hydra_app import run_main
     from disttrain.config import config_dir
     from disttrain.config.schema import register
 
     register()
-    register_help_resolver()  # config.yaml's hydra.help.template lists the groups through it
 
     def task(cfg: Any) -> Any:
         return _hydra_task(jobs)

@@ -105,7 +105,9 @@ def compose(
     The `_target_` nodes are then settled (config/clean.py): a swapped `_target_` starts clean.
     """
     from disttrain.config.clean import settle
+    from disttrain.config.extras import check_options
 
+    check_options(overrides)  # hydra/sweeper=optuna without the extra: the install command
     cfg = _compose(overrides, user_config_dir, config_name, with_hydra)
     with translated(overrides):
         settle(cfg, overrides, lambda ovs: _compose(ovs, user_config_dir, config_name, False))
@@ -335,14 +337,11 @@ def _open(cfg: DictConfig) -> Any:
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
-    """The override lists `-m` would run, one per job, as Hydra's basic sweeper splits them.
-
-    Private (`hydra._internal...BasicSweeper.split_arguments`): no public API expands a sweep, and
-    the jobs must be the very strings the sweeper hands each job (`hc.overrides.task`: cli.py finds
-    a job's checked config by them); a copy of its rules (key order, last value wins) could drift.
-    """
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    """The override lists `-m` would run, one per job, as Hydra's basic sweeper splits them
+    (private: config/hydra_private.py `split_sweep`)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from disttrain.config.hydra_private import split_sweep
 
     parsed = OverridesParser.create().parse_overrides(overrides)
     if _chosen_by_plugin(parsed):
@@ -355,8 +354,7 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
                 if not o.is_sweep_override() or o.key_or_group.startswith("hydra")
             ]
         ]
-    batches = BasicSweeper.split_arguments(parsed, None)
-    return [list(job) for batch in batches for job in batch]
+    return [list(job) for batch in split_sweep(parsed) for job in batch]
 
 
 def plugin_sweep(overrides: list[str]) -> bool:

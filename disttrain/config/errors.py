@@ -125,6 +125,11 @@ def translate(exc: BaseException, overrides: list[str]) -> ConfigError | None:
         )
         group, _, option = missing.rpartition("/")
         options = [o for o in (exc.options or []) if not o.startswith("base_")]
+        from disttrain.config.extras import option_error
+
+        extra = option_error(group, option)  # an option a missing extra provides (chosen in a YAML)
+        if extra is not None:
+            return extra
         if group:
             return ConfigError(
                 group,

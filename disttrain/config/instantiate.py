@@ -40,13 +40,93 @@ def locate(target: Any, key: str) -> Any:
         with _quiet("hydra.utils"):  # get_object logs an ERROR line before raising: ours is the message
             return get_object(target)
     except Exception as exc:
+        said, close = why_not_importable(target)
         raise ConfigError(
             key,
             target,
             "an importable class or function",
-            f"check the spelling; your own package must be importable from the current directory "
-            f"(it is put on sys.path in the parent and every rank). Import said: {str(exc).splitlines()[0]}",
+            f"Python says {said or _first_line(exc)}. "
+            + (f"Did you mean {key}={close[0]}{_others(close[1:])}? " if close else "")
+            + "Your own package must be importable from the current directory (it is put on sys.path in "
+            "the parent and every rank).",
         ) from None
+
+
+def _others(close: list[str]) -> str:
+    return f" (or {', '.join(close)})" if close else ""
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else '(no message)'}"
+
+
+def why_not_importable(target: str) -> tuple[str, list[str]]:
+    """Why the dotted path `target` does not import, as Python itself says it (`module 'torch.optim'
+    has no attribute 'Adamw'`, `No module named 'mylab'`, or the error a module raised while it was
+    imported), and the closest names to the missing part among what its parent holds (difflib;
+    a different case counts as close: `AdamW` for `Adamw`), as full dotted paths.
+
+    Hydra's `get_object` tries the whole path as a module first and reports that attempt's
+    `No module named 'torch.optim.Adamw'`: the real reason (no such attribute) is lost."""
+    import importlib
+    import pkgutil
+
+    parts = target.split(".")
+    try:
+        obj: Any = importlib.import_module(parts[0])
+    except ModuleNotFoundError as exc:
+        if exc.name != parts[0]:
+            return f"importing {parts[0]} raised {_first_line(exc)}", []  # a module it imports is missing
+        top = [m.name for m in pkgutil.iter_modules()]
+        return f"ModuleNotFoundError: No module named {parts[0]!r}", _close(parts, 0, top)
+    except Exception as exc:  # the user's module itself fails (SyntaxError, its own ImportError)
+        return f"importing {parts[0]} raised {_first_line(exc)}", []
+    for i in range(1, len(parts)):
+        where, name = ".".join(parts[:i]), ".".join(parts[: i + 1])
+        if not hasattr(obj, parts[i]) and inspect.ismodule(obj) and hasattr(obj, "__path__"):
+            try:  # a submodule not imported yet
+                importlib.import_module(name)
+            except ModuleNotFoundError as exc:
+                if exc.name != name:
+                    return f"importing {name} raised {_first_line(exc)}", []
+            except Exception as exc:
+                return f"importing {name} raised {_first_line(exc)}", []
+        if not hasattr(obj, parts[i]):
+            kind = f"module {where!r}" if inspect.ismodule(obj) else f"{where} ({type(obj).__name__})"
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            if i == len(parts) - 1:  # the target itself: a class or function, never a module
+                names = [n for n in names if _buildable(obj, n)]
+            elif inspect.ismodule(obj) and hasattr(obj, "__path__"):  # a package: its submodules too
+                names += [m.name for m in pkgutil.iter_modules(obj.__path__) if not m.name.startswith("_")]
+            return f"AttributeError: {kind} has no attribute {parts[i]!r}", _close(parts, i, names)
+        obj = getattr(obj, parts[i])
+    return "", []
+
+
+def _buildable(obj: Any, name: str) -> bool:
+    try:
+        value = getattr(obj, name)
+    except Exception:
+        return False
+    return callable(value) and not inspect.ismodule(value)
+
+
+def _close(parts: list[str], i: int, names: list[str]) -> list[str]:
+    """Up to three dotted paths: `parts` with part `i` replaced by one of `names` close to it (the
+    same word in another case or with other underscores first, then difflib's closest)."""
+
+    def norm(n: str) -> str:  # AdamW, adamw, fully_shard, FullyShard: the same word
+        return n.lower().replace("_", "")
+
+    name, unique = parts[i], sorted(set(names))
+    by_norm: dict[str, list[str]] = {}
+    for n in unique:
+        by_norm.setdefault(norm(n), []).append(n)
+    same = [n for n in by_norm.get(norm(name), []) if n != name]
+    near = difflib.get_close_matches(norm(name), list(by_norm), n=3, cutoff=0.75)
+    close = same + [n for key in near for n in by_norm[key] if n not in same]
+    return [".".join([*parts[:i], n, *parts[i + 1 :]]) for n in close[:3]]
 
 
 @contextlib.contextmanager

@@ -77,17 +77,31 @@ def key_rows(cfg: DictConfig, prefix: str = "") -> list[tuple[str, str, str, str
     return rows
 
 
-def format_keys(cfg: DictConfig) -> str:
-    """A plain table: key, type, default (with the chosen group options and overrides), help."""
-    rows = key_rows(cfg)
-    width = max(len(r[0]) for r in rows) + 2
-    tw = max(len(r[1]) for r in rows) + 2
+WIDTH = 100  # columns of the help page: an 80-100 column terminal shows it without wrapping mid-word
+INDENT = "    "
+
+
+def format_keys(cfg: DictConfig, width: int = WIDTH) -> str:
+    """Each key as its override with the default (`trainer.max_steps=-1  (int)`, the group options
+    and overrides chosen), then its help, indented and wrapped to `width` columns; a blank line
+    between the top-level blocks. No line is wider than `width` (a long default is cut with ...)."""
+    import textwrap
+
     lines = [
-        "== Config keys (type, default with these overrides, help) ==",
+        "== Config keys (key=default with these overrides, type, help) ==",
         "Override any of them (key=value); `disttrain config` prints the resolved config",
-        "",
     ]
-    for key, tp, default, text in rows:
-        default = default if len(default) <= 40 else default[:37] + "..."
-        lines.append(f"{key:<{width}}{tp:<{tw}}{default:<42}{text}".rstrip())
+    block = None
+    for key, tp, default, text in key_rows(cfg):
+        if key.split(".", 1)[0] != block:
+            block = key.split(".", 1)[0]
+            lines.append("")
+        head = f"{key}  ({tp})" if tp == "group" else f"{key}={default}  ({tp})"
+        if len(head) > width:
+            room = width - len(f"{key}=...  ({tp})")
+            head = f"{key}={default[: max(room, 0)]}...  ({tp})" if room > 8 else head[: width - 3] + "..."
+        lines.append(head)
+        lines += textwrap.wrap(
+            text, width, initial_indent=INDENT, subsequent_indent=INDENT, break_on_hyphens=False
+        )
     return "\n".join(lines) + "\n"

@@ -146,11 +146,6 @@ class Registry(Generic[SpecT]):
             raise ConfigError(self.key, name, one_of(self.names()), self.hint)
         return self._specs[name]
 
-    def find(self, name: str) -> SpecT | None:
-        """The spec called `name`, or None (no error)."""
-        self.discover()
-        return self._specs.get(name)
-
 
 def load_target(target: str) -> Any:
     """`package.module:Name` or `package.module.Name`: the object (imports its module)."""

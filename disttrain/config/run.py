@@ -29,6 +29,7 @@ from disttrain.config.schema import (
     InitConfig,
     LauncherConfig,
     ObserveConfig,
+    PeftConfig,
     PlanConfig,
     ProfilerConfig,
     TrainerConfig,
@@ -63,6 +64,7 @@ class Run(Mapping[str, Any]):
     backend: BackendConfig
     strategy: StrategyConfig  # the registered strategy's own config class
     amp: AmpConfig
+    peft: PeftConfig
     launcher: LauncherConfig  # the registered launcher's own config class
     trainer: TrainerConfig
     checkpoint: CheckpointConfig
@@ -122,6 +124,7 @@ class Run(Mapping[str, Any]):
                 STRATEGIES.get(plain["strategy"]["name"]).config_cls, plain["strategy"], "strategy"
             ),
             amp=typed(AmpConfig, plain["amp"], "amp"),
+            peft=typed(PeftConfig, plain.get("peft"), "peft"),  # a run dir from before peft: none
             launcher=typed(LAUNCHERS.get(plain["launcher"]["name"]).config, plain["launcher"], "launcher"),
             trainer=typed(TrainerConfig, plain.get("trainer"), "trainer"),
             checkpoint=typed(CheckpointConfig, plain.get("checkpoint"), "checkpoint"),

@@ -82,6 +82,11 @@ class Verify(Choice):
     hash = "hash"
 
 
+class PeftName(Choice):
+    none = "none"
+    lora = "lora"
+
+
 class Fp8Recipe(Choice):
     """torchao's float8 recipes (Float8LinearConfig.from_recipe_name)."""
 
@@ -174,6 +179,25 @@ class AmpConfig:
         "arrives in another one (a bf16 Hugging Face checkpoint) is cast to it after it is built, "
         "before sharding, and the log says so; float32 (master weights), bfloat16 or float16",
         ComputeDtype.float32,
+    )
+
+
+# ------------------------------------------------------------------------------------------- peft
+@dataclass
+class PeftConfig:
+    name: PeftName = _h(
+        "parameter-efficient fine-tuning: none (every parameter trains) or lora (Hugging Face PEFT's LoRA "
+        "adapters; only they train, have optimizer state and go into checkpoints)",
+        PeftName.none,
+    )
+    rank: int = _h("lora: the adapters' rank r", 8)
+    alpha: int = _h("lora: scaling; an adapter's update is scaled by alpha / rank", 16)
+    dropout: float = _h("lora: dropout on each adapter's input", 0.0)
+    target_modules: list[str] | None = _h(
+        "lora: names (or dotted suffixes) of the modules that get adapters; null: GPT-2 c_attn, c_proj, "
+        "c_fc; Llama q/k/v/o/gate/up/down_proj; the built-in gpt's linears; else every nn.Linear in the "
+        "model's repeated blocks",
+        None,
     )
 
 
@@ -505,6 +529,7 @@ class Config:
         "batch -> loss and metrics: classification, regression, lm, model_loss, or your _target_", MISSING
     )
     amp: AmpConfig = MISSING
+    peft: PeftConfig = field(default_factory=PeftConfig)
     optim: Any = MISSING  # the options carry their schema; Any lets a swapped `_target_` start clean
     sched: Any = MISSING
     launcher: LauncherConfig = MISSING
@@ -554,6 +579,7 @@ def register() -> None:
         "backend": {"base_backend": BackendConfig},
         **plugins,  # strategy, launcher, task, model, data: one `base_<name>` per registered spec
         "amp": {"base_amp": AmpConfig},
+        "peft": {"base_peft": PeftConfig},
         "optim": {"base_adamw": AdamWConfig, "base_sgd": SGDConfig},
         "sched": {
             "base_constant": ConstantSchedConfig,

@@ -21,6 +21,7 @@ from typing import Any
 from torch.utils.data import IterableDataset
 
 from disttrain.config.errors import ConfigError
+from disttrain.config.extras import EXTRAS
 
 # Suffix -> the `datasets` builder that reads it.
 FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text", ".csv": "csv"}
@@ -125,7 +126,7 @@ def _require_datasets(key: str) -> None:
             "data",
             "hf",
             "data=hf with the `datasets` package installed",
-            "pip install 'disttrain[hf]' (or pip install datasets).",
+            EXTRAS["hf"].install + ".",
         ) from None
 
 

@@ -58,7 +58,8 @@ class NullEMA:
 
 
 class EMA(NullEMA):
-    """The moving average of `model`'s floating-point state-dict entries (tied weights once)."""
+    """The moving average of `model`'s floating-point state-dict entries (tied weights once), but
+    frozen parameters."""
 
     staged_with_model = True  # an async save stages it with the model: no deep copy (see Checkpointer)
 
@@ -72,6 +73,8 @@ class EMA(NullEMA):
         seen: set[int] = set()
         # keep_vars: the live parameters and buffers under the names a checkpoint gives them
         for name, t in model.state_dict(keep_vars=True).items():
+            if isinstance(t, nn.Parameter) and not t.requires_grad:
+                continue  # a frozen parameter (peft=lora's base) averages to itself: no copy of it
             if isinstance(t, torch.Tensor) and torch.is_floating_point(t) and id(t) not in seen:
                 seen.add(id(t))
                 self.sources[name] = t

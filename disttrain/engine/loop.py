@@ -30,6 +30,7 @@ from disttrain.engine.signals import FAILED_KEY, StopFlag, StopUnagreed
 from disttrain.engine.state import TrainState
 from disttrain.observe import gpu_memory
 from disttrain.observe.metrics import NullMetrics
+from disttrain.observe.phases import first_step_line
 from disttrain.observe.profiler import NullProfiler
 from disttrain.observe.progress import make_progress
 from disttrain.observe.throughput import Throughput, count_flops
@@ -170,7 +171,8 @@ class Engine:
         self.early_stop = self.monitoring.stopped  # a resumed run that had stopped early trains no more
         resumed_done = (s.step >= self.total_steps and s.step > 0) or self.early_stop is not None
         self.metrics.start(None)  # opened by resume() already, unless the caller skipped it
-        progress = make_progress(self.env.is_zero, t.progress, self.total_steps, "train")
+        epochs = None if self.steps_per_epoch is None else -(-self.total_steps // self.steps_per_epoch)
+        progress = make_progress(self.env.is_zero, t.progress, self.total_steps, "train", epochs)
         gpu_memory.reset_peaks(self.env)
         with self.stop, self.hangs, self.profiler, progress as bar:
             bar.update(s.step)
@@ -214,6 +216,10 @@ class Engine:
                 window.steps += 1
                 window.tokens += self.step_tokens
                 window.slots += self.step_slots
+                # packed rows count their real tokens on the device: the bar gets the row places
+                # (no wait for the device every step); tokens_per_s in the metrics is real tokens
+                shown = self.step_tokens if isinstance(self.step_tokens, int) else self.step_slots
+                bar.advance(s.step, s.epoch, self.global_batch, shown * self.dp_size)
                 if s.step % t.log_every == 0 or s.step == self.total_steps:
                     values, ended = self._log_train(window, grad_norm)
                     window = self._new_window(ended)  # the log step's own work counts in the next
@@ -376,6 +382,8 @@ class Engine:
         self.in_update = False
         if self.state.first_step_at is None:
             self.state.first_step_at = time.time()
+            if self.env.is_zero and (said := first_step_line(self.state.first_step_at)):
+                log.info("%s", said)
         return total, grad_norm
 
     def _counted_step(self, micro_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -123,8 +123,12 @@ def for_checks(factory: Any) -> Any:
 def param_groups(choice: Any, model: torch.nn.Module | Iterable[torch.nn.Parameter]) -> Any:
     """null: every parameter in one group; NO_DECAY, NO_DECAY_1D: see no_decay_groups; a `_target_` node: the
     user's factory, called with the model, returns param groups (or parameters)."""
-    if choice is None:
-        return model.parameters() if isinstance(model, torch.nn.Module) else model
+    if choice is None:  # frozen parameters (peft=lora's base) get no group: they never step
+        return (
+            [p for p in model.parameters() if p.requires_grad]
+            if isinstance(model, torch.nn.Module)
+            else model
+        )
     if not isinstance(model, torch.nn.Module):
         raise TypeError("optim.param_groups needs the model, not its parameters")
     if choice in (NO_DECAY, NO_DECAY_1D):
@@ -167,6 +171,8 @@ def no_decay_groups(model: torch.nn.Module, embeddings_decay: bool = False) -> l
     decay: list[torch.nn.Parameter] = []
     exempt: list[torch.nn.Parameter] = []
     for p in model.parameters():  # each shared (tied) parameter once
+        if not p.requires_grad:
+            continue
         (exempt if p.ndim < 2 or id(p) in embeddings else decay).append(p)
     groups: list[dict[str, Any]] = [{"params": decay}, {"params": exempt, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]

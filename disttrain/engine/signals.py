@@ -142,7 +142,10 @@ class StopFlag:
             # inherited the setting, so one event arrives as a burst of signals.
             return
         if self.signum:  # second signal: stop now
-            log.warning("second %s: exiting without a checkpoint", signal.Signals(signum).name)
+            from disttrain.observe.progress import close_live
+
+            close_live()  # the bar's line ends: the messages after it start on their own
+            log.warning("%s: exiting without a checkpoint", self._second(signum))
             self.__exit__()
             signal.raise_signal(signum)
             return
@@ -154,6 +157,17 @@ class StopFlag:
             logging.shutdown()
             os._exit(128 + signum)
         log.warning("%s received: stopping after this step", signal.Signals(signum).name)
+
+    def _second(self, signum: int) -> str:
+        """The second signal as it came: "SIGINT again", or "SIGTERM after SIGINT", and when the
+        parent is gone, why a SIGTERM came (the kernel's parent-death signal: the launcher exited,
+        most often on a second Ctrl-C, which does not wait for the ranks' save)."""
+        first, now = signal.Signals(self.signum).name, signal.Signals(signum).name
+        said = f"{now} again" if signum == self.signum else f"{now} after {first}"
+        parent = int(os.environ.get("DISTTRAIN_RANK_PARENT") or self._launcher or 0)
+        if signum == signal.SIGTERM and parent and os.getppid() != parent:
+            said += " (the launcher exited: a second Ctrl-C there does not wait for the save)"
+        return said
 
     def _run_failed(self) -> bool:
         """Another rank failed: one whose collective timed out set FAILED_KEY (engine.loop); or, on

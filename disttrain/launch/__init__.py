@@ -94,13 +94,20 @@ def launch(run: Run, run_dir: Path, entry: str = WORKER) -> None:
     `entry` is the per-rank module: it has `run(run_dir)` and runs it from `python -m entry RUN_DIR`.
     """
     from disttrain.launch.registry import launcher_for
+    from disttrain.observe import phases
+    from disttrain.rundir import RunDir
     from disttrain.timing import mark
 
     mark("launch")
-    with rank_environment(run), patched_environ(flight_recorder_environment(run, run_dir)):
-        if _in_process(run):
-            import importlib
+    in_process = _in_process(run)
+    phases.launching(RunDir(run_dir).logs, run.world.nproc_per_node, in_process)
+    try:
+        with rank_environment(run), patched_environ(flight_recorder_environment(run, run_dir)):
+            if in_process:
+                import importlib
 
-            importlib.import_module(entry).run(run_dir)  # fairseq's call_main: one rank, no child
-        else:
-            launcher_for(run).launch(run, run_dir, entry)
+                importlib.import_module(entry).run(run_dir)  # fairseq's call_main: one rank, no child
+            else:
+                launcher_for(run).launch(run, run_dir, entry)
+    finally:
+        phases.launched()

@@ -147,6 +147,19 @@ def stopped_message(signame: str, run_dir: Path, since: float) -> str:
     return f"stopped by {signame}: the ranks saved NO checkpoint on the signal ({previous}). HINT: {hint}"
 
 
+def forced_message(signame: str, run_dir: Path) -> str:
+    """A second signal while the ranks were stopping on the first (Ctrl-C twice): the launcher did
+    not wait for their save; what is on disk is the latest committed checkpoint, untouched."""
+    from disttrain import checkpoint
+
+    name = checkpoint.read_latest(RunDir(run_dir).checkpoints)
+    kept = f"the latest checkpoint {name} is intact" if name else "there is no checkpoint"
+    return (
+        f"stopped by {signame} twice: the second does not wait for the ranks' save, they exit without "
+        f"a checkpoint ({kept}); continue with `disttrain resume {run_dir}`"
+    )
+
+
 def on_signal(run_dir: Path) -> bool:
     """The run's checkpoint.on_signal (True, the default, when config.yaml does not say)."""
     import yaml

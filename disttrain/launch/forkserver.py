@@ -26,6 +26,7 @@ import contextlib
 import importlib
 import multiprocessing
 import os
+import signal
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,14 @@ PRELOAD = [
 # The server's environment when it imported this module (in a rank: before the agent's keys).
 SERVER_ENV = dict(os.environ)
 
+SERVER_FLAG = "DISTTRAIN_FORK_SERVER"  # set in the server's environment only (warm_up)
+if os.environ.get(SERVER_FLAG) == "1":
+    # In the server, first of its preloads: Ctrl-C reaches every process of the terminal's group,
+    # and the server shields itself from it only after its preloads (torch: seconds), so a Ctrl-C
+    # during the checks printed a KeyboardInterrupt traceback from its import of torch. The
+    # launcher stops the server (`stop`); each rank restores Python's handler (`rank_signals`).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
 START_METHOD = "forkserver"
 
 
@@ -70,7 +79,7 @@ def warm_up(run: Run | None = None) -> None:
     # The server runs `python -c ...`, which would put the cwd first on sys.path (Python 3.11 does
     # not apply the parent's sys.path to the server): a stray torch.py or yaml.py in the cwd would
     # be imported. PYTHONSAFEPATH keeps it out; each rank gets the launcher's sys.path when forked.
-    with patched_environ({"PYTHONSAFEPATH": "1"}):
+    with patched_environ({"PYTHONSAFEPATH": "1", SERVER_FLAG: "1"}):
         forkserver.ensure_running()
     if not _STOP_AT_EXIT:
         atexit.register(stop)
@@ -78,41 +87,59 @@ def warm_up(run: Run | None = None) -> None:
 
 
 def preload(run: Run | None = None) -> list[str]:
-    """The modules the server imports for `run`'s ranks: the same for every run (see PRELOAD)."""
-    return list(PRELOAD)
+    """The modules the server imports for `run`'s ranks: PRELOAD, and for peft=lora the `peft`
+    package (an extra of disttrain's, not the user's code: it imports transformers, accelerate
+    and torchao, seconds of CPU that every rank would pay again)."""
+    return [*PRELOAD, "peft"] if run is not None and run.peft.name == "lora" else list(PRELOAD)
 
 
 _STOP_AT_EXIT: list[Any] = []
 
 
-def stop(timeout: float = 5.0) -> None:
+def stop(timeout: float = 2.0) -> None:
     """End the fork server and multiprocessing's resource tracker now, and reap them (at exit).
 
-    Each exits by itself once the pipe this process holds closes, but only after this process is
-    gone: a caller that waits for the CLI would see them linger a moment. Closed and reaped here,
-    the CLI leaves no process when it exits. The stdlib's own `_stop` methods wait without a bound
-    (a hung holder of the tracker's pipe would block the exit), hence these private attributes,
-    kept here; a server that has not exited within `timeout` is left to exit by itself."""
+    Both hold this process's stdout and stderr: a caller that reads them to their end (a pipe, a
+    test, `| tee`) waits until both have exited. The server holds nothing of the run (it only
+    forks), but exiting by itself (EOF on the pipe this process holds) it would first tear down
+    its interpreter with torch imported: seconds after `done:`, up to 15 s on a loaded machine. So
+    it is ended by SIGKILL and reaped at once. The tracker (a small interpreter without torch) exits
+    by itself once every holder of its pipe is gone, after releasing what a rank leaked (named
+    semaphores, shared memory): that is waited for, at most `timeout`. The stdlib's own `_stop`
+    methods wait without a bound and let the server tear down, hence these private attributes,
+    kept here."""
     from multiprocessing import forkserver, resource_tracker
 
-    holders: tuple[tuple[Any, str, str], ...] = (
-        (getattr(forkserver, "_forkserver", None), "_forkserver_alive_fd", "_forkserver_pid"),
-        (getattr(resource_tracker, "_resource_tracker", None), "_fd", "_pid"),
-    )
-    for obj, fd_name, pid_name in holders:
-        fd, pid = getattr(obj, fd_name, None), getattr(obj, pid_name, None)
-        if fd is None or pid is None:
-            continue
+    server: Any = getattr(forkserver, "_forkserver", None)
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is not None:
         with contextlib.suppress(OSError):
-            os.close(fd)
-        setattr(obj, fd_name, None)
-        deadline = time.monotonic() + timeout
-        with contextlib.suppress(ChildProcessError):
-            while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
-                time.sleep(0.01)
-        setattr(obj, pid_name, None)
-        if fd_name == "_forkserver_alive_fd":
-            setattr(obj, "_forkserver_address", None)  # noqa: B010 (private: see above)
+            os.kill(pid, signal.SIGKILL)
+        _close_and_reap(server, "_forkserver_alive_fd", "_forkserver_pid", timeout)
+        server._forkserver_address = None
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    _close_and_reap(tracker, "_fd", "_pid", timeout)
+
+
+def _close_and_reap(holder: Any, fd_name: str, pid_name: str, timeout: float) -> None:
+    """Close `holder`'s pipe to its helper process and wait (at most `timeout`) for it to exit."""
+    fd, pid = getattr(holder, fd_name, None), getattr(holder, pid_name, None)
+    if fd is None or pid is None:
+        return
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    setattr(holder, fd_name, None)
+    deadline = time.monotonic() + timeout
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.005)
+    setattr(holder, pid_name, None)
+
+
+def rank_signals() -> None:
+    """In a forked rank: Ctrl-C raises KeyboardInterrupt again, as in any Python process (the
+    server ignored SIGINT from its first preload on, and a fork keeps that)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def detach_from_server() -> None:
@@ -198,12 +225,14 @@ def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str], stdio: La
     `python -m entry` would.
 
     Exit codes match `disttrain.dist.rank_main`: a ConfigError is 2 (its paragraph is in the error
-    file torchelastic's @record wrote), a signal stop exits as the signal would."""
+    file torchelastic's @record wrote), a signal stop exits as the signal would (a Ctrl-C before
+    training too: 130, without the traceback multiprocessing would print)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from disttrain.config.errors import ConfigError
 
     stdio.install()
+    rank_signals()
     detach_from_server()
     environ = rank_environment(launcher_env)
     os.environ.clear()
@@ -213,6 +242,8 @@ def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str], stdio: La
         record(importlib.import_module(entry).run)(run_dir)
     except ConfigError:
         raise SystemExit(2) from None
+    except KeyboardInterrupt:  # Ctrl-C while the rank starts: its exit status, not a traceback
+        raise SystemExit(128 + signal.SIGINT) from None
 
 
 def launcher_env() -> dict[str, Any]:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from disttrain.config import fingerprint
+from disttrain.launch.address import endpoint
 from disttrain.launch.errors import LaunchError
 from disttrain.launch.waiting import Announcer
 from disttrain.safefile import write_text_atomic
@@ -25,7 +25,6 @@ from disttrain.safefile import write_text_atomic
 if TYPE_CHECKING:
     from disttrain.config.run import Run
 
-DEFAULT_PORT = 29500
 # Keys that may differ between nodes: they say *which* node this is, not what the run is.
 PER_NODE_KEYS = ("node_rank",)
 
@@ -42,10 +41,6 @@ def node_bounds(run: Run) -> tuple[int, int]:
     """(fewest, most) nodes the run trains with: launcher.min_nodes (0: all of them) and nodes."""
     nodes = run.world.nodes
     return run.launcher.min_nodes or nodes, nodes
-
-
-def endpoint(run: Run) -> tuple[str, int]:
-    return str(run.world.master_addr), int(run.world.master_port or DEFAULT_PORT)
 
 
 def flatten(run: Run) -> dict[str, Any]:
@@ -65,16 +60,6 @@ def config_diff(mine: dict[str, Any], theirs: dict[str, Any], other: int = 0, li
     if len(diffs) > limit:
         shown.append(f"... and {len(diffs) - limit} more")
     return shown
-
-
-def local_address(master_addr: str, port: int) -> str:
-    """This machine's address on the route to master_addr (what the other nodes can reach)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((master_addr, port))  # UDP: no packet is sent, only a route is chosen
-            return str(s.getsockname()[0])
-        except OSError:
-            return socket.getfqdn()
 
 
 def roll_call(run: Run, run_dir: Path) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ from disttrain.launch.forkserver import (
     LauncherStdio,
     detach_from_server,
     launcher_env,
+    rank_signals,
     warm_up,
 )
 
@@ -50,6 +52,7 @@ def _rank_main(
     """A rank forked from the fork server: the launcher's environment, stdout and stderr (the
     server's are older)."""
     stdio.install()
+    rank_signals()
     detach_from_server()
     os.environ.clear()
     os.environ.update(environ)
@@ -58,7 +61,10 @@ def _rank_main(
     )
     import importlib
 
-    importlib.import_module(entry).run(run_dir)
+    try:
+        importlib.import_module(entry).run(run_dir)
+    except KeyboardInterrupt:  # Ctrl-C while the rank starts: its exit status, not a traceback
+        raise SystemExit(128 + signal.SIGINT) from None
     from disttrain.dist import exit_rank
 
     exit_rank(0)  # only after success: an exception still reaches mp.spawn's error queue

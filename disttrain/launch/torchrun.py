@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import time
 import uuid
@@ -15,6 +16,7 @@ from disttrain.launch.errors import (
     LaunchError,
     error_summary,
     exit_code_message,
+    forced_message,
     is_secondary,
     stopped_message,
 )
@@ -33,7 +35,8 @@ if TYPE_CHECKING:
 def launch_config(run: Run, run_dir: Path) -> Any:
     from torch.distributed.launcher.api import LaunchConfig
 
-    from disttrain.launch.multinode import endpoint, local_address, node_bounds
+    from disttrain.launch.address import endpoint, local_address
+    from disttrain.launch.multinode import node_bounds
 
     single = run.world.nodes == 1
     launcher = run.launcher
@@ -106,14 +109,16 @@ def launch_torchrun(run: Run, run_dir: Path, entry: str = "disttrain.worker") ->
         from disttrain.launch.multinode import roll_call
 
         store = roll_call(run, run_dir)  # config check + wait for the nodes; node 0 hosts the store
+    signals = SignalCount()
     try:
         warm_up(run)  # started after the static checks already, unless the caller skipped prestart
-        with library_log_into(RunDir(run_dir).logs, *TORCH_LAUNCH_LOGGERS):  # off the console
+        with library_log_into(RunDir(run_dir).logs, *TORCH_LAUNCH_LOGGERS), signals:  # off the console
             elastic_launch(launch_config(run, run_dir), rank_entry)(
                 entry, str(run_dir), launcher_env(), LauncherStdio()
             )
     except RendezvousError as exc:
-        from disttrain.launch.multinode import RendezvousFailure, endpoint
+        from disttrain.launch.address import endpoint
+        from disttrain.launch.multinode import RendezvousFailure
 
         host, port = endpoint(run)
         raise RendezvousFailure(
@@ -129,14 +134,58 @@ def launch_torchrun(run: Run, run_dir: Path, entry: str = "disttrain.worker") ->
             message += stalled_places(run_dir, rank, since=started)
         raise LaunchError(rank, message, run_dir) from None
     except SignalException as exc:
-        raise LaunchError(
-            None,
-            stopped_message(signal.Signals(exc.sigval).name, run_dir, started),
-            run_dir,
-            exit_code=128 + int(exc.sigval),
-        ) from None
+        name = signal.Signals(exc.sigval).name
+        # A second signal cuts the agent's wait for the ranks' save short (Ctrl-C twice).
+        forced = signals.count(exc.sigval) > 1
+        message = forced_message(name, run_dir) if forced else stopped_message(name, run_dir, started)
+        raise LaunchError(None, message, run_dir, exit_code=128 + int(exc.sigval)) from None
     finally:
         del store  # node 0: stop serving the rendezvous only after every agent is done
+
+
+class SignalCount:
+    """The signals this process receives while the agent runs, counted through
+    `signal.set_wakeup_fd` (the C handler writes each signal's number there, whatever the Python
+    handler: torch's agent raises SignalException on SIGINT and SIGTERM, a second one while it
+    waits for the ranks' save cuts that wait short). Only in the main thread (the CLI's)."""
+
+    def __init__(self) -> None:
+        self._pipe: tuple[int, int] | None = None
+        self._old = -1
+        self._seen = b""
+
+    def __enter__(self) -> SignalCount:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._pipe = os.pipe()
+            for fd in self._pipe:
+                os.set_blocking(fd, False)
+            self._old = signal.set_wakeup_fd(self._pipe[1], warn_on_full_buffer=False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pipe is None:
+            return
+        self._read()
+        signal.set_wakeup_fd(self._old)
+        for fd in self._pipe:
+            os.close(fd)
+        self._pipe = None
+
+    def _read(self) -> None:
+        if self._pipe is None:
+            return
+        try:
+            while chunk := os.read(self._pipe[0], 256):
+                self._seen += chunk
+        except BlockingIOError:
+            pass
+
+    def count(self, signum: int) -> int:
+        """How many times `signum` arrived."""
+        self._read()
+        return self._seen.count(bytes([signum]))
 
 
 def first_failure(failures: dict[int, Any], watchdog: bool = False) -> tuple[int, str]:
@@ -197,8 +246,6 @@ def _watchdog_victim(failure: Any) -> bool:
 def nccl_watchdog(run: Run) -> bool:
     """Whether the ranks' NCCL watchdog ends a timed-out collective by SIGABRT: nccl (`auto` on a
     CUDA machine) and torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING default (1; 3 also tears down)."""
-    import os
-
     from disttrain.config.gpus import choose_backend
 
     backend = choose_backend(run.backend.name)

@@ -37,7 +37,7 @@ def rehearsal(run: Run) -> bool:
 def node_command(run_dir: Path, node_rank: int, run: Run) -> str:
     """This node's command line (command.txt) with `node_rank=K`; with `master_addr=` this node's
     address where the command has none and the other node is on another machine."""
-    from disttrain.launch.multinode import endpoint, local_address
+    from disttrain.launch.address import endpoint, local_address
 
     try:
         argv = shlex.split((run_dir / "command.txt").read_text())
@@ -53,7 +53,7 @@ def node_command(run_dir: Path, node_rank: int, run: Run) -> str:
 
 def waiting_line(run: Run, run_dir: Path, missing: list[int], waited: float, first: bool) -> str:
     """What this node waits for, and (first line) how to start the missing nodes."""
-    from disttrain.launch.multinode import endpoint
+    from disttrain.launch.address import endpoint
 
     host, port = endpoint(run)
     timeout = run.launcher.rdzv_timeout

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from disttrain.config import extras
 from disttrain.config.common import Choice
 from disttrain.config.errors import ConfigError, _show, one_of
 from disttrain.config.run import Run, World
@@ -159,8 +160,12 @@ def _check_world(cfg: Mapping[str, Any]) -> None:
 
 def check_static(run: Run) -> None:
     """Checks that need only the resolved config."""
+    from disttrain.observe.phases import phase
+
+    phase("checks")
     _check_world(run)
     check_sinks(list(run.observe.sinks))
+    extras.check_run(run)  # a tracker, fp8, peft without its package: the install command, before launch
     _at_least(run, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
     spec, strategy = specs.get(run.strategy.name), run.strategy
     if spec.check_static is not None:
@@ -169,6 +174,7 @@ def check_static(run: Run) -> None:
     _at_least(run, "launcher.max_restarts", 0, "0 fails the run on the first rank failure.")
     launch_checks.check_static(run)  # rendezvous, elastic range, SLURM
     _check_amp(run)
+    _check_peft(run)
     _check_trainer(run)
     _check_checkpoint(run)
     _check_optim(run)
@@ -228,6 +234,12 @@ def _check_amp(run: Run) -> None:
     if name == "fp16":
         _at_least(run, "amp.init_scale", 1, "65536 is the usual start; the scale adapts.")
         _at_least(run, "amp.growth_interval", 1, "steps without overflow before the scale doubles.")
+
+
+def _check_peft(run: Run) -> None:
+    from disttrain.models.adapters import check_static as check_adapters
+
+    check_adapters(run.peft, run.strategy.name, [s.name for s in specs.all() if s.peft], run.amp.name)
 
 
 def _check_debug(run: Run) -> None:
@@ -525,10 +537,13 @@ def _check_resume_path(run: Run) -> None:
 def check_runtime(run: Run) -> dict[str, int]:
     """Checks that look at the machine and build data and model; returns data set sizes."""
     from disttrain.observe.log import prints_into_log, transformers_quiet
+    from disttrain.observe.phases import phase
 
     # the dry build's prints and transformers' warnings: the ranks print them again, into their logs
     with prints_into_log(), transformers_quiet():
-        return _check_runtime(run)
+        sizes = _check_runtime(run)
+    phase("launch")  # the run dir, its frozen config, the ranks started (disttrain.launch.launch)
+    return sizes
 
 
 def _check_runtime(run: Run) -> dict[str, int]:
@@ -539,6 +554,7 @@ def _check_runtime(run: Run) -> dict[str, int]:
 
     from disttrain.data import build_datasets
     from disttrain.data.streams import is_stream
+    from disttrain.observe.phases import phase
     from disttrain.preflight.dry_step import dry_step
     from disttrain.preflight.gpus import check_bf16, check_fp8, check_nccl_ranks
     from disttrain.preflight.model import model_for_checks
@@ -566,6 +582,7 @@ def _check_runtime(run: Run) -> dict[str, int]:
             f"{run.trainer.batch_size} x grad_accum {run.trainer.grad_accum} = {per_step} samples; "
             "lower trainer.batch_size or use fewer ranks.",
         )
+    phase("model on meta")
     model = model_for_checks(run.model)  # never loads weights: see disttrain.preflight.model
     if model.meta is not None:
         with torch.device("meta"):
@@ -577,12 +594,17 @@ def _check_runtime(run: Run) -> dict[str, int]:
             from disttrain.strategies.float8 import check_model
 
             check_model(run.amp, model.meta)
+        if run.peft.name == "lora":  # every target name reaches a module (without importing peft)
+            from disttrain.models.adapters import resolve_targets
+
+            resolve_targets(run.peft, model.meta)
     from disttrain.checkpoint import init_from
 
     init_from.check(run.init, model.meta)  # init.path: kind, key names and shapes from headers, before launch
     from disttrain.timing import mark
 
     mark("dry_step_start")
+    phase("dry step")
     dry_step(run, lambda: build_task(run.task), model.meta, model.build_cpu, train, val)
     sizes = {} if is_stream(train) else {"train": len(train)}
     if val is not None and not is_stream(val):
@@ -632,3 +654,23 @@ def check_optim_runtime(run: Run, model: Any, batches_per_epoch: int) -> None:
     optimizer = build_optimizer(run.optim, model, specs.dp_degree(run), checking=True)
     steps = total_steps(run.trainer, max(batches_per_epoch, 1) * run.trainer.grad_accum)
     build_scheduler(run.sched, optimizer, max(steps, 1))
+    warning = warmup_warning(run.sched, steps)
+    if warning:
+        import sys
+
+        sys.stderr.write(f"disttrain: warning: {warning}\n")
+
+
+def warmup_warning(sched: Mapping[str, Any], steps: int) -> str | None:
+    """The built-in schedule's warm-up covering the whole run: the lr only climbs and never decays
+    (review 2026-11-28-ux #14: cosine's 20 warm-up steps silently swallowed a 20-step run)."""
+    warmup = sched.get("warmup_steps") or 0
+    if "_target_" in sched or not isinstance(warmup, int) or warmup <= 0 or warmup < steps:
+        return None
+    fix = max(1, steps // 10)
+    decays = "" if sched.get("name") == "constant" else " and never decays"
+    return (
+        f"sched.warmup_steps={warmup} is not shorter than the run ({steps} optimizer steps): the lr "
+        f"climbs for the whole run{decays}. "
+        f"HINT: sched.warmup_steps={fix} (a tenth of the run), or sched.warmup_steps=0."
+    )

@@ -98,7 +98,7 @@ def _check_port_free(run: Run) -> None:
     import os
     import socket
 
-    from disttrain.launch.multinode import DEFAULT_PORT
+    from disttrain.launch.address import DEFAULT_PORT
     from disttrain.launch.registry import launcher_for
 
     if launcher_for(run).scheduler or ("RANK" in os.environ and "WORLD_SIZE" in os.environ):

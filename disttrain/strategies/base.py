@@ -32,6 +32,9 @@ class Strategy:
     # The first step may run under FlopCounterMode (MFU for any model): its module tracker puts
     # multi-grad hooks on tensors, which autograd.grad on inputs refuses (pipelining's stage backward).
     flops_countable = True
+    # peft=lora: state dicts (checkpoints, final.pt) hold the trainable parameters and the buffers,
+    # never the frozen base (DCP's ignore_frozen_params); a load then leaves only frozen ones unset.
+    trainable_only = False
 
     def __init__(self, cfg: StrategyConfig, env: DistEnv, amp: AmpConfig | None = None) -> None:
         self.cfg = cfg
@@ -155,9 +158,11 @@ class Strategy:
         weight (an embedding and its head) is one tensor under both names, as in the model."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=self.trainable_only
+        )
         module = self.unwrap(model)
-        state: dict[str, torch.Tensor] = get_model_state_dict(module, options=full)  # type: ignore[assignment]
+        state: dict[str, torch.Tensor] = self._trainable(model, get_model_state_dict(module, options=full))
         first: dict[int, str] = {}
         for key, source in module.state_dict(keep_vars=True).items():
             if key in state and first.setdefault(id(source), key) != key:
@@ -176,9 +181,49 @@ class Strategy:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
         if optimizer is None:
-            return {"model": get_model_state_dict(model)}
-        model_state, optim_state = get_state_dict(model, optimizer)
-        return {"model": model_state, "optim": optim_state}
+            return {
+                "model": self._trainable(
+                    model, get_model_state_dict(model, options=self.state_dict_options())
+                )
+            }
+        model_state, optim_state = get_state_dict(model, optimizer, options=self.state_dict_options())
+        return {"model": self._trainable(model, model_state), "optim": optim_state}
+
+    def _frozen_names(self, model: nn.Module) -> set[str]:
+        """The names of the frozen parameters, a tied alias of one included (`ignore_frozen_params`
+        leaves a head tied to a frozen embedding in: named_parameters() lists a tied one once)."""
+        module = self.unwrap(model)
+        return {n for n, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+    def _trainable(self, model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+        if not self.trainable_only:
+            return state
+        frozen = self._frozen_names(model)
+        return {k: v for k, v in state.items() if k not in frozen}
+
+    def state_dict_options(self) -> Any:
+        """DCP's StateDictOptions for this run's sharded state dicts (`trainable_only`: without the
+        frozen parameters, and a load that does not ask for them)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(ignore_frozen_params=self.trainable_only, strict=not self.trainable_only)
+
+    def check_loaded(self, model: nn.Module, keys: Any) -> None:
+        """After a non-strict load (`trainable_only`): every key left out must be a frozen parameter."""
+        if not self.trainable_only:
+            return
+        frozen = self._frozen_names(model)
+        missing = [
+            k
+            for k in getattr(keys, "missing_keys", [])
+            if k not in frozen and k.removeprefix("module.") not in frozen
+        ]
+        unexpected = list(getattr(keys, "unexpected_keys", []))
+        if missing or unexpected:
+            raise RuntimeError(
+                f"the checkpoint does not fit the model's trainable part: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}"
+            )
 
     def load_state_dict(
         self, model: nn.Module, optimizer: torch.optim.Optimizer | None, state: dict[str, Any]
@@ -186,10 +231,18 @@ class Strategy:
         """Apply `state` (shaped like `state_dict()`, filled from a checkpoint) to model and optimizer."""
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
+        options = self.state_dict_options()
         if optimizer is None:
-            set_model_state_dict(model, state["model"])
+            self.check_loaded(model, set_model_state_dict(model, state["model"], options=options))
             return
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        keys = set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=options,
+        )
+        self.check_loaded(model, keys)
 
     def optimizer_states(self, optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
         """The per-parameter state this rank holds (a wrapper such as ZeRO keeps it in an inner optimizer)."""

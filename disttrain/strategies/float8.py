@@ -34,13 +34,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from disttrain.config.errors import ConfigError
+from disttrain.config.extras import EXTRAS
 
 if TYPE_CHECKING:
     from torch import nn
 
     from disttrain.config.schema import AmpConfig
 
-INSTALL = "pip install 'disttrain[fp8]' (or pip install 'torchao>=0.18')"
+INSTALL = EXTRAS["fp8"].install  # pip install 'disttrain[fp8]' (or pip install 'torchao>=0.18')
 MULTIPLE = 16  # float8 GEMMs need both dims of the weight to be multiples of 16
 
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from disttrain.config.fingerprint import differences, flatten
+from disttrain.config.fingerprint import ABSENT, differences, flatten
 from disttrain.rundir import CONFIG, STATUS, RunDir
 from disttrain.tools.rundata import SHA, RunFiles, is_int, is_number, is_time, short_repr
 
@@ -107,6 +107,7 @@ def run_info(run_dir: Path, files: RunFiles | None = None) -> dict[str, Any]:
         "strategy": _strategy(cfg, files),
         "world_size": _world_size(cfg, files),
         "duration_s": (st["ended"] - st["started"]) if "ended" in st and "started" in st else None,
+        "overrides": _overrides(run_dir, files),
         "problems": files.problems,
     }
 
@@ -126,7 +127,7 @@ def unreadable(run_dir: Path, exc: BaseException) -> dict[str, Any]:
         "duration_s",
     )
     return {"run_dir": str(run_dir), **dict.fromkeys(keys), "status": "unreadable", "step": 0,
-            "problems": [f"unreadable: {why[:300]}"]}  # fmt: skip
+            "overrides": [], "problems": [f"unreadable: {why[:300]}"]}  # fmt: skip
 
 
 def _mtime(path: Path) -> float | None:
@@ -221,6 +222,41 @@ def _overrides(run_dir: Path, files: RunFiles) -> list[str]:
     return [v for v in value if isinstance(v, str)]
 
 
+LABEL_WIDTH = 70  # a legend entry or a column title stays readable
+
+
+def run_labels(runs: list[Path]) -> list[str]:
+    """A short name per run that tells it from the others: its `name`, then the overrides that are
+    not shared by every run compared (`digits_sgd · optim.lr=0.05`; one run: all of its overrides);
+    where two labels still coincide, the run dir's own folder names are added (`… · 2026-11-28_03-02-58`)."""
+    names, overrides = [], []
+    for run in runs:
+        files = RunFiles(run)
+        name = config(run, files).get("name")
+        names.append(str(name) if isinstance(name, str | int) and not isinstance(name, bool) else run.name)
+        overrides.append([o for o in _overrides(run, files) if not o.lstrip("+~").startswith("name=")])
+    shared = set.intersection(*map(set, overrides)) if len(runs) > 1 else set()
+    labels = [
+        " · ".join([n, *(o for o in ovs if o not in shared)]) for n, ovs in zip(names, overrides, strict=True)
+    ]
+    tails = _tails(runs)
+    labels = [
+        f"{label} · {tail}" if labels.count(label) > 1 else label
+        for label, tail in zip(labels, tails, strict=True)
+    ]
+    return [label if len(label) <= LABEL_WIDTH else label[: LABEL_WIDTH - 1] + "…" for label in labels]
+
+
+def _tails(runs: list[Path]) -> list[str]:
+    """Short distinct paths: the run dir names, with parents added while two coincide."""
+    depth = 1
+    while True:
+        tails = ["/".join(r.parts[-depth:]) for r in runs]
+        if len(set(tails)) == len(tails) or depth >= max(len(r.parts) for r in runs):
+            return tails
+        depth += 1
+
+
 def reproduce(run_dir: Path, files: RunFiles | None = None) -> str:
     """`disttrain train` with the run's overrides (one job even when it came from a -m sweep)."""
     files = files or RunFiles(run_dir)
@@ -272,13 +308,38 @@ def checkpoints(run_dir: Path, files: RunFiles | None = None) -> list[dict[str, 
                 if entry.name.startswith("."):
                     continue
                 st = entry.stat(follow_symlinks=False)
-                out.append({"path": entry.path, "bytes": st.st_size, "modified": st.st_mtime})
+                size = _folder_bytes(entry.path, files) if entry.is_dir(follow_symlinks=False) else st.st_size
+                out.append({"path": entry.path, "bytes": size, "modified": st.st_mtime})
                 if len(out) >= CHECKPOINTS_SHOWN:
                     files.note(f"{folder}: more than {CHECKPOINTS_SHOWN} entries: the first shown")
                     break
     except OSError:
         return []
     return sorted(out, key=lambda c: c["path"])
+
+
+FILES_COUNTED = 100_000  # a checkpoint folder's files summed at most (a crafted one may hold millions)
+
+
+def _folder_bytes(folder: str, files: RunFiles) -> int:
+    """The bytes of the regular files under `folder` (a DCP checkpoint's shards and metadata), not
+    its directory entry's 4 KiB (review 2026-11-28-ux #17); links are not followed."""
+    total, seen, stack = 0, 0, [folder]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    seen += 1
+                    if seen > FILES_COUNTED:
+                        files.note(f"{folder}: more than {FILES_COUNTED} files: the size counts the first")
+                        return total
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue
+    return total
 
 
 def final_metrics(run_dir: Path, files: RunFiles | None = None) -> dict[str, Any]:
@@ -343,20 +404,35 @@ def live_ranks(run_dir: Path) -> list[dict[str, int]]:
     return found(run_dir)
 
 
-def compare(a: Path, b: Path) -> dict[str, Any]:
-    fa, fb = RunFiles(a), RunFiles(b)
-    ma, mb = final_metrics(a, fa), final_metrics(b, fb)
-    metrics = []
-    for k in sorted(set(ma) | set(mb)):
-        va, vb = ma.get(k), mb.get(k)
-        delta = vb - va if is_number(va) and is_number(vb) else None
-        metrics.append({"metric": k, "a": va, "b": vb, "delta": delta})
-    return {
-        "a": run_info(a, fa),
-        "b": run_info(b, fb),
-        "config_diff": config_diff(config(a, fa), config(b, fb)),
+def compare(*runs: Path) -> dict[str, Any]:
+    """Two or more runs side by side: each run's row and label (`run_labels`), the config keys whose
+    values are not all the same, and every final metric, one value per run (`values`, in order).
+    Two runs also keep the A/B form (`a`, `b`, and each row's `a`, `b`, `delta` = b - a)."""
+    files = [RunFiles(r) for r in runs]
+    finals = [final_metrics(r, f) for r, f in zip(runs, files, strict=True)]
+    flat = [flatten(config(r, f)) for r, f in zip(runs, files, strict=True)]
+    keys = sorted(set().union(*flat))
+    table = [(k, [c.get(k, ABSENT) for c in flat]) for k in keys]
+    diff: list[dict[str, Any]] = [
+        {"key": k, "values": values} for k, values in table if any(v != values[0] for v in values)
+    ]
+    metrics: list[dict[str, Any]] = [
+        {"metric": k, "values": [m.get(k) for m in finals]} for k in sorted(set().union(*finals))
+    ]
+    data: dict[str, Any] = {
+        "runs": [run_info(r, f) for r, f in zip(runs, files, strict=True)],
+        "labels": run_labels(list(runs)),
+        "config_diff": diff,
         "metrics": metrics,
     }
+    if len(runs) == 2:
+        data["a"], data["b"] = data["runs"]
+        for row in diff:
+            row["a"], row["b"] = row["values"]
+        for row in metrics:
+            va, vb = row["a"], row["b"] = row["values"]
+            row["delta"] = vb - va if is_number(va) and is_number(vb) else None
+    return data
 
 
 # ------------------------------------------------------------------------------------ commands
@@ -401,25 +477,33 @@ def cmd_runs(rest: list[str]) -> int:
         return 0
     from disttrain.tools.render import console, say, table, text
 
+    shared = set.intersection(*(set(r["overrides"]) for r in rows)) if len(rows) > 1 else set()
     cells = [
         (
             os.path.relpath(r["run_dir"], root),
-            r["name"],
-            _when(r["started"]),
+            _when(r["started"])[5:16],  # MM-DD HH:MM
             r["status"],
             r["step"],
             _num(r["last_loss"]),
-            f"{r['best_val']['metric']}={r['best_val']['value']:.4f}" if r["best_val"] else "-",
-            r["strategy"],
-            r["world_size"],
+            f"{r['best_val']['metric']}={r['best_val']['value']:.4g}" if r["best_val"] else "-",
+            _duration(r["duration_s"]),
+            f"{r['strategy']} x{r['world_size']}"
+            if r["strategy"] and r["world_size"]
+            else r["strategy"] or "-",
+            " ".join(o for o in r["overrides"] if o not in shared) or "-",
         )
         for r in rows
     ]
-    cols = ["run", "name", "started", "status", ">step", ">last loss", "best val", "strategy", ">world"]
+    cols = ["run", "started", "status", ">step", ">last loss", "best val", ">time", "layout", "overrides"]
     out = console()
     # The folder on a line of its own, never wrapped (a table title wraps to the table's width).
     out.print(text(f"{len(rows)} runs under {root}"), soft_wrap=True)
-    out.print(table(None, cols, cells))
+    listing = table(None, cols, cells)
+    for column in listing.columns[1:-1]:  # the short cells stay whole; run and overrides wrap
+        column.no_wrap = True
+    out.print(listing)
+    if shared:
+        out.print(text("overrides every run shares: " + " ".join(sorted(shared))), soft_wrap=True)
     say(out, *(f"{os.path.relpath(r['run_dir'], root)}: {p}" for r in rows for p in r["problems"]))
     return 0
 
@@ -500,20 +584,28 @@ def cmd_show(rest: list[str]) -> int:
 
 def cmd_compare(rest: list[str]) -> int:
     rest, plot_out = _plot_flag(rest)
-    positional = [t for t in rest if not t.startswith("-")]
-    if plot_out and len(positional) != 2:  # several runs: the picture only
-        if not positional:
-            from disttrain.config.errors import ConfigError
-
-            raise ConfigError(
-                "RUN_DIR", None, "one or more run directories", "disttrain compare A B C --plot p.png."
-            )
-        _write_plot([_run_dir(p) for p in positional], plot_out)
-        return 0
-    args = _args("compare", rest, ("run_a", "first run directory"), ("run_b", "second run directory"))
+    p = argparse.ArgumentParser(prog="disttrain compare", description="two or more runs side by side")
+    p.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (a sweep's: runs/NAME/multirun_*/*)"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--plot", metavar="OUT.png", help="also draw their curves into OUT (png, svg, pdf)")
+    args = p.parse_args(rest)
+    runs = [_run_dir(r) for r in args.run_dirs]
     if plot_out:
-        _write_plot([_run_dir(args.run_a), _run_dir(args.run_b)], plot_out)
-    data = compare(_run_dir(args.run_a), _run_dir(args.run_b))
+        _write_plot(runs, plot_out)
+        if len(runs) == 1:
+            return 0
+    if len(runs) < 2:
+        from disttrain.config.errors import ConfigError
+
+        raise ConfigError(
+            "RUN_DIR",
+            args.run_dirs[0],
+            "two or more run directories",
+            "disttrain compare A B [C ...]; one run: disttrain show A.",
+        )
+    data = compare(*runs)
     if args.json:
         from disttrain.tools.render import print_json
 
@@ -521,18 +613,37 @@ def cmd_compare(rest: list[str]) -> int:
         return 0
     from disttrain.tools.render import console, say, short, table
 
-    out = console()
+    out, letters = console(), _letters(len(runs))
     say(
         out,
-        f"A: {data['a']['run_dir']} ({data['a']['status']})",
-        f"B: {data['b']['run_dir']} ({data['b']['status']})",
+        *(
+            f"{x}: {label}  {r['run_dir']} ({r['status']})"
+            for x, label, r in zip(letters, data["labels"], data["runs"], strict=True)
+        ),
     )
-    diff = [(d["key"], short(d["a"], 40), short(d["b"], 40)) for d in data["config_diff"]]
-    out.print(table("config", ["key", "A", "B"], diff or [("(identical)", "", "")]))
-    rows = [(m["metric"], _num(m["a"]), _num(m["b"]), _num(m["delta"], signed=True)) for m in data["metrics"]]
-    out.print(table("metrics", ["metric", ">A", ">B", ">B - A"], rows))
-    say(out, *(f"{side}: left out: {p}" for side in ("a", "b") for p in data[side]["problems"]))
+    width = max(12, 80 // len(runs))
+    diff = [(d["key"], *(short(v, width) for v in d["values"])) for d in data["config_diff"]]
+    out.print(table("config", ["key", *letters], diff or [("(identical)", *[""] * len(runs))]))
+    two = len(runs) == 2
+    rows = [
+        (m["metric"], *map(_num, m["values"]), *([_num(m["delta"], signed=True)] if two else []))
+        for m in data["metrics"]
+    ]
+    out.print(table("metrics", ["metric", *(f">{x}" for x in letters), *([">B - A"] if two else [])], rows))
+    say(
+        out,
+        *(
+            f"{x.lower()}: left out: {p}"
+            for x, r in zip(letters, data["runs"], strict=True)
+            for p in r["problems"]
+        ),
+    )
     return 0
+
+
+def _letters(n: int) -> list[str]:
+    """A, B, ..., Z, then AA, AB, ...: one short column title per run."""
+    return [chr(65 + i) if i < 26 else chr(64 + i // 26) + chr(65 + i % 26) for i in range(n)]
 
 
 def _num(v: Any, signed: bool = False) -> str:
@@ -541,6 +652,16 @@ def _num(v: Any, signed: bool = False) -> str:
     if isinstance(v, float):
         return f"{v:+.4g}" if signed else f"{v:.4g}"
     return str(v)
+
+
+def _duration(seconds: Any) -> str:
+    """12.3 s, 4 min 05 s, 2 h 03 min: a run's wall time; - when unknown."""
+    if not is_number(seconds) or seconds < 0:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes} min {secs:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def _when(ts: float | None) -> str:

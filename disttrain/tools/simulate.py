@@ -20,7 +20,6 @@ the extra layers.
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,11 +27,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from disttrain.config.errors import ConfigError
+from disttrain.tools.fake_world import (
+    MAX_WORLD,
+    configured_layout,
+    fake_env,
+    fake_tensors,
+    fake_world,
+    sample_ranks,
+    setup_rank,
+)
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
 
-MAX_WORLD = 1024
+__all__ = ["MAX_WORLD", "configured_layout", "fake_world", "render", "sample_ranks", "setup_rank", "simulate"]
 TOLERANCE = 0.05  # simulated vs plan's per-rank state bytes
 COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 TP_DIM = "tp"  # the mesh dimension tensor parallelism shards over (disttrain's meshes name it so)
@@ -61,105 +69,6 @@ class RankResult:
     @property
     def deviation(self) -> float:
         return self.bytes["total"] / self.plan_total - 1 if self.plan_total else 0.0
-
-
-# ------------------------------------------------------------------------------------ layout
-def configured_layout(run: Run, plan_result: dict[str, Any]) -> dict[str, Any]:
-    """The layout row (degrees, ZeRO stage, plan bytes) of the strategy the config runs.
-
-    The degrees come from the spec (its `dp_degree`, the model abilities it needs), the ZeRO stage
-    from the spec's own plan rows, so no strategy name is compared here.
-    """
-    from disttrain.strategies import specs
-    from disttrain.strategies.specs.core import PIPELINE_LAYERS, TP_PLAN, PlanShape
-    from disttrain.tools.planner import per_rank
-
-    spec, s = specs.of(run)
-    world = run.world.size
-    dp = spec.dp_degree(s, world)
-    tp = pp = 1
-    if PIPELINE_LAYERS in spec.needs:
-        pp = world // dp
-    elif TP_PLAN in spec.needs:
-        tp = world // dp
-    m = plan_result["model"]
-    shape = PlanShape(
-        world=world, per_node=run.world.nproc_per_node, nodes=run.world.nodes, layers=m["layers"], heads=None
-    )
-    rows = spec.plan(shape) if spec.plan is not None else []
-    zero = rows[0]["zero"] if rows else 0
-    replicate = int(getattr(s, "replicate", 1) or 1)
-    row = {
-        "layout": spec.name,
-        "dp": dp,
-        "tp": tp,
-        "pp": pp,
-        "zero": zero,
-        "shard": dp // replicate if zero else 1,
-    }
-    act = plan_result["activations"]["bytes"]
-    row["bytes"] = per_rank(row, m["params"], plan_result["precision"], act)
-    return row
-
-
-def sample_ranks(layout: dict[str, Any]) -> list[tuple[int, dict[str, int]]]:
-    """(rank, mesh coordinates) for the sampled ranks; rank = (d * tp + t) * pp + p (row-major)."""
-    dims = {"dp": layout["dp"], "tp": layout["tp"], "pp": layout["pp"]}
-
-    def picks(n: int) -> list[int]:
-        return sorted({c for c in (0, 1, n // 2, n - 2, n - 1) if 0 <= c < n})
-
-    out = {}
-    for d, t, p in itertools.product(picks(dims["dp"]), picks(dims["tp"]), picks(dims["pp"])):
-        rank = (d * dims["tp"] + t) * dims["pp"] + p
-        out[rank] = {"dp": d, "tp": t, "pp": p}
-    return sorted(out.items())
-
-
-# ------------------------------------------------------------------------------------ fake world
-@contextmanager
-def fake_world(rank: int, world: int) -> Iterator[None]:
-    """torch's fake process group for one rank of `world`: collectives return at once, no peers.
-
-    DTensor's sharding propagation caches (Python and C++) key an op's output spec on the inputs'
-    meshes, and meshes compare equal across ranks (same layout and rank map, whatever the rank):
-    without clearing them, every rank simulated after the first got DTensors on the first rank's
-    mesh, with its coordinate: the local shards (FSDP cuts them from its own rank) were right, the
-    DTensors' global offsets (DCP's chunks) were the first rank's."""
-    import torch.distributed as dist
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
-
-    _clear_sharding_prop_cache()
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-        _clear_sharding_prop_cache()
-
-
-def fake_env(rank: int, world: int, per_node: int) -> Any:
-    """The rank's DistEnv: a CPU mesh device (meta tensors stay on meta through setup), backend fake."""
-    import torch
-
-    from disttrain.dist import DistEnv
-
-    return DistEnv(rank, rank % per_node, world, per_node, "fake", torch.device("cpu"))
-
-
-def setup_rank(run: Run, rank: int, world: int) -> tuple[Any, Any]:
-    """(strategy, model after its real setup_module) for `rank`, the model built on meta."""
-    import torch
-
-    from disttrain.models import build_model
-    from disttrain.strategies import build_strategy
-
-    env = fake_env(rank, world, run.world.nproc_per_node)
-    with torch.device("meta"):
-        model = build_model(run.model)
-    strategy = build_strategy(run.strategy, env, run.amp)
-    return strategy, strategy.setup_module(model)
 
 
 # ------------------------------------------------------------------------------------ measuring
@@ -323,7 +232,7 @@ class CollectiveCounter:
         self.counts: Counter[str] = Counter()
 
     def mode(self) -> Any:
-        from torch.utils._python_dispatch import TorchDispatchMode
+        from disttrain.tools.fake_world import TorchDispatchMode
 
         counts = self.counts
 
@@ -349,8 +258,6 @@ def step_collectives(run: Run, rank: int, world: int, batch: int) -> dict[str, A
     outside the mode (the DeviceMesh needs real rank lists); the step runs inside it. Returns the
     collectives by phase, or why there is no step.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     from disttrain.engine.optim import build_optimizer
     from disttrain.models import build_model
     from disttrain.strategies import build_strategy
@@ -360,7 +267,7 @@ def step_collectives(run: Run, rank: int, world: int, batch: int) -> dict[str, A
     if isinstance(sample, str):
         return {"skipped": sample}
     env = fake_env(rank, world, run.world.nproc_per_node)
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    fake = fake_tensors()
     phases: dict[str, dict[str, int] | str] = {}
     with fake_world(rank, world):
         with fake:

@@ -58,13 +58,12 @@ def rank_state(run: Run, rank: int, world: int, spec: str) -> dict[str, Any]:
     """The flattened state a checkpoint saves from `rank` (model + optimizer, on meta), inside
     that rank's fake process group: {fqn: tensor, DTensor or object}."""
     import torch
-    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from disttrain.engine.optim import build_optimizer
     from disttrain.models import build_model
     from disttrain.strategies import specs
-    from disttrain.tools.simulate import setup_rank
+    from disttrain.tools.fake_world import flatten_state_dict, setup_rank
 
     if specs.get(spec).replicated:  # every rank's state dict is the plain module's
         with torch.device("meta"):
@@ -77,8 +76,7 @@ def rank_state(run: Run, rank: int, world: int, spec: str) -> dict[str, Any]:
         dp = strategy.data_parallel_rank_size()[1]
         optimizer = strategy.setup_optimizer(build_optimizer(run.optim, model, dp))
         state = strategy.state_dict(model, optimizer)
-    flat, _ = flatten_state_dict({"model": state})  # the checkpoint's app state names it "model"
-    return dict(flat)
+    return flatten_state_dict({"model": state})  # the checkpoint's app state names it "model"
 
 
 def supported(spec: str, layout: dict[str, Any]) -> str | None:
@@ -95,7 +93,9 @@ def supported(spec: str, layout: dict[str, Any]) -> str | None:
 # ------------------------------------------------------------------------------------ save side
 def _coordinates(mesh: Any) -> dict[int, tuple[int, ...]]:
     """Every global rank's coordinate in `mesh` (a sub-mesh: its dims of the root mesh)."""
-    root = mesh._get_root_mesh()
+    from disttrain.tools.fake_world import root_mesh
+
+    root = root_mesh(mesh)
     names, root_names = mesh.mesh_dim_names, root.mesh_dim_names
     if mesh is root or names is None:
         dims = list(range(mesh.ndim))
@@ -118,7 +118,8 @@ def save_plans(local_plan: Any, state: dict[str, Any], world: int) -> list[Any]:
     import torch
     from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+    from disttrain.tools.fake_world import local_shape_and_offset
 
     meshes: dict[int, dict[int, tuple[int, ...]]] = {}
     geometry: dict[str, tuple[Any, ...]] = {}
@@ -141,9 +142,7 @@ def save_plans(local_plan: Any, state: dict[str, Any], world: int) -> list[Any]:
                 continue  # outside this tensor's mesh: writes nothing of it
             key = (shape, mesh_shape, placements, coords[rank])
             if key not in chunks:
-                chunks[key] = _compute_local_shape_and_global_offset(
-                    shape, mesh_shape, list(coords[rank]), placements
-                )
+                chunks[key] = local_shape_and_offset(shape, mesh_shape, list(coords[rank]), placements)
             sizes, offsets = chunks[key]
             chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
             items.append(
@@ -181,7 +180,7 @@ def plan_save(run: Run, world: int, spec: str) -> Saved:
     """DCP's global save plan for a checkpoint of `run` saved by all `world` ranks."""
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-    from disttrain.tools.simulate import fake_world
+    from disttrain.tools.fake_world import fake_world
 
     with fake_world(0, world):
         state = rank_state(run, 0, world, spec)
@@ -280,8 +279,8 @@ def simulate_load(source: Run, target: Run, detail: bool = False) -> dict[str, A
     ConfigError naming each tensor that would not load (and the model key that differs).
     `detail`: each rank's entry also lists, per tensor, the saved ranks it reads from."""
     from disttrain.strategies import specs
+    from disttrain.tools.fake_world import MAX_WORLD, configured_layout, fake_world, sample_ranks
     from disttrain.tools.planner import plan
-    from disttrain.tools.simulate import MAX_WORLD, configured_layout, fake_world, sample_ranks
 
     sides = []
     for run, key in ((source, "nodes"), (target, "--load-at nodes")):

@@ -3,8 +3,8 @@
 The commands are read from the docs themselves: each line of a fenced code block that runs
 `disttrain <command>` (continuation lines joined), and each inline code span that does so with at
 least one argument. The files the docs tell the user to create (code blocks headed `# path`:
-`mylab/data.py`, `mylab/tasks.py`, `hfmodels.py`, `conf/model/*.yaml`) are written from the docs
-too, so a doc edit that breaks a recipe breaks this test. `PLAN` says how each command runs; a
+`mylab/data.py`, `mylab/tasks.py`, `hfmodels.py`, `conf/model/*.yaml`, ...) are written from the docs
+too, so a doc edit that breaks a recipe breaks this test; the test writes no code of its own. `PLAN` says how each command runs; a
 command in the docs that is not in `PLAN`, or a `PLAN` entry no longer in the docs, fails
 `test_every_doc_command_is_planned`, and the counts are asserted.
 
@@ -43,7 +43,12 @@ from .sweep import Sweep, run_sweep
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# docs/config-reference.md is generated from the schema (its own test: tests/unit/test_tools_configref.py);
+# the commands in its help texts are the schema's words, not recipes
+DOCS = [
+    ROOT / "README.md",
+    *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "config-reference.md"),
+]
 SUBCOMMANDS = (
     "train", "config", "resume", "rerun", "export", "eval", "predict", "env", "bench", "plan", "runs",
     "show", "compare", "completion",
@@ -95,16 +100,19 @@ def doc_commands() -> dict[str, tuple[str, list[str]]]:
 
 def doc_files() -> dict[str, str]:
     """path -> text of every file a doc shows as a code block headed `# path` (`(continued)`
-    blocks append to it)."""
+    blocks append to it), written as a reader copies the block: the `# path` line included. A Hydra
+    `# @package` line must open its file, so it may come before the `# path` line."""
     files: dict[str, str] = {}
     for doc in DOCS:
         lines = doc.read_text().splitlines()
-        for i, line in enumerate(lines[:-1]):
-            match = FILE_HEADER.match(lines[i + 1]) if line.startswith("```") else None
+        for i, line in enumerate(lines[:-2]):
+            package = line.startswith("```") and lines[i + 1].startswith("# @package ")
+            at = i + 2 if package else i + 1
+            match = FILE_HEADER.match(lines[at]) if line.startswith("```") else None
             if not match:
                 continue
             end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-            body = "\n".join(lines[i + 2 : end]) + "\n"
+            body = "\n".join(lines[i + 1 : end]) + "\n"  # as a reader copies it, the path line too
             path = match.group(1)
             files[path] = files.get(path, "") + "\n\n" + body if match.group(2) else body
     return files
@@ -215,7 +223,7 @@ PLAN: dict[str, Plan] = {
     ),
     "docs/checkpoints-and-faults.md: disttrain train init.path=runs/src/2026-01-01_12-00-00/checkpoints/"
     "step_00000500 data=mydata trainer.val_at_start=true": Run(),
-    "docs/checkpoints-and-faults.md: disttrain train model._target_=mylab.load model.path=./tiny "
+    "docs/checkpoints-and-faults.md: disttrain train model._target_=mylab.hf.load model.path=./tiny "
     "init.path=./tiny-finetuned strategy=fsdp": CLIENT,
     "docs/checkpoints-and-faults.md: disttrain resume RUN KEY=VALUE": Skip(
         f"{SYNOPSIS} `disttrain resume runs/default/... nproc_per_node=1` (this file)"
@@ -353,11 +361,8 @@ PLAN: dict[str, Plan] = {
     "model.hidden=[256,256,256,256]": STRATEGY,
     "docs/strategies.md: disttrain train strategy=tp": STRATEGY,
     "docs/strategies.md: disttrain train strategy=fsdp+tp nproc_per_node=4 strategy.tp_degree=2": STRATEGY,
-    "docs/strategies.md: disttrain train strategy=tp model._target_=mylm.tiny_lm "
-    "strategy.tp_plan={layers.*.mlp.fc1: colwise, layers.*.mlp.fc2: rowwise}": Skip(
-        "`mylm.tiny_lm` here is a model with `layers.*.mlp.fc1` the doc does not show (your-own-code.md's "
-        "x-transformers `mylm.tiny_lm` has other names); plans in config are tests/unit/test_tp_plan.py's"
-    ),
+    "docs/strategies.md: disttrain train strategy=tp model=gpt "
+    "strategy.tp_plan={blocks.*.fc: colwise, blocks.*.fc_out: rowwise}": STRATEGY,
     "docs/strategies.md: disttrain plan [overrides]": Run(append=(), one=False),
     "docs/strategies.md: disttrain plan --simulate [overrides]": Run(append=(), one=False),
     "docs/strategies.md: disttrain plan --simulate model=gpt model.dim=4096 model.n_layers=32 model.n_heads=32 "
@@ -380,6 +385,46 @@ PLAN: dict[str, Plan] = {
     "docs/strategies.md: disttrain plan --simulate --json ... --load-at model.dim=2048": Run(
         append=(), one=False, rc=2, fill=("model=gpt", "nodes=4", "strategy=fsdp", "--no-step")
     ),
+    # docs/first-run.md
+    "docs/first-run.md: disttrain train": Skip("README.md's quick start, the same command: its 2-rank Job"),
+    "docs/first-run.md: disttrain plan model=gpt nodes=4 nproc_per_node=8": Run(append=(), one=False),
+    "docs/first-run.md: disttrain train strategy=ddp optim.lr=3e-4 trainer.max_epochs=5": Run(),
+    "docs/first-run.md: disttrain show RUN_DIR": Run(append=(), one=False),
+    # docs/gpu-quickstart.md: CUDA GPUs; tests/integration/test_gpu.py runs these paths on one
+    "docs/gpu-quickstart.md: disttrain env": Skip(
+        "this machine's report; `env --json` is run by tests/unit/test_tools_envreport.py"
+    ),
+    "docs/gpu-quickstart.md: disttrain train": Skip(
+        "README.md's default job (its 2-rank Job); on CUDA, test_gpu.py::test_the_default_command_on_a_one_gpu_machine"
+    ),
+    "docs/gpu-quickstart.md: disttrain train model=gpt strategy=fsdp amp=bf16": Skip(
+        "on CUDA: test_gpu.py::test_fsdp_bf16_two_steps; on CPU configuration.md's `strategy=fsdp model=gpt "
+        "amp=bf16` line is checked"
+    ),
+    "docs/gpu-quickstart.md: disttrain train model=gpt strategy=fsdp amp=bf16 trainer.compile=regional": Skip(
+        "regional compile of gpt under single, ddp and fsdp: tests/unit/test_blocks.py (eager losses, one graph)"
+    ),
+    "docs/gpu-quickstart.md: disttrain train model=gpt strategy=fsdp amp=bf16 "
+    "trainer.activation_checkpointing=selective": Skip(
+        "activation checkpointing of gpt under fsdp: tests/unit/test_blocks.py (same losses, less memory)"
+    ),
+    "docs/gpu-quickstart.md: disttrain train model=gpt strategy=fsdp amp=fp8": Skip(
+        "float8 needs compute capability >= 8.9 (refused on CPU); emulated under fsdp in tests/unit/test_amp_fp8.py"
+    ),
+    # docs/migrate-from-torchrun.md
+    "docs/migrate-from-torchrun.md: disttrain train model._target_=simple.SimpleModel model.input_size=64 "
+    "model.hidden_size=256 model.num_classes=10 optim._target_=torch.optim.Adam optim.lr=1e-3 sched=constant "
+    "trainer.clip_grad_norm=null trainer.max_epochs=10": Run(),
+    "docs/migrate-from-torchrun.md: disttrain train model._target_=simple.SimpleModel model.input_size=64 "
+    "model.hidden_size=256 model.num_classes=10": Skip(
+        "`torchrun ... -m disttrain train ...` (ranks torchrun started): the launched mode is run by "
+        "tests/integration/test_launch_modes.py"
+    ),
+    # docs/troubleshooting.md
+    "docs/troubleshooting.md: disttrain resume RUN_DIR [key=value ...] [--trust]": Skip(
+        "the usage line inside a quoted error message, not a command"
+    ),
+    "docs/troubleshooting.md: disttrain show RUN_DIR": Run(append=(), one=False),
     # docs/your-own-code.md
     "docs/your-own-code.md: disttrain train --config-dir conf model=nanogpt task.call={idx: x, targets: y} "
     "task.tokens=idx strategy=fsdp amp=bf16": CLIENT,
@@ -388,6 +433,10 @@ PLAN: dict[str, Plan] = {
     "docs/your-own-code.md: disttrain train data=text task=model_loss task.call={input_ids: x, labels: x} "
     "strategy=fsdp amp=bf16 model._target_=transformers.AutoModelForCausalLM.from_pretrained "
     "model.pretrained_model_name_or_path=./tiny": Run(),
+    # trained with these options by tests/unit/test_peft_lora.py and tests/integration/test_lora.py
+    "docs/your-own-code.md: disttrain train data=text task=model_loss task.call={input_ids: x, labels: x} "
+    "strategy=fsdp model._target_=transformers.AutoModelForCausalLM.from_pretrained "
+    "model.pretrained_model_name_or_path=./tiny init.path=./tiny peft=lora peft.rank=8": Check(),
     "docs/your-own-code.md: disttrain train data=text task=model_loss task.call={x: x} model._target_=mylm.tiny_lm "
     "strategy=tp strategy.tp_plan={net.attn_layers.layers.*.1.ff.0.0: colwise, "
     "net.attn_layers.layers.*.1.ff.2: rowwise}": CLIENT,
@@ -407,7 +456,7 @@ PLAN: dict[str, Plan] = {
     "docs/your-own-code.md: disttrain train data.train._target_=mylab.data.make_train data.val=null": Run(),
 }
 
-COVERED, SKIPPED = 102, 16  # asserted: a doc edit that adds or drops a command updates these
+COVERED, SKIPPED = 109, 24  # asserted: a doc edit that adds or drops a command updates these
 
 
 def test_every_doc_command_is_planned() -> None:
@@ -432,70 +481,10 @@ RUNS = {
     "model.pretrained_model_name_or_path=./tiny",
 }
 NEEDS = {  # command -> commands whose outputs (files) it reads
-    "docs/checkpoints-and-faults.md: disttrain train model._target_=mylab.load model.path=./tiny "
+    "docs/checkpoints-and-faults.md: disttrain train model._target_=mylab.hf.load model.path=./tiny "
     "init.path=./tiny-finetuned strategy=fsdp": [
         "docs/checkpoints-and-faults.md: disttrain export runs/gpt/2026-01-01_12-00-00 --format hf --out tiny-finetuned"
     ],
-}
-
-# Files the docs name but do not show (the commands imply their signatures), and the data files
-# the data lines read: the test's stand-ins.
-STAND_INS = {
-    "mylab/__init__.py": "from transformers import AutoModelForCausalLM\n\n\n"
-    "def load(path):\n    return AutoModelForCausalLM.from_pretrained(path)\n",
-    "mylab/losses.py": """\
-import torch
-from torch import nn
-
-
-class Focal(nn.Module):
-    def __init__(self, gamma: float = 2.0):
-        super().__init__()
-        self.gamma = gamma
-
-    def forward(self, logits, target):
-        logp = torch.log_softmax(logits, -1).gather(1, target[:, None]).squeeze(1)
-        return (-((1 - logp.exp()) ** self.gamma) * logp).mean()
-""",
-    "mylab/nets.py": """\
-from torch import nn
-
-
-class Net(nn.Module):
-    def __init__(self, width: int, num_classes: int, in_features: int = 64):
-        super().__init__()
-        self.body = nn.Sequential(nn.Linear(in_features, width), nn.ReLU(), nn.Linear(width, num_classes))
-
-    def forward(self, x):
-        return self.body(x)
-""",
-    "mycnn.py": """\
-from torch import nn
-
-
-class SmallCNN(nn.Module):
-    def __init__(self, num_classes: int, hidden_size: int = 64):
-        super().__init__()
-        self.conv = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten())
-        self.head = nn.Sequential(nn.Linear(8 * 8 * 8, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_classes))
-
-    def forward(self, x):
-        return self.head(self.conv(x))
-""",
-    "mylm.py": """\
-from x_transformers import AutoregressiveWrapper, Decoder, TransformerWrapper
-
-
-def tiny_lm(num_tokens: int = 256, max_seq_len: int = 64):
-    decoder = Decoder(dim=64, depth=2, heads=2)
-    return AutoregressiveWrapper(TransformerWrapper(num_tokens=num_tokens, max_seq_len=max_seq_len, attn_layers=decoder))
-""",
-    "myconfigs/experiment/paper.yaml": """\
-# @package _global_
-name: paper
-optim:
-  lr: 0.0123
-""",
 }
 
 
@@ -543,7 +532,7 @@ def _run_python_lines(cwd: Path) -> None:
 
 
 class Workspace:
-    """The user's folder: the docs' files, the stand-ins, the data; the runs the commands made."""
+    """The user's folder: the docs' files, the data; the runs the commands made."""
 
     def __init__(self, cwd: Path) -> None:
         self.cwd = cwd
@@ -555,7 +544,7 @@ class Workspace:
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
     cwd = tmp_path_factory.mktemp("docs")
-    for path, text in {**STAND_INS, **doc_files()}.items():
+    for path, text in doc_files().items():  # every file a command needs is in the docs
         (cwd / path).parent.mkdir(parents=True, exist_ok=True)
         (cwd / path).write_text(text)
     shutil.copy(ROOT / "tests/clients/nanogpt/model.py", cwd / "model.py")
@@ -721,6 +710,10 @@ def test_doc_command(ws: Workspace, key: str) -> None:
         resumed = Path(args[1])
         assert json.loads((resumed / "summary.json").read_text())["steps"] == 4, "the job's max_steps=4"
         assert max(json.loads(ln)["step"] for ln in (resumed / "metrics.jsonl").read_text().splitlines()) == 4
+    if (
+        command == "disttrain train --config-dir ./myconfigs experiment=paper"
+    ):  # the doc's file, as a reader copies it
+        assert run_dir is not None and run_dir.parent.name == "paper", run_dir
     if command == "disttrain train --cfg job":  # review 2E: what config.yaml will hold
         assert "${" not in proc.stdout and "in_features: 64" in proc.stdout, proc.stdout
     if command.startswith("disttrain show "):  # review 3.6: the rerun command is one whole line

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,36 +143,83 @@ def test_runs_show_compare_and_plan_on_finished_failed_interrupted_runs(
     )
 
 
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+FIRST_BYTE_S = 3.0  # loose: the first line leaves before Hydra or torch is imported (~0.1 s idle)
+
+
+def _shown(screen: bytes) -> str:
+    """What a terminal shows of `screen`: escape codes dropped, each rewrite of a line (\\r) a line."""
+    return ANSI.sub("", screen.decode(errors="replace")).replace("\r\n", "\n").replace("\r", "\n")
+
+
 def _interrupt_a_run(tmp_path: Path) -> Path:
-    """Start a long run, wait for its first logged step, Ctrl-C the whole process group."""
-    cmd = [CLI, "train", *FAST, *QUICK, "trainer.max_steps=100000", "name=long"]
+    """A long run on a pseudo-terminal (issue 37): the first byte on stderr at once, the start-up
+    phases as one live line ending in `ranks up`, the bar moving between log steps (log_every is
+    past the run's end); then Ctrl-C to the whole process group: exit 130, no traceback."""
+    import pty
+    import select
+
+    cmd = [CLI, "train", "threads_per_rank=1", *QUICK, "trainer.max_steps=100000", "name=long"]
+    cmd += ["trainer.progress=true", "trainer.log_every=100000"]
+    master, slave = pty.openpty()
+    began = time.monotonic()
     proc = subprocess.Popen(
         cmd,
         cwd=tmp_path,
-        env=clean_env(),
+        env=clean_env(TERM="xterm"),
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=slave,
         text=True,
         start_new_session=True,
     )
+    os.close(slave)
+    screen, first_byte = b"", None
+
+    def read(until: Any, seconds: float) -> bool:
+        """Read the terminal until `until(text)` holds (or it closes, or `seconds` pass)."""
+        nonlocal screen, first_byte
+        deadline = time.monotonic() + seconds
+        while not until(_shown(screen)) and time.monotonic() < deadline:
+            if not select.select([master], [], [], 1.0)[0]:
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every holder of the terminal is gone
+                return until(_shown(screen))
+            if not chunk:
+                return until(_shown(screen))
+            first_byte = first_byte if first_byte is not None else time.monotonic() - began
+            screen += chunk
+        return until(_shown(screen))
+
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            logs = list((tmp_path / "runs" / "long").glob("*/metrics.jsonl"))
-            if logs and logs[0].stat().st_size > 0:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the long run logged nothing in 120 s")
+        moved = read(lambda text: len({n for n in re.findall(r" (\d+)/100000 ", text) if n != "0"}) >= 2, 120)
+        assert moved, f"the bar did not move between log steps in 120 s:\n{_shown(screen)[-3000:]}"
         os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        read(lambda text: False, 60)  # to the end: every holder of the terminal has exited
+        proc.communicate(timeout=60)
     finally:
         _kill_group(proc.pid)
         proc.wait()
-    assert proc.returncode != 0, err[-2000:]
+        os.close(master)
+    err = _shown(screen)
+    assert first_byte is not None and first_byte < FIRST_BYTE_S, f"first byte after {first_byte} s"
+    assert err.lstrip("\n").startswith("disttrain: compose"), err[:300]
+    phases = next((line for line in err.splitlines() if line.endswith(" · ranks up")), "")
+    assert re.fullmatch(
+        r"disttrain: compose [\d.]+ s · checks [\d.]+ s · model on meta [\d.]+ s · dry step [\d.]+ s · "
+        r"launch 2 ranks [\d.]+ s · ranks up",
+        phases,
+    ), err[:3000]
+    bar = next(line for line in err.splitlines() if re.search(r" [1-9]\d*/100000 ", line))
+    assert "epoch 1/" in bar and " it/s " in bar and "samples/s" in bar and "eta" in bar, bar
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert "interrupted by SIGINT" in err, err[-3000:]
     # Issue 26 #7: torch's elastic agent's account of the Ctrl-C ("Received 2 death signal, shutting
     # down workers", "Closing process N via signal SIGINT") goes to the launcher's log, not the console.
     assert "torch/distributed/elastic" not in err and "death signal" not in err, err[-2000:]
-    launcher_log = (logs[0].parent / "logs" / "launcher.log").read_text()
+    (run_dir,) = (tmp_path / "runs" / "long").iterdir()
+    launcher_log = (run_dir / "logs" / "launcher.log").read_text()
     assert "Received 2 death signal, shutting down workers" in launcher_log, launcher_log[-2000:]
-    return logs[0].parent
+    return run_dir

@@ -2,7 +2,10 @@
 
 A *unit* is a subpackage (`config`, `launch`, ...) or a top-level module (`worker`, `rundir`, ...).
 Every `import` / `from ... import` counts: at module top, under `if TYPE_CHECKING:` and inside
-functions (a lazy import is still a dependency: it only moves the cost to the first call).
+functions (a lazy import is still a dependency: it only moves the cost to the first call). So does
+every string that names a disttrain module the way code loads one later: `"disttrain.a.b"` (for
+`importlib.import_module`) and `"disttrain.a.b:Name"` (the plug-in `impl`/`target` form), counted
+as lazy imports. Docstrings are text, not loads.
 
     python tests/unit/layer_graph.py          # the package graph, its cycles, the upward imports
 
@@ -12,6 +15,7 @@ functions (a lazy import is still a dependency: it only moves the cost to the fi
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -31,6 +35,7 @@ class Import:
     source: str  # the importing module, dotted
     target: str  # the imported module (or module.name), dotted
     lazy: bool  # inside a function: runs on the first call, not at import
+    by_name: bool = False  # a string naming the module, loaded later (import_module, a plug-in target)
 
     @property
     def from_unit(self) -> str:
@@ -41,7 +46,15 @@ class Import:
         return unit_of(self.target)
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line} {self.source} -> {self.target}{' (lazy)' if self.lazy else ''}"
+        how = " (by name)" if self.by_name else " (lazy)" if self.lazy else ""
+        return f"{self.path}:{self.line} {self.source} -> {self.target}{how}"
+
+    @property
+    def own_implementation(self) -> bool:
+        """A plug-in declaration (`PLACED`) naming its implementation in its own folder by string:
+        the designed "declaration beside its code" (the registry imports it when a rank needs it)."""
+        placed = self.source != unit_of(self.source) and self.from_unit != folder_of(self.source)
+        return self.by_name and placed and folder_of(self.source) == folder_of(self.target)
 
 
 # Modules that belong to a unit other than their folder's. A plug-in keeps its torch-free
@@ -70,6 +83,12 @@ def unit_of(module: str) -> str:
     return parts[1] if len(parts) > 1 else parts[0]
 
 
+def folder_of(module: str) -> str:
+    """The unit `module` sits in on disk, whatever `PLACED` says: `disttrain.data.specs` -> `data`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
 def _module_name(path: Path, package: Path) -> tuple[str, str]:
     """(the module's dotted name, the package its relative imports start from)."""
     parts = list(path.relative_to(package.parent).with_suffix("").parts)
@@ -91,31 +110,88 @@ def _targets(node: ast.Import | ast.ImportFrom, package: str) -> list[str]:
     return [f"{module}.{alias.name}" for alias in node.names]
 
 
-def _walk(tree: ast.AST, lazy: bool = False) -> Iterable[tuple[ast.Import | ast.ImportFrom, bool]]:
+# A string naming a module to load: `disttrain.a.b` or `disttrain.a.b:Name`.
+LOADED = re.compile(r"disttrain(\.[A-Za-z_]\w*)+(:[A-Za-z_]\w*)?")
+
+Node = ast.Import | ast.ImportFrom | ast.Constant
+
+
+def _walk(tree: ast.AST, lazy: bool = False) -> Iterable[tuple[Node, bool]]:
     for child in ast.iter_child_nodes(tree):
         if isinstance(child, ast.Import | ast.ImportFrom):
             yield child, lazy
+        elif isinstance(child, ast.Expr) and isinstance(child.value, ast.Constant):
+            continue  # a docstring (or a bare string): text
+        elif (
+            isinstance(child, ast.Constant) and isinstance(child.value, str) and LOADED.fullmatch(child.value)
+        ):
+            yield child, True
         inner = lazy or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
         yield from _walk(child, inner)
 
 
-@lru_cache
+def _loaded(node: Node, package: str) -> list[str]:
+    if isinstance(node, ast.Constant):
+        return [str(node.value).replace(":", ".")]
+    return _targets(node, package)
+
+
 def imports(package: Path = PACKAGE) -> tuple[Import, ...]:
     """Every import of one disttrain unit by another (imports within a unit are left out)."""
+    return tuple(i for i in all_imports(package) if i.from_unit != i.to_unit)
+
+
+def all_imports(package: Path = PACKAGE) -> tuple[Import, ...]:
+    """Every import of a disttrain module by another, within a unit too."""
+    return _read(package.resolve())
+
+
+@lru_cache
+def _read(package: Path) -> tuple[Import, ...]:
     found: list[Import] = []
     known = units(package)
     for path in sorted(package.rglob("*.py")):
         source, relative_to = _module_name(path, package)
         tree = ast.parse(path.read_text(), filename=str(path))
         for node, lazy in _walk(tree):
-            for target in _targets(node, relative_to):
+            for target in _loaded(node, relative_to):
                 if target != "disttrain" and not target.startswith("disttrain."):
                     continue
-                item = Import(str(path.relative_to(package.parent)), node.lineno, source, target, lazy)
+                where = str(path.relative_to(package.parent))
+                item = Import(where, node.lineno, source, target, lazy, isinstance(node, ast.Constant))
                 # `from disttrain import __version__` and the like name the root package itself.
-                if item.from_unit != item.to_unit and item.to_unit in known:
+                if item.to_unit in known and item.target != item.source:
                     found.append(item)
     return tuple(found)
+
+
+def modules(package: Path = PACKAGE) -> set[str]:
+    """Every module's dotted name (a package by its own name)."""
+    return {_module_name(path, package)[0] for path in package.rglob("*.py")}
+
+
+def module_of(target: str, known: set[str]) -> str:
+    """The module an import target names: `disttrain.config.errors.ConfigError` -> `disttrain.config.errors`."""
+    while target not in known and "." in target:
+        target = target.rsplit(".", 1)[0]
+    return target
+
+
+def module_cycles(found: Iterable[Import], package: Path = PACKAGE) -> list[list[str]]:
+    """Cycles between the modules of one unit (`import` statements of any kind, string loads
+    included): the unit-level test cannot see them."""
+    known = modules(package)
+    edges: dict[str, set[str]] = defaultdict(set)
+    for item in found:
+        target = module_of(item.target, known)
+        # Importing a module runs its package's __init__ first: not an edge of the design.
+        if (
+            item.from_unit == item.to_unit
+            and target != item.source
+            and not item.source.startswith(target + ".")
+        ):
+            edges[item.source].add(target)
+    return cycles(edges)
 
 
 def units(package: Path = PACKAGE) -> set[str]:
@@ -175,7 +251,7 @@ def upward(found: Iterable[Import], layer: Mapping[str, int]) -> list[Import]:
 
 
 def main() -> int:
-    found = imports()
+    found = tuple(i for i in imports() if not i.own_implementation)
     edges = graph(found)
     for source in sorted(edges):
         print(f"{source:12} -> {', '.join(sorted(edges[source]))}")

@@ -97,32 +97,40 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_train_says_it_is_checking_before_composing_on_a_terminal(
+def test_train_announces_its_first_phase_before_composing(
     scratch: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Docs-as-written review 3.10: the terminal stayed blank ~3.75 s after Enter (imports,
-    composition, checks). On a terminal, stderr says so before the config is composed; stdout
-    (the result only) and a piped stderr get nothing of it."""
+    """Review 2026-11-28-ux #1: 10-36 s under one static line on a terminal, nothing when piped.
+    The first phase is on stderr before the config is composed (before Hydra is imported), on a
+    terminal as a live line that ends before the error, off a terminal as plain lines; stdout
+    (the result only) gets nothing of it."""
     from disttrain.cli import main
     from disttrain.commands import train
+    from disttrain.observe.phases import ENTER_ENV, PHASE_LINE
 
     compose_checked = train._compose_checked
-    said_first: list[bool] = []
+    said_first: list[str] = []
 
     def spy(*args: Any, **kwargs: Any) -> Any:
-        said_first.append(err.getvalue() == "disttrain: checking the config ...\n")
+        said_first.append(err.getvalue())
         return compose_checked(*args, **kwargs)
 
     monkeypatch.setattr(train, "_compose_checked", spy)
     monkeypatch.setattr(sys, "path", list(sys.path))  # main() appends the cwd
+    monkeypatch.delenv(ENTER_ENV, raising=False)  # main() sets it for the ranks
+    monkeypatch.setenv("TERM", "xterm")  # a terminal that can rewrite a line
     monkeypatch.chdir(scratch)
     err, out = _Terminal(), io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         rc = main(["train", "trainer.max_epoch=5"])
-    assert (rc, said_first, out.getvalue()) == (2, [True], "")
-    assert err.getvalue().splitlines()[1].startswith("disttrain: config error: trainer.max_epoch=5 ")
+    assert (rc, out.getvalue()) == (2, "")
+    assert len(said_first) == 1 and "disttrain: compose" in said_first[0] and "\n" not in said_first[0]
+    live, error = err.getvalue().split("\n")[:2]  # the live line ends before the error starts
+    assert live.startswith("\r\x1b[Kdisttrain: compose") and "\n" not in live, repr(err.getvalue())
+    assert error.startswith("disttrain: config error: trainer.max_epoch=5 "), repr(err.getvalue())
     piped = disttrain_in_process("train", "trainer.max_epoch=5", cwd=scratch)
-    assert "checking the config" not in piped.stderr and piped.returncode == 2
+    assert piped.stderr.splitlines()[0] == "disttrain: compose ..." and piped.returncode == 2
+    assert all(PHASE_LINE.match(line) for line in piped.stderr.splitlines()[:-1]), piped.stderr
     assert list(scratch.iterdir()) == []
 
 
@@ -307,20 +315,48 @@ def test_help_and_version(scratch: Path, no_torch_report: dict[str, dict]) -> No
 def test_train_help_is_one_page_listing_each_key_once_with_help(no_torch_report: dict[str, dict]) -> None:
     """Docs-as-written review 3.11: `train --help` was 250 lines, Hydra's dump of the whole config
     and then the key table with the same keys, and optim.lr, data.num_features had no help text.
-    Now: the groups and their options, then each key once, with its type, default and help."""
+    Now: the groups and their options, then each key once (key=default, type), its help below it;
+    review 2026-11-28-ux #10: no line wider than 100 columns (120 of 147 lines were over 120)."""
+    import textwrap
+
     from disttrain.config import compose
-    from disttrain.config.keyhelp import key_rows
+    from disttrain.config.keyhelp import INDENT, WIDTH, key_rows
 
     stdout = no_torch_report["train --help"]["stdout"]
     lines = stdout.splitlines()
     assert "== Config ==" not in stdout and "_target_: disttrain.models.mlp.MLP" not in stdout, "no dump"
-    rows = key_rows(compose([]))
-    assert len(lines) < len(rows) + 35, f"{len(lines)} lines for {len(rows)} keys"
-    for key, _, _, text in rows:
-        shown = [line for line in lines if line.split(" ", 1)[0] == key]
-        assert len(shown) == 1, f"{key} is shown {len(shown)} times"
-        assert text.strip() and shown[0].rstrip().endswith(text), f"{key} has no help text: {shown[0]}"
+    assert WIDTH == 100 and max(map(len, lines)) <= WIDTH, max(lines, key=len)
+    for key, kind, default, text in key_rows(compose([])):
+        at = [i for i, line in enumerate(lines) if line.split("=", 1)[0].split(" ", 1)[0] == key]
+        assert len(at) == 1, f"{key} is shown {len(at)} times"
+        head = lines[at[0]]
+        assert head == (f"{key}  ({kind})" if kind == "group" else f"{key}={default}  ({kind})"), head
+        below = []
+        for line in lines[at[0] + 1 :]:
+            if not line.startswith(INDENT):
+                break
+            below.append(line[len(INDENT) :])
+        assert text.strip() and " ".join(below) == " ".join(textwrap.wrap(text, WIDTH)), f"{key}: {below}"
     assert lines[-1] == "Use --hydra-help to view Hydra specific help"
+
+
+def test_train_help_is_printed_without_hydra_and_is_what_hydra_renders(scratch: Path) -> None:
+    """`train --help` took 4.5-5.9 CPU-s (review 2026-11-28-ux #10: Hydra's app_help deep-copies the
+    config repository 159 times): it prints the page rendered ahead of time (commands/train_help.txt,
+    `python -m disttrain.commands.train_help` writes it), importing neither Hydra nor torch; the
+    page must be what rendering prints today. Speed itself: scripts/bench_help.py, not asserted."""
+    from disttrain.commands.train_help import PAGE, fingerprint, render
+
+    code = (
+        "import sys; from disttrain.cli import main; rc = main(['train', '--help']); "
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('hydra', 'torch', 'omegaconf')); "
+        "sys.stderr.write(repr(heavy)); raise SystemExit(rc)"
+    )
+    proc = run([sys.executable, "-c", code], scratch)
+    assert proc.returncode == 0 and proc.stderr == "[]", proc.stderr[-2000:]
+    stale = "stale: run `python -m disttrain.commands.train_help`"
+    assert PAGE.read_text(encoding="utf-8") == f"fingerprint {fingerprint()}\n{proc.stdout}", stale
+    assert render() == proc.stdout, stale
 
 
 # ------------------------------------------------------------------------------- no torch import

@@ -19,7 +19,7 @@ from unit_support import checked, write_module
 
 from disttrain.config import ConfigError, compose, config_dir, resolve
 from disttrain.config.gpus import choose_backend
-from disttrain.config.instantiate import build, locate
+from disttrain.config.instantiate import build, check, locate
 from disttrain.data import build_datasets
 from disttrain.dist import DistEnv
 from disttrain.engine.optim import build_optimizer, build_scheduler, effective_lr, lr_lambda
@@ -476,6 +476,31 @@ def test_locate_finds_classes_and_functions() -> None:
     assert callable(locate("disttrain.data.digits.load_digits", "data.train._target_"))
 
 
+def test_a_bad_target_says_what_python_said_and_the_closest_names(user_dir: Path) -> None:
+    """Issue 37 (review 2026-11-28-ux #4): `optim._target_=torch.optim.Adamw` said only "Error
+    loading 'torch.optim.Adamw':": the cause was dropped and AdamW not suggested. `check` is what
+    the runtime checks run on every `_target_` node before launch (a ConfigError: exit 2)."""
+    with pytest.raises(ConfigError) as info:
+        check({"_target_": "torch.optim.Adamw", "_partial_": True, "lr": 0.1}, "optim", supplied=1)
+    assert info.value.key == "optim._target_" and info.value.value == "torch.optim.Adamw"
+    hint = info.value.hint
+    assert "Python says AttributeError: module 'torch.optim' has no attribute 'Adamw'." in hint, hint
+    assert "Did you mean optim._target_=torch.optim.AdamW (or " in hint, hint
+    assert "\n" not in str(info.value), "one paragraph"
+    write_module(user_dir, "unitlab.nets", NET)
+    with pytest.raises(ConfigError) as info:  # the user's own class, a package in its path misspelt
+        locate("unitlab.nest.Net", "model._target_")
+    hint = info.value.hint
+    assert "AttributeError: module 'unitlab' has no attribute 'nest'" in hint, hint
+    assert "Did you mean model._target_=unitlab.nets.Net?" in hint, hint
+    write_module(user_dir, "unitlab.broken", "import unitlab_missing_dependency\n\nclass Net: ...\n")
+    with pytest.raises(ConfigError) as info:  # the module exists but fails to import: that error
+        locate("unitlab.broken.Net", "model._target_")
+    hint = info.value.hint
+    said = "importing unitlab.broken raised ModuleNotFoundError: No module named 'unitlab_missing_dependency'"
+    assert said in hint and "Did you mean" not in hint, hint
+
+
 # ------------------------------------------------------------------------------------ optimizers
 @pytest.mark.parametrize("optim", options("optim"))
 def test_every_optimizer_builds_from_its_partial(optim: str) -> None:
@@ -576,6 +601,26 @@ def test_scheduler_mistakes_are_config_errors_before_launch() -> None:
     with pytest.raises(ConfigError) as info:  # forgot the _target_: cosine has no such key
         checked(["sched.step_size=10"])
     assert info.value.key == "sched.step_size" and "sched._target_=" in info.value.hint
+
+
+def test_a_warm_up_as_long_as_the_run_is_named_before_launch(capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 2026-11-28-ux #14: `trainer.max_steps=20` under cosine's 20 warm-up steps trained at a
+    rising lr that never decayed, without a word."""
+    from unit_support import checked_run
+
+    from disttrain.preflight.checks import check_optim_runtime, warmup_warning
+
+    check_optim_runtime(checked_run(["trainer.max_steps=20", "optim=sgd"]), torch.nn.Linear(4, 2), 45)
+    err = capsys.readouterr().err
+    assert err == (
+        "disttrain: warning: sched.warmup_steps=20 is not shorter than the run (20 optimizer steps): the lr "
+        "climbs for the whole run and never decays. HINT: sched.warmup_steps=2 (a tenth of the run), or "
+        "sched.warmup_steps=0.\n"
+    )
+    assert warmup_warning({"name": "cosine", "warmup_steps": 20}, 21) is None
+    assert "climbs for the whole run. " in str(warmup_warning({"name": "constant", "warmup_steps": 50}, 30))
+    assert warmup_warning({"name": "cosine", "warmup_steps": 0}, 0) is None
+    assert warmup_warning({"_target_": "torch.optim.lr_scheduler.StepLR", "warmup_steps": 5}, 3) is None
 
 
 # ------------------------------------------------------------------------------- param groups

@@ -123,6 +123,42 @@ def test_predictions_keep_order_and_count_in_every_format(tmp_path: Path, suffix
         assert np.array_equal(np.load(out), want.numpy())
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".npy"])
+def test_a_large_prediction_file_is_announced_with_its_size_before_it_is_written(
+    tmp_path: Path, suffix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 2026-11-28-ux #15: `predict` wrote 242 MB of JSON logits without a word."""
+    import logging
+
+    from disttrain import eval_worker
+
+    out = tmp_path / f"preds{suffix}"
+    said: list[tuple[str, bool]] = []
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append((record.getMessage(), out.exists()))
+
+    monkeypatch.setattr(eval_worker, "LARGE_OUTPUT", 4096)
+    handler = Seen(logging.WARNING)
+    eval_worker.log.addHandler(handler)
+    try:
+        write_predictions(ROWS, tmp_path / "small.jsonl")  # under the threshold: silent
+        rows = [(i, torch.full((64,), 0.123456789)) for i in range(100)]  # 100 rows of 64 logits
+        write_predictions(rows, out)
+    finally:
+        eval_worker.log.removeHandler(handler)
+    ((message, existed),) = said
+    assert not existed, "announced before the file is written"
+    size = out.stat().st_size
+    assert message.startswith(f"predict: writing {size / 2**10:,.1f} KiB to {out} (100 rows, ")
+    if suffix == ".jsonl":  # the binary form is named, with its size: 100 x 64 float32
+        assert "smaller: --out preds.npy (or .pt) holds the same numbers in binary: about 25.0 KiB" in message
+    else:
+        assert "smaller: fewer samples: data.val=FILE with a subset" in message
+    assert "a Task.predict that returns only what you need" in message
+
+
 def test_a_task_predict_hook_and_dict_outputs(tmp_path: Path) -> None:
     """One rank, a shard of 5 samples in batches of 2: the hook's dict comes back per sample."""
     from torch.utils.data import DataLoader, TensorDataset

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from unit_support import checked, disttrain_in_process
+from unit_support import checked, disttrain_in_process, said
 
 from disttrain.commands.export import owning_run_dir
 from disttrain.config.errors import ConfigError
@@ -54,7 +54,7 @@ def test_resume_refuses_a_planted_checkpoints_link_and_touches_nothing(saved: di
     (run / "checkpoints").symlink_to(victim)
     proc = disttrain_in_process("resume", str(run), "checkpoint.keep=1", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert len(said(proc.stderr)) == 1, proc.stderr
     assert "checkpoints/ is a symbolic link" in proc.stderr and "checkpoint.dir=" in proc.stderr
     assert _tree(victim) == before
     assert not (run / "logs").exists()  # no rank started
@@ -100,7 +100,9 @@ def test_export_never_takes_a_config_from_a_folder_above_the_run(saved: dict, tm
     proc = disttrain_in_process("export", str(step), "--out", str(tmp_path / "w.pt"), cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "PAYLOAD" not in proc.stdout + proc.stderr
-    assert proc.stderr.startswith(f"disttrain: config error: RUN_DIR={step} is not valid"), proc.stderr
+    assert said(proc.stderr)[0].startswith(f"disttrain: config error: RUN_DIR={step} is not valid"), (
+        proc.stderr
+    )
 
 
 def test_export_finds_the_run_of_its_own_checkpoints(saved: dict, tmp_path: Path) -> None:
@@ -159,7 +161,7 @@ def test_a_foreign_config_payload_never_runs(
     proc = disttrain_in_process(*args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert not marker.exists()
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert len(said(proc.stderr)) == 1, proc.stderr
     assert (
         "task.criterion.label_smoothing._args_[0]=sympy.sympify" in proc.stderr and "--trust" in proc.stderr
     )
@@ -259,7 +261,9 @@ def test_export_of_checkpoints_elsewhere_takes_the_named_config(saved: dict, tmp
     assert proc.returncode == 2, proc.stderr  # the config is taken; the (empty) folder has no checkpoint
     assert "a run dir with a committed checkpoint" in proc.stderr and str(step) in proc.stderr
     proc = disttrain_in_process("export", str(step), "--config", str(tmp_path / "x.yaml"), cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr.startswith("disttrain: config error: --config="), proc.stderr
+    assert proc.returncode == 2 and said(proc.stderr)[0].startswith("disttrain: config error: --config="), (
+        proc.stderr
+    )
 
 
 # ------------------------------------------------------------------- review 2026-11-28-reliability D1
@@ -369,7 +373,7 @@ def test_d2_a_foreign_kubectl_is_never_run(saved: dict, tmp_path: Path, own_key:
     (run / "apply").write_text(f"echo PWNED >> {marker}\n")
     proc = disttrain_in_process("resume", ".", "trainer.max_steps=40", cwd=run)
     assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert len(said(proc.stderr)) == 1, proc.stderr
     assert "run launcher.kubectl=sh" in proc.stderr and "launcher.kubectl=YOURS" in proc.stderr
     assert "launcher.image=busybox" in proc.stderr and "--trust" in proc.stderr
     assert not marker.exists() and not (run / "k8s").exists()
@@ -431,9 +435,9 @@ def test_a_foreign_interpolation_never_runs_through_the_cli(
     )
     proc = disttrain_in_process("rerun", str(run), "--run-dir", str(tmp_path / "rr"), cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert len(said(proc.stderr)) == 1, proc.stderr
     assert (
-        proc.stderr.startswith("disttrain: config error: RUN_DIR=")
+        said(proc.stderr)[0].startswith("disttrain: config error: RUN_DIR=")
         and "resolve task.criterion" in proc.stderr
     )
     assert not marker.exists() and not (tmp_path / "rr").exists()
@@ -481,7 +485,7 @@ def test_d3_a_foreign_checkpoint_dir_outside_the_run_is_never_written(
     run = _foreign_copy(tmp_path, saved, lambda c: c["checkpoint"].update(dir=str(mine), keep=1))
     proc = disttrain_in_process("resume", str(run), cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert len(said(proc.stderr)) == 1, proc.stderr
     assert f"write into checkpoint.dir={mine}" in proc.stderr and "checkpoint.dir=YOURS" in proc.stderr
     assert _tree(mine) == before and not (run / "logs").exists()
     cfg = yaml.safe_load((run / "config.yaml").read_text())

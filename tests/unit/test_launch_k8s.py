@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from unit_support import checked, checked_run, disttrain_in_process
+from unit_support import checked, checked_run, disttrain_in_process, said
 
 from disttrain.config.errors import ConfigError
 from disttrain.launch import k8s
@@ -194,9 +194,11 @@ def test_missing_kubectl_is_one_paragraph_and_nothing_is_written(tmp_path: Path)
         "train", *K8S, "launcher.kubectl=/no/such/kubectl", "hydra.run.dir=r", cwd=tmp_path
     )
     assert proc.returncode == 2
-    assert proc.stderr.startswith("disttrain: config error: launcher.kubectl=/no/such/kubectl is not valid")
+    assert said(proc.stderr)[0].startswith(
+        "disttrain: config error: launcher.kubectl=/no/such/kubectl is not valid"
+    )
     assert "launcher.dry_run=true" in proc.stderr and "Traceback" not in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+    assert len(said(proc.stderr)) == 1 and not (tmp_path / "r").exists()
 
 
 def test_kubectl_applies_the_manifest_with_an_argv_list(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from unit_support import disttrain_in_process
+from unit_support import disttrain_in_process, said
 
 from disttrain.config.errors import ConfigError
 from disttrain.config.run import Run
@@ -62,7 +62,7 @@ def test_newline_payload_is_refused_before_anything_is_written(override: str, sc
     proc = disttrain_in_process("train", *DRY, arg, cwd=scratch)
     assert proc.returncode == 2, proc.stderr
     assert "config error:" in proc.stderr and "Traceback" not in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, "one paragraph, the newline shown escaped"
+    assert len(said(proc.stderr)) == 1, "one paragraph, the newline shown escaped"
     assert list(scratch.iterdir()) == [], "nothing written"
     assert proc.stdout == ""
 

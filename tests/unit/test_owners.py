@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from unit_support import checked, checked_run, disttrain_in_process
+from unit_support import checked, checked_run, disttrain_in_process, said
 
 from disttrain import owner
 from disttrain.commands.rerun import own_checkpoints
@@ -74,7 +74,7 @@ def test_a_second_resume_of_a_live_run_is_refused_naming_the_owner(tmp_path: Pat
     pid = other_launcher(run, run)  # the first `resume`, still checking (status.json not yet `running`)
     proc = disttrain_in_process("resume", str(run), "optim.lr=0.5", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert len(said(proc.stderr)) == 1, proc.stderr
     assert f"process {pid} on" in proc.stderr and str(run) in proc.stderr
     assert yaml.safe_load((run / "config.yaml").read_text())["optim"]["lr"] != 0.5  # nothing frozen
 
@@ -178,7 +178,7 @@ def _finished_with_checkpoints(root: Path) -> Path:
 
 def _one_paragraph(proc: subprocess.CompletedProcess) -> str:
     assert proc.returncode == 2, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(said(proc.stderr)) == 1 and "Traceback" not in proc.stderr, proc.stderr
     return proc.stderr
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from unit_support import checked, checked_run, disttrain_in_process
+from unit_support import checked, checked_run, disttrain_in_process, said
 
 from disttrain.config.errors import ConfigError
 from disttrain.preflight import launch_checks
@@ -46,5 +46,5 @@ def test_monitor_interval_must_be_positive() -> None:
 def test_cli_taken_port_exit_2_no_run_dir(taken_port: int, scratch: Path) -> None:
     proc = disttrain_in_process("train", f"master_port={taken_port}", cwd=scratch)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith(f"disttrain: config error: master_port={taken_port} is not valid")
+    assert said(proc.stderr)[0].startswith(f"disttrain: config error: master_port={taken_port} is not valid")
     assert "Traceback" not in proc.stderr and list(scratch.iterdir()) == []

@@ -531,7 +531,7 @@ def test_d13_the_predict_line_names_the_checkpoint_it_used(
     out = tmp_path / "p.jsonl"
     out.write_text('{"index": 0, "output": [1]}\n')
     report("predict", out, {"out": str(out), "checkpoint": str(tmp_path / "step_00000020"), "step": 20})
-    assert capsys.readouterr().out == f"predict: 1 rows from step_00000020 (step 20) -> {out}\n"
+    assert capsys.readouterr().out == f"predict: 1 rows from step_00000020 (step 20) -> {out} (28 B)\n"
 
 
 # --------------------------------------------------------------------------------------- D12

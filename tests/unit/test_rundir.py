@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from unit_support import checked_run, disttrain_in_process
+from unit_support import checked_run, disttrain_in_process, said
 
 from disttrain import rundir
 from disttrain.config.errors import ConfigError
@@ -151,7 +151,7 @@ def test_unwritable_run_dir_is_one_paragraph(scratch: Path) -> None:
         )
         assert proc.returncode == 2, proc.stderr
         assert (
-            proc.stderr.startswith("disttrain: config error: hydra.run.dir=")
+            said(proc.stderr)[0].startswith("disttrain: config error: hydra.run.dir=")
             and "Traceback" not in proc.stderr
         )
     assert [p.name for p in scratch.iterdir()] == ["file"]

@@ -300,4 +300,5 @@ def test_d21_plot_labels_are_text_not_mathtext(tmp_path: Path, config_text: str)
     proc = disttrain_in_process("show", str(b), "--plot", str(tmp_path / "p.png"), cwd=tmp_path)
     assert f"{b}: metrics.jsonl: 1 record(s) skipped (line 4: a list, not an object)" in proc.stderr
     drawn = series([a, b])
-    assert set(drawn["train/loss"]) == {"ref", "x\\$\\frac{\\$"}  # drawn as written, not as mathtext
+    # the runs' name and, both alike, their folders: drawn as written, not as mathtext
+    assert set(drawn["train/loss"]) == {"default · ref", "default · x\\$\\frac{\\$"}

@@ -127,7 +127,7 @@ def test_nothing_fits_says_so_with_a_hint() -> None:
 
 def test_plan_of_four_nodes_needs_no_launch_settings(capsys: pytest.CaptureFixture[str]) -> None:
     """A planning tool asks for no master_addr: `plan model=gpt nodes=4 nproc_per_node=8` prints."""
-    from disttrain.tools.planner import cmd_plan
+    from disttrain.tools.plan_command import cmd_plan
 
     assert cmd_plan(["model=gpt", "nodes=4", "nproc_per_node=8"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # rich folds lines at its console's width

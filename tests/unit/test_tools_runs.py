@@ -14,7 +14,17 @@ import yaml
 
 from disttrain.config import compose, resolve
 from disttrain.rundir import run_status
-from disttrain.tools.runs import best_val, compare, config_diff, find_runs, flatten, reproduce, run_info, show
+from disttrain.tools.runs import (
+    best_val,
+    checkpoints,
+    compare,
+    config_diff,
+    find_runs,
+    flatten,
+    reproduce,
+    run_info,
+    show,
+)
 
 
 def _run(root: Path, name: str, status: dict | None, metrics: list[dict], **cfg_over) -> Path:
@@ -112,10 +122,67 @@ def test_diffs_show_and_compare(tmp_path: Path) -> None:
     assert data["reproduce"] == "disttrain train --config-dir ./cfgs optim.lr=0.1 'name=x y'"
     assert reproduce(b) == data["reproduce"]
     cmp = compare(a, b)
-    assert cmp["config_diff"] == [{"key": "seed", "a": 5, "b": 6}]
+    assert cmp["config_diff"] == [{"key": "seed", "values": [5, 6], "a": 5, "b": 6}]
     steps = next(m for m in cmp["metrics"] if m["metric"] == "step")  # b has no summary: last logged values
-    assert steps == {"metric": "step", "a": None, "b": 3, "delta": None}
+    assert steps == {"metric": "step", "values": [None, 3], "a": None, "b": 3, "delta": None}
     assert next(m for m in cmp["metrics"] if m["metric"] == "val/acc")["delta"] == pytest.approx(0.5 - 0.6)
+
+
+def _small_run(root: Path, path: str, seed: int, overrides: list[str], loss: float) -> Path:
+    d = root / path
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(yaml.safe_dump({"name": "digits", "seed": seed, "optim": {"lr": 0.1}}))
+    (d / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (d / "status.json").write_text(json.dumps({"status": "finished", "started": 1.0, "ended": 75.0}))
+    (d / "summary.json").write_text(json.dumps({"steps": 4, "val/loss": loss}))
+    return d
+
+
+def test_compare_takes_n_runs_each_labelled_by_name_and_the_overrides_that_differ(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review 2026-11-28-ux #9: `compare A B C` was refused (two runs only) and runs were told
+    apart by timestamps; `runs` had no overrides column."""
+    from disttrain.cli import main
+
+    common = ["trainer.max_steps=4", "name=digits"]
+    runs = [
+        _small_run(tmp_path, "runs/digits/t1", 0, [*common, "seed=0"], 0.5),
+        _small_run(tmp_path, "runs/digits/t2", 1, [*common, "seed=1"], 0.4),
+        _small_run(tmp_path, "runs/digits/t3", 1, [*common, "seed=1"], 0.3),  # the same command again
+    ]
+    cmp = compare(*runs)
+    assert cmp["labels"] == ["digits · seed=0", "digits · seed=1 · t2", "digits · seed=1 · t3"]
+    assert cmp["config_diff"] == [{"key": "seed", "values": [0, 1, 1]}], "only the keys that differ"
+    assert {"metric": "val/loss", "values": [0.5, 0.4, 0.3]} in cmp["metrics"]
+    assert [r["overrides"] for r in cmp["runs"]] == [[*common, f"seed={s}"] for s in (0, 1, 1)]
+    assert main(["compare", *map(str, runs)]) == 0
+    out = capsys.readouterr().out
+    assert "A: digits · seed=0  " in out and "C: digits · seed=1 · t3  " in out
+    assert any(
+        line.split() == ["│", "val/loss", "│", "0.5", "│", "0.4", "│", "0.3", "│"]
+        for line in out.splitlines()
+    )
+    assert main(["compare", str(runs[0])]) == 2, "one run: use show"
+    assert main(["runs", str(tmp_path / "runs"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["overrides"] for r in rows] == [r["overrides"] for r in cmp["runs"]]
+    assert main(["runs", str(tmp_path / "runs")]) == 0
+    listing = capsys.readouterr().out
+    assert "overrides" in listing and "1 min 14 s" in listing
+
+
+def test_show_sums_the_files_of_a_checkpoint_folder(tmp_path: Path) -> None:
+    """Review 2026-11-28-ux #17: a DCP checkpoint folder was listed at its inode size (4.00 KiB)."""
+    run = _small_run(tmp_path, "r", 0, [], 0.5)
+    step = run / "checkpoints" / "step_00000020"
+    (step / "nested").mkdir(parents=True)
+    (step / "__0_0.distcp").write_bytes(b"x" * 300_000)
+    (step / "nested" / ".metadata").write_bytes(b"y" * 1_000)
+    (step / "link").symlink_to("/dev/zero")  # a link is not followed (nor counted)
+    (run / "checkpoints" / "final.pt").write_bytes(b"z" * 10)
+    sizes = {Path(c["path"]).name: c["bytes"] for c in checkpoints(run)}
+    assert sizes == {"step_00000020": 301_000, "final.pt": 10}
 
 
 def _write_status_many_times(path: str) -> int:

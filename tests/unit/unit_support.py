@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from shared_support import SCRUB
 from shared_support import disttrain_in_process as disttrain_in_process  # the unit tests import it here
+from shared_support import said as said
 
 from disttrain.config import compose, resolve
 from disttrain.config.run import Run

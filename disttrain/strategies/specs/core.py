@@ -130,6 +130,9 @@ class StrategySpec:
     # inside forward/backward, so a rank that fails there leaves no peer waiting in one.
     oom_retry: bool = False
     ema: bool = True  # trainer.ema works with it (every rank holds whole or sharded parameters)
+    # peft=lora works with it: PEFT's LoRA layers wrapped (or replicated) whole, frozen base and all,
+    # and its state dict is DCP's (the frozen parameters left out); tp and pipeline split the layers
+    peft: bool = False
     needs: frozenset[str] = frozenset()  # model abilities: TP_PLAN, PIPELINE_LAYERS
     one_tensor_batches: bool = False  # stages pass one tensor: model(inputs), one target (pipeline)
     whole_outputs: bool = True  # every rank computes the model's whole output of its batch (predict)

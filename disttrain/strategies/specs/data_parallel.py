@@ -172,6 +172,7 @@ def plan_zero(shape: PlanShape) -> list[dict[str, Any]]:
 SINGLE = register(
     StrategySpec(
         name="single",
+        peft=True,
         config_cls=SingleStrategyConfig,
         impl="disttrain.strategies.single:SingleStrategy",
         about="one process, one device: the reference every other strategy is checked against",
@@ -183,6 +184,7 @@ SINGLE = register(
 DDP = register(
     StrategySpec(
         name="ddp",
+        peft=True,
         config_cls=DDPStrategyConfig,
         impl="disttrain.strategies.ddp:DDPStrategy",
         about="DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets",

@@ -195,6 +195,7 @@ def offloads(s: FSDPStrategyConfig) -> bool:
 FSDP = register(
     StrategySpec(
         name="fsdp",
+        peft=True,
         meta_setup=True,
         config_cls=FSDPStrategyConfig,
         impl="disttrain.strategies.fsdp:FSDPStrategy",
@@ -208,6 +209,7 @@ FSDP = register(
 ZERO2 = register(
     StrategySpec(
         name="zero2",
+        peft=True,
         meta_setup=True,
         config_cls=Zero2StrategyConfig,
         impl="disttrain.strategies.fsdp:FSDPStrategy",

@@ -1,0 +1,137 @@
+"""The optional extras (pyproject's `disttrain[...]`) and what in a run needs each, checked before
+launch: a tracker, sweeper or fp8 run without its package is one paragraph with the exact install
+command, exit 2, before a rank starts or a run dir is written (review 2026-11-28-ux #7: a missing
+`wandb` failed after launch and left a failed run dir).
+
+Table-driven: a feature that needs an extra adds a row to `EXTRAS` (the package) and to `NEEDS` (a
+config key and when the run uses it) or `OPTIONS` (a config group's option). Presence is found
+without importing (`importlib.util.find_spec`): importing wandb alone takes seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from disttrain.config.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Extra:
+    """One optional extra: its name in pyproject, the modules it provides, its pip package."""
+
+    name: str
+    modules: tuple[str, ...]
+    package: str
+
+    @property
+    def install(self) -> str:
+        return f"pip install 'disttrain[{self.name}]' (or pip install '{self.package}')"
+
+    def missing(self) -> str | None:
+        """The first of its modules that is not installed; None when all are."""
+        return next((m for m in self.modules if not _found(m)), None)
+
+
+def _found(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or sys.modules[name] = None
+        return False
+
+
+EXTRAS: dict[str, Extra] = {
+    e.name: e
+    for e in (
+        Extra("mlflow", ("mlflow",), "mlflow-skinny>=2.10"),
+        Extra("wandb", ("wandb",), "wandb>=0.17"),
+        Extra("plot", ("matplotlib",), "matplotlib>=3.7"),
+        Extra("optuna", ("hydra_plugins.hydra_optuna_sweeper", "optuna"), "hydra-optuna-sweeper>=1.2"),
+        Extra("stream", ("torchdata",), "torchdata>=0.10"),
+        Extra("hf", ("datasets",), "datasets>=2.19"),
+        Extra("fp8", ("torchao",), "torchao>=0.18"),
+        Extra("peft", ("peft",), "peft>=0.17"),
+    )
+}
+
+
+def _sinks(*names: str) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether `observe.sinks` lists one of the built-in sinks `names` (by alias or class path)."""
+
+    def uses(run: Mapping[str, Any]) -> bool:
+        for entry in (run.get("observe") or {}).get("sinks") or []:
+            target = entry.get("_target_") if isinstance(entry, Mapping) else entry
+            name = str(target).rsplit(".", 1)[-1].lower()
+            if name in names and (str(target) == name or str(target).startswith("disttrain.observe.sinks.")):
+                return True
+        return False
+
+    return uses
+
+
+def _amp_fp8(run: Mapping[str, Any]) -> bool:
+    return (run.get("amp") or {}).get("name") == "fp8"
+
+
+def _peft(run: Mapping[str, Any]) -> bool:
+    return (run.get("peft") or {}).get("name") == "lora"  # peft=lora (peft=none: the default)
+
+
+@dataclass(frozen=True)
+class Need:
+    """A config `key` whose value `uses(run)` needs the extra `extra`."""
+
+    key: str
+    value: str  # as the message shows it
+    uses: Callable[[Mapping[str, Any]], bool]
+    extra: str
+
+
+NEEDS: tuple[Need, ...] = (
+    Need("observe.sinks", "mlflow", _sinks("mlflow"), "mlflow"),
+    Need("observe.sinks", "wandb", _sinks("wandb"), "wandb"),
+    Need("amp", "fp8", _amp_fp8, "fp8"),
+    Need("peft", "lora", _peft, "peft"),
+)
+
+# A config group's option that only an extra provides: (group, option) -> extra
+OPTIONS: dict[tuple[str, str], str] = {("hydra/sweeper", "optuna"): "optuna"}
+
+
+def missing_extra(key: str, value: Any, extra: str, what: str) -> ConfigError:
+    """The one-paragraph refusal of `key`=`value`, whose feature `what` needs the extra `extra`."""
+    spec = EXTRAS[extra]
+    return ConfigError(
+        key,
+        value,
+        f"{what} only with its package installed ({spec.missing()} is not: it comes with the extra "
+        f"disttrain[{extra}])",
+        f"install it: {spec.install}. Nothing was started or written.",
+    )
+
+
+def check_run(run: Mapping[str, Any]) -> None:
+    """Every extra the resolved `run` needs is installed (NEEDS), else a ConfigError naming the key."""
+    for need in NEEDS:
+        if need.uses(run) and EXTRAS[need.extra].missing():
+            raise missing_extra(need.key, need.value, need.extra, f"{need.key}={need.value}")
+
+
+def check_options(overrides: list[str]) -> None:
+    """A group option on the command line that only an extra provides (`hydra/sweeper=optuna`):
+    checked before composition, whose own error would point at a missing YAML file instead."""
+    for override in overrides:
+        group, _, option = override.lstrip("+").partition("=")
+        error = option_error(group, option)
+        if error is not None:
+            raise error
+
+
+def option_error(group: str, option: str) -> ConfigError | None:
+    """The refusal of `group=option` when an extra provides that option and is missing; else None."""
+    extra = OPTIONS.get((group, option))
+    if extra is None or not EXTRAS[extra].missing():
+        return None
+    return missing_extra(group, option, extra, f"{group}={option}")
