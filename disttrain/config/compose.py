@@ -195,6 +195,7 @@ def resolve(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, An
             with _open(cfg):
                 del cfg["hydra"]
         _check_missing(cfg)
+        _check_sizes_read(cfg)
         # closed choices (config.common.Choice) as their plain strings: config.yaml is plain YAML
         container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)
     except Exception as exc:
@@ -215,7 +216,8 @@ def absolute_paths(cfg: dict[str, Any]) -> None:
     reads the same checkpoints and data (review 2026-11-28-reliability D4). `checkpoint.dir` always
     (it is created); `init.path` and the data nodes' `path`, `val_path`, `*_path` keys (at any
     depth: data.train, a mixture's sources) only where something exists there, since a data path
-    may be a Hugging Face Hub name (`data.path=imdb`); a token glob where it matches. Not for a
+    may be a Hugging Face Hub name (`data.path=imdb`); a token glob where it matches; `data.tokenizer`
+    where it exists and `data.cache_dir` always. Not for a
     launcher whose nodes have their own file system (`own_files`: a Kubernetes pod's image)."""
     import glob
 
@@ -237,8 +239,12 @@ def absolute_paths(cfg: dict[str, Any]) -> None:
     def data_paths(node: Any) -> None:
         if isinstance(node, dict):
             for key, value in node.items():
-                if key in ("path", "val_path") or (isinstance(key, str) and key.endswith("_path")):
+                if key in ("path", "val_path", "tokenizer") or (
+                    isinstance(key, str) and key.endswith("_path")
+                ):
                     node[key] = absolute(value, must_exist=True)
+                elif key == "cache_dir":  # data.cache_dir (data.tokenizer's cache): created when missing
+                    node[key] = absolute(value, must_exist=False)
                 else:
                     data_paths(value)
         elif isinstance(node, list):
@@ -260,6 +266,53 @@ def _check_missing(cfg: DictConfig) -> None:
         raise ConfigError(
             missing[0], "???", "a value (this key has no default)", f"set it: {missing[0]}=VALUE{also}."
         )
+
+
+def _check_sizes_read(cfg: DictConfig) -> None:
+    """data.num_features and data.num_classes may be null (data=hf: a model that knows its own
+    sizes, task=model_loss); one that another key reads (model=gpt's vocab_size) must be set."""
+    from omegaconf import OmegaConf
+
+    for key in ("num_features", "num_classes"):
+        name = f"data.{key}"
+        if "data" not in cfg or key not in cfg.data or OmegaConf.select(cfg, name) is not None:
+            continue
+        reader = next(
+            (
+                path
+                for path, text in _interpolations(cfg, "")
+                if name in text and not path.startswith("data.")
+            ),
+            None,
+        )
+        if reader is not None:
+            what = (
+                "the sequence length (data=hf: data.block_size sets it)"
+                if key == "num_features"
+                else "the vocabulary size"
+            )
+            raise ConfigError(
+                name,
+                None,
+                f"a number: {reader} reads it",
+                f"set {name}=N, {what}, or use a model that knows its own.",
+            )
+
+
+def _interpolations(node: Any, prefix: str) -> list[tuple[str, str]]:
+    """(dotted key, text) of every interpolation under `node`, unresolved."""
+    from omegaconf import OmegaConf
+
+    found: list[tuple[str, str]] = []
+    names = list(node.keys()) if OmegaConf.is_dict(node) else range(len(node))
+    for key in names:
+        child: Any = node._get_node(key)
+        path = f"{prefix}{key}"
+        if OmegaConf.is_dict(child) or OmegaConf.is_list(child):
+            found += _interpolations(child, f"{path}.")
+        elif child is not None and child._is_interpolation():
+            found.append((path, str(child._value())))
+    return found
 
 
 def _missing_keys(node: Any, prefix: str) -> list[str]:

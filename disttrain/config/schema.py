@@ -112,8 +112,8 @@ class DataConfig:
         "set by the task group",
         Targets.classes,
     )
-    num_features: int = _h("input width the model sees", MISSING)
-    num_classes: int = _h("number of classes (output width for regression)", MISSING)
+    num_features: int | None = _h("input width the model sees", MISSING)
+    num_classes: int | None = _h("number of classes (output width for regression)", MISSING)
     train: Any = _h("`_target_` spec that builds the training Dataset", MISSING)
     val: Any = _h("`_target_` spec that builds the validation Dataset (null: no validation)", None)
     num_workers: int = _h("DataLoader worker processes per rank", 0)

@@ -44,12 +44,18 @@ def load_hf(
     role: str = "train",
     val_split: str | None = None,
     val_path: str | None = None,
+    tokenizer: str | None = None,
+    block_size: int | None = None,
+    packing: bool = False,
+    cache_dir: str | None = None,
 ) -> Any:
     """The `role` (train or val) part of the data set: map-style, or a stream when `streaming`.
 
     Validation reads `val_path` (its own files, split `split`) or `val_split` of `path`; neither
     set: no validation (None). `map` is a `_target_` spec of a function applied with `Dataset.map`
-    (`map_batched`: it takes and returns a batch of rows, dict of lists).
+    (`map_batched`: it takes and returns a batch of rows, dict of lists). `tokenizer`: text rows
+    tokenized once, cached (data/tokenize.py); `packing` (or a tokenizer): rows of `block_size`
+    tokens (data/packing.py; the pre-launch checks require block_size and map-style data then).
     """
     if role == "val":
         if val_path is None and val_split is None:
@@ -66,6 +72,10 @@ def load_hf(
     _require_datasets(key)
     try:
         ds = _open(str(path), format, split, streaming, key, split_key)
+        if tokenizer:
+            from disttrain.data.tokenize import tokenized
+
+            ds = tokenized(ds, str(path), split, tokenizer, cache_dir)
         if map:
             ds = ds.map(_map_function(map), batched=map_batched)
         ds = _select(ds, columns, str(path))
@@ -82,7 +92,26 @@ def load_hf(
             f"{bad}: fix or remove that line ({type(exc).__name__}: {_first_line(exc)}).",
         ) from None
     ds = ds.with_format("torch")
-    return NodeSplitStream(ds, str(path) if format_of_json(str(path), format) else None) if streaming else ds
+    if streaming:
+        return NodeSplitStream(ds, str(path) if format_of_json(str(path), format) else None)
+    if packing or tokenizer:
+        return _rows(ds, int(block_size or 0), packing)
+    return ds
+
+
+def _rows(ds: Any, block_size: int, packing: bool) -> Any:
+    """Packed rows of the documents (one document a row without packing: padded to block_size)."""
+    from disttrain.data.packing import PackedRows
+
+    if "input_ids" not in ds.column_names:
+        raise ConfigError(
+            "data.packing",
+            packing,
+            f"rows with an input_ids field (token ids; labels too where not every token trains): "
+            f"these have {', '.join(ds.column_names)}",
+            "set data.tokenizer to tokenize text rows, or keep input_ids in data.columns.",
+        )
+    return PackedRows(ds, block_size, pack=packing)
 
 
 def format_of_json(path: str, format: str | None) -> bool:

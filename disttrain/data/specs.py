@@ -136,9 +136,17 @@ def _tokens(split: str) -> Any:
             "val_path": II("data.val_path"),
             "val_fraction": II("data.val_fraction"),
             "seed": II("seed"),
+            "packing": II("data.packing"),
+            "eos_id": II("data.eos_id"),
             "split": split,
         }
     )
+
+
+PACKING_HELP = (
+    "pack documents into rows of block_size tokens: positions restart and attention stays within each "
+    "document, the loss is over real tokens only (samples become dicts: input_ids, labels, position_ids)"
+)
 
 
 class TokenDtype(Choice):
@@ -169,6 +177,8 @@ class TokensDataConfig(DataConfig):
     num_features: int = II("data.block_size")
     num_classes: int = _h("vocabulary size (the model's output width): above the largest token id", 50304)
     shuffle: bool = _h("reorder the windows every epoch (random sampling is random already)", False)
+    packing: bool = _h(PACKING_HELP + "; documents end with data.eos_id", False)
+    eos_id: int | None = _h("the token id that ends each document (data.packing=true)", None)
     train: Any = _tokens("train")
     val: Any = _tokens("val")
 
@@ -189,6 +199,10 @@ def _hf(role: str) -> Any:
             "streaming": II("data.streaming"),
             "val_split": II("data.val_split"),
             "val_path": II("data.val_path"),
+            "tokenizer": II("data.tokenizer"),
+            "block_size": II("data.block_size"),
+            "packing": II("data.packing"),
+            "cache_dir": II("data.cache_dir"),
             "role": role,
         }
     )
@@ -219,6 +233,25 @@ class HFDataConfig(DataConfig):
     map_batched: bool = _h("data.map takes and returns a batch of rows (a dict of lists)", False)
     streaming: bool = _h(
         "read as a stream (an IterableDataset split by data-parallel rank); needs trainer.max_steps", False
+    )
+    tokenizer: str | None = _h(
+        "a tokenizer folder (AutoTokenizer.from_pretrained): rows with text, prompt + completion or chat "
+        "messages are tokenized once (cached in data.cache_dir), the loss masked on prompt tokens",
+        None,
+    )
+    block_size: int | None = _h("tokens per row with data.tokenizer or data.packing", None)
+    packing: bool = _h(PACKING_HELP, False)
+    cache_dir: str | None = _h(
+        "where tokenized data is cached, one folder per hash of the files, tokenizer and settings; "
+        "null: ~/.cache/disttrain/tokenized",
+        None,
+    )
+    num_features: int | None = _h(
+        "sequence length the model sees (model=gpt reads it); default: data.block_size", II("data.block_size")
+    )
+    num_classes: int | None = _h(
+        "vocabulary size (model=gpt reads it); not needed by a model that knows its own (task=model_loss)",
+        None,
     )
     train: Any = _hf("train")
     val: Any = _hf("val")

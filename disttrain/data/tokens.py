@@ -14,6 +14,10 @@ at most RANGE bytes (a read-ahead buffer), never the whole object.
 
 Several files (a glob) are one token sequence for the tail split and are windowed each on its own
 (no window spans two files). x = window[:-1], y = window[1:] (targets shifted by one).
+
+`packing=True` (`data.packing=true data.eos_id=ID`): a sample is a packed row instead
+(disttrain.data.packing): window[:-1] cut into documents after each `eos_id`, positions restarting
+per document, labels unshifted with the first token of each document not trained.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from disttrain.data.packing import window_row
 from disttrain.storage import ObjectPath, filesystem, is_url
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
@@ -91,10 +96,17 @@ class TokenWindows(Dataset):
     """Windows of `block_size + 1` tokens over memory-mapped segments (see the module docstring)."""
 
     def __init__(
-        self, parts: list[Segment], dtype: str, block_size: int, sampling: str = "sequential", seed: int = 0
+        self,
+        parts: list[Segment],
+        dtype: str,
+        block_size: int,
+        sampling: str = "sequential",
+        seed: int = 0,
+        eos_id: int | None = None,
     ) -> None:
         self.parts, self.dtype, self.block_size = parts, dtype, block_size
         self.sampling, self.seed = sampling, seed
+        self.eos_id = eos_id  # packed rows, documents ending at this id (None: x, y windows)
         span = block_size + 1
         lengths = [p.end - p.start for p in parts]
         # sequential: non-overlapping windows per segment; random: every start per segment
@@ -166,11 +178,13 @@ class TokenWindows(Dataset):
                     at += len(part)
         return None
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, i: int) -> Any:
         if not 0 <= i < len(self):
             raise IndexError(f"window {i} of {len(self)}")
         part, at = self.offset(i)
         chunk = torch.from_numpy(self._tokens(part.path, at, self.block_size + 1).astype(np.int64))
+        if self.eos_id is not None:
+            return window_row(chunk[:-1], self.eos_id)
         return chunk[:-1], chunk[1:]
 
 
@@ -183,18 +197,24 @@ def load_tokens(
     val_path: str | None = None,
     val_fraction: float = 0.0,
     seed: int = 0,
+    packing: bool = False,
+    eos_id: int | None = None,
 ) -> TokenWindows:
     """data=tokens: the training windows of `path` (a file or glob), or the validation ones: of
-    `val_path` when given (sequential), else the held-out tail `val_fraction` of `path`."""
+    `val_path` when given (sequential), else the held-out tail `val_fraction` of `path`. `packing`:
+    packed rows of the documents `eos_id` ends (checked before launch: eos_id is set)."""
     if split not in ("train", "val"):
         raise ValueError(f"data split={split!r}: choose train or val")
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: choose uint16 or uint32")
     itemsize = np.dtype(DTYPES[dtype]).itemsize
+    eos = eos_id if packing else None
     if split == "val" and val_path:
-        return TokenWindows(segments(token_files(val_path), itemsize, "all", 0.0), dtype, block_size)
+        return TokenWindows(
+            segments(token_files(val_path), itemsize, "all", 0.0), dtype, block_size, eos_id=eos
+        )
     fraction = 0.0 if val_path else val_fraction
     parts = segments(token_files(path), itemsize, split, fraction)
     if split == "val":
-        return TokenWindows(parts, dtype, block_size)  # validation reads the tail in order
-    return TokenWindows(parts, dtype, block_size, sampling, seed)
+        return TokenWindows(parts, dtype, block_size, eos_id=eos)  # validation reads the tail in order
+    return TokenWindows(parts, dtype, block_size, sampling, seed, eos_id=eos)

@@ -62,7 +62,8 @@ class Window:
 
     loss_sum: torch.Tensor
     steps: int = 0
-    tokens: int = 0  # this rank's tokens (language modelling), for tokens/s
+    tokens: int | torch.Tensor = 0  # this rank's real tokens (language modelling), for tokens/s
+    slots: int = 0  # this rank's row places, padding included (packed rows): data/pad_frac
     data_wait_s: float = 0.0
     started: float = field(default_factory=time.perf_counter)
 
@@ -129,7 +130,8 @@ class Engine:
             gpus_per_rank=strategy.gpus_per_rank(),
         )
         self.data_wait_s = 0.0  # time spent waiting for batches (reset per log window)
-        self.step_tokens = 0
+        self.step_tokens: int | torch.Tensor = 0
+        self.step_slots = 0
         self.in_update = False  # inside optimizer/scheduler step: state not consistent across ranks
         self.pending_rng: dict[str, Any] | None = None  # restored after the resumed epoch's iterator
         self.stop = StopFlag(lambda: self.state.step, timeout_s)
@@ -214,7 +216,11 @@ class Engine:
                 window.loss_sum += loss
                 window.steps += 1
                 window.tokens += self.step_tokens
-                bar.advance(s.step, s.epoch, self.global_batch, self.step_tokens * self.dp_size)
+                window.slots += self.step_slots
+                # packed rows count their real tokens on the device: the bar gets the row places
+                # (no wait for the device every step); tokens_per_s in the metrics is real tokens
+                shown = self.step_tokens if isinstance(self.step_tokens, int) else self.step_slots
+                bar.advance(s.step, s.epoch, self.global_batch, shown * self.dp_size)
                 if s.step % t.log_every == 0 or s.step == self.total_steps:
                     values, ended = self._log_train(window, grad_norm)
                     window = self._new_window(ended)  # the log step's own work counts in the next
@@ -351,10 +357,11 @@ class Engine:
         self.model.train()
         total = torch.zeros((), device=self.env.device)
         n = len(micro_batches)
-        self.step_tokens = 0
+        self.step_tokens, self.step_slots = 0, 0
         for i, batch in enumerate(micro_batches):
             inputs, target = self.task.unpack(batches.to_device(batch, self.env.device))
             self.step_tokens += self.task.tokens(inputs, target)
+            self.step_slots += self.task.slots(inputs, target)
             with self.strategy.no_backward_sync(self.model, enabled=i < n - 1):
                 total += self.strategy.forward_backward(self.model, inputs, target, self.task, scale=1.0 / n)
         self.precision.unscale(self.optimizer)  # clipping and the norm see the true gradients
@@ -559,13 +566,25 @@ class Engine:
         }
         self.data_wait_s = 0.0
         values.update(self.task.derived(values))
-        values.update(self.throughput.rates(window.tokens * self.dp_size, elapsed, window.steps))
+        tokens = int(window.tokens)
+        values.update(
+            self.throughput.rates(tokens * self.dp_size, elapsed, window.steps, window.slots * self.dp_size)
+        )
+        if window.slots:
+            values["data/pad_frac"] = self._pad_fraction(tokens, window.slots)
         values.update(self.guards.metrics())
         values.update(self._data_counts())
         values.update(gpu_memory.peaks(self.env))  # a collective on CUDA (every rank logs this step)
         self.metrics.log(self.state.step, values, epoch=self.state.epoch)
         log.debug("step %d %s", self.state.step, values)
         return values, ended
+
+    def _pad_fraction(self, tokens: int, slots: int) -> float:
+        """The share of the window's row places (all ranks) that held no trained token."""
+        counts = torch.tensor([tokens, slots], dtype=torch.float64, device=self.env.device)
+        with self.progress.section("all_reduce(data/pad_frac)", self.state.step):
+            real, places = self.strategy.all_reduce(counts, op="sum").tolist()
+        return 1.0 - real / max(places, 1.0)
 
     def _data_counts(self) -> dict[str, float]:
         """Per-source sample counts of a data set that keeps them (data=mix: `data/mix/<name>`)."""

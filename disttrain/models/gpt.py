@@ -11,6 +11,10 @@ a column-wise tensor-parallel shard (contiguous rows of the weight) holds whole 
 q, k and v. Checkpoints from before the fusion hold `attn.q/k/v`: `fuse_qkv` converts a state dict.
 On CUDA, scaled_dot_product_attention prefers cuDNN attention, then FlashAttention (`ATTENTION`);
 elsewhere torch chooses.
+
+Packed rows (`data.packing=true`): `forward(idx, position_ids=...)` with positions restarting at
+each document; attention then takes a block-diagonal causal mask (a token sees the earlier tokens of
+its own document only), so each document's logits are those it has alone.
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ class Embed(nn.Module):
         self.pos = nn.Embedding(block_size, dim)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
+    def forward(self, idx: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device) if position_ids is None else position_ids
         return self.drop(self.tok(idx) + self.pos(pos))
 
 
@@ -53,17 +57,19 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`mask`: (b, 1, t, t) bool, True where a query may attend (packed rows); None: causal."""
         b, t, _ = x.shape
         # -1 heads: under tensor parallelism a rank's qkv holds only its share of the heads
         qkv = self.qkv(x).view(b, t, -1, 3, self.head_dim).transpose(1, 2)  # (b, heads, t, 3, hd)
         q, k, v = qkv.unbind(3)
         drop = self.dropout if self.training else 0.0
+        causal = mask is None
         if q.is_cuda:
             with sdpa_kernel(ATTENTION, set_priority=True):
-                y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+                y = F.scaled_dot_product_attention(q, k, v, mask, dropout_p=drop, is_causal=causal)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, mask, dropout_p=drop, is_causal=causal)
         return self.proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -76,8 +82,8 @@ class Block(nn.Module):
         self.fc_out = nn.Linear(mlp_ratio * dim, dim)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.ln1(x)))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln1(x), mask))
         return x + self.drop(self.fc_out(F.gelu(self.fc(self.ln2(x)))))
 
 
@@ -114,10 +120,12 @@ class GPT(nn.Module):
             self.head.out.weight = self.embed.tok.weight
         self.apply(_init)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.embed(idx)
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (b, t, vocab); `position_ids` (b, t): packed rows (see the module docstring)."""
+        x = self.embed(input_ids, position_ids)
+        mask = None if position_ids is None else document_mask(position_ids)
         for block in self.blocks:
-            x = block(x)
+            x = block(x) if mask is None else block(x, mask)
         return self.head(x)
 
     def pipeline_layers(self) -> list[tuple[str, nn.Module]]:
@@ -131,6 +139,16 @@ class GPT(nn.Module):
         """Training FLOPs per token (forward + backward), 6N + attention (PaLM appendix B)."""
         n = sum(p.numel() for p in self.parameters()) - self.embed.pos.weight.numel()
         return 6 * n + 12 * self.n_layers * self.dim * self.block_size
+
+
+def document_mask(position_ids: torch.Tensor) -> torch.Tensor:
+    """(b, 1, t, t) bool: query i attends key j when j <= i in the same document (a document
+    starts wherever the position does not follow the one before)."""
+    first = position_ids[..., :1] - 1  # as transformers' find_packed_sequence_indices reads them
+    doc = (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+    t = position_ids.shape[-1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=position_ids.device).tril()
+    return ((doc.unsqueeze(-1) == doc.unsqueeze(-2)) & causal).unsqueeze(1)
 
 
 def _init(module: nn.Module) -> None:

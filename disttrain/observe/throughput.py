@@ -93,12 +93,14 @@ class Throughput:
         """Whether the next step should be counted: no formula and nothing counted yet."""
         return self.flops_per_token is None and self.flops_per_step is None
 
-    def rates(self, tokens: int, elapsed: float, steps: int) -> dict[str, float]:
-        """`tokens`: global tokens processed in the window of `steps` optimizer steps."""
+    def rates(self, tokens: int, elapsed: float, steps: int, slots: int = 0) -> dict[str, float]:
+        """`tokens`: global real tokens trained in the window of `steps` optimizer steps (tokens/s);
+        `slots`: the places of their rows, padding included (what the device computed), 0: tokens."""
         out = {"tokens_per_s": tokens / max(elapsed, 1e-9)} if tokens else {}
         per_step = self.flops_per_step
+        computed = slots or tokens
         if self.flops_per_token is not None:
-            per_step = float(self.flops_per_token * tokens / max(steps, 1)) if tokens else None
+            per_step = float(self.flops_per_token * computed / max(steps, 1)) if computed else None
         if per_step:
             per_device = per_step * steps / max(elapsed, 1e-9) / self.world  # achieved FLOP/s per GPU
             out.update(flops_per_step=per_step, tflops=per_device / 1e12)

@@ -469,8 +469,11 @@ def _check_data(run: Run) -> None:
             "data=hf splits its stream by data-parallel rank itself (split_dataset_by_node) and its "
             "loader workers by file; auto would split each part again and drop samples.",
         )
-    if "block_size" in data:
-        _at_least(run, "data.block_size", 1, "tokens per sample, e.g. data.block_size=64.")
+    _check_packing(run)
+    if "block_size" in data and (
+        data["block_size"] is not None or data.get("packing") or data.get("tokenizer")
+    ):
+        _at_least(run, "data.block_size", 1, "tokens per sample (a row), e.g. data.block_size=64.")
     if "num_samples" in data:
         _at_least(run, "data.num_samples", 1, "training samples to generate, e.g. data.num_samples=2048.")
     if "num_val_samples" in data:
@@ -490,6 +493,38 @@ def _check_data(run: Run) -> None:
                 "a fraction in [0, 1)",
                 "the share of the data that validates, e.g. 0.1; 0 validates on nothing.",
             )
+
+
+def _check_packing(run: Run) -> None:
+    """data.packing / data.tokenizer: what rows of documents need (data/packing.py)."""
+    data = run.data
+    rows = bool(data.get("packing") or data.get("tokenizer"))
+    if not rows:
+        return
+    key = "data.packing" if data.get("packing") else "data.tokenizer"
+    value = data.get("packing") or data.get("tokenizer")
+    if "eos_id" in data and data["eos_id"] is None:
+        raise ConfigError(
+            "data.eos_id",
+            None,
+            "the token id that ends each document in the token files, with data.packing=true",
+            "set data.eos_id (GPT-2's <|endoftext|> is 50256, what nanoGPT's prepare.py appends).",
+        )
+    if data.get("streaming"):
+        raise ConfigError(
+            key,
+            value,
+            "false with data.streaming=true (rows are packed from a map-style data set's lengths)",
+            "set data.streaming=false (Arrow files are memory-mapped: a large set needs no stream), "
+            "or pack and tokenize beforehand.",
+        )
+    if specs.get(run.strategy.name).one_tensor_batches:
+        raise ConfigError(
+            key,
+            value,
+            f"false under strategy={run.strategy.name} (its stages pass one tensor: no position_ids reach them)",
+            "use fsdp, ddp or tp with packed rows, or data.packing=false.",
+        )
 
 
 def _empty_training_set(data: dict[str, Any], train: Any) -> None:

@@ -24,6 +24,7 @@ from torch.utils.data import default_collate
 
 from disttrain.config.errors import ConfigError
 from disttrain.data.streams import first_samples
+from disttrain.preflight import packing
 from disttrain.tasks import Classification, LanguageModel, Regression, Task
 from disttrain.tasks.batch import describe, to_device
 
@@ -76,12 +77,15 @@ def dry_step(
     _check_targets(run, task, train, target)
     if meta_model is None:
         return
+    packing.check_model(run, meta_model, batch)
     params = sum(p.numel() for p in meta_model.parameters())
     name = _target(run)
     if params <= CPU_FIRST_MAX_PARAMS and build_cpu_model is not None:
-        cpu_first = _run(name, task.setup(torch.device("cpu")), build_cpu_model(), batch, torch.device("cpu"))
+        cpu_model = build_cpu_model()
+        cpu_first = _run(name, task.setup(torch.device("cpu")), cpu_model, batch, torch.device("cpu"))
         if cpu_first is not None:
             raise cpu_first
+        packing.check_documents(run, cpu_model, batch)
         return
     meta_exc = _run(name, task.setup(torch.device("meta")), meta_model, batch, torch.device("meta"))
     if meta_exc is None:
@@ -104,9 +108,11 @@ def dry_step(
         )
         return
     log.debug("dry step: %s on meta failed (%s); running it on the CPU", _target(run), _said(meta_exc))
-    cpu_exc = _run(name, build_task(), build_cpu_model(), batch, torch.device("cpu"))
+    cpu_model = build_cpu_model()
+    cpu_exc = _run(name, build_task(), cpu_model, batch, torch.device("cpu"))
     if cpu_exc is not None:
         raise cpu_exc
+    packing.check_documents(run, cpu_model, batch)
 
 
 def _run(

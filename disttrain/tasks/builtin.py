@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from disttrain.data.packing import IGNORE, is_packed
 from disttrain.tasks.batch import describe, field, leading_size
 
 
@@ -67,8 +68,14 @@ class Task:
         """Samples in the batch (validation weights and throughput): the target's first dimension."""
         return leading_size(target) or leading_size(inputs)
 
-    def tokens(self, inputs: Any, target: Any) -> int:
-        """Tokens in the batch, for tokens/s (0: not a sequence task)."""
+    def tokens(self, inputs: Any, target: Any) -> int | torch.Tensor:
+        """Real tokens in the batch, for tokens/s (0: not a sequence task); a tensor where counting
+        them reads the batch (packed rows: the device is not waited for until the log step)."""
+        return 0
+
+    def slots(self, inputs: Any, target: Any) -> int:
+        """Places in the batch's rows, padding included (0: no padding to report): with `tokens`,
+        data/pad_frac and the FLOPs the device did."""
         return 0
 
     def derived(self, values: dict[str, float]) -> dict[str, float]:
@@ -129,7 +136,12 @@ class Regression(Task):
 
 class LanguageModel(Task):
     """Cross-entropy per token over (batch, time, vocab) logits; the metric is next-token accuracy
-    (per sample: the mean over its tokens); perplexity = exp(mean loss)."""
+    (per sample: the mean over its tokens); perplexity = exp(mean loss).
+
+    Packed rows (data.packing=true: a dict batch of input_ids, labels, position_ids, with the
+    default fields x and y) are read as such: the model is called as
+    `model(input_ids=..., position_ids=...)`, the target is the labels shifted by one, and the
+    IGNORE (-100) targets (padding, document starts, prompts) count in no loss, metric or token."""
 
     metric = "acc"
     perplexity = True
@@ -137,15 +149,29 @@ class LanguageModel(Task):
     def default_criterion(self) -> Callable[..., torch.Tensor] | None:
         return nn.CrossEntropyLoss()
 
+    def unpack(self, batch: Any) -> tuple[Any, Any]:
+        if (self.inputs, self.target) == ("x", "y") and is_packed(batch):
+            target = F.pad(batch["labels"][..., 1:], (0, 1), value=IGNORE)
+            return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}, target
+        return super().unpack(batch)
+
     def loss(self, output: Any, target: Any) -> torch.Tensor:
+        output = getattr(output, "logits", output)
         return super().loss(output.flatten(0, -2).float(), target.flatten())
 
     def metric_sum(self, output: Any, target: Any) -> torch.Tensor | None:
-        hits = (output.argmax(dim=-1) == target).to(torch.float64)
-        return hits.reshape(len(target), -1).mean(dim=1).sum()
+        output = getattr(output, "logits", output)
+        real = (target != IGNORE).reshape(len(target), -1)
+        hits = (output.argmax(dim=-1) == target).reshape(len(target), -1) & real
+        return (hits.sum(dim=1).to(torch.float64) / real.sum(dim=1).clamp(min=1)).sum()
 
-    def tokens(self, inputs: Any, target: Any) -> int:
+    def tokens(self, inputs: Any, target: Any) -> int | torch.Tensor:
+        if isinstance(inputs, Mapping) and "position_ids" in inputs:
+            return (target != IGNORE).sum()
         return int(target.numel())
+
+    def slots(self, inputs: Any, target: Any) -> int:
+        return int(target.numel()) if isinstance(inputs, Mapping) and "position_ids" in inputs else 0
 
 
 class ModelLoss(Task):
@@ -157,7 +183,8 @@ class ModelLoss(Task):
     `call` the whole batch is passed (a dict as keyword arguments, a tuple as positional ones).
 
     The loss is found in the output as a 0-dim tensor, `.loss`, `["loss"]`, or the single 0-dim
-    tensor in a tuple; `loss` (an attribute, key or index) names it for anything else.
+    tensor in a tuple; `loss` (an attribute, key or index) names it for anything else. Packed rows
+    (input_ids, labels, position_ids) count their labels other than -100 as tokens.
     """
 
     def __init__(
@@ -184,10 +211,13 @@ class ModelLoss(Task):
     def count(self, inputs: Any, target: Any) -> int:
         return leading_size(inputs)
 
-    def tokens(self, inputs: Any, target: Any) -> int:
+    def tokens(self, inputs: Any, target: Any) -> int | torch.Tensor:
         if self.tokens_arg is None:
-            return 0
+            return (inputs["labels"] != IGNORE).sum() if is_packed(inputs) else 0
         return int(field(inputs, self.tokens_arg).numel())
+
+    def slots(self, inputs: Any, target: Any) -> int:
+        return int(inputs["labels"].numel()) if self.tokens_arg is None and is_packed(inputs) else 0
 
 
 class StepFunction(Task):
@@ -225,10 +255,28 @@ class StepFunction(Task):
 
 def call_model(model: nn.Module, inputs: Any) -> Any:
     if isinstance(inputs, Mapping):
+        if "position_ids" in inputs and "use_cache" in forward_parameters(model):
+            # packed rows: transformers reads documents from position_ids only without a KV cache
+            # (masking_utils: "and cache is None"), which use_cache would make even in training
+            return model(**inputs, use_cache=False)
         return model(**inputs)
     if isinstance(inputs, (tuple, list)):
         return model(*inputs)
     return model(inputs)
+
+
+def forward_parameters(model: nn.Module) -> set[str]:
+    """The argument names of the model's own forward, through DDP's `.module` and torch.compile's
+    `._orig_mod` wrappers (which take *args, **kwargs)."""
+    while isinstance(getattr(model, "module", None), nn.Module) or isinstance(
+        getattr(model, "_orig_mod", None), nn.Module
+    ):
+        inner: nn.Module = getattr(model, "_orig_mod", None) or model.module  # type: ignore[assignment]
+        model = inner
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
 
 
 def find_loss(output: Any, at: str | int | None = None) -> torch.Tensor:
