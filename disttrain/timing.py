@@ -30,8 +30,18 @@ def mark_process_start(phase: str) -> None:
     """`phase` at the time this process was started (Linux /proc, 10 ms ticks): before any import."""
     if not os.environ.get(ENV):
         return
-    from disttrain.observe.phases import process_start_time
-
     started = process_start_time()
     if started is not None:
         mark(phase, started)
+
+
+def process_start_time(pid: int | None = None) -> float | None:
+    """When process `pid` (this one) started, on time.time()'s scale (Linux /proc, 10 ms ticks)."""
+    try:
+        with open(f"/proc/{pid or os.getpid()}/stat", encoding="ascii") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # starttime, ticks after boot
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from disttrain.commands.train import print_summary
+from disttrain.observe.summary import print_done
 from disttrain.rundir import RunDir
 
 
@@ -66,5 +66,5 @@ def train_as_launched_rank(args: Any) -> int:
     with status:
         worker.run(run_dir)
     if env.is_zero:
-        print_summary(run_dir)
+        print_done(run_dir)
     exit_rank(0)  # a rank process: skip interpreter finalization (see exit_rank)

@@ -520,7 +520,9 @@ def _freeze_and_launch(
     except LaunchError as exc:
         sys.stderr.write(f"disttrain: {exc}\n")
         raise SystemExit(exc.exit_code) from None
-    return print_summary(run_dir)
+    from disttrain.observe.summary import print_done
+
+    return print_done(run_dir)
 
 
 def freeze_job(run: Run, run_dir: Path, overrides: list[str], command: list[str]) -> Run:
@@ -577,26 +579,6 @@ def own_checkpoint_dir(run: Run, run_dir: Path) -> None:
                 f"it is the checkpoints/ folder of the run {home}, and {exc.hint}",
             ) from None
     owner.claim_checkpoints(directory, run_dir, run.resume)
-
-
-def print_summary(run_dir: Path) -> dict[str, Any] | None:
-    import json
-
-    from disttrain.rundir import RunDir
-
-    path = RunDir(run_dir).summary
-    if not path.is_file():
-        return None
-    s = json.loads(path.read_text())
-    vals = " ".join(f"{k}={s[k]:.4f}" for k in sorted(s) if k.startswith("val/"))
-    gpu = s.get("gpu_mem_allocated_peak_gib")  # CUDA runs only: the CPU line stays as it was
-    mem = f", peak GPU memory {gpu:.2f} GiB ({s['gpu_mem_reserved_peak_gib']:.2f} reserved)" if gpu else ""
-    stopped = f" (stopped early: {s['stop_reason']})" if s.get("early_stopped") else ""
-    sys.stdout.write(
-        f"done: {s['steps']} steps{stopped}, {vals or 'no validation'}, {s['samples_per_s']:.0f} samples/s, "
-        f"{s['train_time_s']:.1f} s training{mem} | run dir: {run_dir}\n"
-    )
-    return dict(s)
 
 
 def _train_as_launched_rank(args: Any) -> int:

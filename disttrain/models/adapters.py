@@ -214,7 +214,7 @@ def frozen(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def base_record(run: Any, model: nn.Module) -> dict[str, Any]:
     """What the run dir keeps of the base the adapters train on (`model`: before the adapters)."""
-    from disttrain.preflight.hf_base import base_folder
+    from disttrain.models.pretrained import base_folder
 
     folder = base_folder(run.model)
     return {

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+from disttrain.timing import process_start_time
+
 # A plain phase line (off a terminal), for tools and tests that read stderr around them.
 PHASE_LINE = re.compile(r"^disttrain: (?:[a-z0-9 ]+ \d+\.\d\d s \| )?[a-z0-9 ]+ \.\.\.$")
 
@@ -41,18 +43,6 @@ LIVE_ENV = "DISTTRAIN_STATUS_LINE"  # a file that exists while the parent's live
 TICK_S = 0.1
 HANDOVER_S = 1.0
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
-
-
-def process_start_time(pid: int | None = None) -> float | None:
-    """When process `pid` (this one) started, on time.time()'s scale (Linux /proc, 10 ms ticks)."""
-    try:
-        with open(f"/proc/{pid or os.getpid()}/stat", encoding="ascii") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # starttime, ticks after boot
-        with open("/proc/uptime", encoding="ascii") as f:
-            uptime = float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def enter_time() -> float | None:

@@ -67,3 +67,26 @@ def print_summary(summary: dict[str, Any]) -> None:
     from disttrain.observe.log import console
 
     Console(file=console.file, width=100).print(summary_table(summary))  # stderr, or its saved copy
+
+
+def print_done(run_dir: Path) -> dict[str, Any] | None:
+    """The one `done:` line on stdout (what scripts parse) from the run's summary.json; the summary
+    itself, or None when the run wrote none."""
+    import json
+    import sys
+
+    from disttrain.rundir import RunDir
+
+    path = RunDir(run_dir).summary
+    if not path.is_file():
+        return None
+    s = json.loads(path.read_text())
+    vals = " ".join(f"{k}={s[k]:.4f}" for k in sorted(s) if k.startswith("val/"))
+    gpu = s.get("gpu_mem_allocated_peak_gib")  # CUDA runs only: the CPU line stays as it was
+    mem = f", peak GPU memory {gpu:.2f} GiB ({s['gpu_mem_reserved_peak_gib']:.2f} reserved)" if gpu else ""
+    stopped = f" (stopped early: {s['stop_reason']})" if s.get("early_stopped") else ""
+    sys.stdout.write(
+        f"done: {s['steps']} steps{stopped}, {vals or 'no validation'}, {s['samples_per_s']:.0f} samples/s, "
+        f"{s['train_time_s']:.1f} s training{mem} | run dir: {run_dir}\n"
+    )
+    return dict(s)

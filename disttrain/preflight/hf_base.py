@@ -18,27 +18,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from disttrain.models.pretrained import base_folder
+
 log = logging.getLogger("disttrain")
 
 BASE = "base_model"
 FILES = ("config.json", "generation_config.json")
 MAX_BYTES = 16 << 20  # a config file; anything larger is not one
 
-
-def _path_of(spec: dict[str, Any]) -> Any:
-    args = list(spec.get("_args_") or [])
-    return spec.get("pretrained_model_name_or_path", args[0] if args else None)
-
-
-def base_folder(spec: dict[str, Any]) -> Path | None:
-    """The local folder a `*.from_pretrained` model block names, when it holds a config.json."""
-    if not str(spec.get("_target_")).endswith(".from_pretrained") or isinstance(spec.get("config"), dict):
-        return None
-    path = _path_of(spec)
-    if not isinstance(path, str) or not path:
-        return None
-    folder = Path(path).expanduser()
-    return folder if (folder / "config.json").is_file() else None
+__all__ = ["BASE", "base_folder", "build", "record"]
 
 
 def record(run_dir: Path, spec: dict[str, Any]) -> None:

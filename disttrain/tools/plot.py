@@ -19,8 +19,8 @@ Series = dict[str, dict[str, tuple[list[int], list[float]]]]  # metric -> run la
 def series(runs: list[Path], metrics: tuple[str, ...] = METRICS, problems: list[str] | None = None) -> Series:
     """Each metric's (steps, values) per run, in step order, the last record of a step winning.
     Records that do not check out are skipped and named in `problems` (`rundata.RunFiles.metrics`).
-    A run is keyed by its label (`runs.run_labels`: name and distinguishing overrides)."""
-    from disttrain.tools.runs import run_labels
+    A run is keyed by its label (`rundata.run_labels`: name and distinguishing overrides)."""
+    from disttrain.tools.rundata import run_labels
 
     out: Series = {}
     for run, label in zip(runs, [_label(t) for t in run_labels(runs)], strict=True):

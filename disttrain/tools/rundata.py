@@ -21,6 +21,8 @@ from typing import Any, TypeGuard
 
 import yaml
 
+from disttrain.rundir import CONFIG
+
 SMALL_CAP = 1 << 20  # config.yaml, status.json, git.json, ...: a few KB when disttrain writes them
 METRICS_CAP = 128 << 20  # metrics.jsonl: ~1M records; longer runs are read up to here, with a note
 MAX_DEPTH = 64  # a frozen config nests a few levels; deeper is crafted (and would overflow recursion)
@@ -267,3 +269,60 @@ def short_repr(value: Any, width: int = 40) -> str:
 def _first_line(exc: BaseException) -> str:
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     return (lines[0] if lines else type(exc).__name__)[:200]
+
+
+# ------------------------------------------------------------------------------------ a run's config and labels
+def config(run_dir: Path, files: RunFiles | None = None) -> dict[str, Any]:
+    """The frozen config.yaml as a mapping; {} (named in problems) when it is unreadable."""
+    return (files or RunFiles(run_dir)).mapping(CONFIG, loader="yaml")
+
+
+def overrides(run_dir: Path, files: RunFiles) -> list[str]:
+    """The run's overrides.yaml, its non-text entries left out (and named in `files.problems`)."""
+    value = files.yaml("overrides.yaml")
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        files.note(f"overrides.yaml: a {type(value).__name__}, not a list of overrides: left out")
+        return []
+    bad = [v for v in value if not isinstance(v, str)]
+    if bad:
+        files.note(
+            f"overrides.yaml: {len(bad)} entr(ies) not key=value text, e.g. {short_repr(bad[0])}: left out"
+        )
+    return [v for v in value if isinstance(v, str)]
+
+
+LABEL_WIDTH = 70  # a legend entry or a column title stays readable
+
+
+def run_labels(runs: list[Path]) -> list[str]:
+    """A short name per run that tells it from the others: its `name`, then the overrides that are
+    not shared by every run compared (`digits_sgd · optim.lr=0.05`; one run: all of its overrides);
+    where two labels still coincide, the run dir's own folder names are added (`… · 2026-11-28_03-02-58`)."""
+    names, chosen = [], []
+    for run in runs:
+        files = RunFiles(run)
+        name = config(run, files).get("name")
+        names.append(str(name) if isinstance(name, str | int) and not isinstance(name, bool) else run.name)
+        chosen.append([o for o in overrides(run, files) if not o.lstrip("+~").startswith("name=")])
+    shared = set.intersection(*map(set, chosen)) if len(runs) > 1 else set()
+    labels = [
+        " · ".join([n, *(o for o in ovs if o not in shared)]) for n, ovs in zip(names, chosen, strict=True)
+    ]
+    tails = _tails(runs)
+    labels = [
+        f"{label} · {tail}" if labels.count(label) > 1 else label
+        for label, tail in zip(labels, tails, strict=True)
+    ]
+    return [label if len(label) <= LABEL_WIDTH else label[: LABEL_WIDTH - 1] + "…" for label in labels]
+
+
+def _tails(runs: list[Path]) -> list[str]:
+    """Short distinct paths: the run dir names, with parents added while two coincide."""
+    depth = 1
+    while True:
+        tails = ["/".join(r.parts[-depth:]) for r in runs]
+        if len(set(tails)) == len(tails) or depth >= max(len(r.parts) for r in runs):
+            return tails
+        depth += 1

@@ -22,7 +22,8 @@ from typing import Any
 
 from disttrain.config.fingerprint import ABSENT, differences, flatten
 from disttrain.rundir import CONFIG, STATUS, RunDir
-from disttrain.tools.rundata import SHA, RunFiles, is_int, is_number, is_time, short_repr
+from disttrain.tools.rundata import SHA, RunFiles, config, is_int, is_number, is_time, run_labels, short_repr
+from disttrain.tools.rundata import overrides as _overrides
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -160,11 +161,6 @@ def _world_size(cfg: dict[str, Any], files: RunFiles) -> int | None:
     return int(nodes * nproc)
 
 
-def config(run_dir: Path, files: RunFiles | None = None) -> dict[str, Any]:
-    """The frozen config.yaml as a mapping; {} (named in problems) when it is unreadable."""
-    return (files or RunFiles(run_dir)).mapping(CONFIG, loader="yaml")
-
-
 # ------------------------------------------------------------------------------------ diffs
 def config_diff(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"key": k, "a": va, "b": vb} for k, va, vb in differences(flatten(a), flatten(b))]
@@ -205,56 +201,6 @@ def _command(run_dir: Path, files: RunFiles | None = None) -> list[str]:
     except ValueError as exc:
         files.note(f"command.txt: not a shell command line ({exc}): left out")
         return []
-
-
-def _overrides(run_dir: Path, files: RunFiles) -> list[str]:
-    value = files.yaml("overrides.yaml")
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        files.note(f"overrides.yaml: a {type(value).__name__}, not a list of overrides: left out")
-        return []
-    bad = [v for v in value if not isinstance(v, str)]
-    if bad:
-        files.note(
-            f"overrides.yaml: {len(bad)} entr(ies) not key=value text, e.g. {short_repr(bad[0])}: left out"
-        )
-    return [v for v in value if isinstance(v, str)]
-
-
-LABEL_WIDTH = 70  # a legend entry or a column title stays readable
-
-
-def run_labels(runs: list[Path]) -> list[str]:
-    """A short name per run that tells it from the others: its `name`, then the overrides that are
-    not shared by every run compared (`digits_sgd · optim.lr=0.05`; one run: all of its overrides);
-    where two labels still coincide, the run dir's own folder names are added (`… · 2026-11-28_03-02-58`)."""
-    names, overrides = [], []
-    for run in runs:
-        files = RunFiles(run)
-        name = config(run, files).get("name")
-        names.append(str(name) if isinstance(name, str | int) and not isinstance(name, bool) else run.name)
-        overrides.append([o for o in _overrides(run, files) if not o.lstrip("+~").startswith("name=")])
-    shared = set.intersection(*map(set, overrides)) if len(runs) > 1 else set()
-    labels = [
-        " · ".join([n, *(o for o in ovs if o not in shared)]) for n, ovs in zip(names, overrides, strict=True)
-    ]
-    tails = _tails(runs)
-    labels = [
-        f"{label} · {tail}" if labels.count(label) > 1 else label
-        for label, tail in zip(labels, tails, strict=True)
-    ]
-    return [label if len(label) <= LABEL_WIDTH else label[: LABEL_WIDTH - 1] + "…" for label in labels]
-
-
-def _tails(runs: list[Path]) -> list[str]:
-    """Short distinct paths: the run dir names, with parents added while two coincide."""
-    depth = 1
-    while True:
-        tails = ["/".join(r.parts[-depth:]) for r in runs]
-        if len(set(tails)) == len(tails) or depth >= max(len(r.parts) for r in runs):
-            return tails
-        depth += 1
 
 
 def reproduce(run_dir: Path, files: RunFiles | None = None) -> str:

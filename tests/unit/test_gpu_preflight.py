@@ -303,7 +303,7 @@ def test_the_one_line_summary_shows_gpu_memory_only_when_recorded(
 ) -> None:
     import json
 
-    from disttrain.commands.train import print_summary
+    from disttrain.observe.summary import print_done as print_summary
 
     base = {"steps": 4, "samples_per_s": 100.0, "train_time_s": 2.0, "val/loss": 0.5}
     (tmp_path / "summary.json").write_text(json.dumps(base))
