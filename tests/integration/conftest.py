@@ -263,6 +263,35 @@ def train_in_process(run_dir: Path, *overrides: str) -> Path:
     return run_dir
 
 
+@contextlib.contextmanager
+def server_preloading(*modules: str) -> Iterator[None]:
+    """This process's fork server (the in-process runs' ranks fork from it) with `modules` imported
+    too, until the block ends: for a module whose runs' ranks all import the same library for a
+    user's model. transformers (torchao with it) costs each rank ~4 CPU-s after its fork; imported
+    once by the server, it costs the ranks nothing. What the ranks run is unchanged (the server
+    already preloads torch and disttrain; a module it cannot import it skips). A server already
+    running (an earlier module's) is stopped first, this one at the end: later runs of this worker
+    get the usual preload. Not for a library that reads the environment at import (`datasets`
+    fixes its cache folder then) where a test sets that environment for its runs."""
+    from disttrain.launch import forkserver
+
+    forkserver.stop()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(forkserver, "PRELOAD", [*forkserver.PRELOAD, *modules])
+        try:
+            yield
+        finally:
+            forkserver.stop()
+
+
+# What the ranks of a run of a Hugging Face model import (server_preloading).
+TRANSFORMERS_MODELS = (
+    "transformers.models.auto.modeling_auto",
+    "transformers.models.bert.modeling_bert",
+    "transformers.models.gpt2.modeling_gpt2",
+)
+
+
 # ------------------------------------------------------------------------------------ run contents
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """Every record of metrics.jsonl (each line must be valid JSON with a step)."""

@@ -27,7 +27,16 @@ from typing import Any
 
 import pytest
 
-from .conftest import read_yaml, run_cli, train_losses, train_records, val_records, write_module
+from .conftest import (
+    TRANSFORMERS_MODELS,
+    read_yaml,
+    run_cli,
+    server_preloading,
+    train_losses,
+    train_records,
+    val_records,
+    write_module,
+)
 from .sweep import Sweep, run_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1020)]  # the sweep: 16 x JOB_BUDGET
@@ -242,7 +251,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
 
         config = GPT2Config(vocab_size=256, n_positions=64, n_embd=32, n_layer=2, n_head=2)
         GPT2LMHeadModel(config).save_pretrained(cwd / PRETRAINED_DIR)
-    return run_sweep(cwd, RUNS, config_dir=conf)
+    # the ten Hugging Face ranks imported transformers each: ~50 of the sweep's ~165 CPU-s
+    with server_preloading(*TRANSFORMERS_MODELS, "x_transformers"):
+        return run_sweep(cwd, RUNS, config_dir=conf)
 
 
 # fsdp under bf16 autocast with an outside model: pretrained-fsdp-bf16 (its step-1 loss, below)

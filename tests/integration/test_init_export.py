@@ -9,11 +9,12 @@ its first step (trainer.val_at_start): that loss is the source's final one.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .conftest import read_yaml, train_records, val_records
+from .conftest import TRANSFORMERS_MODELS, read_yaml, server_preloading, train_records, val_records
 from .sweep import Sweep, run_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]  # 2 + 6 sweep jobs
@@ -32,6 +33,13 @@ def _gpt(root: Path) -> tuple[str, ...]:
         "trainer.batch_size=8",
         "trainer.log_every=1",
     )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _transformers_preloaded() -> Iterator[None]:
+    """The GPT-2 runs' ranks fork with transformers imported (conftest.server_preloading)."""
+    with server_preloading(*TRANSFORMERS_MODELS):
+        yield
 
 
 @pytest.fixture(scope="module")
