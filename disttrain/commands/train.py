@@ -169,16 +169,19 @@ def _basic_sweep(full: Any, overrides: list[str]) -> bool:
 
 
 def check_sweep(jobs: Jobs, sweep_dir: Path) -> None:
-    """A basic sweep's jobs, checked together before anything is written: one launcher and one
-    `sweep` block for all (they configure the sweep, not a job), every job's folder inside the
+    """A basic sweep's jobs, checked together before anything is written: one `sweep` block for all
+    (it configures the sweep, not a job) and, where a cluster launcher submits the sweep, one launcher, every job's folder inside the
     sweep folder, and what the launcher's sweep submission needs of them (one job array's head)."""
     from disttrain.config.errors import ConfigError
     from disttrain.launch.registry import launcher_for
 
     runs = list(jobs.checked.values())
     first, dirs = runs[0], []
+    # A launcher that submits the whole sweep (a Slurm job array, Kubernetes Jobs) takes every job;
+    # jobs run here in turn may each have their own (torchrun for one, spawn for the next).
+    submitted = any(launcher_for(run).sweeps for run in runs)
     for num, (run, full) in enumerate(zip(runs, jobs.composed.values(), strict=True)):
-        shared = [("launcher.name", run.launcher.name, first.launcher.name)]
+        shared = [("launcher.name", run.launcher.name, first.launcher.name)] if submitted else []
         shared += [
             (f"sweep.{f.name}", getattr(run.sweep, f.name), getattr(first.sweep, f.name))
             for f in fields(run.sweep)

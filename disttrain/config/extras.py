@@ -38,7 +38,7 @@ class Extra:
 def _found(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a parent package missing, or sys.modules[name] = None
+    except (ImportError, ValueError):  # a parent package missing, or a None in sys.modules
         return False
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from unit_support import disttrain_in_process
+from unit_support import disttrain_in_process, said
 
 from disttrain.config import extras
 
@@ -47,7 +47,7 @@ def test_a_missing_extra_is_refused_before_anything_starts(
     monkeypatch.setitem(sys.modules, missing, None)  # as if not installed: find_spec finds nothing
     proc = disttrain_in_process(*argv, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, "one paragraph"
+    assert "Traceback" not in proc.stderr and len(said(proc.stderr)) == 1, "one paragraph"
     assert f"install it: pip install 'disttrain[{install}]' (or pip install '" in proc.stderr, proc.stderr
     assert re.search(
         rf"\({re.escape(missing)} is not: it comes with the extra disttrain\[{install}\]\)", proc.stderr

@@ -221,7 +221,10 @@ def test_a_sweep_over_sweep_settings_or_launchers_is_refused_before_anything_is_
 ) -> None:
     for bad, key in (
         ("sweep.max_parallel=1,2", "sweep.max_parallel"),
-        ("launcher=torchrun,spawn", "launcher.name"),
+        (
+            "launcher=slurm,torchrun",
+            "launcher.name",
+        ),  # a cluster launcher submits every job; local jobs may mix
     ):
         proc = disttrain_in_process("train", "-m", bad, *ONE, cwd=tmp_path)
         assert proc.returncode == 2 and f"config error: {key}=" in proc.stderr, proc.stderr[-2000:]
