@@ -264,58 +264,43 @@ WRITER_THREADS = 2
 def _writer(path: Path, with_hash: bool = False) -> Any:
     """DCP's FileSystemWriter (fsyncing every file) whose files are hashed as they are written
     (`writer.fs.digests`: name -> manifest entry) and opened without following a symlink."""
-    import contextlib
-    import threading
-
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.filesystem import FileSystem
 
-    class HashingFileSystem(FileSystem):
-        def __init__(self) -> None:
-            super().__init__()
-            self.digests: dict[str, dict[str, Any]] = {}
-            self.errors: list[BaseException] = []
-            self._lock = threading.Lock()
-
-        @contextlib.contextmanager
-        def create_stream(self, path: str | os.PathLike, mode: str) -> Any:
-            if mode != "wb":
-                with super().create_stream(path, mode) as stream:
-                    yield stream
-                return
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-            try:
-                with os.fdopen(os.open(path, flags, 0o666), "wb") as f:
-                    hashing = _HashingFile(f, with_hash)
-                    yield hashing
-            except BaseException as exc:  # DCP's extra writer threads drop their exceptions
-                with self._lock:
-                    self.errors.append(exc)
-                raise
-            with self._lock:
-                self.digests[Path(path).name] = hashing.digest()
-
-        def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
-            super().rename(path, new_path)  # DCP writes `.metadata.tmp`, then renames it
-            with self._lock:
-                if (entry := self.digests.pop(Path(path).name, None)) is not None:
-                    self.digests[Path(new_path).name] = entry
-
-    fs = HashingFileSystem()
     writer = checked_write(FileSystemWriter)(str(path), sync_files=True, thread_count=WRITER_THREADS)
-    writer.fs = fs
+    writer.fs = _hashing(FileSystem, with_hash, open_new=_open_nofollow)
     return writer
 
 
 def _store_writer(target: ObjectPath, with_hash: bool) -> Any:
     """DCP's FsspecWriter whose files are summed as they are uploaded (`writer.fs.digests`)."""
-    import contextlib
-    import os
-    import threading
-
     from torch.distributed.checkpoint._fsspec_filesystem import FileSystem, FsspecWriter
 
-    class HashingFileSystem(FileSystem):
+    # sync_files off: an object is durable once its upload ends (fsync has no file to sync; DCP
+    # would fall back to os.sync() of the whole machine for every file)
+    writer = checked_write(FsspecWriter)(target.url, sync_files=False, thread_count=WRITER_THREADS)
+    fs = _hashing(FileSystem, with_hash)
+    fs.fs = writer.fs.fs
+    writer.fs = fs
+    return writer
+
+
+def _open_nofollow(path: str | os.PathLike, mode: str) -> Any:
+    """A new file opened for writing without following a symlink at `path`."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o666), mode)
+
+
+def _hashing(
+    base: type, with_hash: bool, open_new: Callable[[str | os.PathLike, str], Any] | None = None
+) -> Any:
+    """A DCP FileSystem (`base`: the local one or fsspec's) whose written files are summed as DCP
+    writes them: `fs.digests` maps a file's name to its manifest entry, `fs.errors` keeps what
+    DCP's writer threads raised (they drop it). `open_new(path, mode)` opens a file for writing
+    (a context manager); by default the base's own `create_stream` does."""
+    import threading
+
+    class HashingFileSystem(base):
         def __init__(self) -> None:
             super().__init__()
             self.digests: dict[str, dict[str, Any]] = {}
@@ -329,7 +314,7 @@ def _store_writer(target: ObjectPath, with_hash: bool) -> Any:
                     yield stream
                 return
             try:
-                with super().create_stream(path, mode) as f:
+                with (open_new or super().create_stream)(path, mode) as f:
                     hashing = _HashingFile(f, with_hash)
                     yield hashing
             except BaseException as exc:  # DCP's extra writer threads drop their exceptions
@@ -340,19 +325,14 @@ def _store_writer(target: ObjectPath, with_hash: bool) -> Any:
                 self.digests[os.path.basename(os.fspath(path))] = hashing.digest()
 
         def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
-            super().rename(path, new_path)  # `.metadata.tmp` -> `.metadata`: a copy in the store
+            # DCP writes `.metadata.tmp`, then renames it (in a store: a copy)
+            super().rename(path, new_path)
+            old, new = os.path.basename(os.fspath(path)), os.path.basename(os.fspath(new_path))
             with self._lock:
-                old, new = os.path.basename(os.fspath(path)), os.path.basename(os.fspath(new_path))
                 if (entry := self.digests.pop(old, None)) is not None:
                     self.digests[new] = entry
 
-    # sync_files off: an object is durable once its upload ends (fsync has no file to sync; DCP
-    # would fall back to os.sync() of the whole machine for every file)
-    writer = checked_write(FsspecWriter)(target.url, sync_files=False, thread_count=WRITER_THREADS)
-    fs = HashingFileSystem()
-    fs.fs = writer.fs.fs
-    writer.fs = fs
-    return writer
+    return HashingFileSystem()
 
 
 def checked_write(base: type) -> type:
