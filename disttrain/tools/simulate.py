@@ -317,18 +317,19 @@ STEP_NOTICE_S = 5.0  # a step on fake tensors that takes longer says so, with th
 
 @contextmanager
 def slow_step_notice(after_s: float) -> Iterator[None]:
-    """One line on stderr if the one-step rehearsal is still running after `after_s` seconds: a deep
-    model's step (review 2026-11-28 D24: 300 layers ~2 min, 1000 layers > 10 min) ran silently."""
-    import sys
+    """One warning on disttrain's logger (the console) if the one-step rehearsal is still running
+    after `after_s` seconds: a deep model's step (review 2026-11-28 D24: 300 layers ~2 min, 1000
+    layers > 10 min) ran silently."""
     import threading
 
+    from disttrain.observe.log import get_logger
+
     def say() -> None:
-        print(
-            f"plan --simulate: still stepping the model once on fake tensors ({after_s:.0f} s so far; deep "
-            "models take minutes). HINT: --no-step skips the collectives of one step; the memory "
-            "rehearsal is done.",
-            file=sys.stderr,
-            flush=True,
+        get_logger().warning(
+            "plan --simulate: still stepping the model once on fake tensors (%.0f s so far; deep models "
+            "take minutes). HINT: --no-step skips the collectives of one step; the memory rehearsal "
+            "is done.",
+            after_s,
         )
 
     timer = threading.Timer(after_s, say)
