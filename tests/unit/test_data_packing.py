@@ -7,14 +7,12 @@ here (a WordLevel `tokenizers` model saved with save_pretrained): no hub."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from unit_support import checked, engine_of
 
@@ -293,15 +291,6 @@ def test_a_model_that_cannot_keep_documents_apart_is_refused(model: type, why: s
 
 
 # ------------------------------------------------------------------------ a packed run, resumed
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def _token_file(path: Path) -> Path:
     """Documents of 3..20 tokens (ids 1..15), each ended by EOS 0."""
     rng = np.random.default_rng(0)

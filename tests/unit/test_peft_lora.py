@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +30,9 @@ pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("lora")
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**LORA_GPT2))
-    model.save_pretrained(root / "tiny")
-    return root / "tiny"
+@pytest.fixture
+def tiny(saved_gpt2: Callable[..., Path]) -> Path:
+    return saved_gpt2(**LORA_GPT2)
 
 
 def _meta(build: Any) -> torch.nn.Module:

@@ -87,16 +87,6 @@ def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         del sys.modules[name]
 
 
-@pytest.fixture(scope="module")
-def tiny_gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The review's GPT-2, written with save_pretrained (no hub)."""
-    transformers = pytest.importorskip("transformers")
-    path = tmp_path_factory.mktemp("hf") / "tiny"
-    config = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=32, n_layer=2, n_head=2)
-    transformers.GPT2LMHeadModel(config).save_pretrained(path)
-    return path
-
-
 def _calls(user_dir: Path) -> list[dict[str, str]]:
     log = user_dir / "stlab" / "calls.jsonl"
     return [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []

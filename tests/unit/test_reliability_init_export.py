@@ -536,7 +536,7 @@ def test_d13_the_predict_line_names_the_checkpoint_it_used(
 
 # --------------------------------------------------------------------------------------- D12
 def test_d12_export_rebuilds_from_the_base_config_the_run_trained_with(
-    tmp_path: Path, mlp_config: dict[str, Any]
+    tmp_path: Path, mlp_config: dict[str, Any], tiny_gpt2: Path
 ) -> None:
     import shutil
 
@@ -545,9 +545,7 @@ def test_d12_export_rebuilds_from_the_base_config_the_run_trained_with(
     from disttrain.preflight import hf_base
 
     transformers = pytest.importorskip("transformers")
-    tiny = tmp_path / "tiny"
-    config = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=32, n_layer=2, n_head=2)
-    transformers.GPT2LMHeadModel(config).save_pretrained(tiny)
+    tiny = Path(shutil.copytree(tiny_gpt2, tmp_path / "tiny"))  # its config is edited, then removed
     hf = {
         "_target_": "transformers.AutoModelForCausalLM.from_pretrained",
         "pretrained_model_name_or_path": str(tiny),
