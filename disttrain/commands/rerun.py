@@ -115,7 +115,7 @@ def cmd_rerun(rest: list[str]) -> int:
     check_trusted(run_dir, saved_cfg, trusted, launches=overrides)  # someone else's code: --trust
     run, note = own_checkpoints(run_of(apply_overrides(saved_cfg, overrides)), target, overrides)
     check_static(run)
-    check_runtime(run)
+    check_runtime(run, launched=saved_cfg)  # what its launch warned about is not repeated
     for warning in code_warnings(run_dir, Path.cwd()):
         sys.stderr.write(f"disttrain rerun: warning: {warning}\n")
     saved = (

@@ -267,7 +267,7 @@ def checked_resume(run_dir: Path, overrides: list[str], trusted: bool) -> Run:
     if not any(o.lstrip("+").startswith("resume=") for o in overrides):
         run = run.updated({"resume": "auto"})
     check_static(run)
-    check_runtime(run)
+    check_runtime(run, launched=saved_cfg)  # what its launch warned about is not repeated
     launcher_for(run).check_command(run_dir, command_line())
     return run
 

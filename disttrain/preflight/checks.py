@@ -583,19 +583,21 @@ def _check_resume_path(run: Run) -> None:
     )
 
 
-def check_runtime(run: Run) -> dict[str, int]:
-    """Checks that look at the machine and build data and model; returns data set sizes."""
+def check_runtime(run: Run, launched: Mapping[str, Any] | None = None) -> dict[str, int]:
+    """Checks that look at the machine and build data and model; returns data set sizes.
+    `launched`: the frozen config.yaml of the run dir that `run` repeats (rerun, resume): a warning
+    its launch gave already, on keys that did not change since, is not given again."""
     from disttrain.observe.log import prints_into_log, transformers_quiet
     from disttrain.observe.phases import phase
 
     # the dry build's prints and transformers' warnings: the ranks print them again, into their logs
     with prints_into_log(), transformers_quiet():
-        sizes = _check_runtime(run)
+        sizes = _check_runtime(run, launched)
     phase("launch")  # the run dir, its frozen config, the ranks started (disttrain.launch.launch)
     return sizes
 
 
-def _check_runtime(run: Run) -> dict[str, int]:
+def _check_runtime(run: Run, launched: Mapping[str, Any] | None) -> dict[str, int]:
     from disttrain.timing import mark
 
     mark("runtime_checks_start")
@@ -636,7 +638,8 @@ def _check_runtime(run: Run) -> dict[str, int]:
     model = model_for_checks(run.model)  # never loads weights: see disttrain.preflight.model
     if model.meta is not None:
         with torch.device("meta"):
-            check_optim_runtime(run, model.meta, 1 if streams else len(train) // per_step)
+            warn = launched is None or any(run[key] != launched.get(key) for key in WARMUP_KEYS)
+            check_optim_runtime(run, model.meta, 1 if streams else len(train) // per_step, warn)
         spec = specs.get(run.strategy.name)
         if spec.check_model is not None:
             spec.check_model(run, run.strategy, model.meta, gpus)
@@ -696,16 +699,22 @@ def _check_streams(run: Run, train: Any, val: Any) -> bool:
     return True
 
 
-def check_optim_runtime(run: Run, model: Any, batches_per_epoch: int) -> None:
+# What the warm-up warning depends on: the schedule and the optimizer steps of the run (the
+# trainer's length and batch, the data set's size, the data-parallel degree).
+WARMUP_KEYS = ("sched", "trainer", "data", "strategy", "nodes", "nproc_per_node")
+
+
+def check_optim_runtime(run: Run, model: Any, batches_per_epoch: int, warn: bool = True) -> None:
     """Build the optimizer (with its parameter groups) and the schedule on the meta model: a key the
-    optimizer or scheduler class does not take, or a value it rejects, fails here, before launch."""
+    optimizer or scheduler class does not take, or a value it rejects, fails here, before launch.
+    `warn`: say the warm-up warning (off: the run's launch said it already)."""
     from disttrain.engine.optim import build_optimizer, build_scheduler, total_steps
 
     optimizer = build_optimizer(run.optim, model, specs.dp_degree(run), checking=True)
     steps = total_steps(run.trainer, max(batches_per_epoch, 1) * run.trainer.grad_accum)
     build_scheduler(run.sched, optimizer, max(steps, 1))
     warning = warmup_warning(run.sched, steps)
-    if warning:
+    if warning and warn:
         import sys
 
         sys.stderr.write(f"disttrain: warning: {warning}\n")

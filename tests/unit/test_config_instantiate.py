@@ -623,6 +623,21 @@ def test_a_warm_up_as_long_as_the_run_is_named_before_launch(capsys: pytest.Capt
     assert warmup_warning({"_target_": "torch.optim.lr_scheduler.StepLR", "warmup_steps": 5}, 3) is None
 
 
+def test_a_rerun_that_changes_the_runs_length_is_warned_about_its_warm_up_again(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`disttrain rerun`/`resume` check the run dir's config.yaml again (`launched`): the warm-up
+    warning its launch gave is not repeated (test_owners' rerun), unless a key it reads changed:
+    here the run's length, 6 -> 4 steps, both under cosine's 20 warm-up steps."""
+    from unit_support import checked, checked_run
+
+    from disttrain.preflight.checks import check_runtime
+
+    launched = checked(["data=synthetic", "trainer.max_steps=6"])
+    check_runtime(checked_run(["data=synthetic", "trainer.max_steps=4"]), launched=launched)
+    assert "sched.warmup_steps=20 is not shorter than the run (4 optimizer steps)" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------- param groups
 GROUPS = """
 def by_name(model, head_lr: float = 0.5):

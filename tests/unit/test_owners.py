@@ -139,18 +139,22 @@ ONE = ("nproc_per_node=1", "trainer.progress=false", "threads_per_rank=1", "obse
 
 def test_rerun_of_a_run_with_checkpoint_dir_trains_again_and_leaves_the_original(tmp_path: Path) -> None:
     """The review's reproduction, one rank in process: the rerun trains its 6 steps from step 0
-    into its own checkpoints; the original's checkpoint.dir is untouched."""
+    into its own checkpoints; the original's checkpoint.dir is untouched. The launch's warm-up
+    warning is not repeated by the rerun."""
     ck = tmp_path / "ck"
     args = ("data=synthetic", "trainer.max_steps=6", "trainer.ckpt_every=2", "trainer.log_every=1")
     proc = disttrain_in_process(
         "train", *ONE, *args, f"checkpoint.dir={ck}", f"hydra.run.dir={tmp_path / 'orig'}", cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr
+    warmup = "sched.warmup_steps=20 is not shorter than the run (6 optimizer steps)"
+    assert proc.stderr.count(warmup) == 1, proc.stderr  # cosine's 20 warm-up steps: said at launch
     before = {p.name: p.stat().st_mtime_ns for p in ck.iterdir()}
     proc = disttrain_in_process(
         "rerun", str(tmp_path / "orig"), "optim.lr=0.5", "--run-dir", str(tmp_path / "again"), cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr
+    assert "warmup_steps" not in proc.stderr, proc.stderr  # the rerun changes nothing it reads: not again
     assert {p.name: p.stat().st_mtime_ns for p in ck.iterdir()} == before
     records = [json.loads(line) for line in (tmp_path / "again" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
