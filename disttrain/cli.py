@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     """The `disttrain` program (argv None: sys.argv, and the process ends here) or one command in
     this process (a test, a notebook: `main(["train", ...])` returns its exit code)."""
     if argv is not None:
-        return _main(argv)
+        import time
+
+        return _main(argv, entered=time.time())  # Enter is this call, not this process's start
     try:
         rc = _main(sys.argv[1:])
     except SystemExit as exc:  # a launch failure's exit status (disttrain.commands.train)
@@ -135,7 +137,9 @@ def exit_now(rc: int) -> None:
     os._exit(rc)
 
 
-def _main(argv: list[str]) -> int:
+def _main(argv: list[str], entered: float | None = None) -> int:
+    """One command; `entered`: when it was asked for (None: the Enter time this process was handed,
+    else its start)."""
     from disttrain.timing import mark
 
     mark("cli")
@@ -162,7 +166,7 @@ def _main(argv: list[str]) -> int:
 
     try:
         if announces_phases(argv):
-            phases.begin("compose")  # the first line, before Hydra or torch is imported
+            phases.begin("compose", entered)  # the first line, before Hydra or torch is imported
         if argv[0] in USER_CODE_COMMANDS:
             add_cwd_to_path()
         return _checked(command, argv[1:])

@@ -15,8 +15,8 @@ times a second with the running phase's time, ended by a newline before the rank
 The first line leaves within a few tens of milliseconds of Enter: the CLI announces `compose` before
 it imports Hydra or torch. This module imports only the standard library.
 
-Across processes: the CLI sets DISTTRAIN_ENTER_TIME (its own process start, from /proc) for the
-ranks; rank 0 announces `ranks up` and the first step. On a terminal the parent's live line is the
+Across processes: the CLI sets DISTTRAIN_ENTER_TIME (its own process start, from /proc; for a
+command called in a running process, `disttrain.cli.main([...])`, the call's start) for the ranks; rank 0 announces `ranks up` and the first step. On a terminal the parent's live line is the
 console's until rank 0 starts: rank 0 waits (at most HANDOVER_S) until the parent has ended it
 (`handover`), so two processes never rewrite one line.
 """
@@ -199,9 +199,13 @@ def _columns(stream: IO[str]) -> int:
 _CURRENT: list[Phases] = []
 
 
-def begin(name: str, stream: IO[str] | None = None) -> Phases:
-    """The command's phases, started with `name` (the CLI's first line); its Enter time handed on."""
-    if ENTER_ENV not in os.environ:
+def begin(name: str, entered: float | None = None, stream: IO[str] | None = None) -> Phases:
+    """The command's phases, started with `name` (the CLI's first line); its Enter time handed on:
+    `entered` (a command called in a running process: a test, a notebook), else the one this process
+    was handed, else this process's start."""
+    if entered is not None:
+        os.environ[ENTER_ENV] = repr(entered)
+    elif ENTER_ENV not in os.environ:
         started = process_start_time()
         os.environ[ENTER_ENV] = repr(started if started is not None else time.time())
     phases = Phases(stream)

@@ -13,11 +13,22 @@ from disttrain.testing import FAULT_MLP
 ONE = ("nproc_per_node=1", "data=synthetic", "trainer.progress=false", "threads_per_rank=1")
 
 
-def test_an_empty_validation_set_records_no_val_metrics(scratch: Path) -> None:
-    """Review D12: with 0 validation samples, val/loss 0.0 would read as a perfect model."""
+def test_an_empty_validation_set_records_no_val_metrics(
+    scratch: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review D12: with 0 validation samples, val/loss 0.0 would read as a perfect model. And a
+    command called in process counts Enter to first step from the call, not from an Enter this
+    process had before (an earlier call's, or the process's start 1000 s ago)."""
+    import time
+
+    from disttrain.observe.phases import ENTER_ENV
+
+    monkeypatch.setenv(ENTER_ENV, repr(time.time() - 1000))
+    called = time.monotonic()
     proc = disttrain_in_process(
         "train", *ONE, "trainer.max_steps=3", "data.num_val_samples=0", "hydra.run.dir=run", cwd=scratch
     )
+    took = time.monotonic() - called
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "the validation set is empty" in (scratch / "run" / "logs" / "rank0.log").read_text()
     records = [json.loads(x) for x in (scratch / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -27,6 +38,7 @@ def test_an_empty_validation_set_records_no_val_metrics(scratch: Path) -> None:
     # Issue 26 #4: this rank's step-time quantiles, one row per rank.
     (p50,), (p95,) = summary["step_time_p50_s_by_rank"], summary["step_time_p95_s_by_rank"]
     assert 0 < p50 <= p95, summary
+    assert 0 < summary["enter_to_first_step_s"] < took, (summary["enter_to_first_step_s"], took)
 
 
 def test_no_emergency_checkpoint_before_the_first_optimizer_step(scratch: Path) -> None:
