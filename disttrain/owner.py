@@ -34,6 +34,7 @@ RANKS = ".ranks.lock"
 RANKS_WAIT_S = 120.0  # at most: a signal checkpoint of a killed launcher's ranks, then a refusal
 
 _HELD: dict[Path, int] = {}  # folder -> the open, locked file: held until release_all or exit
+_UNLOCKED: set[str] = set()  # object-store checkpoint dirs this command was warned about
 
 
 def holder(folder: Path) -> dict[str, Any]:
@@ -233,6 +234,24 @@ def _refuse_planted(path: Path, key: str, what: str) -> None:
     )
 
 
+def unlocked(url: str) -> None:
+    """A `checkpoint.dir` in an object store takes no lock: said once per command. A lock object
+    there (S3's create-if-absent put) would not end with its holder as a `flock` does: a killed
+    launcher's object would refuse every later run until someone deleted it by hand."""
+    if url in _UNLOCKED:
+        return
+    _UNLOCKED.add(url)
+    import sys
+
+    sys.stderr.write(
+        f"disttrain: warning: checkpoint.dir={url} is in an object store, where disttrain holds no "
+        "lock (a local folder's lock ends with its launcher; an object would outlive a killed one): "
+        "a second run writing this prefix at the same time would mix its checkpoints with this "
+        "run's and prune them. HINT: give each run a prefix of its own (e.g. the run's name at "
+        "the end of checkpoint.dir).\n"
+    )
+
+
 def release(folder: Path) -> None:
     """Drop this process's lock of `folder` (and its lock file), if it holds one."""
     fd = _HELD.pop(folder.absolute(), None)
@@ -252,6 +271,7 @@ def release_all() -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     _HELD.clear()
+    _UNLOCKED.clear()
 
 
 def home_run_dir(directory: Path) -> Path | None:

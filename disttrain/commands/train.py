@@ -556,9 +556,10 @@ def same_global_batch(run: Run, run_dir: Path) -> tuple[Run, str | None]:
 
 def own_checkpoint_dir(run: Run, run_dir: Path) -> None:
     """An explicit `checkpoint.dir`: one launcher at a time (its lock, held until this command
-    ends), and never another run's checkpoints unless `resume=` names them. Node 0 speaks for a
-    multi-node run (every node shares the folder). A scheduler's job (Slurm, Kubernetes) is not
-    checked here: no launcher of it lives in this process, and its requeues reuse one run dir."""
+    ends; a URL has none, and a warning says so), and never another run's checkpoints unless
+    `resume=` names them. Node 0 speaks for a multi-node run (every node shares the folder). A
+    scheduler's job (Slurm, Kubernetes) is not checked here: no launcher of it lives in this
+    process, and its requeues reuse one run dir."""
     from disttrain import owner
     from disttrain.config.errors import ConfigError
     from disttrain.launch.registry import launcher_for
@@ -567,7 +568,8 @@ def own_checkpoint_dir(run: Run, run_dir: Path) -> None:
     if not run.checkpoint.dir or run.world.node_rank != 0 or launcher_for(run).scheduler:
         return
     directory = checkpoint_dir(run, run_dir)
-    if not isinstance(directory, Path):  # an object store holds no lock: one run a URL is the user's to keep
+    if not isinstance(directory, Path):  # an object store holds no lock: the user is told
+        owner.unlocked(directory.url)
         return
     owner.hold(directory, run_dir, "checkpoint.dir", "checkpoint folder")
     home = owner.home_run_dir(directory)

@@ -107,6 +107,26 @@ def test_a_shared_checkpoint_dir_in_use_is_refused(tmp_path: Path, other_launche
         own_checkpoint_dir(cfg, tmp_path / "B")
 
 
+def test_an_object_store_checkpoint_dir_is_said_to_be_unlocked_once_per_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """checkpoint.dir=s3://... takes no lock (a lock object would outlive a killed launcher): two
+    runs writing one prefix at once were not told. Once per command (train claims it twice: with
+    the run dir, then at the freeze); the next command is told again."""
+    from disttrain.commands.train import own_checkpoint_dir
+
+    cfg = checked_run(["data=synthetic", "checkpoint.dir=s3://lab-ckpt/gpt"])
+    own_checkpoint_dir(cfg, tmp_path / "A")
+    own_checkpoint_dir(cfg, tmp_path / "A")
+    err = capsys.readouterr().err
+    assert err.count("warning: checkpoint.dir=s3://lab-ckpt/gpt is in an object store") == 1, err
+    assert "holds no lock" in err and "HINT: give each run a prefix of its own" in err
+    owner.release_all()  # the command's end
+    own_checkpoint_dir(cfg, tmp_path / "B")
+    assert capsys.readouterr().err.count("checkpoint.dir=s3://lab-ckpt/gpt is in an object store") == 1
+    owner.release_all()
+
+
 def test_a_new_run_never_takes_another_runs_checkpoints_unless_resume_names_them(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     ck.mkdir()
