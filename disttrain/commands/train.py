@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -251,13 +251,17 @@ def run_sweep_jobs(
         sys.stderr.write(f"disttrain: \t#{task.num} : {' '.join(record.job(task.num).overrides)}\n")
         return task
 
+    def submitted(num: int, scheduler_id: str) -> None:  # into sweep.json at once
+        record.job(num).submitted.append(scheduler_id)
+        record.save(sweep_dir)
+
     launcher = launcher_for(todo[0].run)
     if launcher.sweeps:
         frozen = [
             (t.num, freeze_job(t.run, t.run_dir, t.overrides, command), t.run_dir)
             for t in map(announced, todo)
         ]
-        launcher.submit_sweep(frozen, sweep_dir, record.max_parallel, recorder(record, sweep_dir))
+        launcher.submit_sweep(frozen, sweep_dir, record.max_parallel, submitted)
         return 0
     failed: dict[int, int] = {}
     unreached = list(todo)
@@ -274,16 +278,6 @@ def run_sweep_jobs(
     sys.stdout.write(sweepdir.table(record, states))
     sys.stderr.write(f"disttrain: sweep {sweep_dir}: {sweepdir.counts(states.values())}\n")
     return next(iter(failed.values()), 0)
-
-
-def recorder(record: SweepRecord, sweep_dir: Path) -> Callable[[int, str], None]:
-    """`submitted(num, scheduler id)` for a launcher's sweep submission: into sweep.json at once."""
-
-    def submitted(num: int, scheduler_id: str) -> None:
-        record.job(num).submitted.append(scheduler_id)
-        record.save(sweep_dir)
-
-    return submitted
 
 
 def _sweep_job_dir(full: Any, sweep_dir: Path, num: int, create: bool = True) -> Path:
@@ -469,9 +463,7 @@ def _hydra_task(jobs: Jobs) -> dict[str, Any] | float | None:
     summarise. A job that a sweeper plugin chose (Optuna) is composed, settled and checked now."""
     from hydra.core.hydra_config import HydraConfig
 
-    from disttrain.config import resolve
     from disttrain.config.errors import ConfigError
-    from disttrain.preflight.checks import check_runtime, check_static, run_of
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir).resolve()
@@ -481,12 +473,8 @@ def _hydra_task(jobs: Jobs) -> dict[str, Any] | float | None:
     # `model.in_features=64`, so its key may miss).
     checked = next(iter(jobs.checked.values())) if not jobs.multirun else jobs.checked.get(tuple(overrides))
     if checked is None:
-        from disttrain.config import compose
-
         try:
-            checked = run_of(resolve(compose(overrides, jobs.config_dir, jobs.config_name), overrides))
-            check_static(checked)
-            check_runtime(checked)
+            checked, _ = _compose_checked(overrides, jobs, runtime=True)  # `jobs`: train's config flags
         except ConfigError as exc:
             sys.stderr.write(f"disttrain: {exc}\n")
             raise SystemExit(2) from None
