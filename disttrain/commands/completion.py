@@ -63,21 +63,15 @@ SCRIPTS = {"bash": BASH, "zsh": ZSH}
 def _hydra_candidates(words: list[str], current: str) -> list[str]:
     """Hydra's completer over the config: groups (`strategy=`), options (`strategy=ddp`), keys.
 
-    The loader comes from the public compose API (`initialize_config_dir`, then `GlobalHydra`'s
-    config loader); the completer is `DefaultCompletionPlugin`'s query (private: hydra_private).
+    The completer is `DefaultCompletionPlugin`'s query (private: config/hydra_private.py).
     """
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     from disttrain.config import config_dir
     from disttrain.config.hydra_private import complete
     from disttrain.config.schema import register
 
     register()
     line = " ".join([*words, current]) if current else " ".join(words) + " "
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        found = complete(GlobalHydra.instance().config_loader(), line.lstrip())
+    found = complete(str(config_dir()), line.lstrip())
     return [c for c in found if "base_" not in c and not c.startswith("hydra")]
 
 

@@ -72,12 +72,12 @@ def job_states(record: SweepRecord, sweep_dir: Path) -> dict[int, tuple[str, str
 
 
 def _resume(record: SweepRecord, sweep_dir: Path, states: dict[int, tuple[str, str]], trusted: bool) -> int:
-    """Check every failed or cancelled job first (nothing written on a refusal), then freeze each
-    again (resume=auto) and submit them together under their own job numbers, or run them here one
-    after another (a local sweep: a failed job does not stop the others; the table at the end)."""
+    """Check every failed or cancelled job first (nothing written on a refusal), then run them again
+    (resume=auto) in their folders under their own job numbers, as `train -m` runs a sweep
+    (`run_sweep_jobs`; a failed job does not stop the others)."""
     from disttrain import sweepdir
     from disttrain.commands.resume import checked_resume, saved_overrides
-    from disttrain.commands.train import freeze_job, recorder, run_guarded
+    from disttrain.commands.train import SweepTask, run_sweep_jobs
     from disttrain.launch.registry import launcher_for
     from disttrain.rundir import command_line
 
@@ -100,20 +100,8 @@ def _resume(record: SweepRecord, sweep_dir: Path, states: dict[int, tuple[str, s
         )
     command = command_line()
     sys.stderr.write(f"disttrain: resuming {len(again)} of {len(record.jobs)} jobs in {sweep_dir}\n")
-    if launcher.sweeps:
-        frozen = [
-            (job.num, freeze_job(run, run_dir, saved_overrides(run_dir), command), run_dir)
-            for job, run, run_dir in zip(again, runs, dirs, strict=True)
-        ]
-        launcher.submit_sweep(frozen, sweep_dir, record.max_parallel, recorder(record, sweep_dir))
-        return 0
-    failed: dict[int, int] = {}
-    for job, run, run_dir in zip(again, runs, dirs, strict=True):
-        sys.stderr.write(f"disttrain: \t#{job.num} : {' '.join(job.overrides)}\n")
-        rc = run_guarded(run, run_dir, saved_overrides(run_dir), command)
-        if rc:  # the others still run
-            failed[job.num] = rc
-    states = job_states(record, sweep_dir)
-    sys.stdout.write(sweepdir.table(record, states))
-    sys.stderr.write(f"disttrain: sweep {sweep_dir}: {sweepdir.counts(states.values())}\n")
-    return next(iter(failed.values()), 0)
+    todo = [
+        SweepTask(job.num, run, run_dir, saved_overrides(run_dir))
+        for job, run, run_dir in zip(again, runs, dirs, strict=True)
+    ]
+    return run_sweep_jobs(record, sweep_dir, todo, command, stop_on_failure=False)

@@ -1,9 +1,9 @@
 """`disttrain train`: compose and check every job, claim its run dir, freeze, launch, summarise.
 
 argv -> compose + checks (every job, before anything is written) -> run dir claimed -> each job
-runs (`_run_job`: one run, or each job of a basic sweep, without `@hydra.main`; a sweeper or
-launcher plugin, or Hydra callbacks: under `@hydra.main`, `_hydra_task`) -> frozen config.yaml ->
-launcher -> one worker per rank -> summary.
+runs (`run_guarded`: one run; `run_sweep_jobs`: each job of a sweep with Hydra's basic sweeper and
+launcher, also for `sweep resume`; a sweeper or launcher plugin, or Hydra callbacks: under
+`@hydra.main`, `_hydra_task`) -> frozen config.yaml -> launcher -> one worker per rank -> summary.
 `resume` and `rerun` train through `freeze_and_launch`.
 
 No module state: the checked jobs and the command line travel as arguments (`Jobs`), also into
@@ -15,11 +15,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from disttrain.commands.config import compose_checked as _compose_checked
 from disttrain.commands.hydra_app import parse_args as _hydra_args
@@ -27,14 +27,6 @@ from disttrain.commands.hydra_app import parse_args as _hydra_args
 if TYPE_CHECKING:
     from disttrain.config.run import Run
     from disttrain.sweepdir import SweepRecord
-
-
-def freeze_and_launch(run: Run, run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
-    """Write the frozen run dir for the checked `run`, launch its ranks (or submit its job), wait;
-    the run's summary, or None when a scheduler trains it or it wrote none."""
-    from disttrain.rundir import command_line
-
-    return _freeze_and_launch(run, run_dir, overrides, command_line())
 
 
 @dataclass
@@ -147,21 +139,20 @@ def cmd_train(rest: list[str], prerendered_ok: bool = True) -> int:
     run_dir = _own_run_dir(run, args, [*args.overrides, *extra], command, full)
     jobs.command = [*program(), "train", *command]
     if not full.hydra.callbacks:
-        return _run_job(run, run_dir, task_overrides(args.overrides), full.hydra.job, jobs.command)
+        return run_guarded(run, run_dir, task_overrides(args.overrides), jobs.command, full.hydra.job)
     return _run_hydra_app([*command, f"hydra.run.dir={_hydra_quote(str(run_dir))}"], jobs)
 
 
 def _basic_sweep(full: Any, overrides: list[str]) -> bool:
-    """`-m` that Hydra's own sweeper and launcher would run one job after the other, in this process,
-    with nothing of the user's around the jobs (no callbacks, no `hydra.sweeper.params` in a config,
-    no sweeper plugin's syntax): `_run_sweep` runs it. Anything else runs under `@hydra.main`."""
+    """`-m` with Hydra's own sweeper and launcher chosen (`hydra.runtime.choices`) and nothing of
+    the user's around the jobs (no callbacks, no `hydra.sweeper.params` in a config, no sweeper
+    plugin's syntax): disttrain's runner runs it (`_run_sweep`). A plugin's runs under `@hydra.main`."""
     from disttrain.config.compose import plugin_sweep
-    from disttrain.config.hydra_private import BASIC_LAUNCHER, BASIC_SWEEPER
 
     hydra = full.hydra
     return (
-        hydra.sweeper.get("_target_") == BASIC_SWEEPER
-        and hydra.launcher.get("_target_") == BASIC_LAUNCHER
+        hydra.runtime.choices.get("hydra/sweeper") == "basic"
+        and hydra.runtime.choices.get("hydra/launcher") == "basic"
         and not hydra.callbacks
         and not hydra.sweeper.get("params")
         and not plugin_sweep(overrides)
@@ -207,73 +198,82 @@ def check_sweep(jobs: Jobs, sweep_dir: Path) -> None:
     launcher_for(first).check_sweep(runs, dirs)
 
 
+class SweepTask(NamedTuple):
+    """One job a sweep runs: its number, checked run, folder, overrides (for overrides.yaml) and
+    Hydra's job settings around it (`hydra.job`: env_set, chdir; None: none)."""
+
+    num: int
+    run: Run
+    run_dir: Path
+    overrides: list[str]
+    settings: Any = None
+
+
 def _run_sweep(jobs: Jobs, sweep_dir: Path) -> int:
     """A basic sweep: every checked job in `sweep_dir/<hydra.sweep.subdir>` (the job's number by
-    default), recorded in `sweep_dir/sweep.json` first (`disttrain.sweepdir`). A launcher with a
-    sweep submission of its own (Slurm's job array, Kubernetes Jobs) gets every frozen job at once;
-    otherwise each runs in turn, as Hydra's BasicLauncher runs them, but without `@hydra.main`,
-    which would compose each job twice more (~0.2 CPU-s a job) only to hand it what `train` already
-    checked. A failed job does not stop the others unless `sweep.stop_on_failure`; the sweep ends
-    with a table of every job's state and the first failed job's exit status."""
+    default), recorded in `sweep_dir/sweep.json` first (`disttrain.sweepdir`), then run by
+    `run_sweep_jobs`, without `@hydra.main`, which would compose each job twice more (~0.2 CPU-s a
+    job) only to hand it what `train` already checked."""
     from disttrain import sweepdir
-    from disttrain.launch.registry import launcher_for
 
     first = next(iter(jobs.checked.values()))
     todo = []
     for num, (key, run) in enumerate(jobs.checked.items()):
         full = jobs.composed[key]
         todo.append(
-            (num, run, _sweep_job_dir(full, sweep_dir, num), task_overrides(list(key)), full.hydra.job)
+            SweepTask(
+                num, run, _sweep_job_dir(full, sweep_dir, num), task_overrides(list(key)), full.hydra.job
+            )
         )
     record = sweepdir.SweepRecord(
         first.launcher.name,
         first.sweep.max_parallel,
-        [sweepdir.SweepJob(num, str(d.relative_to(sweep_dir)), o) for num, _, d, o, _ in todo],
+        [sweepdir.SweepJob(t.num, str(t.run_dir.relative_to(sweep_dir)), t.overrides) for t in todo],
         jobs.command,
     )
     record.save(sweep_dir)
     sys.stderr.write(f"disttrain: launching {len(todo)} jobs in {sweep_dir}\n")
-    launcher = launcher_for(first)
-    if launcher.sweeps:
-        frozen = []
-        for num, run, run_dir, overrides, _ in todo:
-            sys.stderr.write(f"disttrain: \t#{num} : {' '.join(overrides)}\n")
-            frozen.append((num, freeze_job(run, run_dir, overrides, jobs.command), run_dir))
-        launcher.submit_sweep(frozen, sweep_dir, first.sweep.max_parallel, recorder(record, sweep_dir))
-        return 0
-    failed: dict[int, int] = {}
-    for num, run, run_dir, overrides, job in todo:
-        sys.stderr.write(f"disttrain: \t#{num} : {' '.join(overrides)}\n")
-        rc = _run_job(run, run_dir, overrides, job, jobs.command)
-        if rc:
-            failed[num] = rc
-            if first.sweep.stop_on_failure:
-                break
-    return _sweep_table(record, sweep_dir, failed, ran=num + 1)
+    return run_sweep_jobs(record, sweep_dir, todo, jobs.command, first.sweep.stop_on_failure)
 
 
-def recorder(record: SweepRecord, sweep_dir: Path) -> Callable[[int, str], None]:
-    """`submitted(num, scheduler id)` for a launcher's sweep submission: into sweep.json at once."""
+def run_sweep_jobs(
+    record: SweepRecord, sweep_dir: Path, todo: list[SweepTask], command: list[str], stop_on_failure: bool
+) -> int:
+    """disttrain's one job runner of a sweep (`train -m`, `sweep resume`). A launcher with a sweep
+    submission of its own (Slurm's job array, Kubernetes Jobs) gets every job frozen at once;
+    otherwise each job runs here in turn (`run_guarded`), and a failed job does not stop the others
+    unless `stop_on_failure`. A local sweep ends with a table of every job's state; the exit status
+    is the first failed job's."""
+    from disttrain import sweepdir
+    from disttrain.launch.registry import launcher_for
 
-    def submitted(num: int, scheduler_id: str) -> None:
+    def announced(task: SweepTask) -> SweepTask:
+        sys.stderr.write(f"disttrain: \t#{task.num} : {' '.join(record.job(task.num).overrides)}\n")
+        return task
+
+    def submitted(num: int, scheduler_id: str) -> None:  # into sweep.json at once
         record.job(num).submitted.append(scheduler_id)
         record.save(sweep_dir)
 
-    return submitted
-
-
-def _sweep_table(record: SweepRecord, sweep_dir: Path, failed: dict[int, int], ran: int) -> int:
-    """The end of a local sweep: every job's state (status.json; a job that failed before its ranks
-    started: its exit status; one a stopped sweep never reached: not run) on stdout, the counts on
-    stderr; the exit status of the first failed job (0: none failed)."""
-    from disttrain import sweepdir
-
-    known: dict[int, tuple[str, str]] = {}
-    for job in record.jobs:
-        if job.num >= ran:
-            known[job.num] = ("not run", "")
-        elif job.num in failed and sweepdir.state_of_files(record.run_dir(sweep_dir, job)) is None:
-            known[job.num] = ("failed", f"exit {failed[job.num]}")
+    launcher = launcher_for(todo[0].run)
+    if launcher.sweeps:
+        frozen = [
+            (t.num, freeze_job(t.run, t.run_dir, t.overrides, command), t.run_dir)
+            for t in map(announced, todo)
+        ]
+        launcher.submit_sweep(frozen, sweep_dir, record.max_parallel, submitted)
+        return 0
+    failed: dict[int, int] = {}
+    unreached = list(todo)
+    while unreached and not (failed and stop_on_failure):
+        task = announced(unreached.pop(0))
+        rc = run_guarded(task.run, task.run_dir, task.overrides, command, task.settings)
+        if rc:
+            failed[task.num] = rc
+    known = {t.num: ("not run", "") for t in unreached}
+    for num, rc in failed.items():  # failed before its ranks started: its exit status
+        if sweepdir.state_of_files(record.run_dir(sweep_dir, record.job(num))) is None:
+            known[num] = ("failed", f"exit {rc}")
     states = sweepdir.job_states(record, sweep_dir, known)
     sys.stdout.write(sweepdir.table(record, states))
     sys.stderr.write(f"disttrain: sweep {sweep_dir}: {sweepdir.counts(states.values())}\n")
@@ -281,21 +281,18 @@ def _sweep_table(record: SweepRecord, sweep_dir: Path, failed: dict[int, int], r
 
 
 def _sweep_job_dir(full: Any, sweep_dir: Path, num: int, create: bool = True) -> Path:
-    """Job `num`'s folder: `hydra.sweep.subdir` evaluated as Hydra's launcher evaluates it (with
-    `hydra.job.num` and `hydra.job.id` set, and the `${hydra:...}` resolver on this job's config)."""
-    from hydra.core.hydra_config import HydraConfig
+    """Job `num`'s folder: `hydra.sweep.subdir` evaluated as Hydra's launcher evaluates it, on this
+    job's config with `hydra.job.num` and `hydra.job.id` set; a `${hydra:KEY}` there reads the same
+    config's `hydra.KEY`, as Hydra's resolver would read it from the job's config."""
     from omegaconf import OmegaConf, open_dict, read_write
 
+    unresolved: Any = OmegaConf.to_container(full.hydra.sweep)
+    subdir = str(unresolved["subdir"])
     with read_write(full.hydra), open_dict(full.hydra):
         full.hydra.job.num = num
         full.hydra.job.id = num
-    hydra_config = HydraConfig.instance()
-    saved = hydra_config.cfg
-    hydra_config.set_config(full)
-    try:
-        job_dir = Path(os.path.normpath(sweep_dir / str(OmegaConf.select(full, "hydra.sweep.subdir"))))
-    finally:
-        hydra_config.cfg = saved
+        full.hydra.sweep.subdir = subdir.replace("${hydra:", "${hydra.")
+    job_dir = Path(os.path.normpath(sweep_dir / str(full.hydra.sweep.subdir)))
     if create:
         job_dir.mkdir(parents=True, exist_ok=True)
     return job_dir
@@ -303,12 +300,13 @@ def _sweep_job_dir(full: Any, sweep_dir: Path, num: int, create: bool = True) ->
 
 @contextmanager
 def _job_context(run_dir: Path, job: Any) -> Iterator[None]:
-    """What Hydra's job runner does around a job, undone after it: `hydra.job.env_set` in the
-    environment, `hydra.job.chdir` into the run dir."""
-    saved_env = {str(k): os.environ.get(str(k)) for k in job.env_set}
+    """Hydra's job settings `job` (None: none) around a job, undone after it, as Hydra's job runner
+    sets them: `hydra.job.env_set` in the environment, `hydra.job.chdir` into the run dir."""
+    env_set = {str(k): str(v) for k, v in job.env_set.items()} if job is not None else {}
+    saved_env = {k: os.environ.get(k) for k in env_set}
     cwd = os.getcwd()
-    os.environ.update({str(k): str(v) for k, v in job.env_set.items()})
-    if job.chdir:
+    os.environ.update(env_set)
+    if job is not None and job.chdir:
         os.chdir(run_dir)
     try:
         yield
@@ -321,26 +319,20 @@ def _job_context(run_dir: Path, job: Any) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def _run_job(run: Run, run_dir: Path, overrides: list[str], job: Any, command: list[str]) -> int:
-    """One checked job (a run, or a basic sweep's job) trains without `@hydra.main`, which would
-    compose the config again (~0.4 CPU-s before every run) only to hand the job a run dir and
-    overrides this command already holds. What Hydra's job runner would do for it is done here
-    (`_job_context`)."""
-    with _job_context(run_dir, job):
-        return run_guarded(run, run_dir, overrides, command)
-
-
-def run_guarded(run: Run, run_dir: Path, overrides: list[str], command: list[str]) -> int:
-    """Freeze and launch one checked job; its exit status, so that a sweep goes on after it: a
-    ConfigError is one paragraph, exit 2; a failed launch its own status (its error already said);
-    any other error that escapes the job is reported as Hydra reports it (overrides, traceback),
-    exit 1."""
+def run_guarded(
+    run: Run, run_dir: Path, overrides: list[str], command: list[str], settings: Any = None
+) -> int:
+    """Freeze and launch one checked job, inside Hydra's job `settings` (`_job_context`); its exit
+    status, so that a sweep goes on after it: a ConfigError is one paragraph, exit 2; a failed
+    launch its own status (its error already said); any other error that escapes the job is
+    reported as Hydra reports it (overrides, traceback), exit 1."""
     import traceback
 
     from disttrain.config.errors import ConfigError
 
     try:
-        _freeze_and_launch(run, run_dir, overrides, command)
+        with _job_context(run_dir, settings):
+            freeze_and_launch(run, run_dir, overrides, command)
     except ConfigError as exc:  # a refusal (a sweep job's checkpoint.dir): a paragraph, as train's
         sys.stderr.write(f"disttrain: {exc}\n")
         return 2
@@ -471,28 +463,22 @@ def _hydra_task(jobs: Jobs) -> dict[str, Any] | float | None:
     summarise. A job that a sweeper plugin chose (Optuna) is composed, settled and checked now."""
     from hydra.core.hydra_config import HydraConfig
 
-    from disttrain.config import resolve
     from disttrain.config.errors import ConfigError
-    from disttrain.preflight.checks import check_runtime, check_static, run_of
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir).resolve()
     overrides = list(hc.overrides.task)
-    plugin = "BasicSweeper" not in str(hc.sweeper.get("_target_", "BasicSweeper"))
+    plugin = hc.runtime.choices.get("hydra/sweeper") != "basic"
     # One run is the job `train` checked (hc.overrides.task shows `${...}` values resolved,
     # `model.in_features=64`, so its key may miss).
     checked = next(iter(jobs.checked.values())) if not jobs.multirun else jobs.checked.get(tuple(overrides))
     if checked is None:
-        from disttrain.config import compose
-
         try:
-            checked = run_of(resolve(compose(overrides, jobs.config_dir, jobs.config_name), overrides))
-            check_static(checked)
-            check_runtime(checked)
+            checked, _ = _compose_checked(overrides, jobs, runtime=True)  # `jobs`: train's config flags
         except ConfigError as exc:
             sys.stderr.write(f"disttrain: {exc}\n")
             raise SystemExit(2) from None
-    summary = _freeze_and_launch(checked, run_dir, overrides, jobs.command)
+    summary = freeze_and_launch(checked, run_dir, overrides, jobs.command)
     if plugin and summary is not None:
         return _objective(summary)
     return summary
@@ -506,14 +492,18 @@ def _objective(summary: dict[str, Any]) -> float:
     return float("nan")
 
 
-def _freeze_and_launch(
-    run: Run, run_dir: Path, overrides: list[str], command: list[str]
+def freeze_and_launch(
+    run: Run, run_dir: Path, overrides: list[str], command: list[str] | None = None
 ) -> dict[str, Any] | None:
+    """Write the frozen run dir for the checked `run`, launch its ranks (or submit its job), wait;
+    the run's summary, or None when a scheduler trains it or it wrote none. `command`: the command
+    line for command.txt (None: this process's)."""
     from disttrain.launch import LaunchError, launch, submit
-    from disttrain.rundir import run_status
+    from disttrain.rundir import command_line, run_status
     from disttrain.timing import mark
 
     mark("hydra_task")
+    command = command_line() if command is None else command
     run = freeze_job(run, run_dir, overrides, command)
     if submit(run, run_dir, command):
         return None  # a scheduler's nodes train (sbatch, a Kubeflow job); status.json is theirs
@@ -598,21 +588,20 @@ def _print_cfg(args: Any, jobs: Jobs) -> int:
     print its composition before that, `${...}` and all) and `train --cfg hydra --resolve`: Hydra deletes the job's keys before
     resolving the `hydra` node, so its `${name}` (hydra.run.dir) fails; here it resolves against the
     whole config, as at run time. Values only a running job has (hydra.job.num) stay `???`."""
-    from omegaconf import OmegaConf, open_dict
+    from omegaconf import OmegaConf
 
     if args.cfg == "job":  # what config.yaml will hold: resolved once, `_target_` nodes settled
         import yaml
 
         sys.stdout.write(yaml.safe_dump(jobs.checked[tuple(args.overrides)].to_dict(), sort_keys=False))
         return 0
-    from hydra.core.hydra_config import HydraConfig
-
-    cfg = jobs.composed[tuple(args.overrides)]
-    HydraConfig.instance().set_config(cfg)  # the `${hydra:...}` resolver, as under @hydra.main
-    OmegaConf.set_readonly(cfg.hydra, None)  # as Hydra's own --cfg does (compose hands it read-only)
-    with open_dict(cfg.hydra):
-        for key in ("help", "hydra_help"):  # as Hydra's --cfg hydra: its help templates are not config
-            cfg.hydra.pop(key, None)
+    # Hydra's `${hydra:KEY}` resolver reads its process-wide HydraConfig: read here as `${hydra.KEY}`
+    # of this very composition, without setting it (and without Hydra's help templates, as Hydra's
+    # own --cfg prints it).
+    full: Any = OmegaConf.to_container(jobs.composed[tuple(args.overrides)], enum_to_str=True)
+    for key in ("help", "hydra_help"):
+        full["hydra"].pop(key, None)
+    cfg = OmegaConf.create(OmegaConf.to_yaml(full).replace("${hydra:", "${hydra."))
     OmegaConf.resolve(cfg)
     sys.stdout.write(OmegaConf.to_yaml({"hydra": cfg.hydra}))
     return 0

@@ -119,8 +119,8 @@ def _compose(
 ) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
 
+    from disttrain.config.hydra_private import global_hydra_cleared
     from disttrain.config.schema import register
     from disttrain.timing import mark
 
@@ -131,15 +131,12 @@ def _compose(
     if user_config_dir and (Path(user_config_dir) / f"{config_name}.yaml").is_file():
         # As @hydra.main's --config-dir: the primary config may live there (a k8s pod's frozen.yaml).
         primary, extra = Path(user_config_dir).resolve(), [f"hydra.searchpath=[file://{primary}]"]
-    GlobalHydra.instance().clear()
-    try:
-        with (
-            translated(overrides),
-            initialize_config_dir(config_dir=str(primary), version_base="1.3", job_name="disttrain"),
-        ):
-            cfg = hydra_compose(config_name, overrides=overrides + extra, return_hydra_config=with_hydra)
-    finally:
-        GlobalHydra.instance().clear()
+    with (
+        global_hydra_cleared(),
+        translated(overrides),
+        initialize_config_dir(config_dir=str(primary), version_base="1.3", job_name="disttrain"),
+    ):
+        cfg = hydra_compose(config_name, overrides=overrides + extra, return_hydra_config=with_hydra)
     _check_adds(cfg, overrides, user_config_dir)
     mark("compose_end")
     return cfg
@@ -339,11 +336,12 @@ def _open(cfg: DictConfig) -> Any:
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
-    """The override lists `-m` would run, one per job, as Hydra's basic sweeper splits them
-    (private: config/hydra_private.py `split_sweep`)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    """The override lists `-m` would run, one per job, as Hydra's basic sweeper splits them: every
+    choice or range of values as `key=value`, one value per key (a later override of a key replaces
+    an earlier one, keeping its place), the jobs as their product in that order."""
+    import itertools
 
-    from disttrain.config.hydra_private import split_sweep
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(overrides)
     if _chosen_by_plugin(parsed):
@@ -356,7 +354,12 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
                 if not o.is_sweep_override() or o.key_or_group.startswith("hydra")
             ]
         ]
-    return [list(job) for batch in split_sweep(parsed) for job in batch]
+    values: dict[str, list[str]] = {}
+    for o in parsed:
+        key = o.get_key_element()
+        one = [o.get_value_element_as_str()] if not o.is_sweep_override() else o.sweep_string_iterator()
+        values[key] = [f"{key}={value}" for value in one]
+    return [list(job) for job in itertools.product(*values.values())]
 
 
 def plugin_sweep(overrides: list[str]) -> bool:

@@ -1,18 +1,16 @@
-"""Every use of Hydra's private names (Hydra 1.3), each with the reason no public API does the job.
+"""Every use of Hydra's private names and process-wide state (Hydra 1.3), each with the reason no
+public API does the job.
 
 The rest of disttrain uses `hydra.compose`, `hydra.main`, `hydra.utils`, the override parser and
-`omegaconf` as documented. A Hydra upgrade that moves one of these breaks here, and only here.
+`omegaconf` as documented, and writes none of Hydra's singletons (`GlobalHydra`, `HydraConfig`).
+A Hydra upgrade that moves one of these breaks here, and only here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
-
-# Hydra's default sweeper and launcher, by the `_target_` a composed config names them with: `-m`
-# with exactly these runs in disttrain's own loop (commands/train.py `_basic_sweep`); any other
-# sweeper or launcher (a plugin) runs under `@hydra.main`.
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
-BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 
 
 def args_parser() -> Any:
@@ -27,25 +25,31 @@ def args_parser() -> Any:
     return get_args_parser()
 
 
-def split_sweep(parsed: list[Any]) -> list[list[list[str]]]:
-    """The basic sweeper's batches of jobs for overrides already parsed (`OverridesParser`).
+@contextmanager
+def global_hydra_cleared() -> Iterator[None]:
+    """Hydra's process-wide `GlobalHydra` cleared before and after: the public compose API
+    (`initialize_config_dir`) refuses to start while it holds another initialisation (that of the
+    `@hydra.main` around a plugin's job), and leaves its own behind on an error."""
+    from hydra.core.global_hydra import GlobalHydra
 
-    No public API expands a sweep, and the jobs must be the very strings the sweeper hands each job
-    (`hc.overrides.task`: a job's checked config is found by them); a copy of its rules (key order,
-    last value wins) could drift."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
-    batches: list[list[list[str]]] = BasicSweeper.split_arguments(parsed, None)
-    return batches
+    GlobalHydra.instance().clear()
+    try:
+        yield
+    finally:
+        GlobalHydra.instance().clear()
 
 
-def complete(config_loader: Any, line: str) -> list[str]:
+def complete(config_dir: str, line: str) -> list[str]:
     """Hydra's completions of an override `line` (without the program and subcommand).
 
     `DefaultCompletionPlugin._query(config_name, line)` is the one method that completes a line
     without reading the shell's COMP_LINE variables and printing; Hydra 1.3 has no public
-    completion call."""
+    completion call. Its config loader is `GlobalHydra`'s, set up by the public compose API."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.plugins.completion_plugin import DefaultCompletionPlugin
 
-    found: list[str] = DefaultCompletionPlugin(config_loader)._query("config", line)
+    with global_hydra_cleared(), initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        found: list[str] = DefaultCompletionPlugin(loader)._query("config", line)
     return found
