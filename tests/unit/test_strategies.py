@@ -61,7 +61,7 @@ def static_ok(
 def contract_defaults_compose(spec: StrategySpec, config_dir: str | None = None) -> None:
     """`strategy=<name>` composes to exactly the dataclass defaults: the YAML restates none of them."""
     cfg = composed(spec, config_dir)
-    node = OmegaConf.create({"amp": cfg["amp"], "s": OmegaConf.structured(spec.config_cls)})
+    node = OmegaConf.create({"amp": cfg["amp"], "s": OmegaConf.structured(spec.config)})
     assert cfg["strategy"] == OmegaConf.to_container(node, resolve=True)["s"]
     assert static_ok(spec, 1, config_dir) or static_ok(spec, 2, config_dir)
 
@@ -159,7 +159,7 @@ def test_the_registry_holds_every_strategy_option() -> None:
     options = {p.stem for p in (config_dir() / "strategy").glob("*.yaml")}
     assert set(BUILTIN) <= options and "zero2" in BUILTIN
     for name in BUILTIN:
-        assert specs.get(name).config_cls().name == name
+        assert specs.get(name).config().name == name
 
 
 @pytest.mark.parametrize("name", BUILTIN)
@@ -269,7 +269,7 @@ def plan(shape):
 
 
 SPEC = specs.register(
-    replace(DDP, name="toy", config_cls=ToyStrategyConfig, impl="toylab.strategy:ToyStrategy",
+    replace(DDP, name="toy", config=ToyStrategyConfig, target="toylab.strategy:ToyStrategy",
             plan=plan)
 )
 '''

@@ -237,7 +237,7 @@ def plan(shape):
 
 
 SPEC = specs.register(
-    replace(specs.get("fsdp"), name="cp", config_cls=CPStrategyConfig, impl="cplab.strategy:CPStrategy",
+    replace(specs.get("fsdp"), name="cp", config=CPStrategyConfig, target="cplab.strategy:CPStrategy",
             layout=layout, plan=plan)
 )
 '''

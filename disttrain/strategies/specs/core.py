@@ -14,7 +14,6 @@ object), or by calling `register` before the config is composed (tests, notebook
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,7 @@ from omegaconf import MISSING
 
 from disttrain.config.common import help_field
 from disttrain.config.errors import ConfigError
-from disttrain.config.registry import Registry, config_nodes
+from disttrain.config.registry import Registry, Spec, config_nodes
 from disttrain.strategies.specs.layout import Layout, replicas
 
 if TYPE_CHECKING:
@@ -90,8 +89,9 @@ ModelCheck = Callable[["Run", Any, Any, int], None]
 
 
 @dataclass(frozen=True)
-class StrategySpec:
-    """What disttrain knows about one strategy, without importing torch.
+class StrategySpec(Spec):
+    """What disttrain knows about one strategy, without importing torch: a `Spec` (`config`: a
+    `StrategyConfig`; `target`: its `Strategy` class, imported only when a rank builds it), and:
 
     check_static(run, s): pre-launch rules on the run (`disttrain.config.run.Run`) and its typed
     strategy slice `s` (`run.strategy`).
@@ -103,9 +103,6 @@ class StrategySpec:
     needs gloo for CPU next to NCCL (`group_backend`).
     """
 
-    name: str
-    config_cls: type[StrategyConfig]
-    impl: str  # "package.module:Class", imported only when a rank builds the strategy
     amp: frozenset[str] = AMP_MODES  # mixed precision modes besides off
     replicated: bool = False  # every rank holds the whole, identical model (debug.check_sync_every)
     # setup_module shards a meta-device model in place, leaving it on meta: with init.path filling
@@ -132,25 +129,9 @@ class StrategySpec:
     plan: Callable[[PlanShape], list[PlanRow]] | None = None
 
     def __post_init__(self) -> None:
-        default = {f.name: f.default for f in dataclasses.fields(self.config_cls)}.get("name")
-        if default != self.name:
-            raise ValueError(f"spec {self.name!r}: {self.config_cls.__name__}.name defaults to {default!r}")
-        if ":" not in self.impl:
-            raise ValueError(f"spec {self.name!r}: impl {self.impl!r} is not 'module:Class'")
+        self.check_named("strategy")
         if not self.amp <= AMP_MODES:
             raise ValueError(f"spec {self.name!r}: amp {sorted(self.amp)} not within {sorted(AMP_MODES)}")
-
-    def load(self) -> type:
-        """The strategy class (imports torch)."""
-        module, _, cls = self.impl.partition(":")
-        loaded: type = getattr(importlib.import_module(module), cls)
-        return loaded
-
-    def typed(self, node: Any) -> Any:
-        """The `strategy` slice of a resolved config as this spec's config dataclass."""
-        from disttrain.config.typed import typed
-
-        return typed(self.config_cls, node)
 
 
 STRATEGIES: Registry[StrategySpec] = Registry(
@@ -163,7 +144,7 @@ STRATEGIES: Registry[StrategySpec] = Registry(
         "disttrain.strategies.specs.model_parallel",
     ),
     hint="choose the strategy group option: strategy=ddp.",
-    describe=lambda spec: spec.impl,
+    describe=lambda spec: spec.target,
 )
 ENTRY_POINTS = STRATEGIES.group
 # The registry's contract under the names the strategies' callers use.
@@ -186,7 +167,7 @@ def of(cfg: Mapping[str, Any]) -> tuple[StrategySpec, Any]:
         raise ConfigError(
             "strategy.name",
             name,
-            f"the keys of {spec.config_cls.__name__} ({', '.join(f.name for f in dataclasses.fields(spec.config_cls))})",
+            f"the keys of {spec.config.__name__} ({', '.join(f.name for f in dataclasses.fields(spec.config))})",
             f"choose a strategy with its group option (strategy={name}), not by setting strategy.name "
             f"on another option's keys ({type(exc).__name__}).",
         ) from None

@@ -180,8 +180,8 @@ SINGLE = register(
     StrategySpec(
         name="single",
         peft=True,
-        config_cls=SingleStrategyConfig,
-        impl="disttrain.strategies.single:SingleStrategy",
+        config=SingleStrategyConfig,
+        target="disttrain.strategies.single:SingleStrategy",
         replicated=True,
         check_static=check_single,
         oom_retry=True,
@@ -191,8 +191,8 @@ DDP = register(
     StrategySpec(
         name="ddp",
         peft=True,
-        config_cls=DDPStrategyConfig,
-        impl="disttrain.strategies.ddp:DDPStrategy",
+        config=DDPStrategyConfig,
+        target="disttrain.strategies.ddp:DDPStrategy",
         replicated=True,
         check_static=check_ddp,
         check_model=check_ddp_model,
@@ -202,8 +202,8 @@ DDP = register(
 DP = register(
     StrategySpec(
         name="dp",
-        config_cls=DPStrategyConfig,
-        impl="disttrain.strategies.dp:DPStrategy",
+        config=DPStrategyConfig,
+        target="disttrain.strategies.dp:DPStrategy",
         amp=frozenset(),
         replicated=True,
         check_static=check_dp,
@@ -213,9 +213,9 @@ DP = register(
 ZERO = register(
     StrategySpec(
         name="zero",
-        config_cls=ZeroStrategyConfig,
+        config=ZeroStrategyConfig,
         dcp_layout=False,
-        impl="disttrain.strategies.zero:ZeroStrategy",
+        target="disttrain.strategies.zero:ZeroStrategy",
         amp=frozenset({"bf16"}),
         replicated=True,
         check_static=check_zero,
@@ -227,9 +227,9 @@ ZERO = register(
 LOCALSGD = register(
     StrategySpec(
         name="localsgd",
-        config_cls=LocalSGDStrategyConfig,
+        config=LocalSGDStrategyConfig,
         dcp_layout=False,
-        impl="disttrain.strategies.localsgd:LocalSGDStrategy",
+        target="disttrain.strategies.localsgd:LocalSGDStrategy",
         amp=frozenset({"bf16"}),
         check_static=check_localsgd,
         check_model=check_ddp_model,

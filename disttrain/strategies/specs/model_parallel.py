@@ -465,10 +465,10 @@ def plan_pipeline(shape: PlanShape) -> list[PlanRow]:
 PIPELINE = register(
     StrategySpec(
         name="pipeline",
-        config_cls=PipelineStrategyConfig,
+        config=PipelineStrategyConfig,
         whole_outputs=False,
         dcp_layout=False,
-        impl="disttrain.strategies.pipeline:PipelineStrategy",
+        target="disttrain.strategies.pipeline:PipelineStrategy",
         amp=frozenset(),
         compile=False,
         ema=False,  # stages rename their parameters: the EMA's checkpoint names would not be the model's
@@ -484,8 +484,8 @@ TP = register(
     StrategySpec(
         name="tp",
         meta_setup=True,
-        config_cls=TPStrategyConfig,
-        impl="disttrain.strategies.tp:TPStrategy",
+        config=TPStrategyConfig,
+        target="disttrain.strategies.tp:TPStrategy",
         amp=frozenset({"bf16"}),
         needs=frozenset({TP_PLAN}),
         check_static=check_tp_static,
@@ -498,8 +498,8 @@ FSDP_TP = register(
     StrategySpec(
         name="fsdp+tp",
         meta_setup=True,
-        config_cls=FSDPTPStrategyConfig,
-        impl="disttrain.strategies.tp:FSDPTPStrategy",
+        config=FSDPTPStrategyConfig,
+        target="disttrain.strategies.tp:FSDPTPStrategy",
         amp=frozenset({"bf16"}),
         needs=frozenset({TP_PLAN}),
         check_static=check_fsdp_tp,
