@@ -130,7 +130,7 @@ def run(run_dir: str | Path) -> dict[str, Any] | None:
 
 def train(run: Run, env: DistEnv, run_dir: Path) -> dict[str, Any]:
     resume_from = resume_location(run, run_dir)
-    run, reshaped = keep_global_batch(run, checkpoint_meta(resume_from), data_parallel_degree(run, env))
+    run, reshaped = keep_global_batch(run, checkpoint_meta(resume_from), specs.layout(run, env.world_size).dp)
     if reshaped and env.is_zero:  # before the loaders exist: they take the resumed run's batch shape
         log.warning("resuming at another world size: %s", reshaped)
     strategy, parts = build_parts(run, env, run_dir / adapters.BASE_RECORD)
@@ -191,12 +191,6 @@ def frozen_base(run: Run, env: DistEnv, model: torch.nn.Module) -> Callable[[], 
         }
 
     return after
-
-
-def data_parallel_degree(run: Run, env: DistEnv) -> int:
-    """The strategy's data-parallel replicas at this world size (elastic membership may differ
-    from the config's nodes x nproc_per_node)."""
-    return int(specs.get(run.strategy.name).dp_degree(run.strategy, env.world_size))
 
 
 def build_parts(
@@ -277,9 +271,9 @@ def build_engine(
         states["scaler"] = strategy.precision.scaler
     if trainer.ema.decay:
         states["ema"] = ema
-    dp_size = strategy.data_parallel_rank_size()[1]
-    info = run_info(run, strategy.name, env.world_size, dp_size, global_batch(trainer, dp_size))
-    info.update(data_info(parts))
+    lay = strategy.layout
+    info = run_info(run, strategy.name, lay.world, lay.dp, global_batch(trainer, lay.dp))
+    info.update(data_info(parts), layout=lay.degrees())  # the checkpoint's geometry
     ckpt = Checkpointer(
         run.checkpoint,
         checkpoint_dir(run, run_dir),  # checkpoint.dir, else <run dir>/checkpoints

@@ -541,7 +541,7 @@ def same_global_batch(run: Run, run_dir: Path) -> tuple[Run, str | None]:
     from disttrain.checkpoint.manager import resume_location
     from disttrain.strategies import specs
 
-    return keep_global_batch(run, checkpoint_meta(resume_location(run, run_dir)), specs.dp_degree(run))
+    return keep_global_batch(run, checkpoint_meta(resume_location(run, run_dir)), specs.layout(run).dp)
 
 
 def own_checkpoint_dir(run: Run, run_dir: Path) -> None:

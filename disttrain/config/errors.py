@@ -52,7 +52,7 @@ def choice_help(key: str) -> str:
         from disttrain.strategies.specs import STRATEGIES
 
         for spec in STRATEGIES.all():
-            found = {f.name: f for f in dataclasses.fields(spec.config_cls)}.get(parts[1])
+            found = {f.name: f for f in dataclasses.fields(spec.config)}.get(parts[1])
             if found is not None and found.metadata.get("help"):
                 return str(found.metadata["help"])
     node: Any = Config

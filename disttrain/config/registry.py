@@ -1,10 +1,11 @@
-"""One registry shape for every kind of plug-in: strategies, launchers, tasks, built-in models and data.
+"""One registry shape for every kind of plug-in: strategies, launchers, tasks, built-in models and data,
+and the tensor-parallel plans of model classes (`disttrain.models.parallel.TP_PLANS`).
 
 A registry holds torch-free specs by name. Its built-ins are the specs its built-in modules register
 when imported (lazily, at the first use); a package of yours adds more through the entry-point group
 `disttrain.<kind>` (`disttrain.strategies`, `disttrain.launchers`, `disttrain.tasks`,
-`disttrain.models`, `disttrain.data`): the entry point names a module that registers its specs when
-imported, or a spec (or a list of specs). A test or notebook may also call `register` before the
+`disttrain.models`, `disttrain.data`, `disttrain.tp_plans`): the entry point names a module that
+registers its specs when imported, or a spec (or a list of specs). A test or notebook may also call `register` before the
 config is composed.
 
     register(spec, replace=False)  a second spec under a taken name is refused (naming both)
@@ -18,6 +19,7 @@ Leaf module: it imports nothing of disttrain but `config.errors`; specs' targets
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from collections.abc import Callable
@@ -156,22 +158,45 @@ def load_target(target: str) -> Any:
 
 
 @dataclass(frozen=True)
-class TargetSpec:
-    """A built-in task, model or data set: its name (the group option `base_<name>`), its typed config
-    (whose `_target_` default is `target`), one line of help, and optional pre-launch checks of its
-    own keys: `check_static(run, typed)` with the run (`disttrain.config.run.Run`) and its node as
-    the config class."""
+class Spec:
+    """The fields every plug-in kind's spec names alike: `name` (its group option, stored as
+    `base_<name>`), `config` (its typed config: the only home of its defaults), `target` (what it
+    builds: "module:Name" or a dotted path, imported only when used) and one line of `help`."""
 
     name: str
     config: type
-    target: str  # what the node builds: a dotted path (the config's `_target_`, if it has one)
-    help: str
-    check_static: Callable[[Run, Any], None] | None = None
+    target: str
+    help: str = ""
 
     def typed(self, node: Any) -> Any:
+        """A resolved node of this kind as its config class."""
         from disttrain.config.typed import typed
 
         return typed(self.config, node)
+
+    def load(self) -> Any:
+        """The target (imports its module)."""
+        return load_target(self.target)
+
+    def check_named(self, kind: str) -> None:
+        """A spec chosen by `<kind>.name`: its config's `name` defaults to the spec's name, and its
+        target is a "module:Class" path."""
+        default = {f.name: f.default for f in dataclasses.fields(self.config)}.get("name")
+        if default != self.name:
+            raise ValueError(
+                f"{kind} spec {self.name!r}: {self.config.__name__}.name defaults to {default!r}"
+            )
+        if ":" not in self.target:
+            raise ValueError(f"{kind} spec {self.name!r}: target {self.target!r} is not 'module:Class'")
+
+
+@dataclass(frozen=True)
+class TargetSpec(Spec):
+    """A built-in task, model or data set (its config's `_target_` default is `target`), with
+    optional pre-launch checks of its own keys: `check_static(run, typed)` with the run
+    (`disttrain.config.run.Run`) and its node as the config class."""
+
+    check_static: Callable[[Run, Any], None] | None = None
 
 
 def check_chosen(registry: Registry[TargetSpec], run: Run, key: str) -> None:
@@ -190,7 +215,7 @@ def check_chosen(registry: Registry[TargetSpec], run: Run, key: str) -> None:
 
 def config_nodes(registry: Registry[Any]) -> dict[str, type]:
     """ConfigStore node name -> config class: `base_<name>` for every spec of `registry`."""
-    return {f"base_{spec.name}": getattr(spec, "config", None) or spec.config_cls for spec in registry.all()}
+    return {f"base_{spec.name}": spec.config for spec in registry.all()}
 
 
 def target_registry(kind: str, *, key: str, module: str, hint: str) -> Registry[TargetSpec]:

@@ -123,9 +123,7 @@ class Run(Mapping[str, Any]):
         return cls(
             world=world,
             backend=typed(BackendConfig, plain["backend"], "backend"),
-            strategy=typed(
-                STRATEGIES.get(plain["strategy"]["name"]).config_cls, plain["strategy"], "strategy"
-            ),
+            strategy=typed(STRATEGIES.get(plain["strategy"]["name"]).config, plain["strategy"], "strategy"),
             amp=typed(AmpConfig, plain["amp"], "amp"),
             peft=typed(PeftConfig, plain.get("peft"), "peft"),  # a run dir from before peft: none
             launcher=typed(LAUNCHERS.get(plain["launcher"]["name"]).config, plain["launcher"], "launcher"),

@@ -9,7 +9,9 @@ Two small, optional protocols, so any `nn.Module` can opt in without inheriting 
 - ``tp_plan() -> dict[str, ParallelStyle]``: the `parallelize_module` plan (module name -> style).
   For a model you cannot edit, write the plan in config (``strategy.tp_plan``: a mapping of module
   name patterns to style names, or a ``_target_`` factory called with the model), or register it by
-  class path: ``TP_PLANS["mylab.nets.Net"] = "mylab.plans:net_plan"`` (``plan(model) -> dict``).
+  class path in the `TP_PLANS` registry: ``TP_PLANS.register(TPPlanSpec("mylab.nets.Net",
+  "mylab.plans:net_plan"))`` (``plan(model) -> dict``), or from a package of yours through the
+  ``disttrain.tp_plans`` entry-point group, as every plug-in kind (`disttrain.config.registry`).
   A Hugging Face model whose config carries a ``base_model_tp_plan`` brings its own (`hf_tp_plan`).
   A transformer block follows the MLP's pattern twice (Megatron-style): q, k, v and the MLP's first
   Linear column-wise, the attention output and the MLP's second Linear row-wise; its forward must
@@ -20,16 +22,38 @@ No torch import at module top: the config checks read the registry before any ra
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from fnmatch import fnmatch
 from typing import TYPE_CHECKING, Any
+
+from disttrain.config.registry import Registry, load_target
 
 if TYPE_CHECKING:
     from torch import nn
 
-# class path ("package.module.Class") -> "package.module:function(model) -> plan"
-TP_PLANS: dict[str, str] = {"disttrain.models.gpt.GPT": "disttrain.models.gpt:gpt_tp_plan"}
+
+@dataclass(frozen=True)
+class TPPlanSpec:
+    """A tensor-parallel plan for a model class: `name` is its class path ("package.module.Class"),
+    `target` a "module:function" called with the model that returns the plan; one line of `help`."""
+
+    name: str
+    target: str
+    help: str = ""
+
+
+TP_PLANS: Registry[TPPlanSpec] = Registry(
+    "tp_plans",
+    key="model",
+    spec_type=TPPlanSpec,
+    builtin=(__name__,),
+    hint="register a plan for the model's class: TP_PLANS.register(TPPlanSpec(class path, 'module:function')).",
+    describe=lambda spec: spec.target,
+)
+GPT_PLAN = TP_PLANS.register(
+    TPPlanSpec("disttrain.models.gpt.GPT", "disttrain.models.gpt:gpt_tp_plan", "Megatron-style blocks")
+)
 
 TP_PLAN_KEY = "strategy.tp_plan"
 # The style names `strategy.tp_plan` takes -> what each builds (torch.distributed.tensor.parallel):
@@ -61,11 +85,6 @@ HF_STYLES: dict[str, str | None] = {
 def class_path(model: Any) -> str:
     cls = type(model)
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def register_tp_plan(cls_path: str, plan_fn: str) -> None:
-    """Give a model class you do not own a tensor-parallel plan (``"module:function"``)."""
-    TP_PLANS[cls_path] = plan_fn
 
 
 def build_style(name: str) -> Any:
@@ -178,11 +197,10 @@ def tp_plan_source(model: Any, configured: Any = None) -> tuple[str, Callable[[]
     method = getattr(model, "tp_plan", None)
     if callable(method):
         return f"{class_path(model)}.tp_plan()", method
-    target = TP_PLANS.get(class_path(model))
-    if target is not None:
-        module, _, fn = target.partition(":")
-        factory = getattr(importlib.import_module(module), fn)
-        return f"TP_PLANS[{class_path(model)!r}]", lambda: factory(model)
+    path = class_path(model)
+    if path in TP_PLANS.names():
+        factory = load_target(TP_PLANS.get(path).target)
+        return f"TP_PLANS[{path!r}]", lambda: factory(model)
     hf = hf_tp_plan(model)
     if hf is not None:
         return "config.base_model_tp_plan", lambda: plan_from_names(hf, "config.base_model_tp_plan", hf=True)

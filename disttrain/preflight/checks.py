@@ -620,7 +620,7 @@ def _check_runtime(run: Run, launched: Mapping[str, Any] | None) -> dict[str, in
     check_fp8(run, gpus)
     data = run.data
     train, val = build_datasets(data)
-    replicas = specs.dp_degree(run)  # ranks that split one model (pipeline, tp) share a batch
+    replicas = specs.layout(run).dp  # ranks that split one model (pipeline, tp) share a batch
     per_step = replicas * run.trainer.batch_size * run.trainer.grad_accum
     streams = _check_streams(run, train, val)
     if not streams and len(train) == 0:
@@ -710,7 +710,7 @@ def check_optim_runtime(run: Run, model: Any, batches_per_epoch: int, warn: bool
     `warn`: say the warm-up warning (off: the run's launch said it already)."""
     from disttrain.engine.optim import build_optimizer, build_scheduler, total_steps
 
-    optimizer = build_optimizer(run.optim, model, specs.dp_degree(run), checking=True)
+    optimizer = build_optimizer(run.optim, model, specs.layout(run).dp, checking=True)
     steps = total_steps(run.trainer, max(batches_per_epoch, 1) * run.trainer.grad_accum)
     build_scheduler(run.sched, optimizer, max(steps, 1))
     warning = warmup_warning(run.sched, steps)

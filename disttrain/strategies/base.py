@@ -15,6 +15,7 @@ from torch import nn
 
 from disttrain.config.schema import AmpConfig
 from disttrain.dist import DistEnv
+from disttrain.strategies import specs
 from disttrain.strategies.precision import Precision
 from disttrain.strategies.specs import StrategyConfig
 from disttrain.tasks import Task
@@ -40,6 +41,7 @@ class Strategy:
         self.cfg = cfg
         self.name = cfg.name
         self.env = env
+        self.layout = specs.get(cfg.name).layout(cfg, env.world_size)  # its degrees and meshes
         self.precision = Precision(amp, env.device, sharded=self.sharded_scaler)  # None: amp off
 
     # ---------------------------------------------------------------- setup
@@ -60,10 +62,10 @@ class Strategy:
     def data_parallel_rank_size(self) -> tuple[int, int]:
         """(rank, size) among the data-parallel replicas: who reads which shard of each batch.
 
-        Ranks that split one model (pipeline stages, tensor-parallel shards) read the same data.
-        The size equals the spec's `dp_degree` (tests/unit/test_strategies.py holds them to it).
+        Ranks that split one model (pipeline stages, tensor-parallel or context-parallel shards)
+        read the same data: the layout's meshes are row-major with dp outermost.
         """
-        return self.env.rank, self.env.world_size
+        return self.env.rank // (self.layout.world // self.layout.dp), self.layout.dp
 
     def rng_rank(self) -> int:
         """Which random stream this rank draws from (dropout masks, ...): the worker seeds it with

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -142,13 +142,9 @@ class FSDPStrategy(Strategy):
 
     def device_mesh(self) -> DeviceMesh:
         """1D (world,) for FSDP; 2D (replicate, world/replicate) for HSDP."""
-        world, replicate = self.env.world_size, self.cfg.replicate
-        device = self.env.device.type
-        if replicate > 1:
-            return init_device_mesh(
-                device, (replicate, world // replicate), mesh_dim_names=("replicate", "shard")
-            )
-        return init_device_mesh(device, (world,), mesh_dim_names=("shard",))
+        names = ("replicate", "shard") if self.layout.dp_replicate > 1 else ("shard",)
+        mesh: DeviceMesh = self.layout.mesh(self.env.device.type, names)
+        return mesh
 
     def no_backward_sync(self, model: nn.Module, enabled: bool) -> Any:
         """Non-final micro-steps keep unsharded gradients locally; the last one reduce-scatters.

@@ -82,9 +82,6 @@ class PipelineStrategy(Strategy):
     def has_last(self) -> bool:
         return self.num_stages - 1 in self.local_ids
 
-    def data_parallel_rank_size(self) -> tuple[int, int]:
-        return 0, 1  # every stage sees the whole batch
-
     # ---------------------------------------------------------------------------------- setup
     def setup_module(self, model: nn.Module) -> nn.Module:
         layers = pipeline_layers(model)

@@ -17,14 +17,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from disttrain.config.schema import AmpConfig
 from disttrain.dist import DistEnv
 from disttrain.models.parallel import class_path, tp_plan_fn
 from disttrain.strategies.base import Strategy, place_unsharded
-from disttrain.strategies.specs.model_parallel import FSDPTPStrategyConfig, TPStrategyConfig, fsdp_tp_degrees
+from disttrain.strategies.specs.model_parallel import FSDPTPStrategyConfig, TPStrategyConfig
 
 log = logging.getLogger("disttrain")
 
@@ -39,15 +39,8 @@ class TPStrategy(Strategy):
 
     def __init__(self, cfg: TPStrategyConfig, env: DistEnv, amp: AmpConfig | None = None) -> None:
         super().__init__(cfg, env, amp)
-        self.dp, self.tp = self._degrees()
+        self.dp, self.tp = self.layout.dp, self.layout.tp
         self.mesh: DeviceMesh | None = None
-
-    def _degrees(self) -> tuple[int, int]:
-        """(dp, tp) of the mesh: tp over every rank."""
-        return 1, self.env.world_size
-
-    def data_parallel_rank_size(self) -> tuple[int, int]:
-        return self.env.rank // self.tp, self.dp  # mesh (dp, tp) is row-major: tp ranks are neighbours
 
     def flops_copies(self) -> int:
         """DTensor ops count at their global shapes: every rank of a tp group counts the group's FLOPs."""
@@ -71,7 +64,7 @@ class TPStrategy(Strategy):
         factory = tp_plan_fn(model, self.cfg.tp_plan)  # strategy.tp_plan, else the model's own
         if factory is None:  # the pre-launch check catches this; a direct caller gets the same words
             raise ValueError(f"model {class_path(model)} has no tensor-parallel plan (strategy.tp_plan)")
-        self.mesh = init_device_mesh(self.env.device.type, (self.dp, self.tp), mesh_dim_names=("dp", "tp"))
+        self.mesh = self.layout.mesh(self.env.device.type, ("dp", "tp"))
         plan = factory()
         model = parallelize_module(model, self.mesh["tp"], plan)
         if self.env.is_zero:
@@ -110,9 +103,6 @@ class FSDPTPStrategy(TPStrategy):
     """2D: tensor parallel inside each group of `tp_degree` ranks, FSDP across the groups."""
 
     cfg: FSDPTPStrategyConfig
-
-    def _degrees(self) -> tuple[int, int]:
-        return fsdp_tp_degrees(self.cfg, self.env.world_size)  # the spec's dp_degree, one formula
 
     def setup_module(self, model: nn.Module) -> nn.Module:
         """The tp plan on the tp sub-mesh, then FSDP over dp as torchtitan lays it out: one unit per

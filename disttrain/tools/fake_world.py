@@ -18,60 +18,37 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
+    from disttrain.strategies.specs import Layout
 
 MAX_WORLD = 1024  # the largest world `plan --simulate` rehearses
 
 
 # ------------------------------------------------------------------------------------ layout
-def configured_layout(run: Run, plan_result: dict[str, Any]) -> dict[str, Any]:
-    """The layout row (degrees, ZeRO stage, plan bytes) of the strategy the config runs.
-
-    The degrees come from the spec (its `dp_degree`, the model abilities it needs), the ZeRO stage
-    from the spec's own plan rows, so no strategy name is compared here.
-    """
+def configured_layout(run: Run, plan_result: dict[str, Any]) -> tuple[Layout, dict[str, Any]]:
+    """The layout of the strategy the config runs (the spec's, built from the run) and its row:
+    the layout's degrees and plan's per-rank bytes for it."""
     from disttrain.strategies import specs
-    from disttrain.strategies.specs.core import PIPELINE_LAYERS, TP_PLAN, PlanShape
     from disttrain.tools.planner import per_rank
 
-    spec, s = specs.of(run)
-    world = run.world.size
-    dp = spec.dp_degree(s, world)
-    tp = pp = 1
-    if PIPELINE_LAYERS in spec.needs:
-        pp = world // dp
-    elif TP_PLAN in spec.needs:
-        tp = world // dp
-    m = plan_result["model"]
-    shape = PlanShape(
-        world=world, per_node=run.world.nproc_per_node, nodes=run.world.nodes, layers=m["layers"], heads=None
-    )
-    rows = spec.plan(shape) if spec.plan is not None else []
-    zero = rows[0]["zero"] if rows else 0
-    replicate = int(getattr(s, "replicate", 1) or 1)
-    row = {
-        "layout": spec.name,
-        "dp": dp,
-        "tp": tp,
-        "pp": pp,
-        "zero": zero,
-        "shard": dp // replicate if zero else 1,
-    }
-    act = plan_result["activations"]["bytes"]
-    row["bytes"] = per_rank(row, m["params"], plan_result["precision"], act)
-    return row
+    layout = specs.layout(run)
+    m, act = plan_result["model"], plan_result["activations"]["bytes"]
+    row = {"layout": run.strategy.name, **layout.degrees()}
+    return layout, {**row, "bytes": per_rank(layout, m["params"], plan_result["precision"], act)}
 
 
-def sample_ranks(layout: dict[str, Any]) -> list[tuple[int, dict[str, int]]]:
-    """(rank, mesh coordinates) for the sampled ranks; rank = (d * tp + t) * pp + p (row-major)."""
-    dims = {"dp": layout["dp"], "tp": layout["tp"], "pp": layout["pp"]}
+def sample_ranks(dims: dict[str, int]) -> list[tuple[int, dict[str, int]]]:
+    """(rank, mesh coordinates) for the sampled ranks of a layout's `dims` (`Layout.dims()`), in
+    rank order: the rank is row-major in them, e.g. rank = (d * tp + t) * pp + p."""
 
     def picks(n: int) -> list[int]:
         return sorted({c for c in (0, 1, n // 2, n - 2, n - 1) if 0 <= c < n})
 
     out = {}
-    for d, t, p in itertools.product(picks(dims["dp"]), picks(dims["tp"]), picks(dims["pp"])):
-        rank = (d * dims["tp"] + t) * dims["pp"] + p
-        out[rank] = {"dp": d, "tp": t, "pp": p}
+    for coords in itertools.product(*(picks(n) for n in dims.values())):
+        rank = 0
+        for c, n in zip(coords, dims.values(), strict=True):
+            rank = rank * n + c
+        out[rank] = dict(zip(dims, coords, strict=True))
     return sorted(out.items())
 
 

@@ -13,11 +13,13 @@ meta tensors sums every leaf module's output (what autograd keeps, roughly).
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
+    from disttrain.strategies.specs import Layout, PlanRow
 
 GIB = 2**30
 TORCH_SGD_MOMENTUM = 0  # torch.optim.SGD's own default: a swapped `optim._target_` starts clean
@@ -137,28 +139,30 @@ def _meta_forward_elements(run: Run, model: Any, batch: int) -> int | None:
     return sum(total)
 
 
-def layouts(world: int, per_node: int, nodes: int, layers: int, heads: int | None) -> list[dict[str, Any]]:
+def layouts(world: int, per_node: int, nodes: int, layers: int, heads: int | None) -> list[PlanRow]:
     """Candidate layouts, from the registered strategies' specs: only what a `strategy=` runs.
 
-    Each row has degrees dp x tp x pp = world, the ZeRO stage of the dp dimension, and `run`, the
-    overrides that train it; rows are ordered by the spec's preference (least communication first).
+    Each row has its `Layout`'s degrees (dp x cp x tp x pp = world, the ZeRO stage of the dp
+    dimension), and `run`, the overrides that train it; rows are ordered by the spec's preference
+    (least communication first).
     """
     from disttrain.strategies import specs
 
     shape = specs.PlanShape(world=world, per_node=per_node, nodes=nodes, layers=layers, heads=heads)
     rows = [row for spec in specs.all() if spec.plan is not None for row in spec.plan(shape)]
-    return sorted(rows, key=lambda r: r["preference"])
+    return sorted(rows, key=lambda r: r.preference)
 
 
-def per_rank(layout: dict[str, Any], params: int, prec: dict[str, Any], act: float) -> dict[str, float]:
-    """Bytes one rank holds under `layout`."""
-    local = params / (layout["tp"] * layout["pp"])
-    zero, shard = layout["zero"], layout["shard"]
+def per_rank(layout: Layout, params: int, prec: dict[str, Any], act: float) -> dict[str, float]:
+    """Bytes one rank holds under `layout`: the model split by tp x pp, the state sharded over
+    `layout.shard` ranks at its ZeRO stage, the activations split by tp and by cp (the sequence)."""
+    local = params / (layout.tp * layout.pp)
+    zero, shard = layout.zero, layout.shard
     b = {
         "params": local * prec["params"] / (shard if zero >= 3 else 1),
         "grads": local * prec["grads"] / (shard if zero >= 2 else 1),
         "optimizer": local * prec["optimizer_bytes"] / (shard if zero >= 1 else 1),
-        "activations": act / layout["tp"],
+        "activations": act / (layout.tp * layout.cp),
     }
     b["total"] = sum(b.values())
     return b
@@ -177,10 +181,10 @@ def plan(run: Run) -> dict[str, Any]:
     world, per_node, nodes = run.world.size, run.world.nproc_per_node, run.world.nodes
     usable = p.gpu_mem_gb * GIB * p.usable_fraction
     dims = transformer_dims(run.model)
-    rows = layouts(world, per_node, nodes, layers, dims["heads"] if dims else None)
-    for r in rows:
-        r["bytes"] = per_rank(r, params, prec, act)
-        r["fits"] = r["bytes"]["total"] <= usable
+    rows = []
+    for row in layouts(world, per_node, nodes, layers, dims["heads"] if dims else None):
+        b = per_rank(row.layout, params, prec, act)
+        rows.append({**row.as_dict(), "bytes": b, "fits": b["total"] <= usable})
     return {
         "schema": SCHEMA,
         "model": {
@@ -202,9 +206,10 @@ def plan(run: Run) -> dict[str, Any]:
 
 def recommend(rows: list[dict[str, Any]], usable: float) -> dict[str, Any]:
     """The first layout in preference order that fits, and why, told from its degrees (not its name)."""
+    from disttrain.strategies.specs.layout import DIMS
     from disttrain.tools.render import human_bytes as gb
 
-    world = max((r["dp"] * r["tp"] * r["pp"] for r in rows), default=1)
+    world = max((math.prod(r.get(d, 1) for d in DIMS) for r in rows), default=1)
     replica = next((r for r in rows if r["zero"] == 0 and r["tp"] == r["pp"] == 1), None)
     full = replica["bytes"]["total"] if replica else None
     for r in sorted(rows, key=lambda r: r["preference"]):
@@ -231,16 +236,18 @@ def recommend(rows: list[dict[str, Any]], usable: float) -> dict[str, Any]:
 
 
 def render(result: dict[str, Any]) -> None:
+    from disttrain.strategies.specs.layout import DIMS
     from disttrain.tools.render import console, human_bytes, table
 
     m, w, pr = result["model"], result["world"], result["precision"]
     rows = []
+    dims = [d for d in DIMS if any(d in r for r in result["layouts"])]
     for r in result["layouts"]:
         b = r["bytes"]
         rows.append(
             (
                 r["layout"],
-                f"{r['dp']}x{r['tp']}x{r['pp']}",
+                "x".join(str(r.get(d, 1)) for d in dims),
                 *(human_bytes(b[k]) for k in ("params", "grads", "optimizer", "activations", "total")),
                 "yes" if r["fits"] else "NO",
                 r["note"],
@@ -256,7 +263,7 @@ def render(result: dict[str, Any]) -> None:
     )
     cols = [
         "layout",
-        "dp x tp x pp",
+        " x ".join(dims),
         ">params",
         ">grads",
         ">optimizer",

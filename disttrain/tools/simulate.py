@@ -361,12 +361,12 @@ def simulate(
             f"nodes x nproc_per_node <= {MAX_WORLD} for plan --simulate (here {world})",
             "simulate a smaller world with the same per-node shape, or run plan without --simulate.",
         )
-    layout = configured_layout(run, plan_result)
+    lay, layout = configured_layout(run, plan_result)
     prec, usable = plan_result["precision"], plan_result["usable_bytes"]
     plan_state = layout["bytes"]["total"] - layout["bytes"]["activations"]
     act = layout["bytes"]["activations"]
-    replica = layout["zero"] < 2 and layout["tp"] == layout["pp"] == 1
-    ranks = sample_ranks(layout)
+    replica = lay.zero < 2 and lay.tp == lay.pp == 1
+    ranks = sample_ranks(lay.dims())
     problems: list[Problem] = []
     results: list[RankResult] = []
     if not replica:  # ddp-family wrappers broadcast real weights: nothing to rehearse on meta
@@ -387,7 +387,7 @@ def simulate(
     collectives: dict[str, Any] = {"skipped": "whole replicas: ddp's one gradient all-reduce per step"}
     if not replica and not step:
         collectives = {"skipped": "--no-step"}
-    elif not replica and layout["pp"] > 1:
+    elif not replica and lay.pp > 1:
         collectives = {"skipped": "pipeline schedules (P2P between stages) are not stepped"}
     elif not replica:
         with slow_step_notice(STEP_NOTICE_S):
@@ -443,12 +443,14 @@ def _said(exc: BaseException) -> str:
 
 
 def render(sim: dict[str, Any]) -> None:
+    from disttrain.strategies.specs.layout import DIMS
     from disttrain.tools.render import console, human_bytes, table
 
     out = console()
     lay = sim["layout"]
+    dims = [d for d in DIMS if d in lay]
     out.print(
-        f"simulated {sim['spec']}: dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']} (ZeRO-{lay['zero']}, "
+        f"simulated {sim['spec']}: {' x '.join(f'{d} {lay[d]}' for d in dims)} (ZeRO-{lay['zero']}, "
         f"shards of {lay['shard']}) on torch's fake process group, model on the meta device"
     )
     if not sim["rehearsed"]:
@@ -466,7 +468,7 @@ def render(sim: dict[str, Any]) -> None:
     ]
     cols = [
         "rank",
-        "dp/tp/pp",
+        "/".join(dims),
         ">params",
         ">grads",
         ">optimizer",

@@ -36,6 +36,7 @@ from disttrain.config.errors import ConfigError
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
+    from disttrain.strategies.specs import Layout
 
 
 # ------------------------------------------------------------------------------------ overrides
@@ -79,11 +80,11 @@ def rank_state(run: Run, rank: int, world: int, spec: str) -> dict[str, Any]:
     return flatten_state_dict({"model": state})  # the checkpoint's app state names it "model"
 
 
-def supported(spec: str, layout: dict[str, Any]) -> str | None:
+def supported(spec: str, layout: Layout) -> str | None:
     """Why a layout's save or load is not simulated, or None."""
     from disttrain.strategies import specs
 
-    if layout["pp"] > 1:
+    if layout.pp > 1:
         return f"{spec}: each pipeline stage saves other keys"
     if not specs.get(spec).dcp_layout:
         return f"{spec} saves its own state format (its strategy's state_dict)"
@@ -279,8 +280,7 @@ def simulate_load(source: Run, target: Run, detail: bool = False) -> dict[str, A
     ConfigError naming each tensor that would not load (and the model key that differs).
     `detail`: each rank's entry also lists, per tensor, the saved ranks it reads from."""
     from disttrain.strategies import specs
-    from disttrain.tools.fake_world import MAX_WORLD, configured_layout, fake_world, sample_ranks
-    from disttrain.tools.planner import plan
+    from disttrain.tools.fake_world import MAX_WORLD, fake_world, sample_ranks
 
     sides = []
     for run, key in ((source, "nodes"), (target, "--load-at nodes")):
@@ -290,12 +290,11 @@ def simulate_load(source: Run, target: Run, detail: bool = False) -> dict[str, A
                 key, run.world.nodes, f"nodes x nproc_per_node <= {MAX_WORLD}", "a smaller world"
             )
         spec = specs.of(run)[0].name
-        layout = configured_layout(run, plan(run))
-        sides.append((run, world, spec, layout))
+        sides.append((run, world, spec, specs.layout(run)))
     (_, w_save, spec_save, lay_save), (_, w_load, spec_load, lay_load) = sides
     head = {
-        "saved": {"spec": spec_save, "world": w_save, **_dims(lay_save)},
-        "loaded": {"spec": spec_load, "world": w_load, **_dims(lay_load)},
+        "saved": {"spec": spec_save, "world": w_save, **lay_save.dims()},
+        "loaded": {"spec": spec_load, "world": w_load, **lay_load.dims()},
     }
     why = supported(spec_save, lay_save) or supported(spec_load, lay_load)
     if why:
@@ -304,7 +303,7 @@ def simulate_load(source: Run, target: Run, detail: bool = False) -> dict[str, A
     problems: dict[str, list[Any]] = {}
     results = []
     asked: set[str] = set()
-    for rank, coords in sample_ranks(lay_load):
+    for rank, coords in sample_ranks(lay_load.dims()):
         with fake_world(rank, w_load):
             state = rank_state(target, rank, w_load, spec_load)
             asked |= set(state)
@@ -335,10 +334,6 @@ def simulate_load(source: Run, target: Run, detail: bool = False) -> dict[str, A
             for r in results
         ],
     }
-
-
-def _dims(layout: dict[str, Any]) -> dict[str, int]:
-    return dict(dp=layout["dp"], tp=layout["tp"], pp=layout["pp"])
 
 
 def _model_key(source: Run, target: Run) -> tuple[str, Any]:

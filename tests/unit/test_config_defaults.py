@@ -47,7 +47,7 @@ ALLOWED = {
 
 def schema_keys_with_defaults() -> set[str]:
     classes = {v for v in vars(schema).values() if isinstance(v, type) and dataclasses.is_dataclass(v)}
-    classes |= {spec.config_cls for spec in specs.all()} | {spec.config for spec in launcher_specs()}
+    classes |= {spec.config for spec in specs.all()} | {spec.config for spec in launcher_specs()}
     keys = set()
     for cls in classes:
         for f in dataclasses.fields(cls):

@@ -697,7 +697,7 @@ def test_user_param_group_factory_is_called_with_the_model(user_dir: Path) -> No
 # ------------------------------------------------------------------------------ strategy, backend
 @pytest.mark.parametrize("name", sorted(specs.names()))
 def test_every_strategy_name_maps_to_an_importable_class(name: str) -> None:
-    module, _, cls = specs.get(name).impl.partition(":")
+    module, _, cls = specs.get(name).target.partition(":")
     assert isinstance(getattr(importlib.import_module(module), cls), type)
 
 

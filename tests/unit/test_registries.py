@@ -22,6 +22,7 @@ from disttrain.config.run import Run
 from disttrain.config.schema import DataConfig, LauncherConfig, TaskConfig
 from disttrain.data.specs import DATA
 from disttrain.launch.specs import LAUNCHERS, LauncherSpec, detected, started_by
+from disttrain.models.parallel import TP_PLANS, TPPlanSpec
 from disttrain.models.specs import MODELS
 from disttrain.strategies.specs import STRATEGIES, StrategyConfig
 from disttrain.strategies.specs.data_parallel import DDP
@@ -37,7 +38,7 @@ def _config(base: type, name: str, **defaults: Any) -> type:
 KINDS: dict[str, tuple[Registry[Any], Callable[[str], Any]]] = {
     "strategies": (
         STRATEGIES,
-        lambda n: replace(DDP, name=n, config_cls=_config(StrategyConfig, n), impl=f"{n}_mod:Strategy"),
+        lambda n: replace(DDP, name=n, config=_config(StrategyConfig, n), target=f"{n}_mod:Strategy"),
     ),
     "launchers": (
         LAUNCHERS,
@@ -49,6 +50,7 @@ KINDS: dict[str, tuple[Registry[Any], Callable[[str], Any]]] = {
     ),
     "models": (MODELS, lambda n: TargetSpec(n, make_dataclass(n, []), f"{n}_mod.Net", "a toy")),
     "data": (DATA, lambda n: TargetSpec(n, _config(DataConfig, n), f"{n}_mod.load", "a toy")),
+    "tp_plans": (TP_PLANS, lambda n: TPPlanSpec(f"{n}", f"{n}_mod:plan", "a toy")),
 }
 
 

@@ -3,7 +3,7 @@ one spec + one YAML, and no code outside the registry and the strategies compare
 
 The contract (a) is a set of functions run for every registered spec, and again for the toy
 strategy of the acceptance test (b): defaults compose from the spec's dataclass alone, the spec's
-`dp_degree` is the strategy's data-parallel size, and setup + a state-dict round trip resume a step
+`layout` is the strategy's (its data-parallel size included), and setup + a state-dict round trip resume a step
 bit for bit in one process (world size 1, gloo over a HashStore) wherever the spec's checks allow one rank.
 """
 
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.nn import functional as F
-from unit_support import checked, disttrain, run_env
+from unit_support import checked, disttrain, installed, run_env
 
 import disttrain as package
 from disttrain.config import ConfigError, compose, resolve
@@ -61,7 +61,7 @@ def static_ok(
 def contract_defaults_compose(spec: StrategySpec, config_dir: str | None = None) -> None:
     """`strategy=<name>` composes to exactly the dataclass defaults: the YAML restates none of them."""
     cfg = composed(spec, config_dir)
-    node = OmegaConf.create({"amp": cfg["amp"], "s": OmegaConf.structured(spec.config_cls)})
+    node = OmegaConf.create({"amp": cfg["amp"], "s": OmegaConf.structured(spec.config)})
     assert cfg["strategy"] == OmegaConf.to_container(node, resolve=True)["s"]
     assert static_ok(spec, 1, config_dir) or static_ok(spec, 2, config_dir)
 
@@ -77,7 +77,8 @@ def contract_dp_degree(spec: StrategySpec, config_dir: str | None = None) -> lis
         env = DistEnv(world - 1, world - 1, world, world, "gloo", CPU)  # the last rank: no collective
         strategy = spec.load()(spec.typed(cfg["strategy"]), env)
         rank, size = strategy.data_parallel_rank_size()
-        assert size == spec.dp_degree(spec.typed(cfg["strategy"]), world) == specs.dp_degree(run_of(cfg))
+        assert strategy.layout == spec.layout(spec.typed(cfg["strategy"]), world) == specs.layout(run_of(cfg))
+        assert size == strategy.layout.dp
         assert 0 <= rank < size
     return accepted
 
@@ -158,7 +159,7 @@ def test_the_registry_holds_every_strategy_option() -> None:
     options = {p.stem for p in (config_dir() / "strategy").glob("*.yaml")}
     assert set(BUILTIN) <= options and "zero2" in BUILTIN
     for name in BUILTIN:
-        assert specs.get(name).config_cls().name == name
+        assert specs.get(name).config().name == name
 
 
 @pytest.mark.parametrize("name", BUILTIN)
@@ -264,36 +265,19 @@ class ToyStrategyConfig(DDPStrategyConfig):
 
 
 def plan(shape):
-    return [specs.layout("toy", shape, preference=5, run="strategy=toy", note="ddp by another name")]
+    return [specs.data_parallel_row("toy", shape, preference=5, note="ddp by another name")]
 
 
 SPEC = specs.register(
-    replace(DDP, name="toy", config_cls=ToyStrategyConfig, impl="toylab.strategy:ToyStrategy",
-            about="ddp under another name", plan=plan)
+    replace(DDP, name="toy", config=ToyStrategyConfig, target="toylab.strategy:ToyStrategy",
+            plan=plan)
 )
 '''
 
 
 @pytest.fixture
 def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Path]]:
-    """A user's package as pip would install it (module + spec + entry point) and a config dir."""
-    site, conf = tmp_path / "site", tmp_path / "conf"
-    (site / "toylab").mkdir(parents=True)
-    (site / "toylab" / "strategy.py").write_text(TOY_MODULE)  # one module
-    (site / "toylab" / "__init__.py").write_text(TOY_SPEC)  # one spec entry ...
-    info = site / "toylab-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toylab\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[{specs.ENTRY_POINTS}]\ntoy = toylab\n")  # ... declared
-    (conf / "strategy").mkdir(parents=True)
-    (conf / "strategy" / "toy.yaml").write_text("defaults:\n  - base_toy\n")  # one YAML
-    monkeypatch.syspath_prepend(str(site))
-    try:
-        yield site, conf
-    finally:
-        specs.unregister("toy")
-        monkeypatch.delitem(__import__("sys").modules, "toylab", raising=False)
-        monkeypatch.delitem(__import__("sys").modules, "toylab.strategy", raising=False)
+    yield from installed(tmp_path, monkeypatch, "toy", "toylab", TOY_SPEC, TOY_MODULE)
 
 
 def test_a_new_strategy_is_one_module_one_spec_one_yaml(toy: tuple[Path, Path], one_rank: DistEnv) -> None:

@@ -4,6 +4,9 @@ process, checked against plan's arithmetic and by hand; failures named by rank a
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,10 +14,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
+from unit_support import installed
 
 from disttrain.cli import main
 from disttrain.config import ConfigError, compose, resolve
 from disttrain.config.run import Run
+from disttrain.strategies import specs
 from disttrain.tools.planner import plan
 from disttrain.tools.simulate import fake_world, sample_ranks, setup_rank, simulate
 
@@ -207,3 +212,91 @@ def test_d24_a_slow_one_step_rehearsal_says_so_and_how_to_skip_it() -> None:
     assert record.levelno == logging.WARNING, record
     message = record.getMessage()
     assert message.startswith("plan --simulate: still stepping") and "--no-step" in message, message
+
+
+# ------------------------------------------------------------------------------------ a cp plug-in
+CP_MODULE = '''
+"""Context parallel's layout as torchtitan's: FSDP shards over the data-parallel and context-parallel
+ranks (its dp_shard_cp), and the (dp, cp) mesh whose cp groups would split each sequence (the
+sequence split in forward is not this test's: plan and plan --simulate count the layout)."""
+from disttrain.strategies.fsdp import FSDPStrategy
+
+
+class CPStrategy(FSDPStrategy):
+    def setup_module(self, model):
+        self.cp_mesh = self.layout.mesh(self.env.device.type, ("dp", "cp"))  # the sequence split's groups
+        return super().setup_module(model)
+'''
+
+CP_SPEC = '''
+"""cplab: a context-parallel strategy's spec, torch-free; its degree is declared by its layout."""
+from dataclasses import dataclass, replace
+
+from disttrain.strategies import specs
+from disttrain.strategies.specs.sharded import FSDPStrategyConfig
+
+
+@dataclass
+class CPStrategyConfig(FSDPStrategyConfig):
+    name: str = "cp"
+    cp_degree: int = 2
+
+
+def layout(s, world):
+    return specs.Layout(world, dp_shard=world // s.cp_degree, cp=s.cp_degree, zero=3)
+
+
+def plan(shape):
+    note = "the sequence split over 2 ranks"
+    return [specs.PlanRow("cp", layout(CPStrategyConfig(), shape.world), "strategy=cp", 90, note)]
+
+
+SPEC = specs.register(
+    replace(specs.get("fsdp"), name="cp", config=CPStrategyConfig, target="cplab.strategy:CPStrategy",
+            layout=layout, plan=plan)
+)
+'''
+
+
+@pytest.fixture
+def cp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Path]]:
+    yield from installed(tmp_path, monkeypatch, "cp", "cplab", CP_SPEC, CP_MODULE)
+
+
+def test_a_context_parallel_plugin_is_planned_and_simulated_at_its_degree(
+    cp: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cp degree declared only by the plug-in's layout: plan and plan --simulate count dp = world / cp,
+    activations / cp, the state sharded over dp x cp, and FSDP's traffic over all of them."""
+    from disttrain.tools.planner import render
+
+    _, conf = cp
+    specs.rediscover()
+    gpt = ["model=gpt", "model.dim=128", "model.n_layers=2", "model.n_heads=8", "data.block_size=64"]
+    args = [
+        "--config-dir",
+        str(conf),
+        *gpt,
+        "nproc_per_node=4",
+        "strategy=cp",
+        "strategy.wrap_classes=[Block]",
+    ]
+    assert main(["plan", "--simulate", "--json", *args]) == 0
+    result = json.loads(capsys.readouterr().out)
+    render(result)  # the plan table: the cp row and its degrees
+    table = capsys.readouterr().out
+    assert "dp x cp x tp x pp" in table and re.search(r"│ cp +│ 2x2x1x1 ", table), table
+    rows = {r["layout"]: r for r in result["layouts"]}
+    sim, ddp = result["simulate"], rows["ddp"]["bytes"]
+    assert {k: v for k, v in rows["cp"].items() if k in sim["layout"]} == sim["layout"]  # plan = simulate
+    assert sim["layout"] == {"layout": "cp", "dp": 2, "cp": 2, "tp": 1, "pp": 1, "zero": 3, "shard": 4}
+    assert rows["cp"]["bytes"]["activations"] == sim["plan_bytes"]["activations"] == ddp["activations"] / 2
+    assert rows["cp"]["bytes"]["params"] == sim["plan_bytes"]["params"] == ddp["params"] / 4
+    # the rehearsal: the (dp, cp) ranks each hold a quarter of every tensor, as planned
+    assert [(r["rank"], r["coords"]) for r in sim["ranks"]] == [
+        (2 * d + c, {"dp": d, "cp": c, "tp": 0, "pp": 0}) for d in (0, 1) for c in (0, 1)
+    ]
+    assert all(r["deviation"] == 0 and r["bytes"]["total"] == r["plan_total"] for r in sim["ranks"])
+    # one step's traffic is FSDP's over all four ranks: 3 units gathered, the blocks again, 3 scatters
+    fb = sim["collectives"]["phases"]["forward+backward"]
+    assert fb == {"allgather_base": 5, "reduce_scatter_base": 3}

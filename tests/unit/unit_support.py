@@ -12,7 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -329,3 +329,29 @@ class HostReads:
 
     def __exit__(self, *exc: Any) -> None:
         self._mode.__exit__(*exc)
+
+
+def installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, package: str, spec: str, module: str
+) -> Iterator[tuple[Path, Path]]:
+    """A user's strategy package as pip would install it (`strategy.py` + the spec in `__init__.py` +
+    an entry point in `disttrain.strategies`) and a config dir holding `strategy/<name>.yaml`."""
+    from disttrain.strategies import specs
+
+    site, conf = tmp_path / "site", tmp_path / "conf"
+    (site / package).mkdir(parents=True)
+    (site / package / "strategy.py").write_text(module)  # one module
+    (site / package / "__init__.py").write_text(spec)  # one spec entry ...
+    info = site / f"{package}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{specs.ENTRY_POINTS}]\n{name} = {package}\n")  # ... declared
+    (conf / "strategy").mkdir(parents=True)
+    (conf / "strategy" / f"{name}.yaml").write_text(f"defaults:\n  - base_{name}\n")  # one YAML
+    monkeypatch.syspath_prepend(str(site))
+    try:
+        yield site, conf
+    finally:
+        specs.unregister(name)
+        monkeypatch.delitem(sys.modules, package, raising=False)
+        monkeypatch.delitem(sys.modules, f"{package}.strategy", raising=False)

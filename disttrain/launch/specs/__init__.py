@@ -21,8 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from disttrain.config.registry import Registry, load_target
-from disttrain.config.schema import LauncherConfig
+from disttrain.config.registry import Registry, Spec, load_target
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
@@ -36,8 +35,9 @@ def _never(environ: Environ) -> bool:
 
 
 @dataclass(frozen=True)
-class LauncherSpec:
-    """What config and checks know of a launcher without importing it.
+class LauncherSpec(Spec):
+    """What config and checks know of a launcher without importing it: a `Spec` (`target`: its
+    `Launcher` class; `help`: one line for `launcher.name`'s allowed values), and:
 
     detect(environ): this process runs inside the environment the launcher's scheduler or agent
     makes (a Slurm job, a Kubeflow pod, a rank torchrun started).
@@ -51,10 +51,6 @@ class LauncherSpec:
     above this torch-free declaration (tests/unit/test_layers.py).
     """
 
-    name: str  # `launcher.name`, and the schema's ConfigStore name `launcher/base_<name>`
-    config: type[LauncherConfig]  # its typed config: the only home of its defaults
-    target: str  # "module:Class" of its `Launcher`, imported only when it is checked or runs
-    help: str  # one line for `launcher.name`'s allowed values
     detect: Callable[[Environ], bool] = _never
     node_overrides: Callable[[list[str], Environ], list[str] | None] | str | None = None
     check_node: Callable[[Run], None] | str | None = None
@@ -64,11 +60,7 @@ class LauncherSpec:
     own_files: bool = False
 
     def __post_init__(self) -> None:
-        default = getattr(self.config, "__dataclass_fields__", {}).get("name")
-        if default is None or default.default != self.name:
-            raise ValueError(f"launcher spec {self.name!r}: {self.config.__name__}.name must default to it")
-        if ":" not in self.target:
-            raise ValueError(f"launcher spec {self.name!r}: target {self.target!r} is not 'module:Class'")
+        self.check_named("launcher")
 
     def node_settings(self, overrides: list[str], environ: Environ) -> list[str] | None:
         """`node_overrides` here (None: no node settings come from this environment)."""

@@ -8,6 +8,7 @@ from disttrain.strategies.specs.core import (
     PIPELINE_LAYERS,
     STRATEGIES,
     TP_PLAN,
+    PlanRow,
     PlanShape,
     StrategyConfig,
     StrategySpec,
@@ -17,7 +18,6 @@ from disttrain.strategies.specs.core import (
     cpu_collectives,
     data_parallel_row,
     discover,
-    dp_degree,
     get,
     layout,
     names,
@@ -26,12 +26,15 @@ from disttrain.strategies.specs.core import (
     register,
     unregister,
 )
+from disttrain.strategies.specs.layout import Layout, replicas
 
 __all__ = [
     "ENTRY_POINTS",
     "PIPELINE_LAYERS",
     "STRATEGIES",
     "TP_PLAN",
+    "Layout",
+    "PlanRow",
     "PlanShape",
     "StrategyConfig",
     "StrategySpec",
@@ -41,12 +44,12 @@ __all__ = [
     "cpu_collectives",
     "data_parallel_row",
     "discover",
-    "dp_degree",
     "get",
     "layout",
     "names",
     "of",
     "rediscover",
     "register",
+    "replicas",
     "unregister",
 ]

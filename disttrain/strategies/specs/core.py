@@ -1,7 +1,7 @@
 """`StrategySpec` and the registry: everything disttrain knows about a strategy before torch loads.
 
 One spec per strategy names its typed config (the only home of its defaults), its pre-launch checks,
-its data-parallel degree, the mixed precision it supports, its rows in `disttrain plan` and the
+its parallel layout (`Layout`: degrees and meshes), the mixed precision it supports, its rows in `disttrain plan` and the
 class that runs it (imported lazily). The schema (`base_<name>` nodes), the checks, `build_strategy`
 and the planner iterate this registry; nothing else compares strategy names.
 
@@ -14,7 +14,6 @@ object), or by calling `register` before the config is composed (tests, notebook
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,8 @@ from omegaconf import MISSING
 
 from disttrain.config.common import help_field
 from disttrain.config.errors import ConfigError
-from disttrain.config.registry import Registry, config_nodes
+from disttrain.config.registry import Registry, Spec, config_nodes
+from disttrain.strategies.specs.layout import Layout, replicas
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
@@ -51,47 +51,33 @@ class PlanShape:
     heads: int | None
 
 
-def layout(
-    name: str,
-    shape: PlanShape,
-    *,
-    preference: int,
-    run: str,
-    note: str,
-    tp: int = 1,
-    pp: int = 1,
-    zero: int = 0,
-    shard: int = 1,
-) -> dict[str, Any]:
-    """One row of `disttrain plan`: degrees dp x tp x pp = world, the ZeRO stage of the dp dimension
-    and how many ranks share it (`shard`); `run` is the overrides that train this layout, and a lower
-    `preference` is chosen first among the layouts that fit (less communication, less code)."""
-    return {
-        "layout": name,
-        "run": run,
-        "dp": shape.world // (tp * pp),
-        "tp": tp,
-        "pp": pp,
-        "zero": zero,
-        "shard": shard,
-        "preference": preference,
-        "note": note,
-    }
+@dataclass(frozen=True)
+class PlanRow:
+    """One row of `disttrain plan`: a layout, `run` (the overrides that train it) and a `preference`
+    (lower is chosen first among the rows that fit: less communication, less code)."""
+
+    name: str
+    layout: Layout
+    run: str
+    preference: int
+    note: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "layout": self.name,
+            "run": self.run,
+            **self.layout.degrees(),
+            "preference": self.preference,
+            "note": self.note,
+        }
 
 
-def data_parallel_row(
-    name: str, shape: PlanShape, *, preference: int, note: str, zero: int = 0
-) -> dict[str, Any]:
+def data_parallel_row(name: str, shape: PlanShape, *, preference: int, note: str, zero: int = 0) -> PlanRow:
     """The row of a data-parallel strategy run as is (`strategy=<name>`) over every rank: replicated
     (zero=0), or its ZeRO stage sharded across the whole world."""
-    shard = shape.world if zero else 1
-    return layout(
-        name, shape, preference=preference, run=f"strategy={name}", zero=zero, shard=shard, note=note
-    )
-
-
-def _whole_world(s: Any, world: int) -> int:
-    return world
+    w = shape.world
+    layout = Layout(w, dp_shard=w, zero=zero) if zero else replicas(None, w)
+    return PlanRow(name, layout, f"strategy={name}", preference, note)
 
 
 def _never(s: Any) -> bool:
@@ -103,23 +89,20 @@ ModelCheck = Callable[["Run", Any, Any, int], None]
 
 
 @dataclass(frozen=True)
-class StrategySpec:
-    """What disttrain knows about one strategy, without importing torch.
+class StrategySpec(Spec):
+    """What disttrain knows about one strategy, without importing torch: a `Spec` (`config`: a
+    `StrategyConfig`; `target`: its `Strategy` class, imported only when a rank builds it), and:
 
     check_static(run, s): pre-launch rules on the run (`disttrain.config.run.Run`) and its typed
     strategy slice `s` (`run.strategy`).
     check_model(run, s, meta_model, gpus): rules that need the model (built on the meta device).
-    dp_degree(s, world): data-parallel replicas (ranks that read different data) at `world` ranks;
-    the strategy's `data_parallel_rank_size()` returns the same size.
+    layout(s, world): the run's `Layout` at `world` ranks (its degrees and ZeRO stage); the strategy
+    builds its mesh from it and `plan`, `plan --simulate` and checkpoints read it.
     cpu_collectives(s): its ranks run collectives on CPU tensors with this config (FSDP's
     cpu_offload: gradient norms and full state dicts of CPU shards); on GPUs the process group then
     needs gloo for CPU next to NCCL (`group_backend`).
     """
 
-    name: str
-    config_cls: type[StrategyConfig]
-    impl: str  # "package.module:Class", imported only when a rank builds the strategy
-    about: str  # one line: what it does (docs, listings)
     amp: frozenset[str] = AMP_MODES  # mixed precision modes besides off
     replicated: bool = False  # every rank holds the whole, identical model (debug.check_sync_every)
     # setup_module shards a meta-device model in place, leaving it on meta: with init.path filling
@@ -141,30 +124,14 @@ class StrategySpec:
     dcp_layout: bool = True
     check_static: StaticCheck | None = None
     check_model: ModelCheck | None = None
-    dp_degree: Callable[[Any, int], int] = _whole_world
+    layout: Callable[[Any, int], Layout] = replicas
     cpu_collectives: Callable[[Any], bool] = _never
-    plan: Callable[[PlanShape], list[dict[str, Any]]] | None = None
+    plan: Callable[[PlanShape], list[PlanRow]] | None = None
 
     def __post_init__(self) -> None:
-        default = {f.name: f.default for f in dataclasses.fields(self.config_cls)}.get("name")
-        if default != self.name:
-            raise ValueError(f"spec {self.name!r}: {self.config_cls.__name__}.name defaults to {default!r}")
-        if ":" not in self.impl:
-            raise ValueError(f"spec {self.name!r}: impl {self.impl!r} is not 'module:Class'")
+        self.check_named("strategy")
         if not self.amp <= AMP_MODES:
             raise ValueError(f"spec {self.name!r}: amp {sorted(self.amp)} not within {sorted(AMP_MODES)}")
-
-    def load(self) -> type:
-        """The strategy class (imports torch)."""
-        module, _, cls = self.impl.partition(":")
-        loaded: type = getattr(importlib.import_module(module), cls)
-        return loaded
-
-    def typed(self, node: Any) -> Any:
-        """The `strategy` slice of a resolved config as this spec's config dataclass."""
-        from disttrain.config.typed import typed
-
-        return typed(self.config_cls, node)
 
 
 STRATEGIES: Registry[StrategySpec] = Registry(
@@ -177,7 +144,7 @@ STRATEGIES: Registry[StrategySpec] = Registry(
         "disttrain.strategies.specs.model_parallel",
     ),
     hint="choose the strategy group option: strategy=ddp.",
-    describe=lambda spec: spec.impl,
+    describe=lambda spec: spec.target,
 )
 ENTRY_POINTS = STRATEGIES.group
 # The registry's contract under the names the strategies' callers use.
@@ -200,15 +167,16 @@ def of(cfg: Mapping[str, Any]) -> tuple[StrategySpec, Any]:
         raise ConfigError(
             "strategy.name",
             name,
-            f"the keys of {spec.config_cls.__name__} ({', '.join(f.name for f in dataclasses.fields(spec.config_cls))})",
+            f"the keys of {spec.config.__name__} ({', '.join(f.name for f in dataclasses.fields(spec.config))})",
             f"choose a strategy with its group option (strategy={name}), not by setting strategy.name "
             f"on another option's keys ({type(exc).__name__}).",
         ) from None
 
 
-def dp_degree(run: Run) -> int:
-    """Data-parallel replicas of a run: the spec's answer at its world size."""
-    return int(get(run.strategy.name).dp_degree(run.strategy, run.world.size))
+def layout(run: Run, world: int | None = None) -> Layout:
+    """The run's parallel layout, from its spec, at its world size (or `world`: elastic membership
+    may differ from the config's nodes x nproc_per_node)."""
+    return get(run.strategy.name).layout(run.strategy, run.world.size if world is None else world)
 
 
 def cpu_collectives(run: Run) -> bool:

@@ -13,6 +13,7 @@ from disttrain.config.common import Choice, world_shape
 from disttrain.config.common import help_field as h
 from disttrain.config.errors import ConfigError
 from disttrain.strategies.specs.core import (
+    PlanRow,
     PlanShape,
     StrategyConfig,
     StrategySpec,
@@ -20,6 +21,7 @@ from disttrain.strategies.specs.core import (
     data_parallel_row,
     register,
 )
+from disttrain.strategies.specs.layout import Layout
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
@@ -159,13 +161,18 @@ def check_localsgd(run: Run, s: LocalSGDStrategyConfig) -> None:
 
 
 # ------------------------------------------------------------------------------------------ plan
-def plan_ddp(shape: PlanShape) -> list[dict[str, Any]]:
+def plan_ddp(shape: PlanShape) -> list[PlanRow]:
     return [data_parallel_row("ddp", shape, preference=10, note="full replica per rank")]
 
 
-def plan_zero(shape: PlanShape) -> list[dict[str, Any]]:
+def plan_zero(shape: PlanShape) -> list[PlanRow]:
     note = "ZeRO-1: optimizer state sharded; same traffic as ddp"
     return [data_parallel_row("zero", shape, preference=20, zero=1, note=note)]
+
+
+def zero_layout(s: ZeroStrategyConfig, world: int) -> Layout:
+    """Whole parameters on every rank, the optimizer state sharded across all of them (ZeRO-1)."""
+    return Layout(world, dp_shard=world, zero=1)
 
 
 # ------------------------------------------------------------------------------------------ specs
@@ -173,9 +180,8 @@ SINGLE = register(
     StrategySpec(
         name="single",
         peft=True,
-        config_cls=SingleStrategyConfig,
-        impl="disttrain.strategies.single:SingleStrategy",
-        about="one process, one device: the reference every other strategy is checked against",
+        config=SingleStrategyConfig,
+        target="disttrain.strategies.single:SingleStrategy",
         replicated=True,
         check_static=check_single,
         oom_retry=True,
@@ -185,9 +191,8 @@ DDP = register(
     StrategySpec(
         name="ddp",
         peft=True,
-        config_cls=DDPStrategyConfig,
-        impl="disttrain.strategies.ddp:DDPStrategy",
-        about="DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets",
+        config=DDPStrategyConfig,
+        target="disttrain.strategies.ddp:DDPStrategy",
         replicated=True,
         check_static=check_ddp,
         check_model=check_ddp_model,
@@ -197,9 +202,8 @@ DDP = register(
 DP = register(
     StrategySpec(
         name="dp",
-        config_cls=DPStrategyConfig,
-        impl="disttrain.strategies.dp:DPStrategy",
-        about="nn.DataParallel: one process drives every local GPU",
+        config=DPStrategyConfig,
+        target="disttrain.strategies.dp:DPStrategy",
         amp=frozenset(),
         replicated=True,
         check_static=check_dp,
@@ -209,24 +213,23 @@ DP = register(
 ZERO = register(
     StrategySpec(
         name="zero",
-        config_cls=ZeroStrategyConfig,
+        config=ZeroStrategyConfig,
         dcp_layout=False,
-        impl="disttrain.strategies.zero:ZeroStrategy",
-        about="ZeRO-1: DDP gradients, optimizer state partitioned across ranks",
+        target="disttrain.strategies.zero:ZeroStrategy",
         amp=frozenset({"bf16"}),
         replicated=True,
         check_static=check_zero,
         check_model=check_ddp_model,
+        layout=zero_layout,
         plan=plan_zero,
     )
 )
 LOCALSGD = register(
     StrategySpec(
         name="localsgd",
-        config_cls=LocalSGDStrategyConfig,
+        config=LocalSGDStrategyConfig,
         dcp_layout=False,
-        impl="disttrain.strategies.localsgd:LocalSGDStrategy",
-        about="post-local SGD: DDP for warmup_steps, then parameters averaged every sync_every steps",
+        target="disttrain.strategies.localsgd:LocalSGDStrategy",
         amp=frozenset({"bf16"}),
         check_static=check_localsgd,
         check_model=check_ddp_model,

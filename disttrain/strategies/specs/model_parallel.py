@@ -18,12 +18,13 @@ from disttrain.strategies.specs import core
 from disttrain.strategies.specs.core import (
     PIPELINE_LAYERS,
     TP_PLAN,
+    PlanRow,
     PlanShape,
     StrategyConfig,
     StrategySpec,
-    layout,
     register,
 )
+from disttrain.strategies.specs.layout import Layout
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
@@ -76,18 +77,18 @@ class FSDPTPStrategyConfig(TPStrategyConfig):
     )
 
 
-def fsdp_tp_degrees(s: FSDPTPStrategyConfig, world: int) -> tuple[int, int]:
-    """(dp, tp) of the fsdp+tp mesh: dp_degree as set, or world / tp_degree for -1."""
+def fsdp_tp_layout(s: FSDPTPStrategyConfig, world: int) -> Layout:
+    """(dp, tp): tp_degree ranks per tensor-parallel group, FSDP over dp_degree (-1: world / tp_degree)."""
     dp = s.dp_degree if s.dp_degree != -1 else world // s.tp_degree
-    return max(dp, 1), s.tp_degree
+    return Layout(world, dp_shard=max(dp, 1), tp=s.tp_degree, zero=3)
 
 
-def _one_replica(s: Any, world: int) -> int:
-    return 1
+def tp_layout(s: TPStrategyConfig, world: int) -> Layout:
+    return Layout(world, tp=world)
 
 
-def _fsdp_tp_dp(s: FSDPTPStrategyConfig, world: int) -> int:
-    return fsdp_tp_degrees(s, world)[0]
+def pipeline_layout(s: PipelineStrategyConfig, world: int) -> Layout:
+    return Layout(world, pp=world)
 
 
 # ------------------------------------------------------------------------------------------ static
@@ -430,14 +431,14 @@ def _heads_split(shape: PlanShape, tp: int) -> bool:
     return shape.heads is None or shape.heads % tp == 0
 
 
-def plan_tp(shape: PlanShape) -> list[dict[str, Any]]:
+def plan_tp(shape: PlanShape) -> list[PlanRow]:
     if shape.world < 2 or not _heads_split(shape, shape.world):
         return []
     note = f"tp over all {shape.world} ranks" + (" (across nodes: slow links)" if shape.nodes > 1 else "")
-    return [layout("tp", shape, preference=70, run="strategy=tp", tp=shape.world, note=note)]
+    return [PlanRow("tp", Layout(shape.world, tp=shape.world), "strategy=tp", 70, note)]
 
 
-def plan_fsdp_tp(shape: PlanShape) -> list[dict[str, Any]]:
+def plan_fsdp_tp(shape: PlanShape) -> list[PlanRow]:
     """tp inside a node and fsdp across nodes; on one node of >= 4 ranks, tp over half of them."""
     if shape.nodes > 1:
         tp, note = shape.per_node, "tp in the node, fsdp across nodes"
@@ -449,27 +450,25 @@ def plan_fsdp_tp(shape: PlanShape) -> list[dict[str, Any]]:
     if tp < 2 or not _heads_split(shape, tp):
         return []
     run = f"strategy=fsdp+tp strategy.tp_degree={tp}"
-    dp = shape.world // tp
-    return [layout("fsdp+tp", shape, preference=60, run=run, tp=tp, zero=3, shard=dp, note=note)]
+    return [PlanRow("fsdp+tp", Layout(shape.world, dp_shard=shape.world // tp, tp=tp, zero=3), run, 60, note)]
 
 
-def plan_pipeline(shape: PlanShape) -> list[dict[str, Any]]:
+def plan_pipeline(shape: PlanShape) -> list[PlanRow]:
     """One stage per rank: needs at least as many layers as ranks."""
     if not 1 < shape.world <= shape.layers:
         return []
     note = f"{shape.world} balanced stages; stage 0 keeps ~all activations (1F1B)"
-    return [layout("pipeline", shape, preference=80, run="strategy=pipeline", pp=shape.world, note=note)]
+    return [PlanRow("pipeline", Layout(shape.world, pp=shape.world), "strategy=pipeline", 80, note)]
 
 
 # ------------------------------------------------------------------------------------------ specs
 PIPELINE = register(
     StrategySpec(
         name="pipeline",
-        config_cls=PipelineStrategyConfig,
+        config=PipelineStrategyConfig,
         whole_outputs=False,
         dcp_layout=False,
-        impl="disttrain.strategies.pipeline:PipelineStrategy",
-        about="pipeline parallel: the model cut into stages, micro-batches flow through the ranks",
+        target="disttrain.strategies.pipeline:PipelineStrategy",
         amp=frozenset(),
         compile=False,
         ema=False,  # stages rename their parameters: the EMA's checkpoint names would not be the model's
@@ -477,7 +476,7 @@ PIPELINE = register(
         one_tensor_batches=True,
         check_static=check_pipeline,
         check_model=check_pipeline_model,
-        dp_degree=_one_replica,
+        layout=pipeline_layout,
         plan=plan_pipeline,
     )
 )
@@ -485,14 +484,13 @@ TP = register(
     StrategySpec(
         name="tp",
         meta_setup=True,
-        config_cls=TPStrategyConfig,
-        impl="disttrain.strategies.tp:TPStrategy",
-        about="tensor parallel over all ranks with the model's tp_plan(); one replica",
+        config=TPStrategyConfig,
+        target="disttrain.strategies.tp:TPStrategy",
         amp=frozenset({"bf16"}),
         needs=frozenset({TP_PLAN}),
         check_static=check_tp_static,
         check_model=check_tp,
-        dp_degree=_one_replica,
+        layout=tp_layout,
         plan=plan_tp,
     )
 )
@@ -500,14 +498,13 @@ FSDP_TP = register(
     StrategySpec(
         name="fsdp+tp",
         meta_setup=True,
-        config_cls=FSDPTPStrategyConfig,
-        impl="disttrain.strategies.tp:FSDPTPStrategy",
-        about="2D: tensor parallel within groups of tp_degree ranks, FSDP across the groups",
+        config=FSDPTPStrategyConfig,
+        target="disttrain.strategies.tp:FSDPTPStrategy",
         amp=frozenset({"bf16"}),
         needs=frozenset({TP_PLAN}),
         check_static=check_fsdp_tp,
         check_model=check_fsdp_tp_model,
-        dp_degree=_fsdp_tp_dp,
+        layout=fsdp_tp_layout,
         plan=plan_fsdp_tp,
     )
 )

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,15 +18,16 @@ from disttrain.config.common import ComputeDtype, world_shape
 from disttrain.config.common import help_field as h
 from disttrain.config.errors import ConfigError, check_divides
 from disttrain.strategies.specs.core import (
+    PlanRow,
     PlanShape,
     StrategyConfig,
     StrategySpec,
     at_least,
     data_parallel_row,
-    layout,
     register,
 )
 from disttrain.strategies.specs.data_parallel import warn_single_rank
+from disttrain.strategies.specs.layout import Layout
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
@@ -167,7 +169,7 @@ def check_wrap_classes(s: FSDPStrategyConfig, model: Any) -> None:
         )
 
 
-def plan_fsdp(shape: PlanShape) -> list[dict[str, Any]]:
+def plan_fsdp(shape: PlanShape) -> list[PlanRow]:
     """fsdp over every rank; with several nodes also hsdp (sharded in a node, replicated across)."""
     rows = [
         data_parallel_row(
@@ -177,13 +179,23 @@ def plan_fsdp(shape: PlanShape) -> list[dict[str, Any]]:
     if shape.nodes > 1:
         run = f"strategy=hsdp strategy.replicate={shape.nodes}"
         note = "sharded within a node, replicated across nodes"
-        rows.append(layout("hsdp", shape, preference=40, run=run, zero=3, shard=shape.per_node, note=note))
+        hsdp = Layout(shape.world, dp_replicate=shape.nodes, dp_shard=shape.per_node, zero=3)
+        rows.append(PlanRow("hsdp", hsdp, run, 40, note))
     return rows
 
 
-def plan_zero2(shape: PlanShape) -> list[dict[str, Any]]:
+def plan_zero2(shape: PlanShape) -> list[PlanRow]:
     note = "ZeRO-2: gradients + optimizer state sharded, params gathered in forward; traffic as ddp"
     return [data_parallel_row("zero2", shape, preference=30, zero=2, note=note)]
+
+
+def sharded(zero: int) -> Callable[[FSDPStrategyConfig, int], Layout]:
+    """The layout of FSDP at a ZeRO stage: (replicate, world / replicate), sharded within a replica."""
+
+    def layout(s: FSDPStrategyConfig, world: int) -> Layout:
+        return Layout(world, dp_replicate=s.replicate, dp_shard=world // s.replicate, zero=zero)
+
+    return layout
 
 
 def offloads(s: FSDPStrategyConfig) -> bool:
@@ -197,12 +209,12 @@ FSDP = register(
         name="fsdp",
         peft=True,
         meta_setup=True,
-        config_cls=FSDPStrategyConfig,
-        impl="disttrain.strategies.fsdp:FSDPStrategy",
-        about="FSDP2 (fully_shard): parameters, gradients and optimizer state sharded; HSDP with replicate",
+        config=FSDPStrategyConfig,
+        target="disttrain.strategies.fsdp:FSDPStrategy",
         check_static=check_fsdp,
         check_model=check_fsdp_model,
         cpu_collectives=offloads,
+        layout=sharded(3),
         plan=plan_fsdp,
     )
 )
@@ -211,12 +223,12 @@ ZERO2 = register(
         name="zero2",
         peft=True,
         meta_setup=True,
-        config_cls=Zero2StrategyConfig,
-        impl="disttrain.strategies.fsdp:FSDPStrategy",
-        about="FSDP2 without resharding after forward: ZeRO-2's memory with ddp's traffic",
+        config=Zero2StrategyConfig,
+        target="disttrain.strategies.fsdp:FSDPStrategy",
         check_static=check_zero2,
         check_model=check_fsdp_model,
         cpu_collectives=offloads,
+        layout=sharded(2),
         plan=plan_zero2,
     )
 )
