@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from disttrain.config.common import sealed
 from disttrain.config.schema import (
     AmpConfig,
     BackendConfig,
@@ -81,9 +82,13 @@ class Run(Mapping[str, Any]):
     storage_options: dict[str, Any]
     threads_per_rank: int | None
     profile: bool
-    _plain: dict[str, Any] = field(repr=False)  # the YAML form: handed out only as copies
+    _plain: dict[str, Any] = field(repr=False)  # the YAML form, read-only (a copy: plain dicts)
 
-    # The open `_target_` nodes: the user's classes' arguments, a copy at each read.
+    def __post_init__(self) -> None:
+        for f in fields(self):  # read-only to the leaves: assignment anywhere under a Run raises
+            object.__setattr__(self, f.name, sealed(getattr(self, f.name)))
+
+    # The open `_target_` nodes: the user's classes' arguments, read-only.
     @property
     def model(self) -> dict[str, Any]:
         return self["model"]
@@ -158,7 +163,7 @@ class Run(Mapping[str, Any]):
     # The plain view, as config.yaml holds it: `run["model"]["_target_"]`. A copy at each read, so
     # nothing changes the run behind its typed blocks; a typed attribute is the way to read those.
     def __getitem__(self, key: str) -> Any:
-        return copy.deepcopy(self._plain[key])
+        return self._plain[key]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._plain)

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import II, MISSING, DictConfig
 
-from disttrain.config.common import Choice, ComputeDtype, Switch
+from disttrain.config.common import Block, Choice, ComputeDtype, Switch
 from disttrain.config.common import help_field as _h
 from disttrain.config.names import NO_DECAY as NO_DECAY  # optim.param_groups (the engine imports names)
 from disttrain.config.names import NO_DECAY_1D as NO_DECAY_1D
@@ -96,7 +96,7 @@ class Fp8Recipe(Choice):
 
 # ----------------------------------------------------------------------------------------- backend
 @dataclass
-class BackendConfig:
+class BackendConfig(Block):
     name: BackendName = _h(
         "process-group backend: auto (nccl with CUDA GPUs, else gloo), gloo or nccl", BackendName.auto
     )
@@ -105,7 +105,7 @@ class BackendConfig:
 
 # ------------------------------------------------------------------------------------------- data
 @dataclass
-class DataConfig:
+class DataConfig(Block):
     name: str = _h("data set name (for logs)", MISSING)
     targets: Targets = _h(
         "what built-in data sets make as targets: classes (int64 labels) or values (float); "
@@ -137,13 +137,13 @@ class DataConfig:
 
 # ------------------------------------------------------------------------------------------- task
 @dataclass
-class TaskConfig:
+class TaskConfig(Block):
     _target_: str = _h("a disttrain.tasks.Task subclass, or a function step(model, batch) -> loss", MISSING)
 
 
 # -------------------------------------------------------------------------------------------- amp
 @dataclass
-class AmpConfig:
+class AmpConfig(Block):
     name: str = _h(
         "mixed precision: off, bf16, fp16 (dynamic loss scaling) or fp8 (torchao float8 Linear layers, "
         "bf16 for the rest)",
@@ -184,7 +184,7 @@ class AmpConfig:
 
 # ------------------------------------------------------------------------------------------- peft
 @dataclass
-class PeftConfig:
+class PeftConfig(Block):
     name: PeftName = _h(
         "parameter-efficient fine-tuning: none (every parameter trains) or lora (Hugging Face PEFT's LoRA "
         "adapters; only they train, have optimizer state and go into checkpoints)",
@@ -203,7 +203,7 @@ class PeftConfig:
 
 # ---------------------------------------------------------------------------------------- optim
 @dataclass
-class OptimConfig:
+class OptimConfig(Block):
     """Keys disttrain reads itself; a swapped `optim._target_` starts from these (see config/clean.py)."""
 
     _target_: str = _h("optimizer class", MISSING)
@@ -244,13 +244,13 @@ class SGDConfig(OptimConfig):
 
 # ---------------------------------------------------------------------------------------- sched
 @dataclass
-class SchedConfig:
+class SchedConfig(Block):
     name: str = _h("constant or cosine", MISSING)
     warmup_steps: int = _h("linear warm-up from 0 to the base lr over this many optimizer steps", 0)
 
 
 @dataclass
-class TargetSchedConfig:
+class TargetSchedConfig(Block):
     """Any torch.optim.lr_scheduler class (or your own): built with the optimizer, stepped once per
     optimizer step. A swapped `sched._target_` starts from these keys."""
 
@@ -284,7 +284,7 @@ class CosineSchedConfig(SchedConfig):
 
 # -------------------------------------------------------------------------------------- launcher
 @dataclass
-class LauncherConfig:
+class LauncherConfig(Block):
     name: str = _h(
         "the launcher's registered name: torchrun, spawn, slurm, k8s, or one a package registers "
         "(disttrain.launch.specs)",
@@ -305,7 +305,7 @@ class LauncherConfig:
 
 # --------------------------------------------------------------------------------------- trainer
 @dataclass
-class EarlyStopConfig:
+class EarlyStopConfig(Block):
     monitor: str = _h("the validation metric watched (val/loss, val/acc, val/ppl, ...)", "val/loss")
     mode: Mode = _h("min: lower is better (a loss); max: higher is better (accuracy)", Mode.min)
     patience: int = _h(
@@ -317,7 +317,7 @@ class EarlyStopConfig:
 
 
 @dataclass
-class EmaConfig:
+class EmaConfig(Block):
     decay: float | None = _h(
         "exponential moving average of the weights: ema = decay x ema + (1 - decay) x weights after an "
         "update (0.999 is common); null or 0: off. Sharded like the parameters, checkpointed, "
@@ -329,7 +329,7 @@ class EmaConfig:
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(Block):
     max_epochs: int = _h("epochs to train when max_steps is -1", 10)
     max_steps: int = _h("optimizer steps to train (epochs continue as needed); -1: run max_epochs", -1)
     batch_size: int = _h("samples per rank per micro-step (global batch = this x world x grad_accum)", 32)
@@ -397,7 +397,7 @@ class TrainerConfig:
 
 # ------------------------------------------------------------------------------------------ init
 @dataclass
-class InitConfig:
+class InitConfig(Block):
     path: str | None = _h(
         "start from these weights (the model's only: optimizer, schedule and step start fresh): a "
         ".safetensors or .pt file (disttrain export, checkpoints/final.pt), a Hugging Face model folder, "
@@ -422,13 +422,13 @@ class InitConfig:
 
 # ------------------------------------------------------------------------------------- debug/prof
 @dataclass
-class DebugConfig:
+class DebugConfig(Block):
     check_sync_every: int = _h("every N steps compare parameter checksums across replicas; 0: off", 0)
     log_grad_stats: bool = _h("log per-parameter gradient norms (grad_norm/NAME) at log steps", False)
 
 
 @dataclass
-class ProfilerConfig:
+class ProfilerConfig(Block):
     wait: int = _h("profile=true: steps skipped before the window", 1)
     warmup: int = _h("profile=true: steps traced but discarded (profiler warm-up)", 1)
     active: int = _h("profile=true: steps recorded into the trace", 3)
@@ -436,7 +436,7 @@ class ProfilerConfig:
 
 # --------------------------------------------------------------------------------------- observe
 @dataclass
-class ObserveConfig:
+class ObserveConfig(Block):
     sinks: list[Any] = _h(
         "metric sinks besides metrics.jsonl: names (tensorboard, csv, mlflow, wandb) or {_target_: ...} "
         "dicts with the sink's arguments, e.g. [tensorboard,{_target_:mlflow,tracking_uri:'file:///tmp/ml'}]",
@@ -446,7 +446,7 @@ class ObserveConfig:
 
 # ------------------------------------------------------------------------------------------ plan
 @dataclass
-class PlanConfig:
+class PlanConfig(Block):
     """Read only by `disttrain plan` (training ignores it)."""
 
     gpu_mem_gb: float = _h("memory of one accelerator in GiB that the plan must fit", 80.0)
@@ -459,7 +459,7 @@ class PlanConfig:
 
 # ----------------------------------------------------------------------------------------- sweep
 @dataclass
-class SweepConfig:
+class SweepConfig(Block):
     """Read by `disttrain train -m` (one value per sweep: every job of a sweep shares it)."""
 
     max_parallel: int = _h(
@@ -507,7 +507,7 @@ def _keyword_field(name: str, type_name: str, default: Any, text: str) -> Any:
 @_keyword_field(
     "async", "bool", False, "save in a background thread (DCP async_save); training waits only to stage"
 )
-class CheckpointConfig:
+class CheckpointConfig(Block):
     dir: str | None = _h(
         "where checkpoints go; null: <run dir>/checkpoints. With several nodes every node must see "
         "it (a shared file system): checked before training",

@@ -394,3 +394,44 @@ def test_a_hand_edited_closed_choice_is_named_before_launch() -> None:
         check_static(run_of(cfg))
     assert (info.value.key, info.value.value) == ("trainer.oom", "retry"), str(info.value)
     assert info.value.allowed == "one of off, auto_microbatch"
+
+
+@pytest.mark.parametrize("overrides", [[], ["strategy=fsdp", "data=tokens", "data.path=/t.bin", "model=gpt"]])
+def test_assignment_anywhere_under_a_run_raises(overrides: list[str]) -> None:
+    """Issue 39: the Run is read-only to its leaves (review A.3: `run.trainer.batch_size = 999`
+    succeeded while to_dict() still said 32)."""
+    import dataclasses
+
+    from disttrain.config.run import Run
+
+    run = Run.of(resolve(compose(overrides), overrides))
+    before = run.to_dict()
+    seen: list[str] = []
+
+    def walk(node: Any, path: str) -> None:
+        seen.append(path)
+        if dataclasses.is_dataclass(node):
+            for f in dataclasses.fields(node):
+                with pytest.raises(AttributeError, match="cannot assign"):
+                    setattr(node, f.name, 999)
+                walk(getattr(node, f.name), f"{path}.{f.name}")
+        elif isinstance(node, dict):
+            for change in (lambda: node.__setitem__("x", 1), lambda: node.update(x=1), node.clear):
+                with pytest.raises(TypeError, match="read-only"):
+                    change()
+            for key, value in node.items():
+                walk(value, f"{path}[{key!r}]")
+        elif isinstance(node, list):
+            for change in (lambda: node.append(1), lambda: node.__setitem__(slice(None), []), node.clear):
+                with pytest.raises(TypeError, match="read-only"):
+                    change()
+            for i, value in enumerate(node):
+                walk(value, f"{path}[{i}]")
+
+    walk(run, "run")
+    for name in ("model", "data", "task", "optim", "sched"):
+        walk(getattr(run, name), name)
+    assert {"run.trainer.early_stop.patience", "run.observe.sinks", "run.storage_options"} <= set(seen)
+    assert "run.strategy.reshard_after_forward" in seen or not overrides
+    assert len(seen) > 150
+    assert run.to_dict() == before and run.trainer.batch_size == before["trainer"]["batch_size"]

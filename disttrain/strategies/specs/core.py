@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import MISSING
 
-from disttrain.config.common import help_field
+from disttrain.config.common import Block, help_field
 from disttrain.config.errors import ConfigError
 from disttrain.config.registry import Registry, config_nodes
 
@@ -34,7 +34,7 @@ TP_PLAN, PIPELINE_LAYERS = "tp_plan", "pipeline_layers"
 
 
 @dataclass
-class StrategyConfig:
+class StrategyConfig(Block):
     """Base of every strategy's config dataclass; `name` defaults to the spec's name."""
 
     name: str = help_field("how the model is parallelised", MISSING)
