@@ -473,7 +473,8 @@ def _hydra_task(jobs: Jobs) -> dict[str, Any] | float | None:
 
     from disttrain.config import resolve
     from disttrain.config.errors import ConfigError
-    from disttrain.preflight.checks import check_runtime, check_static, run_of
+    from disttrain.config.run import Run
+    from disttrain.preflight.checks import check_runtime, check_static
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir).resolve()
@@ -486,7 +487,7 @@ def _hydra_task(jobs: Jobs) -> dict[str, Any] | float | None:
         from disttrain.config import compose
 
         try:
-            checked = run_of(resolve(compose(overrides, jobs.config_dir, jobs.config_name), overrides))
+            checked = Run.of(resolve(compose(overrides, jobs.config_dir, jobs.config_name), overrides))
             check_static(checked)
             check_runtime(checked)
         except ConfigError as exc:

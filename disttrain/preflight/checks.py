@@ -7,7 +7,6 @@ too small for the world size, or nccl without a GPU fails in seconds, before a q
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +14,7 @@ from disttrain import storage
 from disttrain.config import extras
 from disttrain.config.common import Choice
 from disttrain.config.errors import ConfigError, _show, one_of
-from disttrain.config.run import Run, World
+from disttrain.config.run import Run
 from disttrain.config.schema import (
     NO_DECAY,
     NO_DECAY_1D,
@@ -27,7 +26,6 @@ from disttrain.config.schema import (
 )
 from disttrain.config.typed import own_key
 from disttrain.data.specs import Sampling, TokenDtype
-from disttrain.launch.registry import launcher_names, launcher_specs
 from disttrain.observe.sinks import check_sinks
 from disttrain.preflight import launch_checks
 from disttrain.storage import is_url
@@ -40,13 +38,13 @@ AMP = {"off": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16
 # wrote without the schema is checked here against the same members.
 
 
-def _at_least(cfg: Mapping[str, Any], key: str, low: float, hint: str) -> None:
+def _at_least(cfg: Run, key: str, low: float, hint: str) -> None:
     value = _get(cfg, key)
     if value is None or value < low:
         raise ConfigError(key, value, f"a number >= {low:g}", hint)
 
 
-def _choice(cfg: Mapping[str, Any], key: str, allowed: tuple[Any, ...] | type[Choice], hint: str) -> None:
+def _choice(cfg: Run, key: str, allowed: tuple[Any, ...] | type[Choice], hint: str) -> None:
     value = _get(cfg, key)
     if isinstance(allowed, type):
         allowed = tuple(m.value for m in allowed)
@@ -74,7 +72,7 @@ def _check_monitoring(run: Run) -> None:
             raise ConfigError(
                 key, monitor, "a validation metric: val/loss, val/<the task's metric>", "e.g. val/loss."
             )
-    if used and not (run.get("data") or {}).get("val"):
+    if used and not (run.data or {}).get("val"):
         raise ConfigError(
             used[0],
             _get(run, used[0]),
@@ -86,42 +84,14 @@ def _check_monitoring(run: Run) -> None:
 WORLD = ("nodes", "nproc_per_node", "node_rank", "master_addr", "master_port")
 
 
-def _get(cfg: Mapping[str, Any], key: str) -> Any:
-    """The value at dotted `key`: a run's typed attribute (`trainer.batch_size`, `nodes` from its
-    world), or a plain config's entry (before its Run exists); None where there is none."""
-    node: Any = cfg
+def _get(run: Run, key: str) -> Any:
+    """The run's value at dotted `key` (`trainer.batch_size`, `nodes` from its world, `data.x` of
+    an open node); None where there is none."""
+    node: Any = run
     for part in key.split("."):
-        if isinstance(node, Run):
-            node = getattr(node.world if part in WORLD else node, part, None)
-        elif isinstance(node, dict):
-            node = node.get(part)
-        else:
-            node = getattr(node, part, None) if _typed(node) else None
+        node = run.world if node is run and part in WORLD else node
+        node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
     return node
-
-
-def _typed(node: Any) -> bool:
-    """A typed block of a run (a schema dataclass instance, the world)."""
-    import dataclasses
-
-    return isinstance(node, World) or (dataclasses.is_dataclass(node) and not isinstance(node, type))
-
-
-NAME = re.compile(r"[A-Za-z0-9._-]+")
-
-
-def check_name(cfg: Mapping[str, Any]) -> None:
-    """`name` becomes a path component (runs/NAME/...), the Slurm job name and the rendezvous id:
-    no separators, no `..`, nothing a shell or sbatch would split or run. On the plain config (a
-    Run's `name` is already a string)."""
-    name = cfg["name"]
-    if not isinstance(name, str) or not NAME.fullmatch(name) or set(name) == {"."}:
-        raise ConfigError(
-            "name",
-            repr(name) if isinstance(name, str) and not NAME.fullmatch(name) else name,
-            "letters, digits and . _ - (not only dots)",
-            "e.g. name=lr-sweep_3; the run dir is runs/NAME/TIMESTAMP (set hydra.run.dir for another place).",
-        )
 
 
 def _check_plugins(run: Run) -> None:
@@ -136,43 +106,19 @@ def _check_plugins(run: Run) -> None:
         check_chosen(registry, run, key)
 
 
-def run_of(cfg: Mapping[str, Any]) -> Run:
-    """The Run of a resolved config that was not checked yet: first the checks of what its typed
-    world, strategy and launcher are built from (so a mistake there fails with its ConfigError, as
-    in `check_static`, not with the typing's error), then `Run.of`, which types every block as the
-    ranks will (a config that did not come through composition, a hand-edited config.yaml, meets the
-    closed choices there: the ConfigError naming the key)."""
-    if isinstance(cfg, Run):
-        return cfg
-    _check_world(cfg)
-    specs.of(cfg)  # an unknown strategy.name, or keys of another strategy
-    _choice(cfg, "launcher.name", launcher_names(), "; ".join(s.help for s in launcher_specs()) + ".")
-    return Run.of(cfg)
-
-
-def _check_world(cfg: Mapping[str, Any]) -> None:
-    """name, nodes, nproc_per_node, node_rank: of a run, or of a plain config before its Run (`run_of`)."""
-    check_name(cfg)
-    _at_least(cfg, "nodes", 1, "use nodes=1 for a single machine.")
-    _at_least(cfg, "nproc_per_node", 1, "one rank per GPU; on CPU 2 is a good start.")
-    nodes, node_rank = _get(cfg, "nodes"), _get(cfg, "node_rank")
-    if not 0 <= node_rank < nodes:
-        raise ConfigError("node_rank", node_rank, f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0.")
-
-
 def check_static(run: Run) -> None:
     """Checks that need only the resolved config."""
     from disttrain.observe.phases import phase
 
-    phase("checks")
-    _check_world(run)
+    phase("checks")  # the world, strategy and launcher names: checked by Run.of
     check_sinks(list(run.observe.sinks))
-    extras.check_run(run)  # a tracker, fp8, peft without its package: the install command, before launch
+    extras.check_run(
+        run.to_dict()
+    )  # a tracker, fp8, peft without its package: the install command, before launch
     _at_least(run, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
     spec, strategy = specs.get(run.strategy.name), run.strategy
     if spec.check_static is not None:
         spec.check_static(run, strategy)
-    _choice(run, "launcher.name", launcher_names(), "; ".join(s.help for s in launcher_specs()) + ".")
     _at_least(run, "launcher.max_restarts", 0, "0 fails the run on the first rank failure.")
     _at_least(run, "sweep.max_parallel", 0, "0 runs every job of a scheduler's sweep at once; 2 at most two.")
     launch_checks.check_static(run)  # rendezvous, elastic range, SLURM
@@ -194,7 +140,7 @@ def _check_targets(run: Run) -> None:
     data = run.data
     if "targets" in data:
         _choice(run, "data.targets", Targets, "the task group sets it: task=regression makes values.")
-    task = run.get("task")
+    task = run.task
     if not isinstance(task, dict) or not task.get("_target_"):
         raise ConfigError(
             "task",

@@ -13,7 +13,8 @@ from unit_support import BAD_RUNTIME, BAD_STATIC, Bad, checked, split_flags
 from disttrain.config import ConfigError, compose, config_dir, expand_sweep, resolve
 from disttrain.config.errors import one_of
 from disttrain.config.keyhelp import key_rows
-from disttrain.preflight.checks import check_static, run_of
+from disttrain.config.run import Run
+from disttrain.preflight.checks import check_static
 
 # What the foundation issue promises in each group; new options may be added, none removed.
 PROMISED = {
@@ -104,7 +105,7 @@ def test_every_option_composes_and_passes_static_checks(group: str, option: str)
     composed = compose(overrides)
     assert [key for key, _, _, text in key_rows(composed) if not text.strip()] == []
     cfg = resolve(composed, overrides)
-    check_static(run_of(cfg))
+    check_static(Run.of(cfg))
     if option in PROMISED.get(group, ()) and "name" in cfg[group]:
         assert cfg[group]["name"] == option
     assert "${" not in yaml.safe_dump(cfg), "every interpolation is resolved in the parent"
@@ -301,7 +302,7 @@ def test_check_static_works_on_the_run_of_a_plain_dict() -> None:
     cfg: dict[str, Any] = checked([])
     cfg["trainer"]["batch_size"] = -3
     with pytest.raises(ConfigError, match=r"trainer\.batch_size=-3"):
-        check_static(run_of(cfg))
+        check_static(Run.of(cfg))
 
 
 # ------------------------------------------------------------------------------------------- sweeps
@@ -386,12 +387,13 @@ def test_closed_choices_freeze_as_plain_strings_and_read_typed_as_members() -> N
 
 def test_a_hand_edited_closed_choice_is_named_before_launch() -> None:
     """A config that did not come through composition (an edited config.yaml a resume reads)."""
-    from disttrain.preflight.checks import check_static, run_of
+    from disttrain.config.run import Run
+    from disttrain.preflight.checks import check_static
 
     cfg = resolve(compose(["data=synthetic"]))
     cfg["trainer"]["oom"] = "retry"
     with pytest.raises(ConfigError) as info:
-        check_static(run_of(cfg))
+        check_static(Run.of(cfg))
     assert (info.value.key, info.value.value) == ("trainer.oom", "retry"), str(info.value)
     assert info.value.allowed == "one of off, auto_microbatch"
 

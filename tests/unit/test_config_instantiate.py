@@ -20,11 +20,12 @@ from unit_support import checked, write_module
 from disttrain.config import ConfigError, compose, config_dir, resolve
 from disttrain.config.gpus import choose_backend
 from disttrain.config.instantiate import build, check, locate
+from disttrain.config.run import Run
 from disttrain.data import build_datasets
 from disttrain.dist import DistEnv
 from disttrain.engine.optim import build_optimizer, build_scheduler, effective_lr, lr_lambda
 from disttrain.models import build_model
-from disttrain.preflight.checks import check_runtime, check_static, run_of
+from disttrain.preflight.checks import check_runtime, check_static
 from disttrain.strategies import build_strategy, specs
 
 DIGITS = 1797  # images in the bundled data set
@@ -183,28 +184,28 @@ def test_mlp_layers_follow_the_config() -> None:
 
 
 def test_check_runtime_returns_the_data_set_sizes() -> None:
-    sizes = check_runtime(run_of(checked([])))
+    sizes = check_runtime(Run.of(checked([])))
     assert sizes == {"train": DIGITS - round(0.2 * DIGITS), "val": round(0.2 * DIGITS)}
-    assert check_runtime(run_of(checked(["data=synthetic", "data.val=null"]))) == {"train": 2048}
+    assert check_runtime(Run.of(checked(["data=synthetic", "data.val=null"]))) == {"train": 2048}
 
 
 def test_check_runtime_accepts_the_largest_batch_that_fits() -> None:
     n = checked(["data=synthetic"])["data"]["num_samples"]  # 2 ranks x grad_accum 2 x batch
-    check_runtime(run_of(checked(["data=synthetic", "trainer.grad_accum=2", f"trainer.batch_size={n // 4}"])))
+    check_runtime(Run.of(checked(["data=synthetic", "trainer.grad_accum=2", f"trainer.batch_size={n // 4}"])))
     with pytest.raises(ConfigError, match=rf"trainer\.batch_size={n // 4 + 1} .*<= {n // 4} for {n}"):
         check_runtime(
-            run_of(checked(["data=synthetic", "trainer.grad_accum=2", f"trainer.batch_size={n // 4 + 1}"]))
+            Run.of(checked(["data=synthetic", "trainer.grad_accum=2", f"trainer.batch_size={n // 4 + 1}"]))
         )
 
 
 def test_ranks_that_split_the_model_share_a_batch_in_the_data_size_check() -> None:
     """tp and pipeline ranks read the same samples: one step takes batch x grad_accum, not x world."""
     n = 2048
-    check_runtime(run_of(checked(["data=synthetic", "strategy=tp", f"trainer.batch_size={n}"])))
+    check_runtime(Run.of(checked(["data=synthetic", "strategy=tp", f"trainer.batch_size={n}"])))
     with pytest.raises(ConfigError, match=r"1 data-parallel replica\(s\)"):
-        check_runtime(run_of(checked(["data=synthetic", "strategy=tp", f"trainer.batch_size={n + 1}"])))
+        check_runtime(Run.of(checked(["data=synthetic", "strategy=tp", f"trainer.batch_size={n + 1}"])))
     with pytest.raises(ConfigError, match=rf"<= {n // 2} for {n}"):
-        check_runtime(run_of(checked(["data=synthetic", "strategy=ddp", f"trainer.batch_size={n}"])))
+        check_runtime(Run.of(checked(["data=synthetic", "strategy=ddp", f"trainer.batch_size={n}"])))
 
 
 # ------------------------------------------------------------------------------------ user targets
@@ -292,7 +293,7 @@ def test_swapped_model_target_starts_from_a_clean_node(user_dir: Path) -> None:
     }
     net = build_model(cfg["model"])
     assert net.body[1].out_features == 512 and net.body[1].in_features == 64
-    check_runtime(run_of(cfg))
+    check_runtime(Run.of(cfg))
 
 
 def test_user_class_with_defaults_needs_only_the_keys_it_changes(user_dir: Path) -> None:
@@ -427,7 +428,7 @@ def test_user_data_target(user_dir: Path) -> None:
         ]
     )
     assert cfg["data"]["train"] == {"_target_": "unitlab.data.make_train", "n": 40}  # no digits keys left
-    assert check_runtime(run_of(cfg)) == {"train": 40}  # 2 ranks x batch 20 fit
+    assert check_runtime(Run.of(cfg)) == {"train": 40}  # 2 ranks x batch 20 fit
 
 
 # ------------------------------------------------------------------------------------------- build
@@ -662,8 +663,8 @@ def test_a_run_frozen_before_param_groups_still_resumes() -> None:
     """`disttrain resume` checks and builds from an old config.yaml that lacks optim.param_groups."""
     cfg = checked([])
     del cfg["optim"]["param_groups"]
-    check_static(run_of(cfg))
-    check_runtime(run_of(cfg))
+    check_static(Run.of(cfg))
+    check_runtime(Run.of(cfg))
     assert len(build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1).param_groups) == 1
 
 

@@ -185,7 +185,7 @@ register, unregister, discover = STRATEGIES.register, STRATEGIES.unregister, STR
 rediscover, all, names, get = STRATEGIES.rediscover, STRATEGIES.all, STRATEGIES.names, STRATEGIES.get
 
 
-def of(cfg: Mapping[str, Any]) -> tuple[StrategySpec, Any]:
+def of(cfg: Run | Mapping[str, Any]) -> tuple[StrategySpec, Any]:
     """(spec, typed strategy config) of a run, or of a resolved config's plain form before its Run
     exists (the check that builds the Run: ConfigError if its keys are another strategy's)."""
     from disttrain.config.run import Run
