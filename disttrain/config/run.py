@@ -8,9 +8,11 @@ their registries (each plug-in's own config class), and the world (`nodes`, `npr
 and the tools take a `Run` and read attributes: `run.world.size`, `run.trainer.batch_size`,
 `run.launcher.max_restarts`.
 
-The open `_target_` nodes (`model`, `data`, `task`, `optim`, `sched`) stay mappings: they are the
-user's classes' arguments, whatever keys those take. `config.yaml` stays plain YAML: `to_dict()`
-is that form. A Run never changes; a changed run is a new one (`updated`).
+`optim` is typed too (`Optim`: the keys disttrain reads, checked beside their fields, and the
+optimizer's own `kwargs`). The other open `_target_` nodes (`model`, `data`, `task`, `sched`) stay
+mappings: the user's classes' arguments, whatever keys those take. Nothing under a Run can be
+assigned (`config.common.Block`, `sealed`). `config.yaml` stays plain YAML: `to_dict()` is that
+form. A changed run is a new one (`updated`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from disttrain.config.schema import (
     InitConfig,
     LauncherConfig,
     ObserveConfig,
+    Optim,
     PeftConfig,
     PlanConfig,
     ProfilerConfig,
@@ -124,6 +127,7 @@ class Run:
     storage_options: dict[str, Any]
     threads_per_rank: int | None
     profile: bool
+    optim: Optim
     _plain: dict[str, Any] = field(repr=False)  # the YAML form, read-only (a copy: plain dicts)
 
     def __post_init__(self) -> None:
@@ -142,10 +146,6 @@ class Run:
     @property
     def task(self) -> Any:
         return self._plain.get("task")
-
-    @property
-    def optim(self) -> Any:
-        return self._plain.get("optim")
 
     @property
     def sched(self) -> Any:
@@ -186,6 +186,7 @@ class Run:
             storage_options=dict(own_key(plain, Config, "storage_options") or {}),
             threads_per_rank=own_key(plain, Config, "threads_per_rank"),
             profile=bool(own_key(plain, Config, "profile")),
+            optim=Optim.of(plain["optim"]),
             _plain=plain,
         )
 

@@ -12,6 +12,7 @@ This module keeps the bases they extend (``LauncherConfig``, ``TaskConfig``, ``D
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import MISSING as MISSING_FIELD
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -20,9 +21,11 @@ from omegaconf import II, MISSING, DictConfig
 
 from disttrain.config.common import Block, Choice, ComputeDtype, Switch
 from disttrain.config.common import help_field as _h
+from disttrain.config.errors import ConfigError, one_of
 from disttrain.config.names import NO_DECAY as NO_DECAY  # optim.param_groups (the engine imports names)
 from disttrain.config.names import NO_DECAY_1D as NO_DECAY_1D
 from disttrain.config.registry import Registry, config_nodes
+from disttrain.config.typed import own_key
 from disttrain.strategies.specs import STRATEGIES, StrategyConfig
 
 
@@ -223,6 +226,61 @@ class OptimConfig(Block):
         "takes `fused` (AdamW, Adam, SGD) and optim.foreach is unset; true or false: as set",
         "auto",
     )
+
+
+@dataclass
+class Optim(Block):
+    """`run.optim`, typed: the keys disttrain reads (OptimConfig's, its defaults where a swapped
+    `_target_` or an older run dir lacks one) and checks here; `kwargs`: the optimizer class's own
+    other arguments (betas, momentum, foreach, ...)."""
+
+    target: str
+    lr: float
+    weight_decay: float
+    scale_lr: ScaleLr
+    param_groups: Any
+    fused: Any
+    kwargs: dict[str, Any]
+
+    @classmethod
+    def of(cls, node: Mapping[str, Any]) -> Optim:
+        own = {k: own_key(node, OptimConfig, k) for k in OWN_OPTIM}
+        kwargs = {k: v for k, v in node.items() if k not in (*OWN_OPTIM, "_target_", "_partial_")}
+        return cls(target=str(node["_target_"]), kwargs=kwargs, **own)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.lr, int | float) or self.lr <= 0:
+            raise ConfigError("optim.lr", self.lr, "a number > 0", "e.g. optim.lr=3e-4.")
+        self.lr = float(self.lr)
+        if self.scale_lr not in tuple(ScaleLr):
+            choices = one_of(m.value for m in ScaleLr)
+            raise ConfigError(
+                "optim.scale_lr", self.scale_lr, choices, "linear multiplies lr by the world size."
+            )
+        self.scale_lr = ScaleLr(self.scale_lr)
+        if self.fused != "auto" and not isinstance(self.fused, bool):  # 1 == True: no `in` test
+            raise ConfigError(
+                "optim.fused",
+                self.fused,
+                "auto, true or false",
+                "auto uses the optimizer's fused kernels when every parameter is on CUDA.",
+            )
+        groups = self.param_groups
+        if groups not in (None, NO_DECAY, NO_DECAY_1D) and not (
+            isinstance(groups, dict) and "_target_" in groups
+        ):
+            raise ConfigError(
+                "optim.param_groups",
+                groups,
+                f"null (one group), {NO_DECAY_1D}, {NO_DECAY}, or a node with _target_ (a factory called "
+                "with the model)",
+                f"optim.param_groups={NO_DECAY_1D} exempts biases and norms from weight decay (nanoGPT), "
+                f"{NO_DECAY} embeddings too; "
+                "optim.param_groups._target_=mylab.groups calls your function with the model.",
+            )
+
+
+OWN_OPTIM = ("lr", "weight_decay", "scale_lr", "param_groups", "fused")  # Optim's typed keys
 
 
 @dataclass

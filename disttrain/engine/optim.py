@@ -14,23 +14,19 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from disttrain.config.errors import ConfigError
 from disttrain.config.instantiate import build, locate
 from disttrain.config.names import NO_DECAY, NO_DECAY_1D
-from disttrain.config.schema import CosineSchedConfig, OptimConfig, SchedConfig, TrainerConfig
+from disttrain.config.schema import CosineSchedConfig, Optim, ScaleLr, SchedConfig, TrainerConfig
 from disttrain.config.typed import own_key, typed
 
 log = logging.getLogger("disttrain")
 
-# Keys of the optim node that disttrain reads itself; the rest go to the optimizer.
-OWN_KEYS = ("scale_lr", "param_groups", "fused")
 
-
-def effective_lr(optim_cfg: dict[str, Any], world_size: int) -> float:
+def effective_lr(optim: Optim, world_size: int) -> float:
     """The linear scaling rule (Goyal et al. 2017) when `optim.scale_lr=linear`."""
-    lr = float(optim_cfg["lr"])
-    return lr * world_size if own_key(optim_cfg, OptimConfig, "scale_lr") == "linear" else lr
+    return optim.lr * world_size if optim.scale_lr == ScaleLr.linear else optim.lr
 
 
 def build_optimizer(
-    optim_cfg: dict[str, Any],
+    optim: Optim,
     model: torch.nn.Module | Iterable[torch.nn.Parameter],
     world_size: int,
     checking: bool = False,
@@ -41,17 +37,15 @@ def build_optimizer(
     stage, ...); the groups are torch param-group dicts, which ZeRO and post-local SGD keep.
     `checking`: built only to be checked, never stepped (the pre-launch checks: see `for_checks`).
     """
-    spec = {k: v for k, v in optim_cfg.items() if k not in OWN_KEYS}
-    spec["lr"] = effective_lr(optim_cfg, world_size)
-    if spec["lr"] != optim_cfg["lr"]:
-        log.info(
-            "optim.scale_lr=linear: lr %.3g x world size %d = %.3g", optim_cfg["lr"], world_size, spec["lr"]
-        )
-    if not spec.get("weight_decay") and "weight_decay" not in _arguments(spec["_target_"], "optim._target_"):
-        del spec["weight_decay"]  # 0 means none: LBFGS, SparseAdam have no such argument
-    groups = param_groups(own_key(optim_cfg, OptimConfig, "param_groups"), model)
+    lr = effective_lr(optim, world_size)
+    spec = {"_target_": optim.target, "_partial_": True, **optim.kwargs, "lr": lr}
+    if lr != optim.lr:
+        log.info("optim.scale_lr=linear: lr %.3g x world size %d = %.3g", optim.lr, world_size, lr)
+    if optim.weight_decay or "weight_decay" in _arguments(optim.target, "optim._target_"):
+        spec["weight_decay"] = optim.weight_decay  # 0 means none: LBFGS, SparseAdam have no such argument
+    groups = param_groups(optim.param_groups, model)
     groups = _listed(groups)  # read twice: by `use_fused` and by the class
-    fused = use_fused(own_key(optim_cfg, OptimConfig, "fused"), spec, groups)
+    fused = use_fused(optim.fused, spec, groups)
     if fused is not None:
         spec["fused"] = fused
     factory = build(spec, "optim", supplied=1)  # the parameters are passed below

@@ -16,11 +16,7 @@ from disttrain.config.common import Choice
 from disttrain.config.errors import ConfigError, _show, one_of
 from disttrain.config.run import Run
 from disttrain.config.schema import (
-    NO_DECAY,
-    NO_DECAY_1D,
     CosineSchedConfig,
-    OptimConfig,
-    ScaleLr,
     Shard,
     Targets,
 )
@@ -126,7 +122,7 @@ def check_static(run: Run) -> None:
     _check_peft(run)
     _check_trainer(run)
     _check_checkpoint(run)
-    _check_optim(run)
+    _check_sched(run)
     _check_loader(run)
     _check_targets(run)
     _check_plugins(run)
@@ -361,32 +357,8 @@ def _check_ema(run: Run) -> None:
         )
 
 
-def _check_optim(run: Run) -> None:
-    optim, sched = run.optim, run.sched
-    if optim["lr"] <= 0:
-        raise ConfigError("optim.lr", optim["lr"], "a number > 0", "e.g. optim.lr=3e-4.")
-    _choice(run, "optim.scale_lr", ScaleLr, "linear multiplies lr by the world size.")
-    fused = own_key(optim, OptimConfig, "fused")  # a run frozen before the key: auto
-    if fused != "auto" and not isinstance(fused, bool):  # 1 == True: no `in` test
-        raise ConfigError(
-            "optim.fused",
-            fused,
-            "auto, true or false",
-            "auto uses the optimizer's fused kernels when every parameter is on CUDA.",
-        )
-    groups = own_key(optim, OptimConfig, "param_groups")  # a run frozen before the key: null
-    if groups not in (None, NO_DECAY, NO_DECAY_1D) and not (
-        isinstance(groups, dict) and "_target_" in groups
-    ):
-        raise ConfigError(
-            "optim.param_groups",
-            groups,
-            f"null (one group), {NO_DECAY_1D}, {NO_DECAY}, or a node with _target_ (a factory called "
-            "with the model)",
-            f"optim.param_groups={NO_DECAY_1D} exempts biases and norms from weight decay (nanoGPT), "
-            f"{NO_DECAY} embeddings too; "
-            "optim.param_groups._target_=mylab.groups calls your function with the model.",
-        )
+def _check_sched(run: Run) -> None:
+    sched = run.sched
     if "_target_" in sched:  # any scheduler class: its arguments are checked when it is built
         return
     _choice(run, "sched.name", SCHEDULES, "cosine decays to min_lr_ratio x lr after warm-up.")

@@ -21,6 +21,7 @@ from disttrain.config import ConfigError, compose, config_dir, resolve
 from disttrain.config.gpus import choose_backend
 from disttrain.config.instantiate import build, check, locate
 from disttrain.config.run import Run
+from disttrain.config.schema import Optim
 from disttrain.data import build_datasets
 from disttrain.dist import DistEnv
 from disttrain.engine.optim import build_optimizer, build_scheduler, effective_lr, lr_lambda
@@ -370,7 +371,7 @@ def test_swapped_optimizer_keeps_disttrains_own_keys_and_drops_adamws() -> None:
     cfg = checked(["optim._target_=torch.optim.RMSprop", "optim.alpha=0.9", "optim.lr=0.02"], runtime=True)
     assert cfg["optim"] == {"_target_": "torch.optim.RMSprop", "_partial_": True, "lr": 0.02, "weight_decay": 0.0,
                             "scale_lr": "none", "param_groups": None, "fused": "auto", "alpha": 0.9}  # fmt: skip
-    opt = build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1)
+    opt = build_optimizer(Optim.of(cfg["optim"]), torch.nn.Linear(2, 2), world_size=1)
     assert isinstance(opt, torch.optim.RMSprop) and opt.param_groups[0]["alpha"] == 0.9
 
 
@@ -378,7 +379,9 @@ def test_swapped_optimizer_without_weight_decay_and_the_arguments_disttrain_pass
     """LBFGS takes no weight_decay: the clean node's 0 (none) is not forced on it; `params` and a
     scheduler's `optimizer` are passed by disttrain, so they are not offered as suggestions."""
     cfg = checked(["optim._target_=torch.optim.LBFGS"], runtime=True)
-    assert isinstance(build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1), torch.optim.LBFGS)
+    assert isinstance(
+        build_optimizer(Optim.of(cfg["optim"]), torch.nn.Linear(2, 2), world_size=1), torch.optim.LBFGS
+    )
     with pytest.raises(ConfigError) as info:
         checked(["optim.param=1"], runtime=True)
     assert info.value.key == "optim.param" and "params" not in info.value.allowed
@@ -507,7 +510,7 @@ def test_a_bad_target_says_what_python_said_and_the_closest_names(user_dir: Path
 def test_every_optimizer_builds_from_its_partial(optim: str) -> None:
     cfg = checked([f"optim={optim}", "optim.lr=0.02"])["optim"]
     model = torch.nn.Linear(4, 2)
-    opt = build_optimizer(cfg, model, world_size=2)
+    opt = build_optimizer(Optim.of(cfg), model, world_size=2)
     assert type(opt) is locate(cfg["_target_"], "optim._target_")
     group = opt.param_groups[0]
     assert group["lr"] == pytest.approx(0.02) and group["weight_decay"] == pytest.approx(cfg["weight_decay"])
@@ -523,9 +526,9 @@ def test_every_optimizer_builds_from_its_partial(optim: str) -> None:
 
 def test_linear_scaling_rule() -> None:
     cfg = checked(["optim.lr=0.01", "optim.scale_lr=linear"])["optim"]
-    assert effective_lr(cfg, 4) == pytest.approx(0.04)
-    assert effective_lr({**cfg, "scale_lr": "none"}, 4) == pytest.approx(0.01)
-    opt = build_optimizer(cfg, torch.nn.Linear(2, 2).parameters(), world_size=4)
+    assert effective_lr(Optim.of(cfg), 4) == pytest.approx(0.04)
+    assert effective_lr(Optim.of({**cfg, "scale_lr": "none"}), 4) == pytest.approx(0.01)
+    opt = build_optimizer(Optim.of(cfg), torch.nn.Linear(2, 2).parameters(), world_size=4)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.04)
 
 
@@ -557,7 +560,7 @@ def test_constant_with_and_without_warmup() -> None:
 
 
 def _lrs(cfg: dict, steps: int = 30) -> list[float]:
-    opt = build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1)
+    opt = build_optimizer(Optim.of(cfg["optim"]), torch.nn.Linear(2, 2), world_size=1)
     scheduler = build_scheduler(cfg["sched"], opt, total_steps=steps)
     lrs = []
     for _ in range(steps):  # the engine steps the scheduler once per optimizer step
@@ -636,7 +639,7 @@ def by_name(model, head_lr: float = 0.5):
 def test_no_decay_groups_of_the_built_in_gpt() -> None:
     cfg = checked(["model=gpt", "model.dim=16", "optim.param_groups=no_decay_bias_norm_embed"], runtime=True)
     model = build_model(cfg["model"])
-    opt = build_optimizer(cfg["optim"], model, world_size=1)
+    opt = build_optimizer(Optim.of(cfg["optim"]), model, world_size=1)
     names = {id(p): n for n, p in model.named_parameters()}
     decay, exempt = ({names[id(p)] for p in g["params"]} for g in opt.param_groups)
     assert opt.param_groups[0]["weight_decay"] == cfg["optim"]["weight_decay"] > 0
@@ -651,7 +654,7 @@ def test_no_decay_1d_is_nanogpts_rule() -> None:
     """Review F5: nanoGPT decays every >= 2-D parameter, embeddings (and the head tied to one) too."""
     cfg = checked(["model=gpt", "model.dim=16", "optim.param_groups=no_decay_1d"], runtime=True)
     model = build_model(cfg["model"])
-    opt = build_optimizer(cfg["optim"], model, world_size=1)
+    opt = build_optimizer(Optim.of(cfg["optim"]), model, world_size=1)
     decay, exempt = ({id(p) for p in g["params"]} for g in opt.param_groups)
     assert decay == {id(p) for p in model.parameters() if p.dim() >= 2}  # nanoGPT's configure_optimizers
     assert id(model.embed.tok.weight) in decay and exempt == {
@@ -665,14 +668,14 @@ def test_a_run_frozen_before_param_groups_still_resumes() -> None:
     del cfg["optim"]["param_groups"]
     check_static(Run.of(cfg))
     check_runtime(Run.of(cfg))
-    assert len(build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1).param_groups) == 1
+    assert len(build_optimizer(Optim.of(cfg["optim"]), torch.nn.Linear(2, 2), world_size=1).param_groups) == 1
 
 
 def test_user_param_group_factory_is_called_with_the_model(user_dir: Path) -> None:
     write_module(user_dir, "unitlab.groups", GROUPS)
     cfg = checked(["model=gpt", "model.dim=16", "optim.param_groups._target_=unitlab.groups.by_name",
                    "optim.param_groups.head_lr=0.25"], runtime=True)  # fmt: skip
-    opt = build_optimizer(cfg["optim"], build_model(cfg["model"]), world_size=1)
+    opt = build_optimizer(Optim.of(cfg["optim"]), build_model(cfg["model"]), world_size=1)
     assert [g["lr"] for g in opt.param_groups] == [cfg["optim"]["lr"], 0.25]
     with pytest.raises(ConfigError) as info:
         checked(["optim.param_groups._target_=unitlab.groups.by_name", "optim.param_groups.head_l=1"],
