@@ -8,8 +8,8 @@ their registries (each plug-in's own config class), and the world (`nodes`, `npr
 and the tools take a `Run` and read attributes: `run.world.size`, `run.trainer.batch_size`,
 `run.launcher.max_restarts`.
 
-`optim` is typed too (`Optim`: the keys disttrain reads, checked beside their fields, and the
-optimizer's own `kwargs`). The other open `_target_` nodes (`model`, `data`, `task`, `sched`) stay
+`optim` and `sched` are typed too (`Optim`, `Sched`: the keys disttrain reads, checked beside
+their fields, and the target class's own `kwargs`). The other open `_target_` nodes (`model`, `data`, `task`) stay
 mappings: the user's classes' arguments, whatever keys those take. Nothing under a Run can be
 assigned (`config.common.Block`, `sealed`). `config.yaml` stays plain YAML: `to_dict()` is that
 form. A changed run is a new one (`updated`).
@@ -38,6 +38,7 @@ from disttrain.config.schema import (
     PeftConfig,
     PlanConfig,
     ProfilerConfig,
+    Sched,
     SweepConfig,
     TrainerConfig,
 )
@@ -128,6 +129,7 @@ class Run:
     threads_per_rank: int | None
     profile: bool
     optim: Optim
+    sched: Sched
     _plain: dict[str, Any] = field(repr=False)  # the YAML form, read-only (a copy: plain dicts)
 
     def __post_init__(self) -> None:
@@ -146,10 +148,6 @@ class Run:
     @property
     def task(self) -> Any:
         return self._plain.get("task")
-
-    @property
-    def sched(self) -> Any:
-        return self._plain.get("sched")
 
     @classmethod
     def of(cls, cfg: Mapping[str, Any] | Run) -> Run:
@@ -187,6 +185,7 @@ class Run:
             threads_per_rank=own_key(plain, Config, "threads_per_rank"),
             profile=bool(own_key(plain, Config, "profile")),
             optim=Optim.of(plain["optim"]),
+            sched=Sched.of(plain["sched"]),
             _plain=plain,
         )
 

@@ -340,6 +340,47 @@ class CosineSchedConfig(SchedConfig):
     min_lr_ratio: float = _h("final lr as a fraction of the base lr", 0.0)
 
 
+SCHEDULES = ("constant", "cosine")  # the built-in schedules (sched.name)
+
+
+@dataclass
+class Sched(Block):
+    """`run.sched`, typed: a built-in schedule (`name`, `warmup_steps`, `min_lr_ratio`: SchedConfig's
+    and CosineSchedConfig's keys, their defaults where a node lacks one), checked here; or a
+    `target` scheduler class with its own `kwargs` (checked when it is built)."""
+
+    name: str | None
+    warmup_steps: int
+    min_lr_ratio: float
+    target: str | None
+    kwargs: dict[str, Any]
+
+    @classmethod
+    def of(cls, node: Mapping[str, Any]) -> Sched:
+        if "_target_" in node:
+            kwargs = {k: v for k, v in node.items() if k not in ("_target_", "_partial_")}
+            return cls(None, 0, 0.0, str(node["_target_"]), kwargs)
+        warmup = own_key(node, SchedConfig, "warmup_steps")
+        return cls(node.get("name"), warmup, own_key(node, CosineSchedConfig, "min_lr_ratio"), None, {})
+
+    def __post_init__(self) -> None:
+        if self.target is not None:
+            return
+        if self.name not in SCHEDULES:
+            raise ConfigError(
+                "sched.name",
+                self.name,
+                one_of(SCHEDULES),
+                "cosine decays to min_lr_ratio x lr after warm-up.",
+            )
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ConfigError("sched.warmup_steps", self.warmup_steps, "a number >= 0", "0 disables warm-up.")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(
+                "sched.min_lr_ratio", self.min_lr_ratio, "0..1", "0 decays to zero; 0.1 keeps 10% of lr."
+            )
+
+
 # -------------------------------------------------------------------------------------- launcher
 @dataclass
 class LauncherConfig(Block):

@@ -14,8 +14,8 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from disttrain.config.errors import ConfigError
 from disttrain.config.instantiate import build, locate
 from disttrain.config.names import NO_DECAY, NO_DECAY_1D
-from disttrain.config.schema import CosineSchedConfig, Optim, ScaleLr, SchedConfig, TrainerConfig
-from disttrain.config.typed import own_key, typed
+from disttrain.config.schema import Optim, ScaleLr, Sched, TrainerConfig
+from disttrain.config.typed import typed
 
 log = logging.getLogger("disttrain")
 
@@ -172,11 +172,9 @@ def no_decay_groups(model: torch.nn.Module, embeddings_decay: bool = False) -> l
     return [g for g in groups if g["params"]]
 
 
-def lr_lambda(sched_cfg: dict[str, Any], total_steps: int) -> Any:
+def lr_lambda(sched: Sched, total_steps: int) -> Any:
     """Multiplier of the base lr at optimizer step `s`: linear warm-up, then constant or cosine."""
-    warmup = int(own_key(sched_cfg, SchedConfig, "warmup_steps"))
-    name = sched_cfg["name"]
-    floor = float(own_key(sched_cfg, CosineSchedConfig, "min_lr_ratio"))  # constant: unused
+    warmup, name, floor = sched.warmup_steps, sched.name, sched.min_lr_ratio  # constant: no floor
 
     def factor(step: int) -> float:
         if warmup and step < warmup:
@@ -189,24 +187,23 @@ def lr_lambda(sched_cfg: dict[str, Any], total_steps: int) -> Any:
     return factor
 
 
-def build_scheduler(
-    sched_cfg: dict[str, Any], optimizer: torch.optim.Optimizer, total_steps: int
-) -> LRScheduler:
+def build_scheduler(sched: Sched, optimizer: torch.optim.Optimizer, total_steps: int) -> LRScheduler:
     """The built-in warm-up + constant/cosine (`sched.name`), or any scheduler class the
     `sched._target_` names (a partial: the optimizer is passed here). Stepped once per optimizer
     step. A target with a `total_steps` argument (OneCycleLR) gets the run's, unless set."""
-    if "_target_" not in sched_cfg:
-        return LambdaLR(optimizer, lr_lambda(sched_cfg, total_steps))
+    if sched.target is None:
+        return LambdaLR(optimizer, lr_lambda(sched, total_steps))
     extra: dict[str, Any] = {}
-    accepted = _arguments(sched_cfg["_target_"], "sched._target_")
-    if "total_steps" in accepted and not {"total_steps", "epochs"} & set(sched_cfg):
+    accepted = _arguments(sched.target, "sched._target_")
+    if "total_steps" in accepted and not {"total_steps", "epochs"} & set(sched.kwargs):
         extra["total_steps"] = total_steps
-    factory = build(sched_cfg, "sched", supplied=1, **extra)  # the optimizer is passed below
+    spec = {"_target_": sched.target, "_partial_": True, **sched.kwargs}
+    factory = build(spec, "sched", supplied=1, **extra)  # the optimizer is passed below
     scheduler = factory(optimizer) if callable(factory) and not isinstance(factory, LRScheduler) else factory
     if not isinstance(scheduler, LRScheduler):
         raise ConfigError(
             "sched._target_",
-            sched_cfg["_target_"],
+            sched.target,
             "a torch.optim.lr_scheduler class (or a factory returning one), built with _partial_: true",
             "e.g. sched._target_=torch.optim.lr_scheduler.StepLR sched.step_size=100.",
         )

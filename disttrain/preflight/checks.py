@@ -7,7 +7,6 @@ too small for the world size, or nccl without a GPU fails in seconds, before a q
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from disttrain import storage
@@ -16,18 +15,16 @@ from disttrain.config.common import Choice
 from disttrain.config.errors import ConfigError, _show, one_of
 from disttrain.config.run import Run
 from disttrain.config.schema import (
-    CosineSchedConfig,
+    Sched,
     Shard,
     Targets,
 )
-from disttrain.config.typed import own_key
 from disttrain.data.specs import Sampling, TokenDtype
 from disttrain.observe.sinks import check_sinks
 from disttrain.preflight import launch_checks
 from disttrain.storage import is_url
 from disttrain.strategies import specs
 
-SCHEDULES = ("constant", "cosine")
 AMP = {"off": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}  # amp -> amp.dtype
 # The closed choices are the schema's (config.common.Choice): composition refuses any other value in
 # a typed block. Those below sit in the open `_target_` groups (data, optim), where a node the user
@@ -122,7 +119,6 @@ def check_static(run: Run) -> None:
     _check_peft(run)
     _check_trainer(run)
     _check_checkpoint(run)
-    _check_sched(run)
     _check_loader(run)
     _check_targets(run)
     _check_plugins(run)
@@ -355,17 +351,6 @@ def _check_ema(run: Run) -> None:
             f"null with strategy={spec.name}",
             f"EMA works with {', '.join(s.name for s in specs.all() if s.ema)}; or drop trainer.ema.decay.",
         )
-
-
-def _check_sched(run: Run) -> None:
-    sched = run.sched
-    if "_target_" in sched:  # any scheduler class: its arguments are checked when it is built
-        return
-    _choice(run, "sched.name", SCHEDULES, "cosine decays to min_lr_ratio x lr after warm-up.")
-    _at_least(run, "sched.warmup_steps", 0, "0 disables warm-up.")
-    ratio = own_key(sched, CosineSchedConfig, "min_lr_ratio")
-    if not 0.0 <= ratio <= 1.0:
-        raise ConfigError("sched.min_lr_ratio", ratio, "0..1", "0 decays to zero; 0.1 keeps 10% of lr.")
 
 
 def _check_data(run: Run) -> None:
@@ -629,14 +614,14 @@ def check_optim_runtime(run: Run, model: Any, batches_per_epoch: int) -> None:
         sys.stderr.write(f"disttrain: warning: {warning}\n")
 
 
-def warmup_warning(sched: Mapping[str, Any], steps: int) -> str | None:
+def warmup_warning(sched: Sched, steps: int) -> str | None:
     """The built-in schedule's warm-up covering the whole run: the lr only climbs and never decays
     (review 2026-11-28-ux #14: cosine's 20 warm-up steps silently swallowed a 20-step run)."""
-    warmup = sched.get("warmup_steps") or 0
-    if "_target_" in sched or not isinstance(warmup, int) or warmup <= 0 or warmup < steps:
+    warmup = sched.warmup_steps
+    if sched.target is not None or warmup <= 0 or warmup < steps:
         return None
     fix = max(1, steps // 10)
-    decays = "" if sched.get("name") == "constant" else " and never decays"
+    decays = "" if sched.name == "constant" else " and never decays"
     return (
         f"sched.warmup_steps={warmup} is not shorter than the run ({steps} optimizer steps): the lr "
         f"climbs for the whole run{decays}. "

@@ -21,7 +21,7 @@ from disttrain.config import ConfigError, compose, config_dir, resolve
 from disttrain.config.gpus import choose_backend
 from disttrain.config.instantiate import build, check, locate
 from disttrain.config.run import Run
-from disttrain.config.schema import Optim
+from disttrain.config.schema import Optim, Sched
 from disttrain.data import build_datasets
 from disttrain.dist import DistEnv
 from disttrain.engine.optim import build_optimizer, build_scheduler, effective_lr, lr_lambda
@@ -534,7 +534,7 @@ def test_linear_scaling_rule() -> None:
 
 # ------------------------------------------------------------------------------------- schedules
 def test_cosine_warms_up_linearly_then_decays_to_the_floor() -> None:
-    f = lr_lambda({"name": "cosine", "warmup_steps": 4, "min_lr_ratio": 0.1}, total_steps=14)
+    f = lr_lambda(Sched.of({"name": "cosine", "warmup_steps": 4, "min_lr_ratio": 0.1}), total_steps=14)
     assert [f(s) for s in range(4)] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     assert f(4) == pytest.approx(1.0)  # cosine starts at the base lr
     assert f(9) == pytest.approx(0.1 + 0.9 * 0.5)  # half way
@@ -548,20 +548,20 @@ def test_cosine_warms_up_linearly_then_decays_to_the_floor() -> None:
 def test_cosine_without_warmup_decays_to_zero_by_default() -> None:
     cfg = checked(["sched=cosine", "sched.warmup_steps=0"])["sched"]
     assert cfg["min_lr_ratio"] == 0.0
-    f = lr_lambda(cfg, total_steps=10)
+    f = lr_lambda(Sched.of(cfg), total_steps=10)
     assert f(0) == pytest.approx(1.0) and f(5) == pytest.approx(0.5) and f(10) == pytest.approx(0.0)
 
 
 def test_constant_with_and_without_warmup() -> None:
-    f = lr_lambda(checked(["sched=constant"])["sched"], total_steps=10)
+    f = lr_lambda(Sched.of(checked(["sched=constant"])["sched"]), total_steps=10)
     assert [f(s) for s in (0, 5, 50)] == [1.0, 1.0, 1.0]
-    f = lr_lambda({"name": "constant", "warmup_steps": 2}, total_steps=10)
+    f = lr_lambda(Sched.of({"name": "constant", "warmup_steps": 2}), total_steps=10)
     assert [f(s) for s in (0, 1, 2, 9)] == pytest.approx([0.5, 1.0, 1.0, 1.0])
 
 
 def _lrs(cfg: dict, steps: int = 30) -> list[float]:
     opt = build_optimizer(Optim.of(cfg["optim"]), torch.nn.Linear(2, 2), world_size=1)
-    scheduler = build_scheduler(cfg["sched"], opt, total_steps=steps)
+    scheduler = build_scheduler(Sched.of(cfg["sched"]), opt, total_steps=steps)
     lrs = []
     for _ in range(steps):  # the engine steps the scheduler once per optimizer step
         lrs.append(opt.param_groups[0]["lr"])
@@ -573,7 +573,7 @@ def _lrs(cfg: dict, steps: int = 30) -> list[float]:
 @pytest.mark.parametrize("sched", [s for s in options("sched") if s in ("constant", "cosine")])
 def test_every_built_in_schedule_drives_the_optimizer_lr(sched: str) -> None:
     cfg = checked([f"sched={sched}", "optim.lr=0.1"])
-    f = lr_lambda(cfg["sched"], total_steps=30)
+    f = lr_lambda(Sched.of(cfg["sched"]), total_steps=30)
     assert _lrs(cfg) == [0.1 * f(s) for s in range(30)]  # bitwise: the same LambdaLR as before
 
 
@@ -621,10 +621,15 @@ def test_a_warm_up_as_long_as_the_run_is_named_before_launch(capsys: pytest.Capt
         "climbs for the whole run and never decays. HINT: sched.warmup_steps=2 (a tenth of the run), or "
         "sched.warmup_steps=0.\n"
     )
-    assert warmup_warning({"name": "cosine", "warmup_steps": 20}, 21) is None
-    assert "climbs for the whole run. " in str(warmup_warning({"name": "constant", "warmup_steps": 50}, 30))
-    assert warmup_warning({"name": "cosine", "warmup_steps": 0}, 0) is None
-    assert warmup_warning({"_target_": "torch.optim.lr_scheduler.StepLR", "warmup_steps": 5}, 3) is None
+    assert warmup_warning(Sched.of({"name": "cosine", "warmup_steps": 20}), 21) is None
+    assert "climbs for the whole run. " in str(
+        warmup_warning(Sched.of({"name": "constant", "warmup_steps": 50}), 30)
+    )
+    assert warmup_warning(Sched.of({"name": "cosine", "warmup_steps": 0}), 0) is None
+    assert (
+        warmup_warning(Sched.of({"_target_": "torch.optim.lr_scheduler.StepLR", "warmup_steps": 5}), 3)
+        is None
+    )
 
 
 # ------------------------------------------------------------------------------- param groups
