@@ -41,7 +41,7 @@ def side(name: str, base: Path, args: argparse.Namespace, out: Path) -> None:
     from disttrain.config import compose, resolve
     from disttrain.config.run import Run
     from disttrain.dist import DistEnv
-    from disttrain.preflight.checks import check_static, run_of
+    from disttrain.preflight.checks import check_static
     from disttrain.worker import train
 
     overrides = [
@@ -60,7 +60,7 @@ def side(name: str, base: Path, args: argparse.Namespace, out: Path) -> None:
         "trainer.val_batches=1",
         *(["peft=lora", f"peft.rank={args.rank}"] if name == "lora" else []),
     ]
-    run = run_of(resolve(compose(overrides), overrides))
+    run = Run.of(resolve(compose(overrides), overrides))
     check_static(run)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     dist.init_process_group(

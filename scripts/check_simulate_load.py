@@ -38,7 +38,7 @@ def config(layout: list[str]) -> dict[str, Any]:
 def rank(r: int, world: int, path: str, layout: list[str]) -> None:
     import torch.distributed.checkpoint as dcp
 
-    from disttrain.config.schema import AmpConfig
+    from disttrain.config.schema import AmpConfig, Optim
     from disttrain.config.typed import typed
     from disttrain.dist import DistEnv
     from disttrain.engine.optim import build_optimizer
@@ -52,7 +52,7 @@ def rank(r: int, world: int, path: str, layout: list[str]) -> None:
     strategy = build_strategy(cfg["strategy"], env, typed(AmpConfig, cfg["amp"]))
     model = strategy.setup_module(build_model(cfg["model"]))
     opt = strategy.setup_optimizer(
-        build_optimizer(cfg["optim"], model, strategy.data_parallel_rank_size()[1])
+        build_optimizer(Optim.of(cfg["optim"]), model, strategy.data_parallel_rank_size()[1])
     )
     state = {"model": strategy.state_dict(model, opt)}
     dcp.save(state, storage_writer=dcp.FileSystemWriter(path, thread_count=1))

@@ -20,11 +20,12 @@ def compose_checked(overrides: list[str], args: Any, runtime: bool) -> tuple[Run
     The checked run and the composition it came from, with Hydra's node (`train` takes the run dir
     from it)."""
     from disttrain.config import compose, resolve
-    from disttrain.preflight.checks import check_runtime, check_static, run_of
+    from disttrain.config.run import Run
+    from disttrain.preflight.checks import check_runtime, check_static
     from disttrain.timing import mark
 
     full = compose(overrides, args.config_dir, args.config_name or "config", with_hydra=True)
-    run = run_of(resolve(full, overrides))
+    run = Run.of(resolve(full, overrides))
     check_static(run)
     mark("static_checks")
     if runtime:

@@ -152,7 +152,8 @@ def eval_config(run_dir: Path, overrides: list[str], trusted: bool, mode: str) -
     """The run's saved config with the overrides, checked as `train` checks it (statically and
     on this machine); a run dir someone else made only with --trust (its `_target_`s are code)."""
     from disttrain.commands.resume import apply_overrides
-    from disttrain.preflight.checks import check_runtime, check_static, run_of
+    from disttrain.config.run import Run
+    from disttrain.preflight.checks import check_runtime, check_static
     from disttrain.rundir import read_config
     from disttrain.trust import check_trusted
 
@@ -163,7 +164,7 @@ def eval_config(run_dir: Path, overrides: list[str], trusted: bool, mode: str) -
     cfg = apply_overrides(saved, rest)
     if val_file:  # the whole node replaced, not merged into the run's own validation set
         cfg = {**cfg, "data": {**cfg["data"], "val": _val_spec(val_file[-1].split("=", 1)[1], cfg["data"])}}
-    run = run_of(cfg)
+    run = Run.of(cfg)
     if not run.data.get("val"):
         raise ConfigError(
             "data.val",

@@ -22,12 +22,12 @@ def train_as_launched_rank(args: Any) -> int:
     from disttrain.config.run import Run
     from disttrain.dist import DistEnv, exit_rank, init_process_group
     from disttrain.launch.external import agree, fill_local_env, launch_command, launched_shape, record
-    from disttrain.preflight.checks import check_runtime, check_static, run_of
+    from disttrain.preflight.checks import check_runtime, check_static
     from disttrain.rundir import freeze, run_status
     from disttrain.strategies import specs
 
     fill_local_env()
-    composed = run_of(
+    composed = Run.of(
         resolve(compose(args.overrides, args.config_dir, args.config_name or "config"), args.overrides)
     )
     env = DistEnv.from_env(str(composed.backend.name))

@@ -105,7 +105,8 @@ def cmd_rerun(rest: list[str]) -> int:
 
     from disttrain.commands.resume import apply_overrides
     from disttrain.commands.train import freeze_and_launch
-    from disttrain.preflight.checks import check_runtime, check_static, run_of
+    from disttrain.config.run import Run
+    from disttrain.preflight.checks import check_runtime, check_static
     from disttrain.rundir import read_config
     from disttrain.trust import check_trusted, take_trust_flag
 
@@ -113,7 +114,7 @@ def cmd_rerun(rest: list[str]) -> int:
     run_dir, overrides, target = parse(rest)
     saved_cfg = read_config(run_dir)
     check_trusted(run_dir, saved_cfg, trusted, launches=overrides)  # someone else's code: --trust
-    run, note = own_checkpoints(run_of(apply_overrides(saved_cfg, overrides)), target, overrides)
+    run, note = own_checkpoints(Run.of(apply_overrides(saved_cfg, overrides)), target, overrides)
     check_static(run)
     check_runtime(run, launched=saved_cfg)  # what its launch warned about is not repeated
     for warning in code_warnings(run_dir, Path.cwd()):

@@ -250,9 +250,10 @@ def checked_resume(run_dir: Path, overrides: list[str], trusted: bool) -> Run:
     resume`): the run dir held by this command and not running elsewhere, its files disttrain's,
     its config this user's or built only from disttrain's and torch's own `_target_`s (or
     `trusted`), the config with the overrides checked like `train`'s. Nothing written."""
+    from disttrain.config.run import Run
     from disttrain.launch.registry import launcher_for
     from disttrain.owner import hold
-    from disttrain.preflight.checks import check_runtime, check_static, run_of
+    from disttrain.preflight.checks import check_runtime, check_static
     from disttrain.rundir import command_line, read_config, refuse_if_running, refuse_planted_links
     from disttrain.trust import check_trusted
 
@@ -263,7 +264,7 @@ def checked_resume(run_dir: Path, overrides: list[str], trusted: bool) -> Run:
     check_trusted(run_dir, saved_cfg, trusted, launches=overrides, writes=True)  # someone else's: --trust
     cfg = apply_overrides(saved_cfg, overrides)
     refuse_planted_links(run_dir, "RUN_DIR", cfg)  # keep-N inside a linked folder deletes another run's
-    run = run_of(cfg)
+    run = Run.of(cfg)
     if not any(o.lstrip("+").startswith("resume=") for o in overrides):
         run = run.updated({"resume": "auto"})
     check_static(run)

@@ -8,7 +8,7 @@ world shape (a refused `Switch` value raises `errors.ConfigError`, imported wher
 
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import FrozenInstanceError, field, fields, is_dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,76 @@ def help_field(text: str, default: Any = MISSING, factory: Any = None, choices: 
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+READ_ONLY = "a Run is read-only: run.updated({...}) makes a changed one"
+
+
+class Block:
+    """Base of every schema block a Run holds: assignable while OmegaConf builds it, read-only
+    once the Run seals it (`sealed`), so `run.trainer.batch_size = 999` fails instead of drifting
+    from `run.to_dict()`. (OmegaConf refuses to merge into `frozen=True` dataclasses.)"""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._open(name)
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self._open(name)
+        object.__delattr__(self, name)
+
+    def _open(self, name: str) -> None:
+        if self.__dict__.get("_sealed"):
+            raise FrozenInstanceError(f"cannot assign {type(self).__name__}.{name}: {READ_ONLY}")
+
+
+def _refuse(self: Any, *args: Any, **kwargs: Any) -> Any:
+    raise TypeError(f"cannot change a {type(self).__name__}: {READ_ONLY}")
+
+
+class FrozenDict(dict[str, Any]):
+    """A mapping under a Run: reads as a dict, refuses every change; a copy is a plain dict."""
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> Any:
+        return (FrozenDict, (dict(self),))
+
+    def __deepcopy__(self, memo: Any) -> dict[str, Any]:
+        import copy
+
+        return {k: copy.deepcopy(v, memo) for k, v in self.items()}
+
+
+class FrozenList(list[Any]):
+    """A list under a Run: reads as a list, refuses every change; a copy is a plain list."""
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = append = extend = insert = _refuse
+    clear = pop = remove = reverse = sort = _refuse
+
+    def __reduce__(self) -> Any:
+        return (FrozenList, (list(self),))
+
+    def __deepcopy__(self, memo: Any) -> list[Any]:
+        import copy
+
+        return [copy.deepcopy(v, memo) for v in self]
+
+
+def sealed(value: Any) -> Any:
+    """`value` read-only to its leaves: a Block's fields sealed, then the Block; dicts and lists
+    as FrozenDict and FrozenList (new ones; the Block is sealed in place)."""
+    if isinstance(value, Block):
+        for f in fields(value):  # type: ignore[arg-type]
+            object.__setattr__(value, f.name, sealed(getattr(value, f.name)))
+        object.__setattr__(value, "_sealed", True)
+    elif is_dataclass(value) and not isinstance(value, type) and not value.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        raise TypeError(f"{type(value).__name__} under a Run must derive from config.common.Block")
+    elif isinstance(value, dict):
+        return FrozenDict({k: sealed(v) for k, v in value.items()})
+    elif isinstance(value, list):
+        return FrozenList(sealed(v) for v in value)
+    return value
 
 
 class Choice(str, Enum):

@@ -12,6 +12,7 @@ argument TypeError the target raises become ConfigErrors as well: in the parent,
 from __future__ import annotations
 
 import contextlib
+import copy
 import difflib
 import inspect
 import logging
@@ -242,7 +243,7 @@ def build(
 
     check(spec, key, extra, supplied)
     try:
-        return instantiate({**spec, **extra}, _convert_="all")
+        return instantiate({**copy.deepcopy(spec), **extra}, _convert_="all")  # plain: see typed.py
     except InstantiationException as exc:
         cause = exc.__cause__
         if isinstance(cause, ConfigError):

@@ -8,18 +8,23 @@ their registries (each plug-in's own config class), and the world (`nodes`, `npr
 and the tools take a `Run` and read attributes: `run.world.size`, `run.trainer.batch_size`,
 `run.launcher.max_restarts`.
 
-The open `_target_` nodes (`model`, `data`, `task`, `optim`, `sched`) stay mappings: they are the
-user's classes' arguments, whatever keys those take. `config.yaml` stays plain YAML: `to_dict()`
-is that form. A Run never changes; a changed run is a new one (`updated`).
+`optim` and `sched` are typed too (`Optim`, `Sched`: the keys disttrain reads, checked beside
+their fields, and the target class's own `kwargs`). The other open `_target_` nodes (`model`, `data`, `task`) stay
+mappings: the user's classes' arguments, whatever keys those take. Nothing under a Run can be
+assigned (`config.common.Block`, `sealed`). `config.yaml` stays plain YAML: `to_dict()` is that
+form. A changed run is a new one (`updated`).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from disttrain.config.common import sealed
+from disttrain.config.errors import ConfigError
 from disttrain.config.schema import (
     AmpConfig,
     BackendConfig,
@@ -29,9 +34,11 @@ from disttrain.config.schema import (
     InitConfig,
     LauncherConfig,
     ObserveConfig,
+    Optim,
     PeftConfig,
     PlanConfig,
     ProfilerConfig,
+    Sched,
     SweepConfig,
     TrainerConfig,
 )
@@ -55,11 +62,51 @@ class World:
         """Ranks in the whole run."""
         return self.nodes * self.nproc_per_node
 
+    @classmethod
+    def of(cls, plain: Mapping[str, Any]) -> World:
+        """The world of a plain config, checked: name, nodes, nproc_per_node, node_rank."""
+        check_name(plain)
+        nodes: Any = plain.get("nodes")
+        nproc: Any = plain.get("nproc_per_node")
+        node_rank = own_key(plain, Config, "node_rank")
+        for key, value, hint in (
+            ("nodes", nodes, "use nodes=1 for a single machine."),
+            ("nproc_per_node", nproc, "one rank per GPU; on CPU 2 is a good start."),
+        ):
+            if value is None or value < 1:
+                raise ConfigError(key, value, "a number >= 1", hint)
+        if not 0 <= node_rank < nodes:
+            raise ConfigError(
+                "node_rank", node_rank, f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0."
+            )
+        return cls(
+            nodes=int(nodes),
+            nproc_per_node=int(nproc),
+            node_rank=int(node_rank),
+            master_addr=str(own_key(plain, Config, "master_addr")),
+            master_port=int(own_key(plain, Config, "master_port")),
+        )
+
+
+NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def check_name(cfg: Mapping[str, Any]) -> None:
+    """`name` becomes a path component (runs/NAME/...), the Slurm job name and the rendezvous id:
+    no separators, no `..`, nothing a shell or sbatch would split or run."""
+    name = cfg.get("name")
+    if not isinstance(name, str) or not NAME.fullmatch(name) or set(name) == {"."}:
+        raise ConfigError(
+            "name",
+            repr(name) if isinstance(name, str) and not NAME.fullmatch(name) else name,
+            "letters, digits and . _ - (not only dots)",
+            "e.g. name=lr-sweep_3; the run dir is runs/NAME/TIMESTAMP (set hydra.run.dir for another place).",
+        )
+
 
 @dataclass(frozen=True, eq=False)
-class Run(Mapping[str, Any]):
-    """A resolved config, typed: see the module's docstring. Also a read-only Mapping of the plain
-    config (`run["model"]`, `"init" in run`, `dict(run)`): each value a copy."""
+class Run:
+    """A resolved config, typed and checked: see the module's docstring."""
 
     world: World
     backend: BackendConfig
@@ -81,49 +128,45 @@ class Run(Mapping[str, Any]):
     storage_options: dict[str, Any]
     threads_per_rank: int | None
     profile: bool
-    _plain: dict[str, Any] = field(repr=False)  # the YAML form: handed out only as copies
+    optim: Optim
+    sched: Sched
+    _plain: dict[str, Any] = field(repr=False)  # the YAML form, read-only (a copy: plain dicts)
 
-    # The open `_target_` nodes: the user's classes' arguments, a copy at each read.
-    @property
-    def model(self) -> dict[str, Any]:
-        return self["model"]
+    def __post_init__(self) -> None:
+        for f in fields(self):  # read-only to the leaves: assignment anywhere under a Run raises
+            object.__setattr__(self, f.name, sealed(getattr(self, f.name)))
 
+    # The open `_target_` nodes: the user's classes' arguments, read-only (None where absent).
     @property
-    def data(self) -> dict[str, Any]:
-        return self["data"]
-
-    @property
-    def task(self) -> dict[str, Any]:
-        return self["task"]
+    def model(self) -> Any:
+        return self._plain.get("model")
 
     @property
-    def optim(self) -> dict[str, Any]:
-        return self["optim"]
+    def data(self) -> Any:
+        return self._plain.get("data")
 
     @property
-    def sched(self) -> dict[str, Any]:
-        return self["sched"]
+    def task(self) -> Any:
+        return self._plain.get("task")
 
     @classmethod
     def of(cls, cfg: Mapping[str, Any] | Run) -> Run:
-        """The Run of a resolved config (plain containers: `resolve`'s result, a config.yaml)."""
+        """The Run of a resolved config (plain containers: `resolve`'s result, a config.yaml),
+        checked as it is typed: the world (`World.of`), the strategy's and launcher's names and
+        keys, and every block against its schema (a hand-edited config.yaml meets the closed
+        choices here: the ConfigError naming the key)."""
         if isinstance(cfg, Run):
             return cfg
         from disttrain.launch.specs import LAUNCHERS
-        from disttrain.strategies.specs import STRATEGIES
+        from disttrain.strategies.specs import of as strategy_of
 
         plain = copy.deepcopy(dict(cfg))
-        world = World(
-            nodes=int(plain["nodes"]),
-            nproc_per_node=int(plain["nproc_per_node"]),
-            node_rank=int(own_key(plain, Config, "node_rank")),
-            master_addr=str(own_key(plain, Config, "master_addr")),
-            master_port=int(own_key(plain, Config, "master_port")),
-        )
+        world = World.of(plain)
+        strategy = strategy_of(plain)[1]  # an unknown strategy.name, or keys of another strategy
         return cls(
             world=world,
             backend=typed(BackendConfig, plain["backend"], "backend"),
-            strategy=typed(STRATEGIES.get(plain["strategy"]["name"]).config, plain["strategy"], "strategy"),
+            strategy=strategy,
             amp=typed(AmpConfig, plain["amp"], "amp"),
             peft=typed(PeftConfig, plain.get("peft"), "peft"),  # a run dir from before peft: none
             launcher=typed(LAUNCHERS.get(plain["launcher"]["name"]).config, plain["launcher"], "launcher"),
@@ -141,6 +184,8 @@ class Run(Mapping[str, Any]):
             storage_options=dict(own_key(plain, Config, "storage_options") or {}),
             threads_per_rank=own_key(plain, Config, "threads_per_rank"),
             profile=bool(own_key(plain, Config, "profile")),
+            optim=Optim.of(plain["optim"]),
+            sched=Sched.of(plain["sched"]),
             _plain=plain,
         )
 
@@ -152,17 +197,6 @@ class Run(Mapping[str, Any]):
         """A new Run: this one's config with `changes` merged in (nested mappings key by key, any
         other value replaced), e.g. `run.updated({"checkpoint": {"dir": None}, "resume": "auto"})`."""
         return Run.of(_merged(self.to_dict(), changes))
-
-    # The plain view, as config.yaml holds it: `run["model"]["_target_"]`. A copy at each read, so
-    # nothing changes the run behind its typed blocks; a typed attribute is the way to read those.
-    def __getitem__(self, key: str) -> Any:
-        return copy.deepcopy(self._plain[key])
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._plain)
-
-    def __len__(self) -> int:
-        return len(self._plain)
 
 
 def _merged(base: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:

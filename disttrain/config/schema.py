@@ -12,17 +12,20 @@ This module keeps the bases they extend (``LauncherConfig``, ``TaskConfig``, ``D
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import MISSING as MISSING_FIELD
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from omegaconf import II, MISSING, DictConfig
 
-from disttrain.config.common import Choice, ComputeDtype, Switch
+from disttrain.config.common import Block, Choice, ComputeDtype, Switch
 from disttrain.config.common import help_field as _h
+from disttrain.config.errors import ConfigError, one_of
 from disttrain.config.names import NO_DECAY as NO_DECAY  # optim.param_groups (the engine imports names)
 from disttrain.config.names import NO_DECAY_1D as NO_DECAY_1D
 from disttrain.config.registry import Registry, config_nodes
+from disttrain.config.typed import own_key
 from disttrain.strategies.specs import STRATEGIES, StrategyConfig
 
 
@@ -96,7 +99,7 @@ class Fp8Recipe(Choice):
 
 # ----------------------------------------------------------------------------------------- backend
 @dataclass
-class BackendConfig:
+class BackendConfig(Block):
     name: BackendName = _h(
         "process-group backend: auto (nccl with CUDA GPUs, else gloo), gloo or nccl", BackendName.auto
     )
@@ -105,7 +108,7 @@ class BackendConfig:
 
 # ------------------------------------------------------------------------------------------- data
 @dataclass
-class DataConfig:
+class DataConfig(Block):
     name: str = _h("data set name (for logs)", MISSING)
     targets: Targets = _h(
         "what built-in data sets make as targets: classes (int64 labels) or values (float); "
@@ -137,13 +140,13 @@ class DataConfig:
 
 # ------------------------------------------------------------------------------------------- task
 @dataclass
-class TaskConfig:
+class TaskConfig(Block):
     _target_: str = _h("a disttrain.tasks.Task subclass, or a function step(model, batch) -> loss", MISSING)
 
 
 # -------------------------------------------------------------------------------------------- amp
 @dataclass
-class AmpConfig:
+class AmpConfig(Block):
     name: str = _h(
         "mixed precision: off, bf16, fp16 (dynamic loss scaling) or fp8 (torchao float8 Linear layers, "
         "bf16 for the rest)",
@@ -184,7 +187,7 @@ class AmpConfig:
 
 # ------------------------------------------------------------------------------------------- peft
 @dataclass
-class PeftConfig:
+class PeftConfig(Block):
     name: PeftName = _h(
         "parameter-efficient fine-tuning: none (every parameter trains) or lora (Hugging Face PEFT's LoRA "
         "adapters; only they train, have optimizer state and go into checkpoints)",
@@ -203,7 +206,7 @@ class PeftConfig:
 
 # ---------------------------------------------------------------------------------------- optim
 @dataclass
-class OptimConfig:
+class OptimConfig(Block):
     """Keys disttrain reads itself; a swapped `optim._target_` starts from these (see config/clean.py)."""
 
     _target_: str = _h("optimizer class", MISSING)
@@ -226,6 +229,61 @@ class OptimConfig:
 
 
 @dataclass
+class Optim(Block):
+    """`run.optim`, typed: the keys disttrain reads (OptimConfig's, its defaults where a swapped
+    `_target_` or an older run dir lacks one) and checks here; `kwargs`: the optimizer class's own
+    other arguments (betas, momentum, foreach, ...)."""
+
+    target: str
+    lr: float
+    weight_decay: float
+    scale_lr: ScaleLr
+    param_groups: Any
+    fused: Any
+    kwargs: dict[str, Any]
+
+    @classmethod
+    def of(cls, node: Mapping[str, Any]) -> Optim:
+        own = {k: own_key(node, OptimConfig, k) for k in OWN_OPTIM}
+        kwargs = {k: v for k, v in node.items() if k not in (*OWN_OPTIM, "_target_", "_partial_")}
+        return cls(target=str(node["_target_"]), kwargs=kwargs, **own)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.lr, int | float) or self.lr <= 0:
+            raise ConfigError("optim.lr", self.lr, "a number > 0", "e.g. optim.lr=3e-4.")
+        self.lr = float(self.lr)
+        if self.scale_lr not in tuple(ScaleLr):
+            choices = one_of(m.value for m in ScaleLr)
+            raise ConfigError(
+                "optim.scale_lr", self.scale_lr, choices, "linear multiplies lr by the world size."
+            )
+        self.scale_lr = ScaleLr(self.scale_lr)
+        if self.fused != "auto" and not isinstance(self.fused, bool):  # 1 == True: no `in` test
+            raise ConfigError(
+                "optim.fused",
+                self.fused,
+                "auto, true or false",
+                "auto uses the optimizer's fused kernels when every parameter is on CUDA.",
+            )
+        groups = self.param_groups
+        if groups not in (None, NO_DECAY, NO_DECAY_1D) and not (
+            isinstance(groups, dict) and "_target_" in groups
+        ):
+            raise ConfigError(
+                "optim.param_groups",
+                groups,
+                f"null (one group), {NO_DECAY_1D}, {NO_DECAY}, or a node with _target_ (a factory called "
+                "with the model)",
+                f"optim.param_groups={NO_DECAY_1D} exempts biases and norms from weight decay (nanoGPT), "
+                f"{NO_DECAY} embeddings too; "
+                "optim.param_groups._target_=mylab.groups calls your function with the model.",
+            )
+
+
+OWN_OPTIM = ("lr", "weight_decay", "scale_lr", "param_groups", "fused")  # Optim's typed keys
+
+
+@dataclass
 class AdamWConfig(OptimConfig):
     _target_: str = "torch.optim.AdamW"
     lr: float = 1e-3
@@ -244,13 +302,13 @@ class SGDConfig(OptimConfig):
 
 # ---------------------------------------------------------------------------------------- sched
 @dataclass
-class SchedConfig:
+class SchedConfig(Block):
     name: str = _h("constant or cosine", MISSING)
     warmup_steps: int = _h("linear warm-up from 0 to the base lr over this many optimizer steps", 0)
 
 
 @dataclass
-class TargetSchedConfig:
+class TargetSchedConfig(Block):
     """Any torch.optim.lr_scheduler class (or your own): built with the optimizer, stepped once per
     optimizer step. A swapped `sched._target_` starts from these keys."""
 
@@ -282,9 +340,50 @@ class CosineSchedConfig(SchedConfig):
     min_lr_ratio: float = _h("final lr as a fraction of the base lr", 0.0)
 
 
+SCHEDULES = ("constant", "cosine")  # the built-in schedules (sched.name)
+
+
+@dataclass
+class Sched(Block):
+    """`run.sched`, typed: a built-in schedule (`name`, `warmup_steps`, `min_lr_ratio`: SchedConfig's
+    and CosineSchedConfig's keys, their defaults where a node lacks one), checked here; or a
+    `target` scheduler class with its own `kwargs` (checked when it is built)."""
+
+    name: str | None
+    warmup_steps: int
+    min_lr_ratio: float
+    target: str | None
+    kwargs: dict[str, Any]
+
+    @classmethod
+    def of(cls, node: Mapping[str, Any]) -> Sched:
+        if "_target_" in node:
+            kwargs = {k: v for k, v in node.items() if k not in ("_target_", "_partial_")}
+            return cls(None, 0, 0.0, str(node["_target_"]), kwargs)
+        warmup = own_key(node, SchedConfig, "warmup_steps")
+        return cls(node.get("name"), warmup, own_key(node, CosineSchedConfig, "min_lr_ratio"), None, {})
+
+    def __post_init__(self) -> None:
+        if self.target is not None:
+            return
+        if self.name not in SCHEDULES:
+            raise ConfigError(
+                "sched.name",
+                self.name,
+                one_of(SCHEDULES),
+                "cosine decays to min_lr_ratio x lr after warm-up.",
+            )
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ConfigError("sched.warmup_steps", self.warmup_steps, "a number >= 0", "0 disables warm-up.")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(
+                "sched.min_lr_ratio", self.min_lr_ratio, "0..1", "0 decays to zero; 0.1 keeps 10% of lr."
+            )
+
+
 # -------------------------------------------------------------------------------------- launcher
 @dataclass
-class LauncherConfig:
+class LauncherConfig(Block):
     name: str = _h(
         "the launcher's registered name: torchrun, spawn, slurm, k8s, or one a package registers "
         "(disttrain.launch.specs)",
@@ -305,7 +404,7 @@ class LauncherConfig:
 
 # --------------------------------------------------------------------------------------- trainer
 @dataclass
-class EarlyStopConfig:
+class EarlyStopConfig(Block):
     monitor: str = _h("the validation metric watched (val/loss, val/acc, val/ppl, ...)", "val/loss")
     mode: Mode = _h("min: lower is better (a loss); max: higher is better (accuracy)", Mode.min)
     patience: int = _h(
@@ -317,7 +416,7 @@ class EarlyStopConfig:
 
 
 @dataclass
-class EmaConfig:
+class EmaConfig(Block):
     decay: float | None = _h(
         "exponential moving average of the weights: ema = decay x ema + (1 - decay) x weights after an "
         "update (0.999 is common); null or 0: off. Sharded like the parameters, checkpointed, "
@@ -329,7 +428,7 @@ class EmaConfig:
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(Block):
     max_epochs: int = _h("epochs to train when max_steps is -1", 10)
     max_steps: int = _h("optimizer steps to train (epochs continue as needed); -1: run max_epochs", -1)
     batch_size: int = _h("samples per rank per micro-step (global batch = this x world x grad_accum)", 32)
@@ -397,7 +496,7 @@ class TrainerConfig:
 
 # ------------------------------------------------------------------------------------------ init
 @dataclass
-class InitConfig:
+class InitConfig(Block):
     path: str | None = _h(
         "start from these weights (the model's only: optimizer, schedule and step start fresh): a "
         ".safetensors or .pt file (disttrain export, checkpoints/final.pt), a Hugging Face model folder, "
@@ -422,13 +521,13 @@ class InitConfig:
 
 # ------------------------------------------------------------------------------------- debug/prof
 @dataclass
-class DebugConfig:
+class DebugConfig(Block):
     check_sync_every: int = _h("every N steps compare parameter checksums across replicas; 0: off", 0)
     log_grad_stats: bool = _h("log per-parameter gradient norms (grad_norm/NAME) at log steps", False)
 
 
 @dataclass
-class ProfilerConfig:
+class ProfilerConfig(Block):
     wait: int = _h("profile=true: steps skipped before the window", 1)
     warmup: int = _h("profile=true: steps traced but discarded (profiler warm-up)", 1)
     active: int = _h("profile=true: steps recorded into the trace", 3)
@@ -436,7 +535,7 @@ class ProfilerConfig:
 
 # --------------------------------------------------------------------------------------- observe
 @dataclass
-class ObserveConfig:
+class ObserveConfig(Block):
     sinks: list[Any] = _h(
         "metric sinks besides metrics.jsonl: names (tensorboard, csv, mlflow, wandb) or {_target_: ...} "
         "dicts with the sink's arguments, e.g. [tensorboard,{_target_:mlflow,tracking_uri:'file:///tmp/ml'}]",
@@ -446,7 +545,7 @@ class ObserveConfig:
 
 # ------------------------------------------------------------------------------------------ plan
 @dataclass
-class PlanConfig:
+class PlanConfig(Block):
     """Read only by `disttrain plan` (training ignores it)."""
 
     gpu_mem_gb: float = _h("memory of one accelerator in GiB that the plan must fit", 80.0)
@@ -459,7 +558,7 @@ class PlanConfig:
 
 # ----------------------------------------------------------------------------------------- sweep
 @dataclass
-class SweepConfig:
+class SweepConfig(Block):
     """Read by `disttrain train -m` (one value per sweep: every job of a sweep shares it)."""
 
     max_parallel: int = _h(
@@ -507,7 +606,7 @@ def _keyword_field(name: str, type_name: str, default: Any, text: str) -> Any:
 @_keyword_field(
     "async", "bool", False, "save in a background thread (DCP async_save); training waits only to stage"
 )
-class CheckpointConfig:
+class CheckpointConfig(Block):
     dir: str | None = _h(
         "where checkpoints go; null: <run dir>/checkpoints. With several nodes every node must see "
         "it (a shared file system): checked before training",

@@ -4,11 +4,13 @@ The parent resolves once and freezes plain YAML (`config.yaml`); a rank reads it
 each consumer the typed object of its slice (`typed(TrainerConfig, cfg["trainer"])`), so code
 reads attributes (`trainer.batch_size`) and the dataclass is the only home of every default.
 OmegaConf does the work: the structured merge type-checks and fills defaults, `to_object` builds
-the dataclass. Unknown keys fail the merge (struct mode) unless the schema node is open.
+the dataclass. Unknown keys fail the merge (struct mode) unless the schema node is open. A Run's
+read-only containers go to OmegaConf as copies (plain dicts and lists: it takes no subclasses).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, TypeVar
@@ -29,7 +31,7 @@ def typed(cls: type[T], node: Any, key: str = "") -> T:
     if isinstance(node, cls):
         return node
     try:
-        merged = OmegaConf.merge(_schema(cls), node if node is not None else {})
+        merged = OmegaConf.merge(_schema(cls), copy.deepcopy(node) if node is not None else {})
         obj = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:
         from disttrain.config.errors import translate
@@ -60,7 +62,7 @@ def _schema(cls: type) -> Any:
 def as_dict(obj: Any) -> dict[str, Any]:
     """A typed node back to a plain dict (for YAML, hashing and logs)."""
     if is_dataclass(obj) and not isinstance(obj, type):
-        out = OmegaConf.to_container(OmegaConf.structured(obj), resolve=True, enum_to_str=True)
+        out = OmegaConf.to_container(OmegaConf.structured(copy.deepcopy(obj)), resolve=True, enum_to_str=True)
         assert isinstance(out, dict)
         return out  # type: ignore[return-value]
     if isinstance(obj, dict):

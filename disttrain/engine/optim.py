@@ -14,23 +14,19 @@ from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 from disttrain.config.errors import ConfigError
 from disttrain.config.instantiate import build, locate
 from disttrain.config.names import NO_DECAY, NO_DECAY_1D
-from disttrain.config.schema import CosineSchedConfig, OptimConfig, SchedConfig, TrainerConfig
-from disttrain.config.typed import own_key, typed
+from disttrain.config.schema import Optim, ScaleLr, Sched, TrainerConfig
+from disttrain.config.typed import typed
 
 log = logging.getLogger("disttrain")
 
-# Keys of the optim node that disttrain reads itself; the rest go to the optimizer.
-OWN_KEYS = ("scale_lr", "param_groups", "fused")
 
-
-def effective_lr(optim_cfg: dict[str, Any], world_size: int) -> float:
+def effective_lr(optim: Optim, world_size: int) -> float:
     """The linear scaling rule (Goyal et al. 2017) when `optim.scale_lr=linear`."""
-    lr = float(optim_cfg["lr"])
-    return lr * world_size if own_key(optim_cfg, OptimConfig, "scale_lr") == "linear" else lr
+    return optim.lr * world_size if optim.scale_lr == ScaleLr.linear else optim.lr
 
 
 def build_optimizer(
-    optim_cfg: dict[str, Any],
+    optim: Optim,
     model: torch.nn.Module | Iterable[torch.nn.Parameter],
     world_size: int,
     checking: bool = False,
@@ -41,17 +37,15 @@ def build_optimizer(
     stage, ...); the groups are torch param-group dicts, which ZeRO and post-local SGD keep.
     `checking`: built only to be checked, never stepped (the pre-launch checks: see `for_checks`).
     """
-    spec = {k: v for k, v in optim_cfg.items() if k not in OWN_KEYS}
-    spec["lr"] = effective_lr(optim_cfg, world_size)
-    if spec["lr"] != optim_cfg["lr"]:
-        log.info(
-            "optim.scale_lr=linear: lr %.3g x world size %d = %.3g", optim_cfg["lr"], world_size, spec["lr"]
-        )
-    if not spec.get("weight_decay") and "weight_decay" not in _arguments(spec["_target_"], "optim._target_"):
-        del spec["weight_decay"]  # 0 means none: LBFGS, SparseAdam have no such argument
-    groups = param_groups(own_key(optim_cfg, OptimConfig, "param_groups"), model)
+    lr = effective_lr(optim, world_size)
+    spec = {"_target_": optim.target, "_partial_": True, **optim.kwargs, "lr": lr}
+    if lr != optim.lr:
+        log.info("optim.scale_lr=linear: lr %.3g x world size %d = %.3g", optim.lr, world_size, lr)
+    if optim.weight_decay or "weight_decay" in _arguments(optim.target, "optim._target_"):
+        spec["weight_decay"] = optim.weight_decay  # 0 means none: LBFGS, SparseAdam have no such argument
+    groups = param_groups(optim.param_groups, model)
     groups = _listed(groups)  # read twice: by `use_fused` and by the class
-    fused = use_fused(own_key(optim_cfg, OptimConfig, "fused"), spec, groups)
+    fused = use_fused(optim.fused, spec, groups)
     if fused is not None:
         spec["fused"] = fused
     factory = build(spec, "optim", supplied=1)  # the parameters are passed below
@@ -178,11 +172,9 @@ def no_decay_groups(model: torch.nn.Module, embeddings_decay: bool = False) -> l
     return [g for g in groups if g["params"]]
 
 
-def lr_lambda(sched_cfg: dict[str, Any], total_steps: int) -> Any:
+def lr_lambda(sched: Sched, total_steps: int) -> Any:
     """Multiplier of the base lr at optimizer step `s`: linear warm-up, then constant or cosine."""
-    warmup = int(own_key(sched_cfg, SchedConfig, "warmup_steps"))
-    name = sched_cfg["name"]
-    floor = float(own_key(sched_cfg, CosineSchedConfig, "min_lr_ratio"))  # constant: unused
+    warmup, name, floor = sched.warmup_steps, sched.name, sched.min_lr_ratio  # constant: no floor
 
     def factor(step: int) -> float:
         if warmup and step < warmup:
@@ -195,24 +187,23 @@ def lr_lambda(sched_cfg: dict[str, Any], total_steps: int) -> Any:
     return factor
 
 
-def build_scheduler(
-    sched_cfg: dict[str, Any], optimizer: torch.optim.Optimizer, total_steps: int
-) -> LRScheduler:
+def build_scheduler(sched: Sched, optimizer: torch.optim.Optimizer, total_steps: int) -> LRScheduler:
     """The built-in warm-up + constant/cosine (`sched.name`), or any scheduler class the
     `sched._target_` names (a partial: the optimizer is passed here). Stepped once per optimizer
     step. A target with a `total_steps` argument (OneCycleLR) gets the run's, unless set."""
-    if "_target_" not in sched_cfg:
-        return LambdaLR(optimizer, lr_lambda(sched_cfg, total_steps))
+    if sched.target is None:
+        return LambdaLR(optimizer, lr_lambda(sched, total_steps))
     extra: dict[str, Any] = {}
-    accepted = _arguments(sched_cfg["_target_"], "sched._target_")
-    if "total_steps" in accepted and not {"total_steps", "epochs"} & set(sched_cfg):
+    accepted = _arguments(sched.target, "sched._target_")
+    if "total_steps" in accepted and not {"total_steps", "epochs"} & set(sched.kwargs):
         extra["total_steps"] = total_steps
-    factory = build(sched_cfg, "sched", supplied=1, **extra)  # the optimizer is passed below
+    spec = {"_target_": sched.target, "_partial_": True, **sched.kwargs}
+    factory = build(spec, "sched", supplied=1, **extra)  # the optimizer is passed below
     scheduler = factory(optimizer) if callable(factory) and not isinstance(factory, LRScheduler) else factory
     if not isinstance(scheduler, LRScheduler):
         raise ConfigError(
             "sched._target_",
-            sched_cfg["_target_"],
+            sched.target,
             "a torch.optim.lr_scheduler class (or a factory returning one), built with _partial_: true",
             "e.g. sched._target_=torch.optim.lr_scheduler.StepLR sched.step_size=100.",
         )

@@ -7,7 +7,6 @@ too small for the world size, or nccl without a GPU fails in seconds, before a q
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,38 +14,31 @@ from disttrain import storage
 from disttrain.config import extras
 from disttrain.config.common import Choice
 from disttrain.config.errors import ConfigError, _show, one_of
-from disttrain.config.run import Run, World
+from disttrain.config.run import Run
 from disttrain.config.schema import (
-    NO_DECAY,
-    NO_DECAY_1D,
-    CosineSchedConfig,
-    OptimConfig,
-    ScaleLr,
+    Sched,
     Shard,
     Targets,
 )
-from disttrain.config.typed import own_key
 from disttrain.data.specs import Sampling, TokenDtype
-from disttrain.launch.registry import launcher_names, launcher_specs
 from disttrain.observe.sinks import check_sinks
 from disttrain.preflight import launch_checks
 from disttrain.storage import is_url
 from disttrain.strategies import specs
 
-SCHEDULES = ("constant", "cosine")
 AMP = {"off": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}  # amp -> amp.dtype
 # The closed choices are the schema's (config.common.Choice): composition refuses any other value in
 # a typed block. Those below sit in the open `_target_` groups (data, optim), where a node the user
 # wrote without the schema is checked here against the same members.
 
 
-def _at_least(cfg: Mapping[str, Any], key: str, low: float, hint: str) -> None:
+def _at_least(cfg: Run, key: str, low: float, hint: str) -> None:
     value = _get(cfg, key)
     if value is None or value < low:
         raise ConfigError(key, value, f"a number >= {low:g}", hint)
 
 
-def _choice(cfg: Mapping[str, Any], key: str, allowed: tuple[Any, ...] | type[Choice], hint: str) -> None:
+def _choice(cfg: Run, key: str, allowed: tuple[Any, ...] | type[Choice], hint: str) -> None:
     value = _get(cfg, key)
     if isinstance(allowed, type):
         allowed = tuple(m.value for m in allowed)
@@ -74,7 +66,7 @@ def _check_monitoring(run: Run) -> None:
             raise ConfigError(
                 key, monitor, "a validation metric: val/loss, val/<the task's metric>", "e.g. val/loss."
             )
-    if used and not (run.get("data") or {}).get("val"):
+    if used and not (run.data or {}).get("val"):
         raise ConfigError(
             used[0],
             _get(run, used[0]),
@@ -86,42 +78,14 @@ def _check_monitoring(run: Run) -> None:
 WORLD = ("nodes", "nproc_per_node", "node_rank", "master_addr", "master_port")
 
 
-def _get(cfg: Mapping[str, Any], key: str) -> Any:
-    """The value at dotted `key`: a run's typed attribute (`trainer.batch_size`, `nodes` from its
-    world), or a plain config's entry (before its Run exists); None where there is none."""
-    node: Any = cfg
+def _get(run: Run, key: str) -> Any:
+    """The run's value at dotted `key` (`trainer.batch_size`, `nodes` from its world, `data.x` of
+    an open node); None where there is none."""
+    node: Any = run
     for part in key.split("."):
-        if isinstance(node, Run):
-            node = getattr(node.world if part in WORLD else node, part, None)
-        elif isinstance(node, dict):
-            node = node.get(part)
-        else:
-            node = getattr(node, part, None) if _typed(node) else None
+        node = run.world if node is run and part in WORLD else node
+        node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
     return node
-
-
-def _typed(node: Any) -> bool:
-    """A typed block of a run (a schema dataclass instance, the world)."""
-    import dataclasses
-
-    return isinstance(node, World) or (dataclasses.is_dataclass(node) and not isinstance(node, type))
-
-
-NAME = re.compile(r"[A-Za-z0-9._-]+")
-
-
-def check_name(cfg: Mapping[str, Any]) -> None:
-    """`name` becomes a path component (runs/NAME/...), the Slurm job name and the rendezvous id:
-    no separators, no `..`, nothing a shell or sbatch would split or run. On the plain config (a
-    Run's `name` is already a string)."""
-    name = cfg["name"]
-    if not isinstance(name, str) or not NAME.fullmatch(name) or set(name) == {"."}:
-        raise ConfigError(
-            "name",
-            repr(name) if isinstance(name, str) and not NAME.fullmatch(name) else name,
-            "letters, digits and . _ - (not only dots)",
-            "e.g. name=lr-sweep_3; the run dir is runs/NAME/TIMESTAMP (set hydra.run.dir for another place).",
-        )
 
 
 def _check_plugins(run: Run) -> None:
@@ -136,43 +100,19 @@ def _check_plugins(run: Run) -> None:
         check_chosen(registry, run, key)
 
 
-def run_of(cfg: Mapping[str, Any]) -> Run:
-    """The Run of a resolved config that was not checked yet: first the checks of what its typed
-    world, strategy and launcher are built from (so a mistake there fails with its ConfigError, as
-    in `check_static`, not with the typing's error), then `Run.of`, which types every block as the
-    ranks will (a config that did not come through composition, a hand-edited config.yaml, meets the
-    closed choices there: the ConfigError naming the key)."""
-    if isinstance(cfg, Run):
-        return cfg
-    _check_world(cfg)
-    specs.of(cfg)  # an unknown strategy.name, or keys of another strategy
-    _choice(cfg, "launcher.name", launcher_names(), "; ".join(s.help for s in launcher_specs()) + ".")
-    return Run.of(cfg)
-
-
-def _check_world(cfg: Mapping[str, Any]) -> None:
-    """name, nodes, nproc_per_node, node_rank: of a run, or of a plain config before its Run (`run_of`)."""
-    check_name(cfg)
-    _at_least(cfg, "nodes", 1, "use nodes=1 for a single machine.")
-    _at_least(cfg, "nproc_per_node", 1, "one rank per GPU; on CPU 2 is a good start.")
-    nodes, node_rank = _get(cfg, "nodes"), _get(cfg, "node_rank")
-    if not 0 <= node_rank < nodes:
-        raise ConfigError("node_rank", node_rank, f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0.")
-
-
 def check_static(run: Run) -> None:
     """Checks that need only the resolved config."""
     from disttrain.observe.phases import phase
 
-    phase("checks")
-    _check_world(run)
+    phase("checks")  # the world, strategy and launcher names: checked by Run.of
     check_sinks(list(run.observe.sinks))
-    extras.check_run(run)  # a tracker, fp8, peft without its package: the install command, before launch
+    extras.check_run(
+        run.to_dict()
+    )  # a tracker, fp8, peft without its package: the install command, before launch
     _at_least(run, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
     spec, strategy = specs.get(run.strategy.name), run.strategy
     if spec.check_static is not None:
         spec.check_static(run, strategy)
-    _choice(run, "launcher.name", launcher_names(), "; ".join(s.help for s in launcher_specs()) + ".")
     _at_least(run, "launcher.max_restarts", 0, "0 fails the run on the first rank failure.")
     _at_least(run, "sweep.max_parallel", 0, "0 runs every job of a scheduler's sweep at once; 2 at most two.")
     launch_checks.check_static(run)  # rendezvous, elastic range, SLURM
@@ -180,7 +120,6 @@ def check_static(run: Run) -> None:
     _check_peft(run)
     _check_trainer(run)
     _check_checkpoint(run)
-    _check_optim(run)
     _check_loader(run)
     _check_targets(run)
     _check_plugins(run)
@@ -194,7 +133,7 @@ def _check_targets(run: Run) -> None:
     data = run.data
     if "targets" in data:
         _choice(run, "data.targets", Targets, "the task group sets it: task=regression makes values.")
-    task = run.get("task")
+    task = run.task
     if not isinstance(task, dict) or not task.get("_target_"):
         raise ConfigError(
             "task",
@@ -415,41 +354,6 @@ def _check_ema(run: Run) -> None:
         )
 
 
-def _check_optim(run: Run) -> None:
-    optim, sched = run.optim, run.sched
-    if optim["lr"] <= 0:
-        raise ConfigError("optim.lr", optim["lr"], "a number > 0", "e.g. optim.lr=3e-4.")
-    _choice(run, "optim.scale_lr", ScaleLr, "linear multiplies lr by the world size.")
-    fused = own_key(optim, OptimConfig, "fused")  # a run frozen before the key: auto
-    if fused != "auto" and not isinstance(fused, bool):  # 1 == True: no `in` test
-        raise ConfigError(
-            "optim.fused",
-            fused,
-            "auto, true or false",
-            "auto uses the optimizer's fused kernels when every parameter is on CUDA.",
-        )
-    groups = own_key(optim, OptimConfig, "param_groups")  # a run frozen before the key: null
-    if groups not in (None, NO_DECAY, NO_DECAY_1D) and not (
-        isinstance(groups, dict) and "_target_" in groups
-    ):
-        raise ConfigError(
-            "optim.param_groups",
-            groups,
-            f"null (one group), {NO_DECAY_1D}, {NO_DECAY}, or a node with _target_ (a factory called "
-            "with the model)",
-            f"optim.param_groups={NO_DECAY_1D} exempts biases and norms from weight decay (nanoGPT), "
-            f"{NO_DECAY} embeddings too; "
-            "optim.param_groups._target_=mylab.groups calls your function with the model.",
-        )
-    if "_target_" in sched:  # any scheduler class: its arguments are checked when it is built
-        return
-    _choice(run, "sched.name", SCHEDULES, "cosine decays to min_lr_ratio x lr after warm-up.")
-    _at_least(run, "sched.warmup_steps", 0, "0 disables warm-up.")
-    ratio = own_key(sched, CosineSchedConfig, "min_lr_ratio")
-    if not 0.0 <= ratio <= 1.0:
-        raise ConfigError("sched.min_lr_ratio", ratio, "0..1", "0 decays to zero; 0.1 keeps 10% of lr.")
-
-
 def _check_data(run: Run) -> None:
     """Ranges of the built-in data options' own keys (text: block_size, val_fraction)."""
     data = run.data
@@ -638,7 +542,8 @@ def _check_runtime(run: Run, launched: Mapping[str, Any] | None) -> dict[str, in
     model = model_for_checks(run.model)  # never loads weights: see disttrain.preflight.model
     if model.meta is not None:
         with torch.device("meta"):
-            warn = launched is None or any(run[key] != launched.get(key) for key in WARMUP_KEYS)
+            plain = run.to_dict() if launched is not None else {}
+            warn = launched is None or any(plain.get(key) != launched.get(key) for key in WARMUP_KEYS)
             check_optim_runtime(run, model.meta, 1 if streams else len(train) // per_step, warn)
         spec = specs.get(run.strategy.name)
         if spec.check_model is not None:
@@ -720,14 +625,14 @@ def check_optim_runtime(run: Run, model: Any, batches_per_epoch: int, warn: bool
         sys.stderr.write(f"disttrain: warning: {warning}\n")
 
 
-def warmup_warning(sched: Mapping[str, Any], steps: int) -> str | None:
+def warmup_warning(sched: Sched, steps: int) -> str | None:
     """The built-in schedule's warm-up covering the whole run: the lr only climbs and never decays
     (review 2026-11-28-ux #14: cosine's 20 warm-up steps silently swallowed a 20-step run)."""
-    warmup = sched.get("warmup_steps") or 0
-    if "_target_" in sched or not isinstance(warmup, int) or warmup <= 0 or warmup < steps:
+    warmup = sched.warmup_steps
+    if sched.target is not None or warmup <= 0 or warmup < steps:
         return None
     fix = max(1, steps // 10)
-    decays = "" if sched.get("name") == "constant" else " and never decays"
+    decays = "" if sched.name == "constant" else " and never decays"
     return (
         f"sched.warmup_steps={warmup} is not shorter than the run ({steps} optimizer steps): the lr "
         f"climbs for the whole run{decays}. "

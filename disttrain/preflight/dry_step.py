@@ -338,7 +338,7 @@ def _all_targets(task: Task, train: Any, sample_target: torch.Tensor) -> torch.T
 
 
 def _target(run: Run) -> str:
-    task = run.get("task")  # run.task, unless a run without one reaches the dry step
+    task = run.task  # None: a run without one reaches the dry step
     return str(task.get("_target_")) if isinstance(task, dict) else str(task)
 
 

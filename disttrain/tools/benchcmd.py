@@ -98,10 +98,11 @@ def make_spec(args: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
 def compose_checked(args: argparse.Namespace) -> Run:
     """The same composition and static checks as `train`, plus the GPU checks the backend needs."""
     from disttrain.config import compose, resolve
-    from disttrain.preflight.checks import check_static, run_of
+    from disttrain.config.run import Run
+    from disttrain.preflight.checks import check_static
     from disttrain.preflight.gpus import check_nccl_ranks
 
-    run = run_of(resolve(compose(args.overrides, args.config_dir), args.overrides))
+    run = Run.of(resolve(compose(args.overrides, args.config_dir), args.overrides))
     if args.timeout is not None:
         run = run.updated({"backend": {"timeout": args.timeout}})
     check_static(run)

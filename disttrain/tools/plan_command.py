@@ -46,7 +46,8 @@ def cmd_plan(rest: list[str]) -> int:
     )
     args = p.parse_intermixed_args(rest)
     from disttrain.config import ConfigError, compose, resolve
-    from disttrain.preflight.checks import check_static, run_of
+    from disttrain.config.run import Run
+    from disttrain.preflight.checks import check_static
 
     if args.load_at is not None and not args.simulate:  # a usage mistake: said before composing
         raise ConfigError(
@@ -55,7 +56,7 @@ def cmd_plan(rest: list[str]) -> int:
             "--load-at with --simulate",
             "add --simulate (the load is planned on its ranks)",
         )
-    run = run_of(resolve(compose(args.overrides, args.config_dir), args.overrides))
+    run = Run.of(resolve(compose(args.overrides, args.config_dir), args.overrides))
     check_static(run)
     target = load_layout(args) if args.load_at is not None else None
     result = plan(run)
@@ -79,7 +80,8 @@ def load_layout(args: argparse.Namespace) -> Run:
     import shlex
 
     from disttrain.config import ConfigError, compose, resolve
-    from disttrain.preflight.checks import check_static, run_of
+    from disttrain.config.run import Run
+    from disttrain.preflight.checks import check_static
     from disttrain.tools.simulate_load import target_overrides
 
     extra = shlex.split(args.load_at)
@@ -88,6 +90,6 @@ def load_layout(args: argparse.Namespace) -> Run:
             "--load-at", args.load_at, "overrides of the loading layout", "e.g. --load-at 'nproc_per_node=4'"
         )
     overrides = target_overrides(args.overrides, extra)
-    target = run_of(resolve(compose(overrides, args.config_dir), overrides))
+    target = Run.of(resolve(compose(overrides, args.config_dir), overrides))
     check_static(target)
     return target

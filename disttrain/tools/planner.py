@@ -62,12 +62,12 @@ def precision(run: Run) -> dict[str, Any]:
         "bf16",
         "fp16",
     )
-    target = str(run.optim["_target_"])
+    target = run.optim.target
     name = target.rsplit(".", 1)[-1]
     if "adam" in name.lower() or "lamb" in name.lower():
         states = 2
     elif name == "SGD":
-        states = 1 if run.optim.get("momentum", TORCH_SGD_MOMENTUM) else 0
+        states = 1 if run.optim.kwargs.get("momentum", TORCH_SGD_MOMENTUM) else 0
     elif name in ("Adagrad", "RMSprop", "Adafactor"):
         states = 1
     else:

@@ -244,12 +244,12 @@ def train_in_process(run_dir: Path, *overrides: str) -> Path:
     from disttrain.config import compose, resolve
     from disttrain.config.run import Run
     from disttrain.dist import DistEnv
-    from disttrain.preflight.checks import check_static, run_of
+    from disttrain.preflight.checks import check_static
     from disttrain.worker import train
 
     args = [*FAST, *pinned_backend(*overrides), *overrides]
     cfg = resolve(compose(args), args)
-    check_static(run_of(cfg))
+    check_static(Run.of(cfg))
     assert cfg["nodes"] * cfg["nproc_per_node"] == 1, "a reference in this process is one rank"
     run_dir.mkdir(parents=True, exist_ok=True)
     threads = torch.get_num_threads()

@@ -13,7 +13,8 @@ from unit_support import BAD_RUNTIME, BAD_STATIC, Bad, checked, split_flags
 from disttrain.config import ConfigError, compose, config_dir, expand_sweep, resolve
 from disttrain.config.errors import one_of
 from disttrain.config.keyhelp import key_rows
-from disttrain.preflight.checks import check_static, run_of
+from disttrain.config.run import Run
+from disttrain.preflight.checks import check_static
 
 # What the foundation issue promises in each group; new options may be added, none removed.
 PROMISED = {
@@ -104,7 +105,7 @@ def test_every_option_composes_and_passes_static_checks(group: str, option: str)
     composed = compose(overrides)
     assert [key for key, _, _, text in key_rows(composed) if not text.strip()] == []
     cfg = resolve(composed, overrides)
-    check_static(run_of(cfg))
+    check_static(Run.of(cfg))
     if option in PROMISED.get(group, ()) and "name" in cfg[group]:
         assert cfg[group]["name"] == option
     assert "${" not in yaml.safe_dump(cfg), "every interpolation is resolved in the parent"
@@ -301,7 +302,7 @@ def test_check_static_works_on_the_run_of_a_plain_dict() -> None:
     cfg: dict[str, Any] = checked([])
     cfg["trainer"]["batch_size"] = -3
     with pytest.raises(ConfigError, match=r"trainer\.batch_size=-3"):
-        check_static(run_of(cfg))
+        check_static(Run.of(cfg))
 
 
 # ------------------------------------------------------------------------------------------- sweeps
@@ -386,11 +387,53 @@ def test_closed_choices_freeze_as_plain_strings_and_read_typed_as_members() -> N
 
 def test_a_hand_edited_closed_choice_is_named_before_launch() -> None:
     """A config that did not come through composition (an edited config.yaml a resume reads)."""
-    from disttrain.preflight.checks import check_static, run_of
+    from disttrain.config.run import Run
+    from disttrain.preflight.checks import check_static
 
     cfg = resolve(compose(["data=synthetic"]))
     cfg["trainer"]["oom"] = "retry"
     with pytest.raises(ConfigError) as info:
-        check_static(run_of(cfg))
+        check_static(Run.of(cfg))
     assert (info.value.key, info.value.value) == ("trainer.oom", "retry"), str(info.value)
     assert info.value.allowed == "one of off, auto_microbatch"
+
+
+@pytest.mark.parametrize("overrides", [[], ["strategy=fsdp", "data=tokens", "data.path=/t.bin", "model=gpt"]])
+def test_assignment_anywhere_under_a_run_raises(overrides: list[str]) -> None:
+    """Issue 39: the Run is read-only to its leaves (review A.3: `run.trainer.batch_size = 999`
+    succeeded while to_dict() still said 32)."""
+    import dataclasses
+
+    from disttrain.config.run import Run
+
+    run = Run.of(resolve(compose(overrides), overrides))
+    before = run.to_dict()
+    seen: list[str] = []
+
+    def walk(node: Any, path: str) -> None:
+        seen.append(path)
+        if dataclasses.is_dataclass(node):
+            for f in dataclasses.fields(node):
+                with pytest.raises(AttributeError, match="cannot assign"):
+                    setattr(node, f.name, 999)
+                walk(getattr(node, f.name), f"{path}.{f.name}")
+        elif isinstance(node, dict):
+            for change in (lambda: node.__setitem__("x", 1), lambda: node.update(x=1), node.clear):
+                with pytest.raises(TypeError, match="read-only"):
+                    change()
+            for key, value in node.items():
+                walk(value, f"{path}[{key!r}]")
+        elif isinstance(node, list):
+            for change in (lambda: node.append(1), lambda: node.__setitem__(slice(None), []), node.clear):
+                with pytest.raises(TypeError, match="read-only"):
+                    change()
+            for i, value in enumerate(node):
+                walk(value, f"{path}[{i}]")
+
+    walk(run, "run")
+    for name in ("model", "data", "task", "optim", "sched"):
+        walk(getattr(run, name), name)
+    assert {"run.trainer.early_stop.patience", "run.observe.sinks", "run.storage_options"} <= set(seen)
+    assert "run.strategy.reshard_after_forward" in seen or not overrides
+    assert len(seen) > 150
+    assert run.to_dict() == before and run.trainer.batch_size == before["trainer"]["batch_size"]

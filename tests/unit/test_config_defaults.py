@@ -40,8 +40,6 @@ ALLOWED = {
     ("config/extras.py", "observe"),
     ("config/extras.py", "sinks"),
     ("config/extras.py", "peft"),
-    # The warm-up warning reads an open sched node: a swapped `_target_` has no warmup_steps.
-    ("preflight/checks.py", "warmup_steps"),
 }
 
 

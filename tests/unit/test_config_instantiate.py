@@ -20,11 +20,13 @@ from unit_support import checked, write_module
 from disttrain.config import ConfigError, compose, config_dir, resolve
 from disttrain.config.gpus import choose_backend
 from disttrain.config.instantiate import build, check, locate
+from disttrain.config.run import Run
+from disttrain.config.schema import Optim, Sched
 from disttrain.data import build_datasets
 from disttrain.dist import DistEnv
 from disttrain.engine.optim import build_optimizer, build_scheduler, effective_lr, lr_lambda
 from disttrain.models import build_model
-from disttrain.preflight.checks import check_runtime, check_static, run_of
+from disttrain.preflight.checks import check_runtime, check_static
 from disttrain.strategies import build_strategy, specs
 
 DIGITS = 1797  # images in the bundled data set
@@ -183,28 +185,28 @@ def test_mlp_layers_follow_the_config() -> None:
 
 
 def test_check_runtime_returns_the_data_set_sizes() -> None:
-    sizes = check_runtime(run_of(checked([])))
+    sizes = check_runtime(Run.of(checked([])))
     assert sizes == {"train": DIGITS - round(0.2 * DIGITS), "val": round(0.2 * DIGITS)}
-    assert check_runtime(run_of(checked(["data=synthetic", "data.val=null"]))) == {"train": 2048}
+    assert check_runtime(Run.of(checked(["data=synthetic", "data.val=null"]))) == {"train": 2048}
 
 
 def test_check_runtime_accepts_the_largest_batch_that_fits() -> None:
     n = checked(["data=synthetic"])["data"]["num_samples"]  # 2 ranks x grad_accum 2 x batch
-    check_runtime(run_of(checked(["data=synthetic", "trainer.grad_accum=2", f"trainer.batch_size={n // 4}"])))
+    check_runtime(Run.of(checked(["data=synthetic", "trainer.grad_accum=2", f"trainer.batch_size={n // 4}"])))
     with pytest.raises(ConfigError, match=rf"trainer\.batch_size={n // 4 + 1} .*<= {n // 4} for {n}"):
         check_runtime(
-            run_of(checked(["data=synthetic", "trainer.grad_accum=2", f"trainer.batch_size={n // 4 + 1}"]))
+            Run.of(checked(["data=synthetic", "trainer.grad_accum=2", f"trainer.batch_size={n // 4 + 1}"]))
         )
 
 
 def test_ranks_that_split_the_model_share_a_batch_in_the_data_size_check() -> None:
     """tp and pipeline ranks read the same samples: one step takes batch x grad_accum, not x world."""
     n = 2048
-    check_runtime(run_of(checked(["data=synthetic", "strategy=tp", f"trainer.batch_size={n}"])))
+    check_runtime(Run.of(checked(["data=synthetic", "strategy=tp", f"trainer.batch_size={n}"])))
     with pytest.raises(ConfigError, match=r"1 data-parallel replica\(s\)"):
-        check_runtime(run_of(checked(["data=synthetic", "strategy=tp", f"trainer.batch_size={n + 1}"])))
+        check_runtime(Run.of(checked(["data=synthetic", "strategy=tp", f"trainer.batch_size={n + 1}"])))
     with pytest.raises(ConfigError, match=rf"<= {n // 2} for {n}"):
-        check_runtime(run_of(checked(["data=synthetic", "strategy=ddp", f"trainer.batch_size={n}"])))
+        check_runtime(Run.of(checked(["data=synthetic", "strategy=ddp", f"trainer.batch_size={n}"])))
 
 
 # ------------------------------------------------------------------------------------ user targets
@@ -292,7 +294,7 @@ def test_swapped_model_target_starts_from_a_clean_node(user_dir: Path) -> None:
     }
     net = build_model(cfg["model"])
     assert net.body[1].out_features == 512 and net.body[1].in_features == 64
-    check_runtime(run_of(cfg))
+    check_runtime(Run.of(cfg))
 
 
 def test_user_class_with_defaults_needs_only_the_keys_it_changes(user_dir: Path) -> None:
@@ -369,7 +371,7 @@ def test_swapped_optimizer_keeps_disttrains_own_keys_and_drops_adamws() -> None:
     cfg = checked(["optim._target_=torch.optim.RMSprop", "optim.alpha=0.9", "optim.lr=0.02"], runtime=True)
     assert cfg["optim"] == {"_target_": "torch.optim.RMSprop", "_partial_": True, "lr": 0.02, "weight_decay": 0.0,
                             "scale_lr": "none", "param_groups": None, "fused": "auto", "alpha": 0.9}  # fmt: skip
-    opt = build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1)
+    opt = build_optimizer(Optim.of(cfg["optim"]), torch.nn.Linear(2, 2), world_size=1)
     assert isinstance(opt, torch.optim.RMSprop) and opt.param_groups[0]["alpha"] == 0.9
 
 
@@ -377,7 +379,9 @@ def test_swapped_optimizer_without_weight_decay_and_the_arguments_disttrain_pass
     """LBFGS takes no weight_decay: the clean node's 0 (none) is not forced on it; `params` and a
     scheduler's `optimizer` are passed by disttrain, so they are not offered as suggestions."""
     cfg = checked(["optim._target_=torch.optim.LBFGS"], runtime=True)
-    assert isinstance(build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1), torch.optim.LBFGS)
+    assert isinstance(
+        build_optimizer(Optim.of(cfg["optim"]), torch.nn.Linear(2, 2), world_size=1), torch.optim.LBFGS
+    )
     with pytest.raises(ConfigError) as info:
         checked(["optim.param=1"], runtime=True)
     assert info.value.key == "optim.param" and "params" not in info.value.allowed
@@ -427,7 +431,7 @@ def test_user_data_target(user_dir: Path) -> None:
         ]
     )
     assert cfg["data"]["train"] == {"_target_": "unitlab.data.make_train", "n": 40}  # no digits keys left
-    assert check_runtime(run_of(cfg)) == {"train": 40}  # 2 ranks x batch 20 fit
+    assert check_runtime(Run.of(cfg)) == {"train": 40}  # 2 ranks x batch 20 fit
 
 
 # ------------------------------------------------------------------------------------------- build
@@ -506,7 +510,7 @@ def test_a_bad_target_says_what_python_said_and_the_closest_names(user_dir: Path
 def test_every_optimizer_builds_from_its_partial(optim: str) -> None:
     cfg = checked([f"optim={optim}", "optim.lr=0.02"])["optim"]
     model = torch.nn.Linear(4, 2)
-    opt = build_optimizer(cfg, model, world_size=2)
+    opt = build_optimizer(Optim.of(cfg), model, world_size=2)
     assert type(opt) is locate(cfg["_target_"], "optim._target_")
     group = opt.param_groups[0]
     assert group["lr"] == pytest.approx(0.02) and group["weight_decay"] == pytest.approx(cfg["weight_decay"])
@@ -522,15 +526,15 @@ def test_every_optimizer_builds_from_its_partial(optim: str) -> None:
 
 def test_linear_scaling_rule() -> None:
     cfg = checked(["optim.lr=0.01", "optim.scale_lr=linear"])["optim"]
-    assert effective_lr(cfg, 4) == pytest.approx(0.04)
-    assert effective_lr({**cfg, "scale_lr": "none"}, 4) == pytest.approx(0.01)
-    opt = build_optimizer(cfg, torch.nn.Linear(2, 2).parameters(), world_size=4)
+    assert effective_lr(Optim.of(cfg), 4) == pytest.approx(0.04)
+    assert effective_lr(Optim.of({**cfg, "scale_lr": "none"}), 4) == pytest.approx(0.01)
+    opt = build_optimizer(Optim.of(cfg), torch.nn.Linear(2, 2).parameters(), world_size=4)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.04)
 
 
 # ------------------------------------------------------------------------------------- schedules
 def test_cosine_warms_up_linearly_then_decays_to_the_floor() -> None:
-    f = lr_lambda({"name": "cosine", "warmup_steps": 4, "min_lr_ratio": 0.1}, total_steps=14)
+    f = lr_lambda(Sched.of({"name": "cosine", "warmup_steps": 4, "min_lr_ratio": 0.1}), total_steps=14)
     assert [f(s) for s in range(4)] == pytest.approx([0.25, 0.5, 0.75, 1.0])
     assert f(4) == pytest.approx(1.0)  # cosine starts at the base lr
     assert f(9) == pytest.approx(0.1 + 0.9 * 0.5)  # half way
@@ -544,20 +548,20 @@ def test_cosine_warms_up_linearly_then_decays_to_the_floor() -> None:
 def test_cosine_without_warmup_decays_to_zero_by_default() -> None:
     cfg = checked(["sched=cosine", "sched.warmup_steps=0"])["sched"]
     assert cfg["min_lr_ratio"] == 0.0
-    f = lr_lambda(cfg, total_steps=10)
+    f = lr_lambda(Sched.of(cfg), total_steps=10)
     assert f(0) == pytest.approx(1.0) and f(5) == pytest.approx(0.5) and f(10) == pytest.approx(0.0)
 
 
 def test_constant_with_and_without_warmup() -> None:
-    f = lr_lambda(checked(["sched=constant"])["sched"], total_steps=10)
+    f = lr_lambda(Sched.of(checked(["sched=constant"])["sched"]), total_steps=10)
     assert [f(s) for s in (0, 5, 50)] == [1.0, 1.0, 1.0]
-    f = lr_lambda({"name": "constant", "warmup_steps": 2}, total_steps=10)
+    f = lr_lambda(Sched.of({"name": "constant", "warmup_steps": 2}), total_steps=10)
     assert [f(s) for s in (0, 1, 2, 9)] == pytest.approx([0.5, 1.0, 1.0, 1.0])
 
 
 def _lrs(cfg: dict, steps: int = 30) -> list[float]:
-    opt = build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1)
-    scheduler = build_scheduler(cfg["sched"], opt, total_steps=steps)
+    opt = build_optimizer(Optim.of(cfg["optim"]), torch.nn.Linear(2, 2), world_size=1)
+    scheduler = build_scheduler(Sched.of(cfg["sched"]), opt, total_steps=steps)
     lrs = []
     for _ in range(steps):  # the engine steps the scheduler once per optimizer step
         lrs.append(opt.param_groups[0]["lr"])
@@ -569,7 +573,7 @@ def _lrs(cfg: dict, steps: int = 30) -> list[float]:
 @pytest.mark.parametrize("sched", [s for s in options("sched") if s in ("constant", "cosine")])
 def test_every_built_in_schedule_drives_the_optimizer_lr(sched: str) -> None:
     cfg = checked([f"sched={sched}", "optim.lr=0.1"])
-    f = lr_lambda(cfg["sched"], total_steps=30)
+    f = lr_lambda(Sched.of(cfg["sched"]), total_steps=30)
     assert _lrs(cfg) == [0.1 * f(s) for s in range(30)]  # bitwise: the same LambdaLR as before
 
 
@@ -617,10 +621,15 @@ def test_a_warm_up_as_long_as_the_run_is_named_before_launch(capsys: pytest.Capt
         "climbs for the whole run and never decays. HINT: sched.warmup_steps=2 (a tenth of the run), or "
         "sched.warmup_steps=0.\n"
     )
-    assert warmup_warning({"name": "cosine", "warmup_steps": 20}, 21) is None
-    assert "climbs for the whole run. " in str(warmup_warning({"name": "constant", "warmup_steps": 50}, 30))
-    assert warmup_warning({"name": "cosine", "warmup_steps": 0}, 0) is None
-    assert warmup_warning({"_target_": "torch.optim.lr_scheduler.StepLR", "warmup_steps": 5}, 3) is None
+    assert warmup_warning(Sched.of({"name": "cosine", "warmup_steps": 20}), 21) is None
+    assert "climbs for the whole run. " in str(
+        warmup_warning(Sched.of({"name": "constant", "warmup_steps": 50}), 30)
+    )
+    assert warmup_warning(Sched.of({"name": "cosine", "warmup_steps": 0}), 0) is None
+    assert (
+        warmup_warning(Sched.of({"_target_": "torch.optim.lr_scheduler.StepLR", "warmup_steps": 5}), 3)
+        is None
+    )
 
 
 def test_a_rerun_that_changes_the_runs_length_is_warned_about_its_warm_up_again(
@@ -650,7 +659,7 @@ def by_name(model, head_lr: float = 0.5):
 def test_no_decay_groups_of_the_built_in_gpt() -> None:
     cfg = checked(["model=gpt", "model.dim=16", "optim.param_groups=no_decay_bias_norm_embed"], runtime=True)
     model = build_model(cfg["model"])
-    opt = build_optimizer(cfg["optim"], model, world_size=1)
+    opt = build_optimizer(Optim.of(cfg["optim"]), model, world_size=1)
     names = {id(p): n for n, p in model.named_parameters()}
     decay, exempt = ({names[id(p)] for p in g["params"]} for g in opt.param_groups)
     assert opt.param_groups[0]["weight_decay"] == cfg["optim"]["weight_decay"] > 0
@@ -665,7 +674,7 @@ def test_no_decay_1d_is_nanogpts_rule() -> None:
     """Review F5: nanoGPT decays every >= 2-D parameter, embeddings (and the head tied to one) too."""
     cfg = checked(["model=gpt", "model.dim=16", "optim.param_groups=no_decay_1d"], runtime=True)
     model = build_model(cfg["model"])
-    opt = build_optimizer(cfg["optim"], model, world_size=1)
+    opt = build_optimizer(Optim.of(cfg["optim"]), model, world_size=1)
     decay, exempt = ({id(p) for p in g["params"]} for g in opt.param_groups)
     assert decay == {id(p) for p in model.parameters() if p.dim() >= 2}  # nanoGPT's configure_optimizers
     assert id(model.embed.tok.weight) in decay and exempt == {
@@ -677,16 +686,16 @@ def test_a_run_frozen_before_param_groups_still_resumes() -> None:
     """`disttrain resume` checks and builds from an old config.yaml that lacks optim.param_groups."""
     cfg = checked([])
     del cfg["optim"]["param_groups"]
-    check_static(run_of(cfg))
-    check_runtime(run_of(cfg))
-    assert len(build_optimizer(cfg["optim"], torch.nn.Linear(2, 2), world_size=1).param_groups) == 1
+    check_static(Run.of(cfg))
+    check_runtime(Run.of(cfg))
+    assert len(build_optimizer(Optim.of(cfg["optim"]), torch.nn.Linear(2, 2), world_size=1).param_groups) == 1
 
 
 def test_user_param_group_factory_is_called_with_the_model(user_dir: Path) -> None:
     write_module(user_dir, "unitlab.groups", GROUPS)
     cfg = checked(["model=gpt", "model.dim=16", "optim.param_groups._target_=unitlab.groups.by_name",
                    "optim.param_groups.head_lr=0.25"], runtime=True)  # fmt: skip
-    opt = build_optimizer(cfg["optim"], build_model(cfg["model"]), world_size=1)
+    opt = build_optimizer(Optim.of(cfg["optim"]), build_model(cfg["model"]), world_size=1)
     assert [g["lr"] for g in opt.param_groups] == [cfg["optim"]["lr"], 0.25]
     with pytest.raises(ConfigError) as info:
         checked(["optim.param_groups._target_=unitlab.groups.by_name", "optim.param_groups.head_l=1"],

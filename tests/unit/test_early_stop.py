@@ -135,7 +135,8 @@ def watched() -> dict[str, Any]:
     ],
 )
 def test_settings_are_checked_before_launch(watched: dict[str, Any], key: str, value: Any) -> None:
-    from disttrain.preflight.checks import check_static, run_of
+    from disttrain.config.run import Run
+    from disttrain.preflight.checks import check_static
 
     cfg = copy.deepcopy(watched)
     parent, _, leaf = key.rpartition(".")
@@ -144,7 +145,7 @@ def test_settings_are_checked_before_launch(watched: dict[str, Any], key: str, v
         node = node[part]
     node[leaf] = value
     with pytest.raises(ConfigError) as info:
-        check_static(run_of(cfg))
+        check_static(Run.of(cfg))
     if key == "data.val":  # early stopping without a validation set: named by the setting that needs one
         assert info.value.key == "trainer.early_stop.patience" and "data.val" in str(info.value)
     else:

@@ -80,7 +80,7 @@ def test_time_with_a_trailing_newline_is_refused() -> None:
 
 
 def test_name_rejects_traversal_and_separators() -> None:
-    from disttrain.preflight.checks import check_name
+    from disttrain.config.run import check_name
 
     for bad in ("../../escape", "a/b", "..", ".", "x y", "x\ny", ""):
         with pytest.raises(ConfigError) as err:

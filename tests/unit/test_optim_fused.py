@@ -12,6 +12,7 @@ import torch
 from unit_support import checked
 
 from disttrain.config.errors import ConfigError
+from disttrain.config.schema import Optim
 from disttrain.engine.optim import build_optimizer, use_fused
 
 ADAMW = {"_target_": "torch.optim.AdamW", "_partial_": True, "lr": 1e-3, "weight_decay": 0.01}
@@ -49,13 +50,15 @@ def test_build_optimizer_passes_the_choice_and_refuses_fused_where_the_class_has
     """Built as the pre-launch check builds it (checking=True: the class's own code, without the
     first call's ~2 CPU-s torch._dynamo import)."""
     model = torch.nn.Linear(4, 4)
-    auto = build_optimizer({**ADAMW, "fused": "auto"}, model, 1, checking=True)
+    auto = build_optimizer(Optim.of({**ADAMW, "fused": "auto"}), model, 1, checking=True)
     assert auto.defaults["fused"] is None  # CPU parameters: as before
     params = (p for p in model.parameters())  # a generator: read by the decision and by the class
-    fused = build_optimizer({**ADAMW, "fused": True}, params, 1, checking=True)
+    fused = build_optimizer(Optim.of({**ADAMW, "fused": True}), params, 1, checking=True)
     assert fused.defaults["fused"] is True and len(fused.param_groups[0]["params"]) == 2
     with pytest.raises(ConfigError) as info:
-        build_optimizer({**ADAMW, "_target_": "torch.optim.RMSprop", "fused": True}, model, 1, checking=True)
+        build_optimizer(
+            Optim.of({**ADAMW, "_target_": "torch.optim.RMSprop", "fused": True}), model, 1, checking=True
+        )
     assert info.value.key == "optim.fused" and "takes no `fused`" in str(info.value)
 
 

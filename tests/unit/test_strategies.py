@@ -24,8 +24,9 @@ from unit_support import checked, disttrain, installed, run_env
 
 import disttrain as package
 from disttrain.config import ConfigError, compose, resolve
+from disttrain.config.run import Run
 from disttrain.dist import DistEnv
-from disttrain.preflight.checks import check_static, run_of
+from disttrain.preflight.checks import check_static
 from disttrain.strategies import build_strategy, specs
 from disttrain.strategies.specs import StrategySpec
 
@@ -51,7 +52,7 @@ def static_ok(
     cfg = composed(spec, config_dir)
     cfg.update(nodes=1, nproc_per_node=world, **top)
     try:
-        check_static(run_of(cfg))
+        check_static(Run.of(cfg))
     except ConfigError:
         return None
     return cfg
@@ -77,7 +78,7 @@ def contract_dp_degree(spec: StrategySpec, config_dir: str | None = None) -> lis
         env = DistEnv(world - 1, world - 1, world, world, "gloo", CPU)  # the last rank: no collective
         strategy = spec.load()(spec.typed(cfg["strategy"]), env)
         rank, size = strategy.data_parallel_rank_size()
-        assert strategy.layout == spec.layout(spec.typed(cfg["strategy"]), world) == specs.layout(run_of(cfg))
+        assert strategy.layout == spec.layout(spec.typed(cfg["strategy"]), world) == specs.layout(Run.of(cfg))
         assert size == strategy.layout.dp
         assert 0 <= rank < size
     return accepted
@@ -202,7 +203,7 @@ def test_amp_support_comes_from_the_specs() -> None:
                 cfg = composed(spec)
                 cfg.update(nodes=1, nproc_per_node=world, amp=amp)
                 with pytest.raises(ConfigError) as info:
-                    check_static(run_of(cfg))
+                    check_static(Run.of(cfg))
                 assert info.value.key == "amp", (name, mode)
 
 
@@ -295,9 +296,9 @@ def test_a_new_strategy_is_one_module_one_spec_one_yaml(toy: tuple[Path, Path], 
             checked(["strategy=toy", bad], config_dir=str(conf))
         assert info.value.key == key
     # plan
-    rows = {r["layout"]: r for r in plan(run_of(cfg))["layouts"]}
+    rows = {r["layout"]: r for r in plan(Run.of(cfg))["layouts"]}
     assert rows["toy"]["run"] == "strategy=toy" and rows["toy"]["bytes"] == rows["ddp"]["bytes"]
-    assert plan(run_of(cfg))["recommendation"]["layout"] == "toy"  # preference 5: before ddp
+    assert plan(Run.of(cfg))["recommendation"]["layout"] == "toy"  # preference 5: before ddp
     # the contract test
     contract_defaults_compose(spec, str(conf))
     assert contract_dp_degree(spec, str(conf)) == list(WORLDS)

@@ -13,7 +13,8 @@ from unit_support import disttrain_in_process, write_module
 
 from disttrain.config import compose, resolve
 from disttrain.config.errors import ConfigError
-from disttrain.preflight.checks import check_static, run_of
+from disttrain.config.run import Run
+from disttrain.preflight.checks import check_static
 
 FAST = ("trainer.progress=false", "threads_per_rank=1")
 
@@ -46,7 +47,7 @@ def config_error(cwd: Path, *overrides: str, command: str = "config") -> str:
 )
 def test_data_parallel_config_checks(overrides: tuple[str, ...], key: str, numbers: str) -> None:
     with pytest.raises(ConfigError) as info:
-        check_static(run_of(resolve(compose(list(overrides)), list(overrides))))
+        check_static(Run.of(resolve(compose(list(overrides)), list(overrides))))
     assert info.value.key == key
     assert numbers in str(info.value)
     assert "HINT" in str(info.value)

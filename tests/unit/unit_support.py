@@ -24,7 +24,7 @@ from shared_support import said as said
 
 from disttrain.config import compose, resolve
 from disttrain.config.run import Run
-from disttrain.preflight.checks import check_runtime, check_static, run_of
+from disttrain.preflight.checks import check_runtime, check_static
 
 # The console script installed next to this interpreter: the entry point users run.
 CLI = (
@@ -121,7 +121,7 @@ def checked_run(
     config_name: str = "config",
 ) -> Run:
     """What the CLI does before launching: compose, resolve once, the Run, static (and runtime) checks."""
-    run = run_of(resolve(compose(list(overrides), config_dir, config_name), list(overrides)))
+    run = Run.of(resolve(compose(list(overrides), config_dir, config_name), list(overrides)))
     check_static(run)
     if runtime:
         check_runtime(run)

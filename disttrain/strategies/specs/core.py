@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import MISSING
 
-from disttrain.config.common import help_field
+from disttrain.config.common import Block, help_field
 from disttrain.config.errors import ConfigError
 from disttrain.config.registry import Registry, Spec, config_nodes
 from disttrain.strategies.specs.layout import Layout, replicas
@@ -34,7 +34,7 @@ TP_PLAN, PIPELINE_LAYERS = "tp_plan", "pipeline_layers"
 
 
 @dataclass
-class StrategyConfig:
+class StrategyConfig(Block):
     """Base of every strategy's config dataclass; `name` defaults to the spec's name."""
 
     name: str = help_field("how the model is parallelised", MISSING)
@@ -152,7 +152,7 @@ register, unregister, discover = STRATEGIES.register, STRATEGIES.unregister, STR
 rediscover, all, names, get = STRATEGIES.rediscover, STRATEGIES.all, STRATEGIES.names, STRATEGIES.get
 
 
-def of(cfg: Mapping[str, Any]) -> tuple[StrategySpec, Any]:
+def of(cfg: Run | Mapping[str, Any]) -> tuple[StrategySpec, Any]:
     """(spec, typed strategy config) of a run, or of a resolved config's plain form before its Run
     exists (the check that builds the Run: ConfigError if its keys are another strategy's)."""
     from disttrain.config.run import Run
