@@ -330,10 +330,12 @@ def test_tokens_from_s3_train_with_per_rank_peak_rss_flat_in_object_size(
     for mib in (4, 64):
         url = f"{s3_bucket}/tokens/{mib}mib.bin"
         ObjectPath(url).write_bytes(np.resize(pattern, mib * 2**20 // 2).tobytes())
-        run = ("data=tokens", f"data.path={url}", f"data.block_size={BLOCK}", "trainer.val_batches=2")
-        _, run_dir = run_cli(tmp_path, *COMMON, *run, TWO, "trainer.max_steps=4", f"hydra.run.dir=r{mib}")
+        # few windows: the S3 server (moto, in this process) reads the whole object for each ranged GET
+        run = ("data=tokens", f"data.path={url}", f"data.block_size={BLOCK}", "trainer.val_batches=1")
+        few = ("trainer.max_steps=2", "trainer.batch_size=4")
+        _, run_dir = run_cli(tmp_path, *COMMON, *run, *few, TWO, f"hydra.run.dir=r{mib}")
         assert run_dir is not None
-        assert len(train_losses(run_dir)) == 4
+        assert len(train_losses(run_dir)) == 2
         peaks[mib] = json.loads((run_dir / "summary.json").read_text())["host_rss_peak_mib_by_rank"]
     assert len(peaks[4]) == len(peaks[64]) == 2 and min(peaks[4]) > 50, peaks  # a rank: torch and more
     grew = max(big - small for small, big in zip(peaks[4], peaks[64], strict=True))
