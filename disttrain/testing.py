@@ -27,6 +27,10 @@ FAULT_MLP = (
     "model.num_classes=${data.num_classes}",
 )
 
+# The checkpoint writer's test hook (disttrain/checkpoint/writing.py `_test_pause`): seconds rank 0
+# sleeps inside each save, after the shards and before the commit marker.
+SAVE_SLEEP = "DISTTRAIN_TEST_SAVE_SLEEP"
+
 
 class FaultMLP(MLP):
     def __init__(
@@ -46,6 +50,7 @@ class FaultMLP(MLP):
         perturb_rank: int = 1,
         pause_at: int = 0,
         pause_file: str = "",
+        hold_saves_from: int = 0,
         **kwargs: Any,
     ) -> None:
         """delay: seconds of sleep per training forward; hang_at: forward number at which rank
@@ -59,7 +64,11 @@ class FaultMLP(MLP):
         which rank `perturb_rank` nudges its first parameter (a desync for debug.check_sync_every);
         pause_at: forward number at which every rank waits until the file `pause_file` exists (a
         test acts on a run held at a known step, then releases it: an event, not a race against
-        the run's speed on a loaded machine)."""
+        the run's speed on a loaded machine); hold_saves_from: forward number from which rank 0's
+        checkpoint saves hold for an hour inside their write, once every shard and rng file is
+        written and before the commit marker, and log that they do (the checkpoint writer's
+        DISTTRAIN_TEST_SAVE_SLEEP hook): a test SIGKILLs the run in the middle of a save on that
+        log line, an event, after the saves before it committed."""
         super().__init__(*args, **kwargs)
         self.delay, self.hang_at, self.hang_rank, self.raise_at = delay, hang_at, hang_rank, raise_at
         self.nan_at, self.nan_rank, self.inf_grad_at = nan_at, nan_rank, inf_grad_at
@@ -70,6 +79,7 @@ class FaultMLP(MLP):
         if pause_at and not pause_file:
             raise ValueError("pause_at needs pause_file: the file whose creation releases the ranks")
         self.pause_at, self.pause_file = pause_at, pause_file
+        self.hold_saves_from = hold_saves_from
         self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -83,6 +93,8 @@ class FaultMLP(MLP):
                 time.sleep(3600)
             if self.calls == self.pause_at:
                 _wait_for_file(self.pause_file)
+            if self.calls == self.hold_saves_from:
+                os.environ[SAVE_SLEEP] = "3600"  # read by each save as it is about to commit
             if self.calls == self.raise_at:
                 raise FloatingPointError(f"injected failure at training forward {self.calls}")
         oom = active and self.oom_above and len(x) > self.oom_above and self.oom_rank in (-1, _rank())

@@ -28,7 +28,7 @@ from disttrain.engine.monitor import Monitoring
 from disttrain.engine.optim import total_steps as total_steps  # its home: the schedule's length
 from disttrain.engine.signals import FAILED_KEY, StopFlag, StopUnagreed
 from disttrain.engine.state import TrainState
-from disttrain.observe import gpu_memory
+from disttrain.observe import gpu_memory, host_memory
 from disttrain.observe.metrics import NullMetrics
 from disttrain.observe.phases import first_step_line
 from disttrain.observe.profiler import NullProfiler
@@ -175,6 +175,7 @@ class Engine:
         epochs = None if self.steps_per_epoch is None else -(-self.total_steps // self.steps_per_epoch)
         progress = make_progress(self.env.is_zero, t.progress, self.total_steps, "train", epochs)
         gpu_memory.reset_peaks(self.env)
+        host_memory.reset_peak()
         with self.stop, self.hangs, self.profiler, progress as bar:
             bar.update(s.step)
             try:
@@ -609,6 +610,7 @@ class Engine:
             **self.throughput.last,  # the last log window's FLOPs per step, TFLOP/s and MFU
             **self.guards.metrics(),
             **gpu_memory.peaks(self.env),  # every rank builds the summary: a collective on CUDA
+            **host_memory.peaks(self.env),  # a collective: every rank
             **self._step_time_quantiles(),  # a collective: every rank
             **s.last_val,
             **self.monitoring.summary(),

@@ -28,6 +28,7 @@ ROWS = (
     ("state_bytes_per_rank", "state bytes (rank 0)", "{:,d}"),
     ("gpu_mem_allocated_peak_gib", "peak GPU memory allocated (max rank)", "{:.2f} GiB"),
     ("gpu_mem_reserved_peak_gib", "peak GPU memory reserved (max rank)", "{:.2f} GiB"),
+    ("host_rss_peak_mib", "peak host memory, RSS (max rank)", "{:,.0f} MiB"),
 )
 
 

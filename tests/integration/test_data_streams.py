@@ -18,7 +18,15 @@ import numpy as np
 import pytest
 import torch
 
-from .conftest import _group_members, final_weights, read_yaml, train_losses, train_records, write_module
+from .conftest import (
+    _group_members,
+    final_weights,
+    read_yaml,
+    run_cli,
+    train_losses,
+    train_records,
+    write_module,
+)
 from .sweep import Sweep, run_sweep
 from .test_faults import _rank_pid, _start, _wait, _wait_for_step
 
@@ -306,6 +314,32 @@ def test_a_stream_killed_by_sigkill_restarts_and_ends_bitwise_like_the_uninterru
     assert log.count("resuming from") == 1 and "will not replay" not in log
     _assert_equal(final_weights(run_dir), final_weights(runs["w2"]))
     assert not _group_members(proc.pid)
+
+
+def test_tokens_from_s3_train_with_per_rank_peak_rss_flat_in_object_size(
+    tmp_path: Path, s3_bucket: str
+) -> None:
+    """Issue 38: data=tokens from s3:// on 2 ranks, from a 4 MiB and from a 64 MiB token object
+    (the session's S3 server). Each rank reads its windows in ranges, never the object whole: its
+    peak resident memory since training started (VmHWM, recorded by the rank in summary.json)
+    grows by far less than the 60 MiB between the objects. In process: two runs, ~1 CPU-s each."""
+    from disttrain.storage import ObjectPath
+
+    pattern = np.random.default_rng(2).integers(0, 64, 97).astype(np.uint16)
+    peaks = {}
+    for mib in (4, 64):
+        url = f"{s3_bucket}/tokens/{mib}mib.bin"
+        ObjectPath(url).write_bytes(np.resize(pattern, mib * 2**20 // 2).tobytes())
+        # few windows: the S3 server (moto, in this process) reads the whole object for each ranged GET
+        run = ("data=tokens", f"data.path={url}", f"data.block_size={BLOCK}", "trainer.val_batches=1")
+        few = ("trainer.max_steps=2", "trainer.batch_size=4")
+        _, run_dir = run_cli(tmp_path, *COMMON, *run, *few, TWO, f"hydra.run.dir=r{mib}")
+        assert run_dir is not None
+        assert len(train_losses(run_dir)) == 2
+        peaks[mib] = json.loads((run_dir / "summary.json").read_text())["host_rss_peak_mib_by_rank"]
+    assert len(peaks[4]) == len(peaks[64]) == 2 and min(peaks[4]) > 50, peaks  # a rank: torch and more
+    grew = max(big - small for small, big in zip(peaks[4], peaks[64], strict=True))
+    assert grew < 12, f"a rank's peak RSS grew {grew:.1f} MiB with 60 MiB more object: {peaks}"
 
 
 def _assert_equal(weights: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> None:

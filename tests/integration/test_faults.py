@@ -4,6 +4,7 @@ an exception on every rank saves an emergency checkpoint. (scripts/kill_trials.p
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -268,6 +269,63 @@ def test_sigkill_of_the_launcher_saves_a_signal_checkpoint_and_leaves_no_rank(
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     _assert_like_reference(run_dir, reference)
+
+
+def _wait_for_log(proc: subprocess.Popen[str], log: Path, line: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while line not in (log.read_text() if log.exists() else ""):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _kill_group(proc.pid)
+            _, err = proc.communicate()
+            pytest.fail(f"{log.name} never said {line!r}\n{err[-2000:]}")
+        time.sleep(0.05)
+
+
+def test_sigkill_of_every_process_mid_save_leaves_the_previous_s3_checkpoint(
+    tmp_path: Path, s3_bucket: str, reference: dict[str, torch.Tensor]
+) -> None:
+    """Issue 38: checkpoint.dir=s3://. The launcher and both ranks are SIGKILLed (process group and
+    tag) while rank 0's step-4 save holds between its last shard and its commit marker (the log line
+    says so: an event). Step 2 stays committed, `latest` and whole (hash-verified); step 4's objects
+    are there, uncommitted, and never chosen; a resume from step 2 removes them and ends bitwise
+    equal to an uninterrupted run."""
+    from disttrain import checkpoint
+    from disttrain.storage import ObjectPath
+    from disttrain.testing import SAVE_SLEEP
+
+    where, run_dir = ObjectPath(f"{s3_bucket}/run"), tmp_path / "run"
+    hold = ("trainer.ckpt_every=2", "+model.hold_saves_from=3")  # step 2 commits, step 4 holds
+    proc = _start(
+        tmp_path,
+        *RUN,
+        f"trainer.max_steps={STEPS}",
+        *hold,
+        f"checkpoint.dir={where.url}",
+        f"hydra.run.dir={run_dir}",
+    )
+    _wait_for_log(
+        proc, run_dir / "logs" / "rank0.log", f"{SAVE_SLEEP}=3600.0: pausing inside the checkpoint write"
+    )
+    assert len(_group_members(proc.pid)) >= 3, "the launcher and both ranks are alive, mid-save"
+    _kill_group(proc.pid)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL and not _group_members(proc.pid)
+
+    partial = set((where / "step_00000004").files())
+    assert {".metadata", "rng_rank0.pt", "rng_rank1.pt"} <= partial, "every shard and rng file is written"
+    assert any(n.endswith(".distcp") for n in partial) and "manifest.json" not in partial, partial
+    assert [p.name for p in checkpoint.committed(where)] == ["step_00000002"]
+    assert checkpoint.read_latest(where) == "step_00000002"
+    assert checkpoint.choose(where, "hash") == where / "step_00000002", "step 2 verifies"
+
+    resumed = run_disttrain([CLI, "resume", str(run_dir), "model.hold_saves_from=0"], tmp_path, 120)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    resuming = [line for line in log.splitlines() if "resuming from" in line]
+    assert resuming and "step_00000002" in resuming[-1], log[-2000:]
+    assert "step_00000004: a save that never committed" in log, log[-2000:]
+    final = torch.load(io.BytesIO((where / "final.pt").read_bytes()), weights_only=True)["model"]
+    assert final.keys() == reference.keys() and all(torch.equal(final[k], reference[k]) for k in final)
 
 
 def test_exception_on_every_rank_saves_an_emergency_checkpoint(tmp_path: Path) -> None:

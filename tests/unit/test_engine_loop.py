@@ -35,6 +35,9 @@ def test_an_empty_validation_set_records_no_val_metrics(
     assert records and not any(k.startswith("val/") for r in records for k in r)
     summary = json.loads((scratch / "run" / "summary.json").read_text())
     assert not any(k.startswith("val/") for k in summary), summary
+    # Issue 38: this rank's peak host memory (VmHWM since training started), one entry per rank.
+    (rss,) = summary["host_rss_peak_mib_by_rank"]
+    assert summary["host_rss_peak_mib"] == rss > 50, summary  # the rank holds torch at least
     # Issue 26 #4: this rank's step-time quantiles, one row per rank.
     (p50,), (p95,) = summary["step_time_p50_s_by_rank"], summary["step_time_p95_s_by_rank"]
     assert 0 < p50 <= p95, summary

@@ -131,6 +131,31 @@ def test_tokens_from_s3_read_ranges_flat_in_object_size(s3_bucket: str) -> None:
     assert big_peak < small_peak + 2 * RANGE, costs  # flat: the 8 MB object is never held whole
 
 
+def test_gs_checkpoints_commit_prune_verify_load_and_tokens_read_in_ranges(gs_bucket: str) -> None:
+    """gs:// through gcsfs on a GCS JSON API server on 127.0.0.1 (the `gs_bucket` fixture): the same
+    saves (one async), keep-N, hash verification, bitwise load, token windows in ranged reads and
+    the pre-launch probe as on S3."""
+    from disttrain.data.tokens import RANGE, load_tokens
+
+    where = ObjectPath(f"{gs_bucket}/run")
+    probe("checkpoint.dir", where.url, write=True)
+    saved = {step: _save(where, step, seed=step, keep=1, async_save=step == 2) for step in (1, 2)}
+    assert [p.name for p in checkpoint.committed(where)] == ["step_00000002"]
+    assert checkpoint.read_latest(where) == "step_00000002" and not (where / "step_00000001").exists()
+    newest = checkpoint.choose(where, "hash")
+    assert newest == where / "step_00000002" and _same(_loaded(newest), saved[2])
+    tokens = (np.arange(1 << 20) * 7 % 50_000).astype(np.uint16)
+    url = f"{gs_bucket}/tok/train.bin"
+    ObjectPath(url).write_bytes(tokens.tobytes())
+    data = load_tokens(url, block_size=32, dtype="uint16", sampling="random", seed=1)
+    for i in range(8):
+        start = data.offset(i)[1]
+        assert torch.equal(data[i][0], torch.from_numpy(tokens[start : start + 32].astype(np.int64)))
+    assert data._map(url).cache.total_requested_bytes <= 8 * (RANGE + 66), "a range a window, not 2 MiB"
+    with pytest.raises(ConfigError, match="does not exist at this endpoint"):
+        probe("checkpoint.dir", "gs://no-such-bucket-here/run")
+
+
 def test_init_path_from_s3_starts_from_those_weights(s3_bucket: str) -> None:
     from disttrain.checkpoint import init_from
     from disttrain.config.schema import InitConfig
