@@ -62,7 +62,7 @@ if os.environ.get(SERVER_FLAG) == "1":
     # In the server, first of its preloads: Ctrl-C reaches every process of the terminal's group,
     # and the server shields itself from it only after its preloads (torch: seconds), so a Ctrl-C
     # during the checks printed a KeyboardInterrupt traceback from its import of torch. The
-    # launcher stops the server (`stop`); each rank restores Python's handler (`rank_signals`).
+    # launcher stops the server (`stop`); each rank restores the default action (`rank_signals`).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 START_METHOD = "forkserver"
@@ -137,9 +137,15 @@ def _close_and_reap(holder: Any, fd_name: str, pid_name: str, timeout: float) ->
 
 
 def rank_signals() -> None:
-    """In a forked rank: Ctrl-C raises KeyboardInterrupt again, as in any Python process (the
-    server ignored SIGINT from its first preload on, and a fork keeps that)."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    """In a forked rank: Ctrl-C ends it at once, as SIGTERM does, until the engine's stop flag
+    takes both signals (the server ignored SIGINT from its first preload on, and a fork keeps that).
+
+    Not Python's KeyboardInterrupt: before its first step a rank spends its time in C++ (joining
+    the process group, the first collectives), where a Python handler cannot run. A rank whose
+    peer had already exited on KeyboardInterrupt sat in `init_process_group` waiting for it until
+    torch's agent SIGKILLed it after `launcher.stop_grace_s` (120 s) and the prompt came back only
+    then. Nothing is trained before the stop flag, so there is nothing to save."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def detach_from_server() -> None:

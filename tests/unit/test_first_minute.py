@@ -123,7 +123,7 @@ def test_ctrl_c_in_each_phase_before_the_launch_is_one_line_and_exit_130(
 def test_the_fork_server_ignores_ctrl_c_from_its_first_preload_and_its_ranks_do_not() -> None:
     """Review 2026-11-28-ux #3: a Ctrl-C during the checks printed a KeyboardInterrupt traceback
     from the fork server importing torch (it shields itself only after its preloads). Its first
-    preload now ignores SIGINT (in the server only); a rank forked from it restores Python's."""
+    preload now ignores SIGINT (in the server only); a rank forked from it restores the default."""
     from disttrain.launch import forkserver
 
     probe = (
@@ -140,7 +140,7 @@ def test_the_fork_server_ignores_ctrl_c_from_its_first_preload_and_its_ranks_do_
     saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         forkserver.rank_signals()
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL  # ends it at once, as SIGTERM
     finally:
         signal.signal(signal.SIGINT, saved)
 
