@@ -30,6 +30,8 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
+from disttrain.procs import ready_title
+
 if TYPE_CHECKING:
     from disttrain.config.run import Run
 
@@ -241,6 +243,7 @@ def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str], stdio: La
     rank_signals()
     detach_from_server()
     own_session()
+    ready_title()  # before the environment is rewritten (procs.ready_title)
     environ = rank_environment(launcher_env)
     os.environ.clear()
     os.environ.update(environ)
