@@ -238,6 +238,36 @@ def test_a_second_signal_is_named_as_it_came(monkeypatch: pytest.MonkeyPatch) ->
     )
 
 
+def test_a_second_signal_inside_the_first_ones_console_write_still_ends_the_rank() -> None:
+    """A double Ctrl-C with the ranks in sessions of their own: torch's agent sends each rank
+    SIGINT, then SIGTERM milliseconds later, and the second handler ran inside the first one's
+    console write, where its own write raised ("reentrant call inside BufferedWriter"): rank 0
+    went on to save alone and failed on its stopped peer. Whatever its words do, the second
+    signal ends the rank (the handler the flag restores). In a forked child."""
+    from disttrain.engine import signals
+    from disttrain.engine.signals import StopFlag
+
+    def reentered(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stderr>'>")
+
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            signal.signal(signal.SIGTERM, lambda *_: os._exit(77))  # restored by the flag: the end
+            with StopFlag():
+                signal.raise_signal(signal.SIGINT)  # the first: stop after this step
+                signals.log.warning = reentered  # type: ignore[method-assign]
+                signal.raise_signal(signal.SIGTERM)
+            code = 3  # the second signal was lost
+        except BaseException:
+            code = 2  # ... or escaped as an exception from the handler
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 77
+
+
 def test_the_summary_says_enter_to_first_step_and_launch_to_first_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
