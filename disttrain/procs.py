@@ -76,8 +76,11 @@ def ready_title() -> None:
     the launcher's variables), and setproctitle, first called after that, finds the environment
     strings moved away from argv and leaves the command line as it was: the server's, so the
     launcher and `disttrain show` never found the rank by its title (a hung rank outlived its
-    run). Taken first, the environment strings are copied away by setproctitle itself and the
-    rewrite no longer matters."""
+    run). setproctitle locates the argv area from the environment strings that follow it; any
+    change of the environment before its first call can hide it. Taken first, the environment is
+    copied away by setproctitle itself and later changes no longer matter: the fork server calls
+    this as its first preload (its ranks inherit the result), a forked rank and a `python -m`
+    rank again before they change theirs."""
     import setproctitle
 
     setproctitle.getproctitle()

@@ -66,6 +66,10 @@ if os.environ.get(SERVER_FLAG) == "1":
     # during the checks printed a KeyboardInterrupt traceback from its import of torch. The
     # launcher stops the server (`stop`); each rank restores the default action (`rank_signals`).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Before torch or anything else may change the environment: setproctitle finds the argv area
+    # from the environment strings behind it, and every rank forked from here inherits what it
+    # found (each rank titles itself, `procs.name_process`; its own copy of the area).
+    ready_title()
 
 START_METHOD = "forkserver"
 
