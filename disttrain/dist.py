@@ -183,7 +183,9 @@ def rank_main(run: Callable[[str], Any], module: str) -> int:
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from disttrain.config.errors import ConfigError
+    from disttrain.procs import ready_title
 
+    ready_title()  # before the rank changes its environment (procs.ready_title)
     if len(sys.argv) != 2:
         sys.stderr.write(f"usage: python -m {module} RUN_DIR\n")
         return 2

@@ -56,48 +56,34 @@ RANK_TITLE = "disttrain rank {rank}/{world} {run_dir}"  # its command line (ps a
 
 def name_process(rank: int, world: int | None = None, run_dir: str | None = None) -> None:
     """Name this rank's process `disttrain rN` (what `ps -o comm`, top and the kernel show) and, given
-    `world` and `run_dir`, title its command line `disttrain rank R/W RUN_DIR` (`set_title`): a
-    forked rank's command line would otherwise be the fork server's (`python -c from
-    multiprocessing.forkserver import main ...`), the same for every rank of every run."""
-    import ctypes
-    import sys
+    `world` and `run_dir`, title its command line `disttrain rank R/W RUN_DIR` (ps aux, top -c,
+    htop, py-spy, `live_ranks`): a forked rank's command line would otherwise be the fork server's
+    (`python -c from multiprocessing.forkserver import main ...`), the same for every rank of every
+    run. Both through `setproctitle`; a forked rank's argv area is its own copy-on-write copy of
+    the server's, which keeps its own title. A forked rank calls `ready_title` first."""
+    import setproctitle
 
-    if not sys.platform.startswith("linux"):
-        return
     if world is not None and run_dir is not None:
-        set_title(RANK_TITLE.format(rank=rank, world=world, run_dir=run_dir))
-    try:
-        name = RANK_NAME.format(rank=rank).encode()[:15]
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, ctypes.c_char_p(name), 0, 0, 0)  # PR_SET_NAME
-    except (OSError, AttributeError):
-        return
+        setproctitle.setproctitle(RANK_TITLE.format(rank=rank, world=world, run_dir=run_dir))
+    # After the title: on Linux setproctitle also names the process after the title's first 15
+    # bytes; the main thread's name is the process name (/proc/PID/stat, `ps -o comm`).
+    setproctitle.setthreadtitle(RANK_NAME.format(rank=rank))
 
 
-def set_title(title: str) -> bool:
-    """Write `title` over this process's command line, as setproctitle(3), nginx and PostgreSQL do.
+def ready_title() -> None:
+    """Let `setproctitle` take this process's argv and environment area now, before the process
+    rewrites its environment: a rank forked from the fork server does (`os.environ.clear()`, then
+    the launcher's variables), and setproctitle, first called after that, finds the environment
+    strings moved away from argv and leaves the command line as it was: the server's, so the
+    launcher and `disttrain show` never found the rank by its title (a hung rank outlived its
+    run). setproctitle locates the argv area from the environment strings that follow it; any
+    change of the environment before its first call can hide it. Taken first, the environment is
+    copied away by setproctitle itself and later changes no longer matter: the fork server calls
+    this as its first preload (its ranks inherit the result), a forked rank and a `python -m`
+    rank again before they change theirs."""
+    import setproctitle
 
-    Linux shows a process's command line (/proc/PID/cmdline) straight from the memory the kernel put
-    its argv strings in at exec, between the `arg_start` and `arg_end` addresses of /proc/self/stat.
-    Python keeps its own copies (sys.argv, sys.orig_argv), so that memory is free to overwrite: the
-    title, truncated to fit (never past `arg_end`, never into the environment behind it), then NULs
-    to the end, so the last byte stays the NUL that tells the kernel the area holds no more. A
-    forked rank's area is its own copy of the fork server's (copy-on-write): the server's stays.
-    False (nothing written) where the addresses cannot be read. Linux only."""
-    import ctypes
-
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        # proc(5): arg_start and arg_end are fields 48 and 49; the text after ')' starts at field 3.
-        start, end = int(fields[48 - 3]), int(fields[49 - 3])
-    except (OSError, ValueError, IndexError):
-        return False
-    size = end - start
-    if start <= 0 or size < 2:
-        return False
-    text = title.encode(errors="replace").replace(b"\0", b" ")[: size - 1]
-    ctypes.memmove(start, text + b"\0" * (size - len(text)), size)
-    return True
+    setproctitle.getproctitle()
 
 
 def read_title(pid: int) -> str | None:

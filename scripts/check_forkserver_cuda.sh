@@ -22,7 +22,7 @@ if [ ! -x "$venv/bin/python" ]; then "$python" -m venv "$venv"; fi
 "$venv/bin/pip" install --isolated --quiet --index-url https://pypi.org/simple "torch==$version"
 # disttrain's other runtime dependencies (pyproject.toml), from wherever pip is configured to look.
 "$venv/bin/pip" install --quiet "hydra-core>=1.3,<1.4" "omegaconf>=2.3" "rich>=13" "tensorboard>=2.14" \
-    "numpy>=1.24" "pyyaml>=6" "safetensors>=0.4" "xxhash>=3.0"
+    "numpy>=1.24" "pyyaml>=6" "safetensors>=0.4" "xxhash>=3.0" "setproctitle>=1.3"
 echo "check_forkserver_cuda: venv ready in $((SECONDS - started)) s ($(du -sh "$venv" | cut -f1))"
 cd "$repo"
 PYTHONPATH="$repo" "$venv/bin/python" - <<'PY'

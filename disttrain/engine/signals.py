@@ -144,10 +144,17 @@ class StopFlag:
         if self.signum:  # second signal: stop now
             from disttrain.observe.progress import close_live
 
-            close_live()  # the bar's line ends: the messages after it start on their own
-            log.warning("%s: exiting without a checkpoint", self._second(signum))
-            self.__exit__()
-            signal.raise_signal(signum)
+            # Whatever the words do: this handler may run inside the first one's write to the
+            # console (a double Ctrl-C with the ranks in sessions of their own: torch's agent
+            # sends SIGINT, then SIGTERM milliseconds later), where a nested write raises
+            # "reentrant call inside BufferedWriter"; the rank then went on to save alone and
+            # failed on the peer that had stopped.
+            try:
+                close_live()  # the bar's line ends: the messages after it start on their own
+                log.warning("%s: exiting without a checkpoint", self._second(signum))
+            finally:
+                self.__exit__()
+                signal.raise_signal(signum)
             return
         # Taken before anything slow: a handler may run again inside this one (a burst of
         # parent-death signals), and must then see a repeat, not a second signal.

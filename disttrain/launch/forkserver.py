@@ -30,6 +30,8 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
+from disttrain.procs import ready_title
+
 if TYPE_CHECKING:
     from disttrain.config.run import Run
 
@@ -62,8 +64,12 @@ if os.environ.get(SERVER_FLAG) == "1":
     # In the server, first of its preloads: Ctrl-C reaches every process of the terminal's group,
     # and the server shields itself from it only after its preloads (torch: seconds), so a Ctrl-C
     # during the checks printed a KeyboardInterrupt traceback from its import of torch. The
-    # launcher stops the server (`stop`); each rank restores Python's handler (`rank_signals`).
+    # launcher stops the server (`stop`); each rank restores the default action (`rank_signals`).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Before torch or anything else may change the environment: setproctitle finds the argv area
+    # from the environment strings behind it, and every rank forked from here inherits what it
+    # found (each rank titles itself, `procs.name_process`; its own copy of the area).
+    ready_title()
 
 START_METHOD = "forkserver"
 
@@ -137,9 +143,15 @@ def _close_and_reap(holder: Any, fd_name: str, pid_name: str, timeout: float) ->
 
 
 def rank_signals() -> None:
-    """In a forked rank: Ctrl-C raises KeyboardInterrupt again, as in any Python process (the
-    server ignored SIGINT from its first preload on, and a fork keeps that)."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    """In a forked rank: Ctrl-C ends it at once, as SIGTERM does, until the engine's stop flag
+    takes both signals (the server ignored SIGINT from its first preload on, and a fork keeps that).
+
+    Not Python's KeyboardInterrupt: before its first step a rank spends its time in C++ (joining
+    the process group, the first collectives), where a Python handler cannot run. A rank whose
+    peer had already exited on KeyboardInterrupt sat in `init_process_group` waiting for it until
+    torch's agent SIGKILLed it after `launcher.stop_grace_s` (120 s) and the prompt came back only
+    then. Nothing is trained before the stop flag, so there is nothing to save."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def detach_from_server() -> None:
@@ -234,6 +246,8 @@ def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str], stdio: La
     stdio.install()
     rank_signals()
     detach_from_server()
+    own_session()
+    ready_title()  # before the environment is rewritten (procs.ready_title)
     environ = rank_environment(launcher_env)
     os.environ.clear()
     os.environ.update(environ)
@@ -244,6 +258,23 @@ def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str], stdio: La
         raise SystemExit(2) from None
     except KeyboardInterrupt:  # Ctrl-C while the rank starts: its exit status, not a traceback
         raise SystemExit(128 + signal.SIGINT) from None
+
+
+def own_session() -> None:
+    """Make this forked rank the leader of a new session, as torchrun makes each rank it starts
+    (`start_new_session=True`): `python -m` ranks are not in their launcher's session either.
+
+    It decides the rank's share of the CPUs. Where the kernel's autogroup scheduler is on (most
+    distributions' default), CFS divides the CPUs between sessions first and only then between the
+    processes of a session: forked into the launcher's session, all of a node's ranks shared one
+    session's share wherever other sessions competed (another user, a build, another run), where
+    torchrun's ranks get one each. On a shared 2-core machine nanoGPT's loop under torchrun ran
+    15-20 % (at load 10-15: 2x) more tokens/s than the same model through disttrain, at the same
+    CPU time per step (issue 34; scripts/bench_nanogpt.py). Signals are unchanged in effect: a
+    terminal's Ctrl-C reaches the launcher, whose agent sends it on to every rank (as torchrun's
+    does), and the parent-death signal does not depend on the session."""
+    with contextlib.suppress(OSError):  # already a process-group leader: nothing to leave
+        os.setsid()
 
 
 def launcher_env() -> dict[str, Any]:

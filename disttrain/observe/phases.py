@@ -74,6 +74,7 @@ class Phases:
         self.live = _is_terminal(self.stream) if live is None else live
         self.done: list[tuple[str, float]] = []
         self.name: str | None = None
+        self.cut: str | None = None  # the phase `abort` ended (what a Ctrl-C interrupted)
         self.began = 0.0
         self.watch: Path | None = None  # live: the flag file rank 0 writes into once it is up
         self._lock = threading.Lock()
@@ -122,6 +123,7 @@ class Phases:
         with self._lock:
             if self.name is not None and self.live:
                 self._write("\n")
+            self.cut = self.name or self.cut
             self.name = None
 
     # -------------------------------------------------------------------------------- live line
@@ -226,9 +228,8 @@ def abort() -> str | None:
     if not _CURRENT:
         return None
     current = _CURRENT.pop()
-    name = current.name
     current.abort()
-    return name
+    return current.cut
 
 
 def launching(logs: Path, ranks: int, in_process: bool) -> None:
@@ -251,8 +252,11 @@ def launching(logs: Path, ranks: int, in_process: bool) -> None:
 
 
 def launched() -> None:
-    """The launch returned: whatever the ranks did, this command's line is over."""
-    abort()
+    """The launch returned: whatever the ranks did, this command's line is over. The phase stays
+    the command's, for the CLI to name if a Ctrl-C ended it (`interrupted (SIGINT) during launch 2
+    ranks`, not a bare `interrupted (SIGINT)`)."""
+    if _CURRENT:
+        _CURRENT[0].abort()
     _release()
 
 

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,12 +16,12 @@ from .conftest import (
     CLI,
     FAST,
     QUICK,
-    _kill_group,
     clean_env,
     cli_in_process,
     run_cli,
     run_disttrain,
 )
+from .terminal import Terminal
 
 pytestmark = pytest.mark.slow
 
@@ -143,67 +139,28 @@ def test_runs_show_compare_and_plan_on_finished_failed_interrupted_runs(
     )
 
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 FIRST_BYTE_S = 3.0  # loose: the first line leaves before Hydra or torch is imported (~0.1 s idle)
-
-
-def _shown(screen: bytes) -> str:
-    """What a terminal shows of `screen`: escape codes dropped, each rewrite of a line (\\r) a line."""
-    return ANSI.sub("", screen.decode(errors="replace")).replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _interrupt_a_run(tmp_path: Path) -> Path:
     """A long run on a pseudo-terminal (issue 37): the first byte on stderr at once, the start-up
     phases as one live line ending in `ranks up`, the bar moving between log steps (log_every is
     past the run's end); then Ctrl-C to the whole process group: exit 130, no traceback."""
-    import pty
-    import select
-
     cmd = [CLI, "train", "threads_per_rank=1", *QUICK, "trainer.max_steps=100000", "name=long"]
     cmd += ["trainer.progress=true", "trainer.log_every=100000"]
-    master, slave = pty.openpty()
-    began = time.monotonic()
-    proc = subprocess.Popen(
-        cmd,
-        cwd=tmp_path,
-        env=clean_env(TERM="xterm"),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=slave,
-        text=True,
-        start_new_session=True,
-    )
-    os.close(slave)
-    screen, first_byte = b"", None
-
-    def read(until: Any, seconds: float) -> bool:
-        """Read the terminal until `until(text)` holds (or it closes, or `seconds` pass)."""
-        nonlocal screen, first_byte
-        deadline = time.monotonic() + seconds
-        while not until(_shown(screen)) and time.monotonic() < deadline:
-            if not select.select([master], [], [], 1.0)[0]:
-                continue
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: every holder of the terminal is gone
-                return until(_shown(screen))
-            if not chunk:
-                return until(_shown(screen))
-            first_byte = first_byte if first_byte is not None else time.monotonic() - began
-            screen += chunk
-        return until(_shown(screen))
-
+    term = Terminal(cmd, tmp_path)
     try:
-        moved = read(lambda text: len({n for n in re.findall(r" (\d+)/100000 ", text) if n != "0"}) >= 2, 120)
-        assert moved, f"the bar did not move between log steps in 120 s:\n{_shown(screen)[-3000:]}"
-        os.killpg(proc.pid, signal.SIGINT)
-        read(lambda text: False, 60)  # to the end: every holder of the terminal has exited
-        proc.communicate(timeout=60)
+        moved = term.read(
+            lambda text: len({n for n in re.findall(r" (\d+)/100000 ", text) if n != "0"}) >= 2, 120
+        )
+        assert moved, f"the bar did not move between log steps in 120 s:\n{term.text[-3000:]}"
+        term.ctrl_c()
+        left = term.leftovers()
     finally:
-        _kill_group(proc.pid)
-        proc.wait()
-        os.close(master)
-    err = _shown(screen)
+        term.close()
+    proc, first_byte = term.proc, term.first_byte
+    err = term.text
+    assert left == [], f"processes {left} outlived the Ctrl-C\n{err[-2000:]}"
     assert first_byte is not None and first_byte < FIRST_BYTE_S, f"first byte after {first_byte} s"
     assert err.lstrip("\n").startswith("disttrain: compose"), err[:300]
     phases = next((line for line in err.splitlines() if line.endswith(" · ranks up")), "")

@@ -123,7 +123,7 @@ def test_ctrl_c_in_each_phase_before_the_launch_is_one_line_and_exit_130(
 def test_the_fork_server_ignores_ctrl_c_from_its_first_preload_and_its_ranks_do_not() -> None:
     """Review 2026-11-28-ux #3: a Ctrl-C during the checks printed a KeyboardInterrupt traceback
     from the fork server importing torch (it shields itself only after its preloads). Its first
-    preload now ignores SIGINT (in the server only); a rank forked from it restores Python's."""
+    preload now ignores SIGINT (in the server only); a rank forked from it restores the default."""
     from disttrain.launch import forkserver
 
     probe = (
@@ -140,7 +140,7 @@ def test_the_fork_server_ignores_ctrl_c_from_its_first_preload_and_its_ranks_do_
     saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         forkserver.rank_signals()
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL  # ends it at once, as SIGTERM
     finally:
         signal.signal(signal.SIGINT, saved)
 
@@ -236,6 +236,36 @@ def test_a_second_signal_is_named_as_it_came(monkeypatch: pytest.MonkeyPatch) ->
     assert flag._second(signal.SIGTERM) == (
         "SIGTERM after SIGINT (the launcher exited: a second Ctrl-C there does not wait for the save)"
     )
+
+
+def test_a_second_signal_inside_the_first_ones_console_write_still_ends_the_rank() -> None:
+    """A double Ctrl-C with the ranks in sessions of their own: torch's agent sends each rank
+    SIGINT, then SIGTERM milliseconds later, and the second handler ran inside the first one's
+    console write, where its own write raised ("reentrant call inside BufferedWriter"): rank 0
+    went on to save alone and failed on its stopped peer. Whatever its words do, the second
+    signal ends the rank (the handler the flag restores). In a forked child."""
+    from disttrain.engine import signals
+    from disttrain.engine.signals import StopFlag
+
+    def reentered(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stderr>'>")
+
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            signal.signal(signal.SIGTERM, lambda *_: os._exit(77))  # restored by the flag: the end
+            with StopFlag():
+                signal.raise_signal(signal.SIGINT)  # the first: stop after this step
+                signals.log.warning = reentered  # type: ignore[method-assign]
+                signal.raise_signal(signal.SIGTERM)
+            code = 3  # the second signal was lost
+        except BaseException:
+            code = 2  # ... or escaped as an exception from the handler
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 77
 
 
 def test_the_summary_says_enter_to_first_step_and_launch_to_first_step(
