@@ -25,7 +25,6 @@ PACKAGE = Path(disttrain.__file__).parent
 # (file under disttrain/, key): reads that may name a default, and why it is not the schema's.
 ALLOWED = {
     # Hydra's own `hydra.sweeper` node, not a disttrain schema.
-    ("commands/train.py", "_target_"),
     # An error message names the nested node's `_target_`, else its parent spec's.
     ("config/instantiate.py", "_target_"),
     # A message names the data set: its `name`, else its `_target_`, else "?".
