@@ -97,13 +97,26 @@ def _wait_for_step(proc: subprocess.Popen[str], run_dir: Path, step: int, timeou
 
 
 def _rank_pid(run_dir: Path, rank: int) -> int:
-    """The pid of `rank` of the run in `run_dir` (its launcher's pid is in status.json)."""
-    from disttrain.procs import rank_pids
+    """The pid of `rank` of the run in `run_dir` (its launcher's pid is in status.json). Call it
+    while the run is held (FaultMLP pause_at): a run that may finish first is a race."""
+    from disttrain.procs import live_processes, rank_pids
 
-    pid = rank_pids(json.loads((run_dir / "status.json").read_text())["pid"]).get(rank)
-    if pid is None:
-        raise AssertionError(f"no rank {rank} process for {run_dir}")
+    status = json.loads((run_dir / "status.json").read_text())
+    pid = rank_pids(status["pid"]).get(rank)
+    if pid is None:  # what there was instead: the launcher's processes, the run's state
+        live = {p.pid: p for p in live_processes()}
+        below = [p for p in live.values() if status["pid"] in _ancestors(p.pid, live)]
+        seen = ", ".join(f"{p.pid} {p.comm!r} (parent {p.ppid})" for p in below) or "none"
+        raise AssertionError(f"no rank {rank} process for {run_dir}; below its launcher: {seen}; {status}")
     return pid
+
+
+def _ancestors(pid: int, live: dict) -> list[int]:
+    chain = []
+    while (parent := live[pid].ppid if pid in live else 0) and len(chain) < 64:
+        chain.append(parent)
+        pid = parent
+    return chain
 
 
 def _assert_titled(run_dir: Path) -> None:
