@@ -69,6 +69,27 @@ def test_phases_on_a_terminal_are_one_live_line_ended_before_anything_else_is_sa
     assert aborted.getvalue().endswith("\n") and "compose" in aborted.getvalue()
 
 
+def test_ctrl_c_while_the_live_line_starts_its_ticker_is_still_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ctrl-C inside `Thread.start()` of the live line's ticker (it waits for the new thread: the
+    first milliseconds of `compose`, seen under load by the test below) left the unstarted thread
+    behind, and `abort` joined it: RuntimeError "cannot join thread before it is started", a
+    traceback instead of `interrupted (SIGINT) during compose`."""
+
+    class Interrupted(threading.Thread):
+        def start(self) -> None:
+            raise KeyboardInterrupt
+
+    monkeypatch.setenv("TERM", "xterm")
+    said = Phases(_Terminal())
+    monkeypatch.setattr(threading, "Thread", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        said.start("compose")
+    said.abort()
+    assert said.cut == "compose"
+
+
 PRE_LAUNCH = ("compose", "checks", "model on meta", "dry step")
 
 
