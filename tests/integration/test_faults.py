@@ -164,12 +164,15 @@ def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(
 
 
 def test_killed_rank_without_restarts_is_named_with_its_signal(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    # held at the 4th forward (never released): rank 1 is still there to kill however slow the machine
-    hold = ("+model.pause_at=4", f"+model.pause_file={tmp_path / 'never'}")
+    run_dir, go = tmp_path / "run", tmp_path / "go"
+    # Held at the 4th forward: rank 1 is still there to kill however slow the machine. Released
+    # after the kill: rank 0, held, took the agent's SIGTERM as "stop after this step" and sat in
+    # the hold until torch's agent SIGKILLed it 30 s later (66 s of the 90 the test allowed).
+    hold = ("+model.pause_at=4", f"+model.pause_file={go}")
     proc = _start(tmp_path, *FAULT, "trainer.max_steps=400", *hold, f"hydra.run.dir={run_dir}")
     _wait_for_step(proc, run_dir, 3)
     os.kill(_rank_pid(run_dir, 1), signal.SIGKILL)
+    go.touch()
     _, err = _wait(proc, 90)
     assert proc.returncode == 1
     assert "rank 1 was killed by SIGKILL (signal 9)" in err, err[-2000:]
