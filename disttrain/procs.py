@@ -98,16 +98,19 @@ def read_title(pid: int) -> str | None:
 
 def live_ranks(run_dir: str | os.PathLike[str]) -> list[dict[str, int]]:
     """[{rank, world, pid}] of this machine's live rank processes of the run in `run_dir`, by their
-    command-line titles (`name_process`), by rank. Linux /proc; nothing elsewhere."""
+    command-line titles (`name_process`), by rank; not the processes a rank forked (DataLoader
+    workers: they inherit its title). Linux /proc; nothing elsewhere."""
     from pathlib import Path
 
     want = Path(run_dir).resolve()
     prefix = RANK_TITLE.split("{", 1)[0]
+    live = live_processes()
+    titles = {proc.pid: read_title(proc.pid) for proc in live}
     found = []
-    for proc in live_processes():
-        title = read_title(proc.pid)
-        if not title or not title.startswith(prefix):
-            continue
+    for proc in live:
+        title = titles[proc.pid]
+        if not title or not title.startswith(prefix) or titles.get(proc.ppid) == title:
+            continue  # not a rank, or a rank's forked child (a DataLoader worker keeps its title)
         rank_world, _, path = title[len(prefix) :].partition(" ")
         rank, _, world = rank_world.partition("/")
         if rank.isdigit() and world.isdigit() and path and Path(path).resolve() == want:
@@ -116,7 +119,9 @@ def live_ranks(run_dir: str | os.PathLike[str]) -> list[dict[str, int]]:
 
 
 def rank_pids(launcher: int) -> dict[int, int]:
-    """{rank: pid} of the live ranks below process `launcher` (Linux /proc; by their process name)."""
+    """{rank: pid} of the live ranks below process `launcher` (Linux /proc; by their process name):
+    the rank itself, not a process it forked (a DataLoader worker inherits its name; listed after
+    it, it had taken its place)."""
     live = live_processes()
     parents = {p.pid: p.ppid for p in live}
     names = {p.pid: p.comm for p in live}
@@ -124,6 +129,8 @@ def rank_pids(launcher: int) -> dict[int, int]:
     prefix = RANK_NAME.format(rank="")
     for pid, comm in names.items():
         if not comm.startswith(prefix) or not comm[len(prefix) :].isdigit():
+            continue
+        if names.get(parents[pid]) == comm:  # a rank's forked child (a DataLoader worker) keeps its name
             continue
         up, seen = parents.get(pid), 0
         while up and up != launcher and seen < 64:

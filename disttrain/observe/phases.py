@@ -98,8 +98,11 @@ class Phases:
                 before = f"{self.done[-1][0]} {self.done[-1][1]:.2f} s | " if self.done else ""
                 self._write(f"disttrain: {before}{name} ...\n")
         if self.live and self._ticker is None:
-            self._ticker = threading.Thread(target=self._tick, name="disttrain-phases", daemon=True)
-            self._ticker.start()
+            # Kept only once started: a Ctrl-C inside `start()` (it waits for the thread) left an
+            # unstarted thread that `abort` then joined (RuntimeError, a traceback for a Ctrl-C).
+            ticker = threading.Thread(target=self._tick, name="disttrain-phases", daemon=True)
+            ticker.start()
+            self._ticker = ticker
 
     def end(self, tail: str = "") -> None:
         """The running phase is over: a live line gets its final text and a newline; a plain one,
@@ -164,7 +167,7 @@ class Phases:
     def _stop_ticker(self) -> None:
         self._stop.set()
         ticker, self._ticker = self._ticker, None
-        if ticker is not None and ticker is not threading.current_thread():
+        if ticker is not None and ticker.is_alive() and ticker is not threading.current_thread():
             ticker.join()
         self._stop.clear()
 

@@ -33,6 +33,7 @@ from .test_faults import _rank_pid, _start, _wait, _wait_for_step
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 STREAM = '''
+import os
 import time
 
 import numpy as np
@@ -42,17 +43,25 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 
 class TokenStream(IterableDataset):
-    """Windows of a uint16 token file, each rank and worker reading its own (as the review's)."""
+    """Windows of a uint16 token file, each rank and worker reading its own (as the review's).
 
-    def __init__(self, path, block_size=32, delay=0.0):
+    pause_at: the window number (of this process's reading) before which it waits until the file
+    `pause_file` exists: a test acts on a run held there (an event, not a race with its speed)."""
+
+    def __init__(self, path, block_size=32, delay=0.0, pause_at=0, pause_file=""):
         self.path, self.block, self.delay = path, block_size, delay
+        self.pause_at, self.pause_file = pause_at, pause_file
 
     def __iter__(self):
         data = np.memmap(self.path, dtype=np.uint16, mode="r")
         rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        for i in range(rank * workers + worker, (len(data) - 1) // self.block, world * workers):
+        for n, i in enumerate(range(rank * workers + worker, (len(data) - 1) // self.block, world * workers)):
+            if n + 1 == self.pause_at:
+                deadline = time.monotonic() + 600
+                while not os.path.exists(self.pause_file) and time.monotonic() < deadline:
+                    time.sleep(0.02)
             time.sleep(self.delay)
             chunk = torch.from_numpy(data[i * self.block : (i + 1) * self.block + 1].astype(np.int64))
             yield chunk[:-1], chunk[1:]
@@ -292,7 +301,11 @@ def test_a_stream_without_its_position_resumes_with_one_warning(runs: Runs) -> N
 def test_a_stream_killed_by_sigkill_restarts_and_ends_bitwise_like_the_uninterrupted_run(
     cwd: Path, runs: Runs
 ) -> None:
-    run_dir = cwd / "killed"
+    run_dir, go = cwd / "killed", cwd / "killed_go"
+    # Each worker holds before its 6th batch (its 41st window) until `go` exists: the ranks stop at
+    # step 11 at the latest, so rank 1 is there to kill however slow the machine (with a 0.12 s step
+    # instead, the run had 1.7 s to outrun the test's look-up). The restarted workers count anew
+    # and pass with `go` there.
     proc = _start(
         _user_folder(cwd / "killed_cwd"),
         *COMMON,
@@ -300,7 +313,8 @@ def test_a_stream_killed_by_sigkill_restarts_and_ends_bitwise_like_the_uninterru
         TWO,
         "data.num_workers=2",
         f"trainer.max_steps={STEPS}",
-        "data.train.delay=0.03",  # ~0.12 s a step: the kill lands well before the last step
+        "data.train.pause_at=41",
+        f"data.train.pause_file={go}",
         "trainer.ckpt_every=4",
         "launcher.max_restarts=1",
         "backend.name=gloo",
@@ -308,6 +322,7 @@ def test_a_stream_killed_by_sigkill_restarts_and_ends_bitwise_like_the_uninterru
     )
     _wait_for_step(proc, run_dir, 6)
     os.kill(_rank_pid(run_dir, 1), signal.SIGKILL)
+    go.touch()
     _, err = _wait(proc, 240)
     assert proc.returncode == 0, err[-3000:]
     log = (run_dir / "logs" / "rank0.log").read_text()

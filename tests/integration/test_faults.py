@@ -97,13 +97,26 @@ def _wait_for_step(proc: subprocess.Popen[str], run_dir: Path, step: int, timeou
 
 
 def _rank_pid(run_dir: Path, rank: int) -> int:
-    """The pid of `rank` of the run in `run_dir` (its launcher's pid is in status.json)."""
-    from disttrain.procs import rank_pids
+    """The pid of `rank` of the run in `run_dir` (its launcher's pid is in status.json). Call it
+    while the run is held (FaultMLP pause_at): a run that may finish first is a race."""
+    from disttrain.procs import live_processes, rank_pids
 
-    pid = rank_pids(json.loads((run_dir / "status.json").read_text())["pid"]).get(rank)
-    if pid is None:
-        raise AssertionError(f"no rank {rank} process for {run_dir}")
+    status = json.loads((run_dir / "status.json").read_text())
+    pid = rank_pids(status["pid"]).get(rank)
+    if pid is None:  # what there was instead: the launcher's processes, the run's state
+        live = {p.pid: p for p in live_processes()}
+        below = [p for p in live.values() if status["pid"] in _ancestors(p.pid, live)]
+        seen = ", ".join(f"{p.pid} {p.comm!r} (parent {p.ppid})" for p in below) or "none"
+        raise AssertionError(f"no rank {rank} process for {run_dir}; below its launcher: {seen}; {status}")
     return pid
+
+
+def _ancestors(pid: int, live: dict) -> list[int]:
+    chain = []
+    while (parent := live[pid].ppid if pid in live else 0) and len(chain) < 64:
+        chain.append(parent)
+        pid = parent
+    return chain
 
 
 def _assert_titled(run_dir: Path) -> None:
@@ -151,12 +164,15 @@ def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(
 
 
 def test_killed_rank_without_restarts_is_named_with_its_signal(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    # held at the 4th forward (never released): rank 1 is still there to kill however slow the machine
-    hold = ("+model.pause_at=4", f"+model.pause_file={tmp_path / 'never'}")
+    run_dir, go = tmp_path / "run", tmp_path / "go"
+    # Held at the 4th forward: rank 1 is still there to kill however slow the machine. Released
+    # after the kill: rank 0, held, took the agent's SIGTERM as "stop after this step" and sat in
+    # the hold until torch's agent SIGKILLed it 30 s later (66 s of the 90 the test allowed).
+    hold = ("+model.pause_at=4", f"+model.pause_file={go}")
     proc = _start(tmp_path, *FAULT, "trainer.max_steps=400", *hold, f"hydra.run.dir={run_dir}")
     _wait_for_step(proc, run_dir, 3)
     os.kill(_rank_pid(run_dir, 1), signal.SIGKILL)
+    go.touch()
     _, err = _wait(proc, 90)
     assert proc.returncode == 1
     assert "rank 1 was killed by SIGKILL (signal 9)" in err, err[-2000:]

@@ -18,6 +18,21 @@ from disttrain.observe.log import setup_logging, teardown_logging
 TORCH = str(Path(torch.__file__).parent)
 
 
+def _on_dump(watch: HangWatch) -> threading.Event:
+    """An event set once `watch` has dumped every thread's stack into the log: the last thing its
+    thread does after the record. The test's main thread stays at its line until then (it left on
+    the record and closed the log, and the watcher thread, joined for 0.04 s, wrote no stacks on a
+    loaded machine)."""
+    dumped, dump = threading.Event(), watch.dump_stacks
+
+    def spied(why: str) -> None:
+        dump(why)
+        dumped.set()
+
+    watch.dump_stacks = spied  # type: ignore[method-assign]
+    return dumped
+
+
 def test_a_rank_hung_in_its_own_code_reports_its_file_line_from_the_watcher_thread(tmp_path: Path) -> None:
     """The main thread sleeps in user code (not in a collective, no signal): once a peer's timeout
     appears in the store, the watcher thread writes this rank's record (the engine's section, the
@@ -27,16 +42,18 @@ def test_a_rank_hung_in_its_own_code_reports_its_file_line_from_the_watcher_thre
     setup_logging(tmp_path, rank=1, to_console=False)
     watch = HangWatch(progress, rank=1, world_size=2)
     watch.POLL_S = 0.02
+    dumped = _on_dump(watch)
     try:
         watch.start(store)
         with progress.section("ddp train step", 4):
             store.set(FAILED_KEY, "0")  # rank 0's collective timed out
-            deadline = time.monotonic() + 10
-            while not store.check([f"{WHERE_KEY}/rank1"]) and time.monotonic() < deadline:
+            deadline = time.monotonic() + 60
+            while not dumped.is_set() and time.monotonic() < deadline:
                 time.sleep(0.01)  # the hung line
     finally:
         watch.__exit__()
         teardown_logging()
+    assert dumped.is_set() and store.check([f"{WHERE_KEY}/rank1"]), "no record and stacks in 60 s"
     record = Where(**json.loads(store.get(f"{WHERE_KEY}/rank1")))
     line = next(i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if "# the hung line" in t)
     assert record.at == f"tests/unit/test_engine_hangs.py:{line}", record
@@ -116,15 +133,17 @@ def test_a_stalled_rank_writes_where_it_stands_for_the_launcher_before_nccls_wat
     setup_logging(logs, rank=2, to_console=False)
     watch = HangWatch(progress, rank=2, world_size=4, timeout_s=300)
     watch.POLL_S, watch.stall_s = 0.02, 0.1
+    dumped = _on_dump(watch)
     try:
         watch.start(dist.HashStore())
         with progress.section("fsdp train step", 2):
-            deadline = time.monotonic() + 10
-            while not (logs / "where_rank2.json").is_file() and time.monotonic() < deadline:
+            deadline = time.monotonic() + 60
+            while not dumped.is_set() and time.monotonic() < deadline:
                 time.sleep(0.01)  # the stalled line
     finally:
         watch.__exit__()
         teardown_logging()
+    assert dumped.is_set() and (logs / "where_rank2.json").is_file(), "no record and stacks in 60 s"
     line = next(
         i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if "# the stalled line" in t
     )

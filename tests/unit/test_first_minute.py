@@ -69,6 +69,27 @@ def test_phases_on_a_terminal_are_one_live_line_ended_before_anything_else_is_sa
     assert aborted.getvalue().endswith("\n") and "compose" in aborted.getvalue()
 
 
+def test_ctrl_c_while_the_live_line_starts_its_ticker_is_still_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ctrl-C inside `Thread.start()` of the live line's ticker (it waits for the new thread: the
+    first milliseconds of `compose`, seen under load by the test below) left the unstarted thread
+    behind, and `abort` joined it: RuntimeError "cannot join thread before it is started", a
+    traceback instead of `interrupted (SIGINT) during compose`."""
+
+    class Interrupted(threading.Thread):
+        def start(self) -> None:
+            raise KeyboardInterrupt
+
+    monkeypatch.setenv("TERM", "xterm")
+    said = Phases(_Terminal())
+    monkeypatch.setattr(threading, "Thread", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        said.start("compose")
+    said.abort()
+    assert said.cut == "compose"
+
+
 PRE_LAUNCH = ("compose", "checks", "model on meta", "dry step")
 
 
@@ -90,18 +111,37 @@ class _WatchedTerminal(_Terminal):
 def test_ctrl_c_in_each_phase_before_the_launch_is_one_line_and_exit_130(
     phase: str, scratch: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SIGINT as the terminal sends it, once the phase is announced (an event, no sleep): the
-    command ends with one line naming the phase, exit 130, no traceback, no run dir. One rank, so
-    every phase before the launch runs in this process (the fork server's own Ctrl-C: below)."""
+    """SIGINT as the terminal sends it (from another thread, at any point of the phase's work),
+    once the phase is announced: the command ends with one line naming the phase, exit 130, no
+    traceback, no run dir. One rank, so every phase before the launch runs in this process (the
+    fork server's own Ctrl-C: below).
+
+    The phase cannot end before the signal lands (events, no sleep): `model on meta` takes ~0.03 s,
+    and on a loaded machine the sender thread once woke after the launch had begun. The next
+    phase's start waits until the signal is sent, and the KeyboardInterrupt comes before it."""
     from disttrain.cli import main
 
     err, out = _WatchedTerminal(phase), io.StringIO()
+    sent = threading.Event()
+    start = Phases.start
 
     def ctrl_c() -> None:
         if err.seen.wait(100):
             os.kill(os.getpid(), signal.SIGINT)
+            sent.set()
+
+    def held(self: Phases, name: str) -> None:
+        if self.name == phase:  # the phase ends here: not before the Ctrl-C reached this thread
+            if not sent.wait(100):
+                raise AssertionError(f"no SIGINT sent during {phase}:\n{err.getvalue()}")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                time.sleep(0.01)  # the handler raises KeyboardInterrupt here, on this thread
+            raise AssertionError(f"the SIGINT sent during {phase} never arrived:\n{err.getvalue()}")
+        start(self, name)
 
     sender = threading.Thread(target=ctrl_c, daemon=True)
+    monkeypatch.setattr(Phases, "start", held)
     monkeypatch.setattr(sys, "path", list(sys.path))  # main() appends the cwd
     monkeypatch.delenv(phases.ENTER_ENV, raising=False)  # main() sets it (for the ranks)
     monkeypatch.chdir(scratch)
@@ -113,10 +153,9 @@ def test_ctrl_c_in_each_phase_before_the_launch_is_one_line_and_exit_130(
         pytest.fail(f"Ctrl-C during {phase} escaped the CLI:\n{err.getvalue()}")
     sender.join()
     text = err.getvalue()
-    last = text.splitlines()[-1]
-    later = PRE_LAUNCH[PRE_LAUNCH.index(phase) :]  # the signal lands in this phase, or a later one
+    assert sent.is_set(), f"{phase} was never announced:\n{text}"
     assert rc == 130 and "Traceback" not in text, text
-    assert any(last == f"disttrain: interrupted (SIGINT) during {p}" for p in later), repr(text)
+    assert text.splitlines()[-1] == f"disttrain: interrupted (SIGINT) during {phase}", repr(text)
     assert out.getvalue() == "" and list(scratch.iterdir()) == []
 
 

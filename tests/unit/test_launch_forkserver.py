@@ -83,6 +83,43 @@ def test_rank_pids_finds_the_ranks_below_a_launcher_by_their_names(
     assert rank_pids(r0.pid) == {}
 
 
+# A rank with a forked child (as a DataLoader worker with multiprocessing_context=fork): both carry
+# the rank's name and title; the child says its pid once it is there, then both wait.
+FORKING_RANK = textwrap.dedent(
+    """
+    import os, sys, time
+    import setproctitle
+    setproctitle.setproctitle(f"disttrain rank 1/2 {sys.argv[1]}")
+    setproctitle.setthreadtitle("disttrain r1")
+    if os.fork() == 0:
+        print(os.getpid(), flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_a_ranks_forked_worker_is_not_taken_for_the_rank(tmp_path: Path) -> None:
+    """A DataLoader worker forked from rank 1 keeps its name and title: `rank_pids` returned the
+    worker (listed after the rank), so a test's SIGKILL of "rank 1" killed a worker; `live_ranks`
+    (`disttrain show`) listed it as a second rank 1."""
+    from disttrain.procs import live_ranks, proc_stat
+
+    rank = subprocess.Popen(
+        [sys.executable, "-c", FORKING_RANK, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    assert rank.stdout is not None
+    worker = int(rank.stdout.readline())
+    try:
+        stat = proc_stat(worker)
+        assert stat is not None and (stat.comm, stat.ppid) == ("disttrain r1", rank.pid)
+        assert rank_pids(os.getpid()) == {1: rank.pid}
+        assert live_ranks(tmp_path) == [{"rank": 1, "world": 2, "pid": rank.pid}]
+    finally:
+        os.kill(worker, 9)
+        rank.kill()
+        rank.wait()
+
+
 # Calls into torch.cuda that read how torch was built, not the driver: `_is_compiled` is
 # `hasattr(torch._C, "_cuda_getDeviceCount")` (torch._dynamo.device_interface asks it at import).
 NOT_PROBES = ("torch/cuda/__init__.py:_is_compiled ",)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from unit_support import checked_run, disttrain_in_process
@@ -198,7 +198,9 @@ def test_node_that_loses_node_0s_store_says_so_in_a_paragraph(tmp_path: Path) ->
     assert "node 0 stopped before the nodes assembled" in message
 
 
-def test_config_mismatch_node_0_waits_until_the_other_node_read_its_config(tmp_path: Path) -> None:
+def test_config_mismatch_node_0_waits_until_the_other_node_read_its_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Both nodes name the differing key: node 0, which hosts the store, stops only once the other
     node has read node 0's config (before this, node 1 could find the store gone and print a
     traceback instead of the mismatch)."""
@@ -214,6 +216,13 @@ def test_config_mismatch_node_0_waits_until_the_other_node_read_its_config(tmp_p
     host.set("p/node1", json.dumps(mine1))  # node 1 arrived first; it reads node 0's config later
     errors: dict[int, str] = {}
     read_when_node_0_stopped: list[bool] = []
+    lingering, linger = threading.Event(), multinode._linger
+
+    def spied(store: Any, key: str) -> None:  # node 0 found the mismatch: it waits for the read
+        lingering.set()
+        linger(store, key)
+
+    monkeypatch.setattr(multinode, "_linger", spied)
 
     def node0() -> None:
         host.set("p/node0", json.dumps(mine0))
@@ -225,7 +234,9 @@ def test_config_mismatch_node_0_waits_until_the_other_node_read_its_config(tmp_p
 
     thread = threading.Thread(target=node0)
     thread.start()
-    time.sleep(0.5)  # node 0 has found the mismatch and waits for node 1's read
+    # An event, not a sleep: after a 0.5 s sleep a loaded machine's node 1 could read before node 0
+    # found the mismatch, and the test passed without node 0 ever waiting.
+    assert lingering.wait(60), f"node 0 never found the mismatch: {errors}"
     assert thread.is_alive() and 0 not in errors
     with pytest.raises(multinode.RendezvousFailure) as err:
         multinode._wait_for_nodes(client, "p", mine1, cfg1, tmp_path, need=2)

@@ -94,4 +94,4 @@ def test_cpu_regions_are_host_time() -> None:
     token = clock.start()
     time.sleep(0.02)
     clock.stop(token)
-    assert 0.02 <= clock.seconds() < 1.0
+    assert 0.02 <= clock.seconds() < 10.0  # host seconds (a loaded machine may oversleep)
