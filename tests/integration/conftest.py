@@ -109,7 +109,20 @@ def _group_members(pgid: int) -> list[int]:
     tag = _TAGS.get(pgid) or _environ_tag(pgid)
     if tag:
         _TAGS[pgid] = tag
-    return [p.pid for p in live_processes() if p.pgrp == pgid or (tag and _environ_tag(p.pid) == tag)]
+    procs = live_processes()
+    members = {p.pid for p in procs if p.pgrp == pgid or (tag and _environ_tag(p.pid) == tag)}
+    # and their descendants: a rank in a session of its own whose title (setproctitle) took over
+    # the memory its environment was in, so that /proc/PID/environ no longer shows the tag
+    children: dict[int, list[int]] = {}
+    for p in procs:
+        children.setdefault(p.ppid, []).append(p.pid)
+    stack = list(members)
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in members:
+                members.add(child)
+                stack.append(child)
+    return sorted(members)
 
 
 def _kill_group(pgid: int) -> None:
