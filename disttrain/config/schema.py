@@ -138,10 +138,64 @@ class DataConfig(Block):
     )
 
 
+@dataclass
+class Data(DataConfig):
+    """`run.data`, typed: DataConfig's keys (the loaders read them; their defaults where a node
+    lacks one, None for a required one), checked here; `kwargs`: the data option's own keys
+    (path, block_size, ...: what its train and val nodes interpolate)."""
+
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, node: Mapping[str, Any] | Data) -> Data:
+        if isinstance(node, Data):
+            return node
+        own = {
+            f.name: node.get(f.name, None if f.default == MISSING else f.default) for f in fields(DataConfig)
+        }
+        return cls(**own, kwargs={k: v for k, v in node.items() if k not in own})
+
+    def __post_init__(self) -> None:
+        self.targets = Targets.of("data.targets", self.targets)
+        self.shard = Shard.of("data.shard", self.shard)
+        if not isinstance(self.num_workers, int) or self.num_workers < 0:
+            hint = "0 loads in the training process; 2-4 overlap loading."
+            raise ConfigError("data.num_workers", self.num_workers, "a number >= 0", hint)
+        # torch rejects prefetch_factor without workers at the first batch: say it now
+        if self.prefetch_factor is not None and (self.num_workers == 0 or self.prefetch_factor < 1):
+            raise ConfigError(
+                "data.prefetch_factor",
+                self.prefetch_factor,
+                "null, or >= 1 with data.num_workers > 0",
+                "prefetching needs worker processes: set data.num_workers=2, or leave prefetch_factor null.",
+            )
+
+
 # ------------------------------------------------------------------------------------------- task
 @dataclass
 class TaskConfig(Block):
     _target_: str = _h("a disttrain.tasks.Task subclass, or a function step(model, batch) -> loss", MISSING)
+
+
+@dataclass
+class TaskTarget(Block):
+    """`run.task`, typed: its `target` (a Task subclass or a step function) and the target's own `kwargs`."""
+
+    target: str
+    kwargs: dict[str, Any]
+
+    @classmethod
+    def of(cls, node: Any) -> TaskTarget:
+        if isinstance(node, TaskTarget):
+            return node
+        if not isinstance(node, Mapping) or not node.get("_target_"):
+            raise ConfigError(
+                "task",
+                node,
+                "a node with _target_: task=classification, regression, lm, model_loss, or your own",
+                "e.g. task=model_loss 'task.call={idx: x, targets: y}', or task._target_=mylab.MyTask.",
+            )
+        return cls(str(node["_target_"]), {k: v for k, v in node.items() if k != "_target_"})
 
 
 # -------------------------------------------------------------------------------------------- amp
@@ -252,12 +306,7 @@ class Optim(Block):
         if not isinstance(self.lr, int | float) or self.lr <= 0:
             raise ConfigError("optim.lr", self.lr, "a number > 0", "e.g. optim.lr=3e-4.")
         self.lr = float(self.lr)
-        if self.scale_lr not in tuple(ScaleLr):
-            choices = one_of(m.value for m in ScaleLr)
-            raise ConfigError(
-                "optim.scale_lr", self.scale_lr, choices, "linear multiplies lr by the world size."
-            )
-        self.scale_lr = ScaleLr(self.scale_lr)
+        self.scale_lr = ScaleLr.of("optim.scale_lr", self.scale_lr)
         if self.fused != "auto" and not isinstance(self.fused, bool):  # 1 == True: no `in` test
             raise ConfigError(
                 "optim.fused",

@@ -15,11 +15,7 @@ from disttrain.config import extras
 from disttrain.config.common import Choice
 from disttrain.config.errors import ConfigError, _show, one_of
 from disttrain.config.run import Run
-from disttrain.config.schema import (
-    Sched,
-    Shard,
-    Targets,
-)
+from disttrain.config.schema import Data, Sched
 from disttrain.data.specs import Sampling, TokenDtype
 from disttrain.observe.sinks import check_sinks
 from disttrain.preflight import launch_checks
@@ -66,7 +62,7 @@ def _check_monitoring(run: Run) -> None:
             raise ConfigError(
                 key, monitor, "a validation metric: val/loss, val/<the task's metric>", "e.g. val/loss."
             )
-    if used and not (run.data or {}).get("val"):
+    if used and not run.data.val:
         raise ConfigError(
             used[0],
             _get(run, used[0]),
@@ -85,6 +81,7 @@ def _get(run: Run, key: str) -> Any:
     for part in key.split("."):
         node = run.world if node is run and part in WORLD else node
         node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
+        node = run.data.kwargs.get(part) if node is None and key.startswith("data.") else node
     return node
 
 
@@ -120,27 +117,11 @@ def check_static(run: Run) -> None:
     _check_peft(run)
     _check_trainer(run)
     _check_checkpoint(run)
-    _check_loader(run)
-    _check_targets(run)
     _check_plugins(run)
     _check_data(run)
     threads = run.threads_per_rank
     if threads is not None and threads < 1:
         raise ConfigError("threads_per_rank", threads, "null (cores / local ranks) or >= 1", "leave it null.")
-
-
-def _check_targets(run: Run) -> None:
-    data = run.data
-    if "targets" in data:
-        _choice(run, "data.targets", Targets, "the task group sets it: task=regression makes values.")
-    task = run.task
-    if not isinstance(task, dict) or not task.get("_target_"):
-        raise ConfigError(
-            "task",
-            task,
-            "a node with _target_: task=classification, regression, lm, model_loss, or your own",
-            "e.g. task=model_loss 'task.call={idx: x, targets: y}', or task._target_=mylab.MyTask.",
-        )
 
 
 def _check_amp(run: Run) -> None:
@@ -199,19 +180,6 @@ def _check_debug(run: Run) -> None:
         _at_least(run, f"profiler.{key}", 1 if key == "active" else 0, "e.g. wait=1 warmup=1 active=3.")
 
 
-def _check_loader(run: Run) -> None:
-    """DataLoader knobs: torch rejects prefetch_factor without workers at the first batch; say it now."""
-    _at_least(run, "data.num_workers", 0, "0 loads in the training process; 2-4 overlap loading.")
-    prefetch = _get(run, "data.prefetch_factor")
-    if prefetch is not None and (run.data["num_workers"] == 0 or prefetch < 1):
-        raise ConfigError(
-            "data.prefetch_factor",
-            prefetch,
-            "null, or >= 1 with data.num_workers > 0",
-            "prefetching needs worker processes: set data.num_workers=2, or leave prefetch_factor null.",
-        )
-
-
 def _check_checkpoint(run: Run) -> None:
     """checkpoint block, resume and restarts: values with what is allowed."""
     import os
@@ -249,8 +217,7 @@ def _urls(run: Run) -> list[tuple[str, str, bool]]:
     """(key, URL, whether it is written) of every object-store location the run names."""
     found = [("checkpoint.dir", run.checkpoint.dir, True), ("init.path", run.init.path, False)]
     found.append(("resume", run.resume, False))
-    data = run.data
-    found += [(f"data.{k}", data.get(k), False) for k in ("path", "val_path")]
+    found += [(f"data.{k}", run.data.kwargs.get(k), False) for k in ("path", "val_path")]
     return [(key, str(url), write) for key, url, write in found if is_url(url)]
 
 
@@ -356,7 +323,7 @@ def _check_ema(run: Run) -> None:
 
 def _check_data(run: Run) -> None:
     """Ranges of the built-in data options' own keys (text: block_size, val_fraction)."""
-    data = run.data
+    data = run.data.kwargs
     if data.get("streaming") and run.trainer.max_steps == -1:
         raise ConfigError(
             "trainer.max_steps",
@@ -365,7 +332,7 @@ def _check_data(run: Run) -> None:
             "a stream has no length, so an epoch count cannot say when training ends: set "
             "trainer.max_steps=N (optimizer steps), or data.streaming=false.",
         )
-    if data.get("streaming") and data.get("shard") == "auto":
+    if data.get("streaming") and run.data.shard == "auto":
         raise ConfigError(
             "data.shard",
             "auto",
@@ -382,8 +349,6 @@ def _check_data(run: Run) -> None:
         _at_least(run, "data.num_samples", 1, "training samples to generate, e.g. data.num_samples=2048.")
     if "num_val_samples" in data:
         _at_least(run, "data.num_val_samples", 0, "validation samples to generate; 0 validates on nothing.")
-    if "shard" in data:
-        _choice(run, "data.shard", Shard, "auto: disttrain splits a stream; none: the stream splits itself.")
     if "sampling" in data:
         _choice(run, "data.sampling", Sampling, "random: nanoGPT's random windows; sequential: in order.")
     if "dtype" in data and "sampling" in data:
@@ -401,7 +366,7 @@ def _check_data(run: Run) -> None:
 
 def _check_packing(run: Run) -> None:
     """data.packing / data.tokenizer: what rows of documents need (data/packing.py)."""
-    data = run.data
+    data = run.data.kwargs
     rows = bool(data.get("packing") or data.get("tokenizer"))
     if not rows:
         return
@@ -431,11 +396,11 @@ def _check_packing(run: Run) -> None:
         )
 
 
-def _empty_training_set(data: dict[str, Any], train: Any) -> None:
+def _empty_training_set(data: Data, train: Any) -> None:
     """No training sample at all: name the data key that causes it, not trainer.batch_size."""
     from disttrain.data.text import TextBlocks
 
-    path = data.get("path")
+    path = data.kwargs.get("path")
     if isinstance(train, TextBlocks):
         size, source = len(train.data), path or "the shipped corpus"
         if size > 1:
@@ -459,13 +424,13 @@ def _empty_training_set(data: dict[str, Any], train: Any) -> None:
             "a data file with at least one sample",
             "it holds none (an empty .csv, or empty arrays): write the samples into it.",
         )
-    knobs = ("num_samples", "val_fraction", "block_size")
-    shown = ", ".join(f"data.{k}={_show(data[k])}" for k in knobs if k in data) or "see `disttrain config`"
+    knobs = [k for k in ("num_samples", "val_fraction", "block_size") if k in data.kwargs]
+    shown = ", ".join(f"data.{k}={_show(data.kwargs[k])}" for k in knobs)
     raise ConfigError(
         "data",
-        data.get("name") or data.get("_target_") or "?",
+        data.name or "?",
         "a data set with at least one training sample",
-        f"it has 0 ({shown}): check what data.train builds.",
+        f"it has 0 ({shown or 'see `disttrain config`'}): check what data.train builds.",
     )
 
 
@@ -522,13 +487,12 @@ def _check_runtime(run: Run, launched: Mapping[str, Any] | None) -> dict[str, in
     gpus = check_nccl_ranks(run)  # compares what `auto` becomes, not the literal backend name
     check_bf16(run, gpus)
     check_fp8(run, gpus)
-    data = run.data
-    train, val = build_datasets(data)
+    train, val = build_datasets(run.data)
     replicas = specs.layout(run).dp  # ranks that split one model (pipeline, tp) share a batch
     per_step = replicas * run.trainer.batch_size * run.trainer.grad_accum
     streams = _check_streams(run, train, val)
     if not streams and len(train) == 0:
-        _empty_training_set(data, train)
+        _empty_training_set(run.data, train)
     if not streams and len(train) < per_step:
         raise ConfigError(
             "trainer.batch_size",

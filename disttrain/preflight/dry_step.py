@@ -68,7 +68,7 @@ def dry_step(
     except Exception as exc:
         raise ConfigError(
             "task",
-            _target(run),
+            run.task.target,
             f"a task that can unpack the data set's batches: {describe(batch)}",
             f"{_said(exc)}. Name the fields (task.inputs=..., task.target=... for dict keys or tuple "
             "indices), use task=model_loss 'task.call={argument: field}', or your own task's unpack().",
@@ -79,7 +79,7 @@ def dry_step(
         return
     packing.check_model(run, meta_model, batch)
     params = sum(p.numel() for p in meta_model.parameters())
-    name = _target(run)
+    name = run.task.target
     if params <= CPU_FIRST_MAX_PARAMS and build_cpu_model is not None:
         cpu_model = build_cpu_model()
         cpu_first = _run(name, task.setup(torch.device("cpu")), cpu_model, batch, torch.device("cpu"))
@@ -94,7 +94,7 @@ def dry_step(
         log.warning(
             "dry step skipped: %s cannot run on the meta device (%s), and a CPU run would load the "
             "model's weights in the launcher",
-            _target(run),
+            run.task.target,
             _said(meta_exc),
         )
         return
@@ -102,12 +102,12 @@ def dry_step(
         log.warning(
             "dry step skipped: %s cannot run on the meta device (%s), and a CPU run of %.2g parameters "
             "is too costly before launch",
-            _target(run),
+            run.task.target,
             _said(meta_exc),
             params,
         )
         return
-    log.debug("dry step: %s on meta failed (%s); running it on the CPU", _target(run), _said(meta_exc))
+    log.debug("dry step: %s on meta failed (%s); running it on the CPU", run.task.target, _said(meta_exc))
     cpu_model = build_cpu_model()
     cpu_exc = _run(name, build_task(), cpu_model, batch, torch.device("cpu"))
     if cpu_exc is not None:
@@ -268,7 +268,7 @@ def _check_pipeline(run: Run, task: Task, inputs: Any, target: Any) -> None:
             "strategy",
             spec.name,
             "a task whose model call is model(inputs) with one input tensor and one target tensor",
-            f"{_target(run)} gives the model {describe(inputs)} and the loss {describe(target)}; pipeline "
+            f"{run.task.target} gives the model {describe(inputs)} and the loss {describe(target)}; pipeline "
             "stages pass one tensor from stage to stage and compute the loss on the last one, so keyword "
             "arguments, several inputs or a loss inside the model cannot be split. Use strategy=fsdp or "
             "ddp for this task.",
@@ -281,7 +281,7 @@ def _check_targets(run: Run, task: Task, train: Any, sample_target: Any) -> None
         if not sample_target.is_floating_point():
             raise ConfigError(
                 "data.targets",
-                run.data.get("targets", str(sample_target.dtype)),
+                run.data.targets,
                 "float targets for task=regression",
                 f"the data set gives {describe(sample_target)}; with the built-in data sets set "
                 "data.targets=values, with your own return float targets.",
@@ -293,7 +293,7 @@ def _check_targets(run: Run, task: Task, train: Any, sample_target: Any) -> None
     labels = _all_targets(task, train, sample_target)
     if labels.is_floating_point() or labels.numel() == 0:
         return
-    classes = run.data.get("num_classes")
+    classes = run.data.num_classes
     ignore = getattr(task.criterion, "ignore_index", None)
     valid = labels[labels != ignore] if ignore is not None else labels
     low, high = int(valid.min()), int(valid.max())
@@ -309,7 +309,7 @@ def _check_targets(run: Run, task: Task, train: Any, sample_target: Any) -> None
 
 def _check_token_ids(run: Run, train: Any) -> None:
     """data=tokens: every id of the token files below data.num_classes (the embedding's rows)."""
-    classes = run.data.get("num_classes")
+    classes = run.data.num_classes
     if not isinstance(classes, int) or not hasattr(train, "first_id_at_least"):
         return
     found = train.first_id_at_least(classes)
@@ -320,7 +320,7 @@ def _check_token_ids(run: Run, train: Any) -> None:
             classes,
             f"more than every token id in the data: {path} holds id {token} at token {position}",
             f"set data.num_classes (the vocabulary size) to at least {token + 1}, or check data.dtype "
-            f"({run.data.get('dtype')}) and that the file was written with the tokenizer this model uses.",
+            f"({run.data.kwargs.get('dtype')}) and that the file was written with the tokenizer this model uses.",
         )
 
 
@@ -335,11 +335,6 @@ def _all_targets(task: Task, train: Any, sample_target: torch.Tensor) -> torch.T
         except Exception:
             pass
     return sample_target
-
-
-def _target(run: Run) -> str:
-    task = run.task  # None: a run without one reaches the dry step
-    return str(task.get("_target_")) if isinstance(task, dict) else str(task)
 
 
 def _model_target(model: nn.Module) -> str:
