@@ -18,10 +18,13 @@ if TYPE_CHECKING:
     from disttrain.config.run import Run
 
 
-def help_field(text: str, default: Any = MISSING, factory: Any = None, choices: Any = None) -> Any:
+def help_field(
+    text: str, default: Any = MISSING, factory: Any = None, choices: Any = None, at_least: float | None = None
+) -> Any:
     """A dataclass field with a one-line help text (shown by `disttrain config --help`); `choices`:
-    the `Switch` whose members a field takes (`--help` lists them)."""
-    metadata = {"help": text} if choices is None else {"help": text, "choices": choices}
+    the `Switch` whose members a field takes (`--help` lists them); `at_least`: the smallest number
+    it holds (null passes), checked as a Run types it (`config.typed.typed`)."""
+    metadata = {"help": text, "choices": choices, "at_least": at_least}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)

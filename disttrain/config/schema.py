@@ -103,7 +103,9 @@ class BackendConfig(Block):
     name: BackendName = _h(
         "process-group backend: auto (nccl with CUDA GPUs, else gloo), gloo or nccl", BackendName.auto
     )
-    timeout: float = _h("seconds a collective may wait before the rank fails instead of hanging", 300.0)
+    timeout: float = _h(
+        "seconds a collective may wait before the rank fails instead of hanging", 300.0, at_least=1
+    )
 
 
 # ------------------------------------------------------------------------------------------- data
@@ -209,8 +211,8 @@ class AmpConfig(Block):
     dtype: ComputeDtype = _h(
         "compute dtype under autocast: float32, bfloat16 or float16", ComputeDtype.float32
     )
-    init_scale: float = _h("fp16: initial loss scale", 65536.0)
-    growth_interval: int = _h("fp16: steps without overflow before the scale doubles", 2000)
+    init_scale: float = _h("fp16: initial loss scale", 65536.0, at_least=1)
+    growth_interval: int = _h("fp16: steps without overflow before the scale doubles", 2000, at_least=1)
     tf32: bool = _h(
         "CUDA: fp32 matmuls (amp=off, and fp32 ops under autocast) on TF32 tensor cores "
         "(torch.set_float32_matmul_precision('high'); Ampere and newer); false: full fp32",
@@ -438,7 +440,7 @@ class LauncherConfig(Block):
         "(disttrain.launch.specs)",
         MISSING,
     )
-    max_restarts: int = _h("torchrun: restarts of the whole group after a rank fails", 0)
+    max_restarts: int = _h("torchrun: restarts of the whole group after a rank fails", 0, at_least=0)
     monitor_interval: float = _h("torchrun: seconds between worker health checks", 0.1)
     rdzv_timeout: float = _h("seconds to wait for all nodes to join the rendezvous", 900.0)
     min_nodes: int = _h("elastic: train once this many of `nodes` have joined; 0: all of them", 0)
@@ -460,8 +462,11 @@ class EarlyStopConfig(Block):
         "stop after this many validations in a row without improvement (all ranks agree: the "
         "metric is reduced across ranks); 0: never stop early",
         0,
+        at_least=0,
     )
-    min_delta: float = _h("an improvement must exceed this to count (absolute, in the metric's units)", 0.0)
+    min_delta: float = _h(
+        "an improvement must exceed this to count (absolute, in the metric's units)", 0.0, at_least=0
+    )
 
 
 @dataclass
@@ -472,22 +477,28 @@ class EmaConfig(Block):
         "validated as val_ema/*, exported with `disttrain export --ema`",
         None,
     )
-    every: int = _h("update the EMA every N optimizer steps", 1)
-    start_step: int = _h("first optimizer step that updates the EMA (the first update copies the weights)", 0)
+    every: int = _h("update the EMA every N optimizer steps", 1, at_least=1)
+    start_step: int = _h(
+        "first optimizer step that updates the EMA (the first update copies the weights)", 0, at_least=0
+    )
 
 
 @dataclass
 class TrainerConfig(Block):
     max_epochs: int = _h("epochs to train when max_steps is -1", 10)
     max_steps: int = _h("optimizer steps to train (epochs continue as needed); -1: run max_epochs", -1)
-    batch_size: int = _h("samples per rank per micro-step (global batch = this x world x grad_accum)", 32)
-    grad_accum: int = _h("micro-steps per optimizer step; all-reduce only on the last", 1)
+    batch_size: int = _h(
+        "samples per rank per micro-step (global batch = this x world x grad_accum)", 32, at_least=1
+    )
+    grad_accum: int = _h("micro-steps per optimizer step; all-reduce only on the last", 1, at_least=1)
     clip_grad_norm: float | None = _h("clip the global gradient norm to this; null: no clipping", 1.0)
-    log_every: int = _h("optimizer steps between train-metric logs", 10)
-    val_every: int = _h("optimizer steps between validations; 0: at the end of each epoch", 0)
-    ckpt_every: int = _h("optimizer steps between checkpoints; 0: only the final one", 0)
+    log_every: int = _h("optimizer steps between train-metric logs", 10, at_least=1)
+    val_every: int = _h("optimizer steps between validations; 0: at the end of each epoch", 0, at_least=0)
+    ckpt_every: int = _h("optimizer steps between checkpoints; 0: only the final one", 0, at_least=0)
     val_batches: int | None = _h(
-        "validation batches per rank (required for a stream validation set); null: the whole set", None
+        "validation batches per rank (required for a stream validation set); null: the whole set",
+        None,
+        at_least=1,
     )
     progress: bool = _h(
         "rich progress bar on rank 0 when stderr is a terminal (plain lines every log_every otherwise)", True
@@ -571,15 +582,17 @@ class InitConfig(Block):
 # ------------------------------------------------------------------------------------- debug/prof
 @dataclass
 class DebugConfig(Block):
-    check_sync_every: int = _h("every N steps compare parameter checksums across replicas; 0: off", 0)
+    check_sync_every: int = _h(
+        "every N steps compare parameter checksums across replicas; 0: off", 0, at_least=0
+    )
     log_grad_stats: bool = _h("log per-parameter gradient norms (grad_norm/NAME) at log steps", False)
 
 
 @dataclass
 class ProfilerConfig(Block):
-    wait: int = _h("profile=true: steps skipped before the window", 1)
-    warmup: int = _h("profile=true: steps traced but discarded (profiler warm-up)", 1)
-    active: int = _h("profile=true: steps recorded into the trace", 3)
+    wait: int = _h("profile=true: steps skipped before the window", 1, at_least=0)
+    warmup: int = _h("profile=true: steps traced but discarded (profiler warm-up)", 1, at_least=0)
+    active: int = _h("profile=true: steps recorded into the trace", 3, at_least=1)
 
 
 # --------------------------------------------------------------------------------------- observe
@@ -614,6 +627,7 @@ class SweepConfig(Block):
         "jobs of a sweep that run at once on a scheduler (launcher=slurm: the job array's % limit; "
         "launcher=k8s: Jobs alive at once); 0: no limit. Local sweeps run one job at a time",
         0,
+        at_least=0,
     )
     stop_on_failure: bool = _h(
         "a local sweep stops at the first failed job; false: every job runs, then a table of their states",
@@ -661,7 +675,7 @@ class CheckpointConfig(Block):
         "it (a shared file system): checked before training",
         None,
     )
-    keep: int = _h("committed checkpoints to keep (the newest N; older ones are deleted)", 3)
+    keep: int = _h("committed checkpoints to keep (the newest N; older ones are deleted)", 3, at_least=1)
     verify: Verify = _h(
         "check at load: size (file sizes vs manifest) or hash (+ xxh3_64 of every byte)", Verify.hash
     )
@@ -676,6 +690,7 @@ class CheckpointConfig(Block):
         "also keep the K best checkpoints by checkpoint.monitor, saved at the validations that rank "
         "among them and never pruned by `keep` while they do; checkpoints/best names the best. 0: off",
         0,
+        at_least=0,
     )
     monitor: str | None = _h(
         "the validation metric keep_best ranks by; null: trainer.early_stop.monitor", None
