@@ -89,8 +89,10 @@ def own_checkpoints(run: Run, target: Path, overrides: list[str]) -> tuple[Run, 
     original = run.checkpoint.dir
     if not original or any(o.lstrip("+").startswith("checkpoint.dir=") for o in overrides):
         return run, ""
-    shared = run.world.nodes != 1
-    own = str(Path(str(original)).absolute().with_name(target.name)) if shared else None
+    from disttrain.shared_dir import checkpoint_dir
+
+    shared = run.world.nodes != 1  # a sibling in the same store for a URL (s3://b/run -> s3://b/<new>)
+    own = str(checkpoint_dir(run, target).parent / target.name) if shared else None
     where = own or f"{target}/checkpoints"
     return run.updated(
         {"checkpoint": {"dir": own}}

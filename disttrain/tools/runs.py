@@ -22,6 +22,7 @@ from typing import Any
 
 from disttrain.config.fingerprint import ABSENT, differences, flatten
 from disttrain.rundir import CONFIG, STATUS, RunDir
+from disttrain.storage import is_url
 from disttrain.tools.rundata import SHA, RunFiles, config, is_int, is_number, is_time, run_labels, short_repr
 from disttrain.tools.rundata import overrides as _overrides
 
@@ -246,6 +247,9 @@ def checkpoints(run_dir: Path, files: RunFiles | None = None) -> list[dict[str, 
             f"{CONFIG}: checkpoint.dir = {short_repr(chosen)} is not a path: the run dir's checkpoints/"
         )
         chosen = None
+    if chosen and is_url(chosen):  # never contacted from a run dir anyone may have written
+        files.note(f"{CONFIG}: checkpoint.dir = {short_repr(chosen)} is in an object store: not listed here")
+        return []
     folder = Path(chosen).absolute() if chosen else RunDir(run_dir).checkpoints
     out = []
     try:

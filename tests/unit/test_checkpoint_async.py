@@ -23,10 +23,14 @@ from disttrain.strategies.specs.data_parallel import SingleStrategyConfig
 pytestmark = [pytest.mark.timeout(60), pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
 ENV = DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu"))
-CFG = {"model": {"hidden": 4}, "optim": {"lr": 0.1}, "trainer": {"log_every": 1}}
+CFG = {
+    "model": {"hidden": 4},
+    "optim": {"_target_": "torch.optim.SGD", "lr": 0.1},
+    "trainer": {"log_every": 1},
+}
 # The run whose run_info meta.json records: CFG and the fewest blocks a Run needs.
-RUN = Run.of({"nodes": 1, "nproc_per_node": 1, "backend": {}, "strategy": {"name": "single"}, "amp": {},
-              "launcher": {"name": "spawn"}, **CFG})  # fmt: skip
+RUN = Run.of({"name": "t", "nodes": 1, "nproc_per_node": 1, "backend": {}, "strategy": {"name": "single"}, "amp": {},
+              "launcher": {"name": "spawn"}, "sched": {"name": "constant"}, **CFG})  # fmt: skip
 
 
 class Counter:

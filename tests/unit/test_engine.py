@@ -8,20 +8,19 @@ composed, checked config; only the launcher and the subprocess are left out.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from unit_support import engine_of
 
 from disttrain.checkpoint import committed, read_meta
 from disttrain.engine.loop import Engine
 from disttrain.observe.metrics import read_metrics
 
-pytestmark = pytest.mark.timeout(120)
+# one_rank (tests/unit/conftest.py): a real one-rank gloo group, one thread as in CI's ranks
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("one_rank")]
 
 BASE = (
     "data=synthetic",
@@ -42,17 +41,6 @@ BASE = (
     "sched=constant",
     "checkpoint.keep=5",
 )
-
-
-@pytest.fixture(autouse=True)
-def one_rank() -> Iterator[None]:
-    """A real process group of one rank (gloo over an in-memory store): collectives are no-ops
-    that still go through torch.distributed, as on a single-GPU run."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def engine(run_dir: Path, *overrides: str) -> Engine:

@@ -73,7 +73,7 @@ def test_more_ranks_than_gpus_with_auto_backend_is_refused_before_launch(
     """backend=auto becomes nccl in the ranks: rank `count` would die with "invalid device ordinal"."""
     gpus(count)
     cfg = checked_run([f"nproc_per_node={nproc}"])
-    assert cfg["backend"]["name"] == "auto"
+    assert cfg.backend.name == "auto"
     with pytest.raises(ConfigError) as err:
         check_runtime(cfg)
     assert err.value.key == "nproc_per_node" and err.value.value == nproc

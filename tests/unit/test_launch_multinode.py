@@ -38,7 +38,7 @@ def test_bad_launch_settings_fail_before_launch(overrides: tuple[str, ...], key:
 
 def test_elastic_range_and_slurm_settings_are_accepted() -> None:
     cfg = checked_run([*MULTI, "launcher.min_nodes=1", "launcher=slurm", "launcher.time=1-00:00:00"])
-    assert cfg["launcher"]["min_nodes"] == 1 and cfg["launcher"]["time"] == "1-00:00:00"
+    assert cfg.launcher.min_nodes == 1 and cfg.launcher.time == "1-00:00:00"
 
 
 @pytest.mark.parametrize(
@@ -46,7 +46,7 @@ def test_elastic_range_and_slurm_settings_are_accepted() -> None:
 )
 def test_nodes_min_max_is_the_elastic_range(value: str, nodes: int, min_nodes: int) -> None:
     cfg = checked_run([f"nodes={value}", "master_addr=10.1.2.3"])
-    assert (cfg["nodes"], cfg["launcher"]["min_nodes"]) == (nodes, min_nodes)
+    assert (cfg.world.nodes, cfg.launcher.min_nodes) == (nodes, min_nodes)
 
 
 @pytest.mark.parametrize(
@@ -194,7 +194,7 @@ def test_node_that_loses_node_0s_store_says_so_in_a_paragraph(tmp_path: Path) ->
     with pytest.raises(multinode.RendezvousFailure) as err:
         multinode._wait_for_nodes(client, "p", {}, cfg, tmp_path, need=2)
     message = str(err.value)
-    assert f"node 1 lost the roll call's store at master 127.0.0.1:{cfg['master_port']}" in message
+    assert f"node 1 lost the roll call's store at master 127.0.0.1:{cfg.world.master_port}" in message
     assert "node 0 stopped before the nodes assembled" in message
 
 

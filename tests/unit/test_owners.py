@@ -337,3 +337,16 @@ def test_d6_a_rank_lock_is_shared_and_named_by_pid(tmp_path: Path) -> None:
     os.close(first)
     os.close(second)
     assert _rank_holders(run) == []
+
+
+def test_rerun_of_a_multi_node_run_keeps_its_url_checkpoints_in_the_store(
+    s3_bucket: str, tmp_path: Path
+) -> None:
+    """s3://b/run: the rerun's checkpoints are s3://b/<new run dir's name>, not a local
+    `<cwd>/s3:/b/<name>` (a URL taken for a path)."""
+    cfg = checked_run(
+        ["data=synthetic", f"checkpoint.dir={s3_bucket}/run", "nodes=2", "master_addr=10.0.0.1"]
+    )
+    run, note = own_checkpoints(cfg, tmp_path / "again", [])
+    assert run.checkpoint.dir == f"{s3_bucket}/again"
+    assert f"checkpoints: {s3_bucket}/again;" in note

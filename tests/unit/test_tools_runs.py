@@ -232,3 +232,19 @@ def test_show_flags_a_rank_at_least_1_3x_slower_than_the_median(tmp_path: Path) 
     assert stragglers({"step_time_p50_s_by_rank": [0.1, 0.3]}) == [
         "straggler: rank 1 step time p50 0.3 s = 1.50x the median 0.2 s"
     ]
+
+
+def test_show_names_a_url_checkpoint_dir_and_never_reads_it_as_a_local_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """checkpoint.dir = s3://b/run was read as `<cwd>/s3:/b/run`: a local folder of that name was listed."""
+    from disttrain.tools.rundata import RunFiles
+
+    run = _small_run(tmp_path, "r", 0, [], 0.5)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    (run / "config.yaml").write_text(yaml.safe_dump({**cfg, "checkpoint": {"dir": "s3://b/run"}}))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s3:" / "b" / "run" / "step_00000001").mkdir(parents=True)
+    files = RunFiles(run)
+    assert checkpoints(run, files) == []
+    assert any("s3://b/run" in p and "object store" in p for p in files.problems)

@@ -264,7 +264,7 @@ def cp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, 
 
 
 def test_a_context_parallel_plugin_is_planned_and_simulated_at_its_degree(
-    cp: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+    cp: tuple[Path, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A cp degree declared only by the plug-in's layout: plan and plan --simulate count dp = world / cp,
     activations / cp, the state sharded over dp x cp, and FSDP's traffic over all of them."""
@@ -283,6 +283,7 @@ def test_a_context_parallel_plugin_is_planned_and_simulated_at_its_degree(
     ]
     assert main(["plan", "--simulate", "--json", *args]) == 0
     result = json.loads(capsys.readouterr().out)
+    monkeypatch.setenv("COLUMNS", "200")  # a narrower COLUMNS (xdist's worker) folds the header
     render(result)  # the plan table: the cp row and its degrees
     table = capsys.readouterr().out
     assert "dp x cp x tp x pp" in table and re.search(r"│ cp +│ 2x2x1x1 ", table), table
