@@ -133,7 +133,7 @@ class Run:
     optim: Optim
     sched: Sched
     data: Data
-    task: TaskTarget
+    task: TaskTarget | None  # None: a minimal Run without the node (a test's, a meta.json's)
     _plain: dict[str, Any] = field(repr=False)  # the YAML form, read-only (a copy: plain dicts)
 
     def __post_init__(self) -> None:
@@ -182,8 +182,8 @@ class Run:
             profile=bool(own_key(plain, Config, "profile")),
             optim=Optim.of(plain["optim"]),
             sched=Sched.of(plain["sched"]),
-            data=Data.of(plain["data"]),
-            task=TaskTarget.of(plain.get("task")),
+            data=Data.of(plain.get("data", {})),
+            task=TaskTarget.of(plain["task"]) if "task" in plain else None,
             _plain=plain,
         )
 

@@ -68,7 +68,7 @@ def dry_step(
     except Exception as exc:
         raise ConfigError(
             "task",
-            run.task.target,
+            _target(run),
             f"a task that can unpack the data set's batches: {describe(batch)}",
             f"{_said(exc)}. Name the fields (task.inputs=..., task.target=... for dict keys or tuple "
             "indices), use task=model_loss 'task.call={argument: field}', or your own task's unpack().",
@@ -79,7 +79,7 @@ def dry_step(
         return
     packing.check_model(run, meta_model, batch)
     params = sum(p.numel() for p in meta_model.parameters())
-    name = run.task.target
+    name = _target(run)
     if params <= CPU_FIRST_MAX_PARAMS and build_cpu_model is not None:
         cpu_model = build_cpu_model()
         cpu_first = _run(name, task.setup(torch.device("cpu")), cpu_model, batch, torch.device("cpu"))
@@ -94,7 +94,7 @@ def dry_step(
         log.warning(
             "dry step skipped: %s cannot run on the meta device (%s), and a CPU run would load the "
             "model's weights in the launcher",
-            run.task.target,
+            _target(run),
             _said(meta_exc),
         )
         return
@@ -102,12 +102,12 @@ def dry_step(
         log.warning(
             "dry step skipped: %s cannot run on the meta device (%s), and a CPU run of %.2g parameters "
             "is too costly before launch",
-            run.task.target,
+            _target(run),
             _said(meta_exc),
             params,
         )
         return
-    log.debug("dry step: %s on meta failed (%s); running it on the CPU", run.task.target, _said(meta_exc))
+    log.debug("dry step: %s on meta failed (%s); running it on the CPU", _target(run), _said(meta_exc))
     cpu_model = build_cpu_model()
     cpu_exc = _run(name, build_task(), cpu_model, batch, torch.device("cpu"))
     if cpu_exc is not None:
@@ -268,7 +268,7 @@ def _check_pipeline(run: Run, task: Task, inputs: Any, target: Any) -> None:
             "strategy",
             spec.name,
             "a task whose model call is model(inputs) with one input tensor and one target tensor",
-            f"{run.task.target} gives the model {describe(inputs)} and the loss {describe(target)}; pipeline "
+            f"{_target(run)} gives the model {describe(inputs)} and the loss {describe(target)}; pipeline "
             "stages pass one tensor from stage to stage and compute the loss on the last one, so keyword "
             "arguments, several inputs or a loss inside the model cannot be split. Use strategy=fsdp or "
             "ddp for this task.",
@@ -335,6 +335,10 @@ def _all_targets(task: Task, train: Any, sample_target: torch.Tensor) -> torch.T
         except Exception:
             pass
     return sample_target
+
+
+def _target(run: Run) -> str:
+    return "None" if run.task is None else run.task.target  # None: a run without one reaches the dry step
 
 
 def _model_target(model: nn.Module) -> str:

@@ -313,7 +313,7 @@ def find_loss(output: Any, at: str | int | None = None) -> torch.Tensor:
     )
 
 
-def build_task(node: TaskTarget | Mapping[str, Any]) -> Task:
+def build_task(node: TaskTarget | Mapping[str, Any] | None) -> Task:
     """The run's task from the `task` node; a plain function target becomes a StepFunction."""
     from disttrain.config.instantiate import build, locate
 
