@@ -103,9 +103,7 @@ class BackendConfig(Block):
     name: BackendName = _h(
         "process-group backend: auto (nccl with CUDA GPUs, else gloo), gloo or nccl", BackendName.auto
     )
-    timeout: float = _h(
-        "seconds a collective may wait before the rank fails instead of hanging", 300.0, at_least=1
-    )
+    timeout: float = _h("seconds a collective may wait before its rank fails (no hang)", 300.0, at_least=1)
 
 
 # ------------------------------------------------------------------------------------------- data
@@ -464,9 +462,7 @@ class EarlyStopConfig(Block):
         0,
         at_least=0,
     )
-    min_delta: float = _h(
-        "an improvement must exceed this to count (absolute, in the metric's units)", 0.0, at_least=0
-    )
+    min_delta: float = _h("an improvement must beat this (absolute, in the metric's units)", 0.0, at_least=0)
 
 
 @dataclass
@@ -582,9 +578,7 @@ class InitConfig(Block):
 # ------------------------------------------------------------------------------------- debug/prof
 @dataclass
 class DebugConfig(Block):
-    check_sync_every: int = _h(
-        "every N steps compare parameter checksums across replicas; 0: off", 0, at_least=0
-    )
+    check_sync_every: int = _h("every N steps compare parameter checksums of replicas; 0: off", 0, at_least=0)
     log_grad_stats: bool = _h("log per-parameter gradient norms (grad_norm/NAME) at log steps", False)
 
 
