@@ -28,12 +28,12 @@ AMP = {"off": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16
 
 
 def _at_least(data: Mapping[str, Any], key: str, low: float, hint: str) -> None:
-    if data[key] is None or data[key] < low:
+    if key in data and (data[key] is None or data[key] < low):  # an option without the key: nothing
         raise ConfigError(f"data.{key}", data[key], f"a number >= {low:g}", hint)
 
 
 def _choice(data: Mapping[str, Any], key: str, allowed: type[Choice], hint: str) -> None:
-    if data[key] not in tuple(allowed):
+    if key in data and data[key] not in tuple(allowed):
         raise ConfigError(f"data.{key}", data[key], one_of(m.value for m in allowed), hint)
 
 
@@ -296,16 +296,11 @@ def _check_data(run: Run) -> None:
             "loader workers by file; auto would split each part again and drop samples.",
         )
     _check_packing(run)
-    if "block_size" in data and (
-        data["block_size"] is not None or data.get("packing") or data.get("tokenizer")
-    ):
+    if data.get("block_size") is not None or data.get("packing") or data.get("tokenizer"):
         _at_least(data, "block_size", 1, "tokens per sample (a row), e.g. data.block_size=64.")
-    if "num_samples" in data:
-        _at_least(data, "num_samples", 1, "training samples to generate, e.g. data.num_samples=2048.")
-    if "num_val_samples" in data:
-        _at_least(data, "num_val_samples", 0, "validation samples to generate; 0 validates on nothing.")
-    if "sampling" in data:
-        _choice(data, "sampling", Sampling, "random: nanoGPT's random windows; sequential: in order.")
+    _at_least(data, "num_samples", 1, "training samples to generate, e.g. data.num_samples=2048.")
+    _at_least(data, "num_val_samples", 0, "validation samples to generate; 0 validates on nothing.")
+    _choice(data, "sampling", Sampling, "random: nanoGPT's random windows; sequential: in order.")
     if "dtype" in data and "sampling" in data:
         _choice(data, "dtype", TokenDtype, "the dtype the token file was written with (nanoGPT: uint16).")
     if "val_fraction" in data:
