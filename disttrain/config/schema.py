@@ -25,7 +25,7 @@ from disttrain.config.errors import ConfigError, one_of
 from disttrain.config.names import NO_DECAY as NO_DECAY  # optim.param_groups (the engine imports names)
 from disttrain.config.names import NO_DECAY_1D as NO_DECAY_1D
 from disttrain.config.registry import Registry, config_nodes
-from disttrain.config.typed import own_key
+from disttrain.config.typed import check_at_least, own_key
 from disttrain.strategies.specs import STRATEGIES, StrategyConfig
 
 
@@ -119,7 +119,7 @@ class DataConfig(Block):
     num_classes: int | None = _h("number of classes (output width for regression)", MISSING)
     train: Any = _h("`_target_` spec that builds the training Dataset", MISSING)
     val: Any = _h("`_target_` spec that builds the validation Dataset (null: no validation)", None)
-    num_workers: int = _h("DataLoader worker processes per rank", 0)
+    num_workers: int = _h("DataLoader worker processes per rank", 0, at_least=0)
     pin_memory: bool = _h("pin host memory (useful with CUDA)", False)
     persistent_workers: bool = _h("keep DataLoader workers alive between epochs (num_workers > 0)", True)
     prefetch_factor: int | None = _h("batches each worker loads ahead (num_workers > 0); null: 2", None)
@@ -158,9 +158,7 @@ class Data(DataConfig):
     def __post_init__(self) -> None:
         self.targets = Targets.of("data.targets", self.targets)
         self.shard = Shard.of("data.shard", self.shard)
-        if not isinstance(self.num_workers, int) or self.num_workers < 0:
-            hint = "0 loads in the training process; 2-4 overlap loading."
-            raise ConfigError("data.num_workers", self.num_workers, "a number >= 0", hint)
+        check_at_least(self, "data")
         # torch rejects prefetch_factor without workers at the first batch: say it now
         if self.prefetch_factor is not None and (self.num_workers == 0 or self.prefetch_factor < 1):
             raise ConfigError(
