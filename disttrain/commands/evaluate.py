@@ -165,10 +165,10 @@ def eval_config(run_dir: Path, overrides: list[str], trusted: bool, mode: str) -
     if val_file:  # the whole node replaced, not merged into the run's own validation set
         cfg = {**cfg, "data": {**cfg["data"], "val": _val_spec(val_file[-1].split("=", 1)[1], cfg["data"])}}
     run = Run.of(cfg)
-    if not run.data.get("val"):
+    if not run.data.val:
         raise ConfigError(
             "data.val",
-            run.data.get("val"),
+            run.data.val,
             "a validation data set",
             f"the run has none: name one, e.g. `disttrain {mode} {run_dir} data.val=val.npz` (arrays x, y).",
         )

@@ -18,10 +18,13 @@ if TYPE_CHECKING:
     from disttrain.config.run import Run
 
 
-def help_field(text: str, default: Any = MISSING, factory: Any = None, choices: Any = None) -> Any:
+def help_field(
+    text: str, default: Any = MISSING, factory: Any = None, choices: Any = None, at_least: float | None = None
+) -> Any:
     """A dataclass field with a one-line help text (shown by `disttrain config --help`); `choices`:
-    the `Switch` whose members a field takes (`--help` lists them)."""
-    metadata = {"help": text} if choices is None else {"help": text, "choices": choices}
+    the `Switch` whose members a field takes (`--help` lists them); `at_least`: the smallest number
+    it holds (null passes), checked as a Run types it (`config.typed.typed`)."""
+    metadata = {"help": text, "choices": choices, "at_least": at_least}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -108,18 +111,6 @@ class Choice(str, Enum):
     def __format__(self, spec: str) -> str:
         return format(str(self.value), spec)
 
-
-class Switch(Choice):
-    """A closed choice that is also on or off, so YAML's booleans keep working (`trainer.compile: true`):
-    `false` is its off member (falsy: `if trainer.compile:`), `true` an on member or an alias of one.
-
-    OmegaConf refuses a boolean for an enum field and a member for a `bool | str` one, so the schema
-    field is typed `Any` and the dataclass turns what it holds into a member in `__post_init__`
-    (`Switch.of`: anything else is a ConfigError there)."""
-
-    def __bool__(self) -> bool:
-        return self.value != "false"
-
     @classmethod
     def of(cls, key: str, value: Any) -> Any:
         """`value` (a boolean, a member's name or value) as a member; a ConfigError naming `key`."""
@@ -133,6 +124,18 @@ class Switch(Choice):
             choices = ", ".join(m.value for m in cls)
             raise ConfigError(key, value, f"one of {choices}", f"{key}: {choice_help(key)}.")
         return found
+
+
+class Switch(Choice):
+    """A closed choice that is also on or off, so YAML's booleans keep working (`trainer.compile: true`):
+    `false` is its off member (falsy: `if trainer.compile:`), `true` an on member or an alias of one.
+
+    OmegaConf refuses a boolean for an enum field and a member for a `bool | str` one, so the schema
+    field is typed `Any` and the dataclass turns what it holds into a member in `__post_init__`
+    (`Choice.of`: anything else is a ConfigError there)."""
+
+    def __bool__(self) -> bool:
+        return self.value != "false"
 
 
 class ComputeDtype(Choice):

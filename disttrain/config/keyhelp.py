@@ -71,7 +71,7 @@ def key_rows(cfg: DictConfig, prefix: str = "") -> list[tuple[str, str, str, str
         if isinstance(node, EnumNode):  # a closed choice: its members (null first where allowed)
             members = [str(m.value) for m in node.enum_type]
             kind = "|".join(["null", *members] if node._is_optional() else members)
-        elif f is not None and "choices" in f.metadata:  # a Switch (an Any field read as one)
+        elif f is not None and f.metadata.get("choices"):  # a Switch (an Any field read as one)
             kind = "|".join(str(m.value) for m in f.metadata["choices"])
         rows.append((name, kind, shown, text))
     return rows

@@ -202,7 +202,7 @@ class TargetSpec(Spec):
 def check_chosen(registry: Registry[TargetSpec], run: Run, key: str) -> None:
     """The pre-launch checks of each spec of `registry` whose target the run's `key` node builds
     (its `_target_`; a data node's is its train split's), given that node as the spec's config."""
-    node = getattr(run, key)  # an open `_target_` node (task, model, data)
+    node = run.to_dict().get(key)  # an open `_target_` node (task, model, data)
     if not isinstance(node, dict):
         return
     target = node.get("_target_")

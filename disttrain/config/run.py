@@ -8,9 +8,9 @@ their registries (each plug-in's own config class), and the world (`nodes`, `npr
 and the tools take a `Run` and read attributes: `run.world.size`, `run.trainer.batch_size`,
 `run.launcher.max_restarts`.
 
-`optim` and `sched` are typed too (`Optim`, `Sched`: the keys disttrain reads, checked beside
-their fields, and the target class's own `kwargs`). The other open `_target_` nodes (`model`, `data`, `task`) stay
-mappings: the user's classes' arguments, whatever keys those take. Nothing under a Run can be
+`optim`, `sched`, `data` and `task` are typed too (`Optim`, `Sched`, `Data`, `TaskTarget`: the
+keys disttrain reads, checked beside their fields, and the target's own `kwargs`). `model` stays a
+mapping: the user's class's arguments, whatever keys those take. Nothing under a Run can be
 assigned (`config.common.Block`, `sealed`). `config.yaml` stays plain YAML: `to_dict()` is that
 form. A changed run is a new one (`updated`).
 """
@@ -30,6 +30,7 @@ from disttrain.config.schema import (
     BackendConfig,
     CheckpointConfig,
     Config,
+    Data,
     DebugConfig,
     InitConfig,
     LauncherConfig,
@@ -40,6 +41,7 @@ from disttrain.config.schema import (
     ProfilerConfig,
     Sched,
     SweepConfig,
+    TaskTarget,
     TrainerConfig,
 )
 from disttrain.config.typed import own_key, typed
@@ -130,24 +132,18 @@ class Run:
     profile: bool
     optim: Optim
     sched: Sched
+    data: Data
+    task: TaskTarget | None  # None: a minimal Run without the node (a test's, a meta.json's)
     _plain: dict[str, Any] = field(repr=False)  # the YAML form, read-only (a copy: plain dicts)
 
     def __post_init__(self) -> None:
         for f in fields(self):  # read-only to the leaves: assignment anywhere under a Run raises
             object.__setattr__(self, f.name, sealed(getattr(self, f.name)))
 
-    # The open `_target_` nodes: the user's classes' arguments, read-only (None where absent).
     @property
     def model(self) -> Any:
+        """The open `model` node: the user's class's arguments, read-only (None where absent)."""
         return self._plain.get("model")
-
-    @property
-    def data(self) -> Any:
-        return self._plain.get("data")
-
-    @property
-    def task(self) -> Any:
-        return self._plain.get("task")
 
     @classmethod
     def of(cls, cfg: Mapping[str, Any] | Run) -> Run:
@@ -186,6 +182,8 @@ class Run:
             profile=bool(own_key(plain, Config, "profile")),
             optim=Optim.of(plain["optim"]),
             sched=Sched.of(plain["sched"]),
+            data=Data.of(plain.get("data", {})),
+            task=TaskTarget.of(plain["task"]) if "task" in plain else None,
             _plain=plain,
         )
 

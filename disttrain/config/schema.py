@@ -25,7 +25,7 @@ from disttrain.config.errors import ConfigError, one_of
 from disttrain.config.names import NO_DECAY as NO_DECAY  # optim.param_groups (the engine imports names)
 from disttrain.config.names import NO_DECAY_1D as NO_DECAY_1D
 from disttrain.config.registry import Registry, config_nodes
-from disttrain.config.typed import own_key
+from disttrain.config.typed import check_at_least, own_key
 from disttrain.strategies.specs import STRATEGIES, StrategyConfig
 
 
@@ -103,7 +103,7 @@ class BackendConfig(Block):
     name: BackendName = _h(
         "process-group backend: auto (nccl with CUDA GPUs, else gloo), gloo or nccl", BackendName.auto
     )
-    timeout: float = _h("seconds a collective may wait before the rank fails instead of hanging", 300.0)
+    timeout: float = _h("seconds a collective may wait before its rank fails (no hang)", 300.0, at_least=1)
 
 
 # ------------------------------------------------------------------------------------------- data
@@ -119,7 +119,7 @@ class DataConfig(Block):
     num_classes: int | None = _h("number of classes (output width for regression)", MISSING)
     train: Any = _h("`_target_` spec that builds the training Dataset", MISSING)
     val: Any = _h("`_target_` spec that builds the validation Dataset (null: no validation)", None)
-    num_workers: int = _h("DataLoader worker processes per rank", 0)
+    num_workers: int = _h("DataLoader worker processes per rank", 0, at_least=0)
     pin_memory: bool = _h("pin host memory (useful with CUDA)", False)
     persistent_workers: bool = _h("keep DataLoader workers alive between epochs (num_workers > 0)", True)
     prefetch_factor: int | None = _h("batches each worker loads ahead (num_workers > 0); null: 2", None)
@@ -138,10 +138,62 @@ class DataConfig(Block):
     )
 
 
+@dataclass
+class Data(DataConfig):
+    """`run.data`, typed: DataConfig's keys (the loaders read them; their defaults where a node
+    lacks one, None for a required one), checked here; `kwargs`: the data option's own keys
+    (path, block_size, ...: what its train and val nodes interpolate)."""
+
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, node: Mapping[str, Any] | Data) -> Data:
+        if isinstance(node, Data):
+            return node
+        own = {
+            f.name: node.get(f.name, None if f.default == MISSING else f.default) for f in fields(DataConfig)
+        }
+        return cls(**own, kwargs={k: v for k, v in node.items() if k not in own})
+
+    def __post_init__(self) -> None:
+        self.targets = Targets.of("data.targets", self.targets)
+        self.shard = Shard.of("data.shard", self.shard)
+        check_at_least(self, "data")
+        # torch rejects prefetch_factor without workers at the first batch: say it now
+        if self.prefetch_factor is not None and (self.num_workers == 0 or self.prefetch_factor < 1):
+            raise ConfigError(
+                "data.prefetch_factor",
+                self.prefetch_factor,
+                "null, or >= 1 with data.num_workers > 0",
+                "prefetching needs worker processes: set data.num_workers=2, or leave prefetch_factor null.",
+            )
+
+
 # ------------------------------------------------------------------------------------------- task
 @dataclass
 class TaskConfig(Block):
     _target_: str = _h("a disttrain.tasks.Task subclass, or a function step(model, batch) -> loss", MISSING)
+
+
+@dataclass
+class TaskTarget(Block):
+    """`run.task`, typed: its `target` (a Task subclass or a step function) and the target's own `kwargs`."""
+
+    target: str
+    kwargs: dict[str, Any]
+
+    @classmethod
+    def of(cls, node: Any) -> TaskTarget:
+        if isinstance(node, TaskTarget):
+            return node
+        if not isinstance(node, Mapping) or not node.get("_target_"):
+            raise ConfigError(
+                "task",
+                node,
+                "a node with _target_: task=classification, regression, lm, model_loss, or your own",
+                "e.g. task=model_loss 'task.call={idx: x, targets: y}', or task._target_=mylab.MyTask.",
+            )
+        return cls(str(node["_target_"]), {k: v for k, v in node.items() if k != "_target_"})
 
 
 # -------------------------------------------------------------------------------------------- amp
@@ -155,8 +207,8 @@ class AmpConfig(Block):
     dtype: ComputeDtype = _h(
         "compute dtype under autocast: float32, bfloat16 or float16", ComputeDtype.float32
     )
-    init_scale: float = _h("fp16: initial loss scale", 65536.0)
-    growth_interval: int = _h("fp16: steps without overflow before the scale doubles", 2000)
+    init_scale: float = _h("fp16: initial loss scale", 65536.0, at_least=1)
+    growth_interval: int = _h("fp16: steps without overflow before the scale doubles", 2000, at_least=1)
     tf32: bool = _h(
         "CUDA: fp32 matmuls (amp=off, and fp32 ops under autocast) on TF32 tensor cores "
         "(torch.set_float32_matmul_precision('high'); Ampere and newer); false: full fp32",
@@ -252,12 +304,7 @@ class Optim(Block):
         if not isinstance(self.lr, int | float) or self.lr <= 0:
             raise ConfigError("optim.lr", self.lr, "a number > 0", "e.g. optim.lr=3e-4.")
         self.lr = float(self.lr)
-        if self.scale_lr not in tuple(ScaleLr):
-            choices = one_of(m.value for m in ScaleLr)
-            raise ConfigError(
-                "optim.scale_lr", self.scale_lr, choices, "linear multiplies lr by the world size."
-            )
-        self.scale_lr = ScaleLr(self.scale_lr)
+        self.scale_lr = ScaleLr.of("optim.scale_lr", self.scale_lr)
         if self.fused != "auto" and not isinstance(self.fused, bool):  # 1 == True: no `in` test
             raise ConfigError(
                 "optim.fused",
@@ -389,7 +436,7 @@ class LauncherConfig(Block):
         "(disttrain.launch.specs)",
         MISSING,
     )
-    max_restarts: int = _h("torchrun: restarts of the whole group after a rank fails", 0)
+    max_restarts: int = _h("torchrun: restarts of the whole group after a rank fails", 0, at_least=0)
     monitor_interval: float = _h("torchrun: seconds between worker health checks", 0.1)
     rdzv_timeout: float = _h("seconds to wait for all nodes to join the rendezvous", 900.0)
     min_nodes: int = _h("elastic: train once this many of `nodes` have joined; 0: all of them", 0)
@@ -411,8 +458,9 @@ class EarlyStopConfig(Block):
         "stop after this many validations in a row without improvement (all ranks agree: the "
         "metric is reduced across ranks); 0: never stop early",
         0,
+        at_least=0,
     )
-    min_delta: float = _h("an improvement must exceed this to count (absolute, in the metric's units)", 0.0)
+    min_delta: float = _h("an improvement must beat this (absolute, in the metric's units)", 0.0, at_least=0)
 
 
 @dataclass
@@ -423,22 +471,28 @@ class EmaConfig(Block):
         "validated as val_ema/*, exported with `disttrain export --ema`",
         None,
     )
-    every: int = _h("update the EMA every N optimizer steps", 1)
-    start_step: int = _h("first optimizer step that updates the EMA (the first update copies the weights)", 0)
+    every: int = _h("update the EMA every N optimizer steps", 1, at_least=1)
+    start_step: int = _h(
+        "first optimizer step that updates the EMA (the first update copies the weights)", 0, at_least=0
+    )
 
 
 @dataclass
 class TrainerConfig(Block):
     max_epochs: int = _h("epochs to train when max_steps is -1", 10)
     max_steps: int = _h("optimizer steps to train (epochs continue as needed); -1: run max_epochs", -1)
-    batch_size: int = _h("samples per rank per micro-step (global batch = this x world x grad_accum)", 32)
-    grad_accum: int = _h("micro-steps per optimizer step; all-reduce only on the last", 1)
+    batch_size: int = _h(
+        "samples per rank per micro-step (global batch = this x world x grad_accum)", 32, at_least=1
+    )
+    grad_accum: int = _h("micro-steps per optimizer step; all-reduce only on the last", 1, at_least=1)
     clip_grad_norm: float | None = _h("clip the global gradient norm to this; null: no clipping", 1.0)
-    log_every: int = _h("optimizer steps between train-metric logs", 10)
-    val_every: int = _h("optimizer steps between validations; 0: at the end of each epoch", 0)
-    ckpt_every: int = _h("optimizer steps between checkpoints; 0: only the final one", 0)
+    log_every: int = _h("optimizer steps between train-metric logs", 10, at_least=1)
+    val_every: int = _h("optimizer steps between validations; 0: at the end of each epoch", 0, at_least=0)
+    ckpt_every: int = _h("optimizer steps between checkpoints; 0: only the final one", 0, at_least=0)
     val_batches: int | None = _h(
-        "validation batches per rank (required for a stream validation set); null: the whole set", None
+        "validation batches per rank (required for a stream validation set); null: the whole set",
+        None,
+        at_least=1,
     )
     progress: bool = _h(
         "rich progress bar on rank 0 when stderr is a terminal (plain lines every log_every otherwise)", True
@@ -522,15 +576,15 @@ class InitConfig(Block):
 # ------------------------------------------------------------------------------------- debug/prof
 @dataclass
 class DebugConfig(Block):
-    check_sync_every: int = _h("every N steps compare parameter checksums across replicas; 0: off", 0)
+    check_sync_every: int = _h("every N steps compare parameter checksums of replicas; 0: off", 0, at_least=0)
     log_grad_stats: bool = _h("log per-parameter gradient norms (grad_norm/NAME) at log steps", False)
 
 
 @dataclass
 class ProfilerConfig(Block):
-    wait: int = _h("profile=true: steps skipped before the window", 1)
-    warmup: int = _h("profile=true: steps traced but discarded (profiler warm-up)", 1)
-    active: int = _h("profile=true: steps recorded into the trace", 3)
+    wait: int = _h("profile=true: steps skipped before the window", 1, at_least=0)
+    warmup: int = _h("profile=true: steps traced but discarded (profiler warm-up)", 1, at_least=0)
+    active: int = _h("profile=true: steps recorded into the trace", 3, at_least=1)
 
 
 # --------------------------------------------------------------------------------------- observe
@@ -565,6 +619,7 @@ class SweepConfig(Block):
         "jobs of a sweep that run at once on a scheduler (launcher=slurm: the job array's % limit; "
         "launcher=k8s: Jobs alive at once); 0: no limit. Local sweeps run one job at a time",
         0,
+        at_least=0,
     )
     stop_on_failure: bool = _h(
         "a local sweep stops at the first failed job; false: every job runs, then a table of their states",
@@ -612,7 +667,7 @@ class CheckpointConfig(Block):
         "it (a shared file system): checked before training",
         None,
     )
-    keep: int = _h("committed checkpoints to keep (the newest N; older ones are deleted)", 3)
+    keep: int = _h("committed checkpoints to keep (the newest N; older ones are deleted)", 3, at_least=1)
     verify: Verify = _h(
         "check at load: size (file sizes vs manifest) or hash (+ xxh3_64 of every byte)", Verify.hash
     )
@@ -627,6 +682,7 @@ class CheckpointConfig(Block):
         "also keep the K best checkpoints by checkpoint.monitor, saved at the validations that rank "
         "among them and never pruned by `keep` while they do; checkpoints/best names the best. 0: off",
         0,
+        at_least=0,
     )
     monitor: str | None = _h(
         "the validation metric keep_best ranks by; null: trainer.early_stop.monitor", None

@@ -44,7 +44,21 @@ def typed(cls: type[T], node: Any, key: str = "") -> T:
         raise err from None
     if not isinstance(obj, cls):  # a schema node with init=False (a keyword field) comes back as is
         raise TypeError(f"{cls.__name__}: OmegaConf returned {type(obj).__name__}")
+    check_at_least(obj, key)
     return obj
+
+
+def check_at_least(obj: Any, key: str) -> None:
+    """Each field declared with `at_least=N` (config.common.help_field), nested blocks' too, holds
+    null or a number >= N: else the ConfigError naming it, its help text the hint."""
+    for f in fields(obj):
+        value, name, low = getattr(obj, f.name), f"{key}.{f.name}".lstrip("."), f.metadata.get("at_least")
+        if is_dataclass(value):
+            check_at_least(value, name)
+        if low is not None and value is not None and value < low:
+            from disttrain.config.errors import ConfigError
+
+            raise ConfigError(name, value, f"a number >= {low:g}", f"{name}: {f.metadata['help']}.")
 
 
 _SCHEMAS: dict[type, Any] = {}
@@ -86,4 +100,4 @@ def own_key(node: Mapping[str, Any], cls: type, key: str) -> Any:
     return node[key] if key in node else default_of(cls, key)
 
 
-__all__ = ["as_dict", "default_of", "own_key", "typed"]
+__all__ = ["as_dict", "check_at_least", "default_of", "own_key", "typed"]

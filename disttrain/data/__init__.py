@@ -4,36 +4,37 @@ from __future__ import annotations
 
 import pickle
 import zipfile
+from collections.abc import Mapping
 from typing import Any
 
 from disttrain.config.errors import ConfigError
 from disttrain.config.instantiate import build
+from disttrain.config.schema import Data
 
 # What a missing, unreadable or malformed data file raises while a loader reads it (D11); a
 # ValueError too when the loader was given a path (unknown format, inputs and targets differ).
 FILE_ERRORS = (OSError, KeyError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError)
 
 
-def build_datasets(data: dict[str, Any]) -> tuple[Any, Any | None]:
+def build_datasets(node: Data | Mapping[str, Any]) -> tuple[Any, Any | None]:
     """(train, val) Datasets from the data group; val is None when `data.val` is null."""
-    train = build(data["train"], "data.train", on_error=lambda e: file_error(e, data, "train"))
-    val = (
-        build(data["val"], "data.val", on_error=lambda e: file_error(e, data, "val"))
-        if data.get("val")
-        else None
-    )
+    data = Data.of(node)
+    train = build(data.train, "data.train", on_error=lambda e: file_error(e, data, "train"))
+    val = build(data.val, "data.val", on_error=lambda e: file_error(e, data, "val")) if data.val else None
     return train, val
 
 
-def file_error(exc: BaseException, data: dict[str, Any], split: str) -> ConfigError | None:
+def file_error(exc: BaseException, data: Data, split: str) -> ConfigError | None:
     """A bad data file as a config error naming the key the user set (data.path, data.val_path)."""
-    spec = data[split]
+    spec = getattr(data, split)
     path = spec.get("path")
     if not isinstance(exc, FILE_ERRORS) and not (isinstance(exc, ValueError) and path is not None):
         return None
     key = f"data.{split}"
     if path is not None:
-        key = next((f"data.{k}" for k in ("path", "val_path") if data.get(k) == path), f"data.{split}.path")
+        key = next(
+            (f"data.{k}" for k in ("path", "val_path") if data.kwargs.get(k) == path), f"data.{split}.path"
+        )
     said = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else '(no message)'}"
     if isinstance(exc, KeyError):
         hint = "the file lacks an array the loader reads; write it as np.savez(PATH, x=inputs, y=targets)"

@@ -10,8 +10,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from disttrain.config.schema import DataConfig
-from disttrain.config.typed import own_key
 from disttrain.data.samplers import ResumableSampler, ShardSampler
 from disttrain.data.streams import is_stream, shard, stateful_loader_class
 from disttrain.dist import DistEnv
@@ -40,18 +38,17 @@ def make_loaders(
         if split_by_node is not None:
             split_by_node(dp_rank, dp_size)
     data, batch = run.data, run.trainer.batch_size
-    common: dict[str, Any] = {"num_workers": data["num_workers"], "pin_memory": data["pin_memory"]}
-    if data["num_workers"] > 0:
-        common["persistent_workers"] = bool(data["persistent_workers"])
+    common: dict[str, Any] = {"num_workers": data.num_workers, "pin_memory": data.pin_memory}
+    if data.num_workers > 0:
+        common["persistent_workers"] = bool(data.persistent_workers)
         if sys.platform.startswith("linux"):
             # A rank comes from a fork server and inherits its start method: workers started by
             # the rank's own fork server are that server's children, so torch's worker watchdog
             # (its parent changed) never sees a SIGKILLed rank die and they live on, holding the
             # launcher's output. Forked workers are the rank's children: they exit within 5 s of it.
             common["multiprocessing_context"] = "fork"
-        if data["prefetch_factor"] is not None:
-            common["prefetch_factor"] = int(data["prefetch_factor"])
-    mode = own_key(data, DataConfig, "shard")  # a run frozen before the key: none
+        if data.prefetch_factor is not None:
+            common["prefetch_factor"] = int(data.prefetch_factor)
     if is_stream(train_set):
         train = stream_loader(run, train_set, dp_rank, dp_size, common)
     else:
@@ -59,13 +56,11 @@ def make_loaders(
             train_set,
             num_replicas=dp_size,
             rank=dp_rank,
-            shuffle=data["shuffle"],
+            shuffle=data.shuffle,
             seed=run.seed,
             drop_last=True,
         )
-        train = DataLoader(
-            train_set, batch_size=batch, sampler=sampler, drop_last=data["drop_last"], **common
-        )
+        train = DataLoader(train_set, batch_size=batch, sampler=sampler, drop_last=data.drop_last, **common)
     val = None
     if val_set is not None:
         # Its own generator: a DataLoader iterator draws its base seed from `generator`, else from
@@ -73,7 +68,7 @@ def make_loaders(
         # ending a run that is later extended) would shift training's draws and break exact resume.
         generator = torch.Generator().manual_seed(run.seed)
         if is_stream(val_set):
-            val_stream = shard(val_set, mode, dp_rank, dp_size)
+            val_stream = shard(val_set, data.shard, dp_rank, dp_size)
             val = DataLoader(val_stream, batch_size=batch, generator=generator, **common)
         else:
             split = ShardSampler(len(val_set), dp_rank, dp_size)  # type: ignore[arg-type]
@@ -87,12 +82,12 @@ def stream_loader(run: Run, train_set: Any, dp_rank: int, dp_size: int, common: 
     starts the stream over, said by a warning then). Its own generator, seeded per replica: the
     workers' seeds never draw from (and so never shift) the global RNG that dropout uses."""
     data = run.data
-    stream = shard(train_set, own_key(data, DataConfig, "shard"), dp_rank, dp_size)
-    stateful = bool(own_key(data, DataConfig, "stateful"))
+    stream = shard(train_set, data.shard, dp_rank, dp_size)
+    stateful = bool(data.stateful)
     generator = torch.Generator().manual_seed(run.seed + dp_rank)
-    kwargs = {
+    kwargs: dict[str, Any] = {
         "batch_size": run.trainer.batch_size,
-        "drop_last": data["drop_last"],
+        "drop_last": data.drop_last,
         "generator": generator,
     }
     cls = stateful_loader_class() if stateful else None

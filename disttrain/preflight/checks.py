@@ -15,11 +15,7 @@ from disttrain.config import extras
 from disttrain.config.common import Choice
 from disttrain.config.errors import ConfigError, _show, one_of
 from disttrain.config.run import Run
-from disttrain.config.schema import (
-    Sched,
-    Shard,
-    Targets,
-)
+from disttrain.config.schema import Data, Sched
 from disttrain.data.specs import Sampling, TokenDtype
 from disttrain.observe.sinks import check_sinks
 from disttrain.preflight import launch_checks
@@ -27,65 +23,40 @@ from disttrain.storage import is_url
 from disttrain.strategies import specs
 
 AMP = {"off": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}  # amp -> amp.dtype
-# The closed choices are the schema's (config.common.Choice): composition refuses any other value in
-# a typed block. Those below sit in the open `_target_` groups (data, optim), where a node the user
-# wrote without the schema is checked here against the same members.
+# The ranges of the typed blocks' numbers sit beside their fields (`at_least`, checked as a Run
+# types them); the built-in data options' own keys (run.data.kwargs) are checked here.
 
 
-def _at_least(cfg: Run, key: str, low: float, hint: str) -> None:
-    value = _get(cfg, key)
-    if value is None or value < low:
-        raise ConfigError(key, value, f"a number >= {low:g}", hint)
+def _at_least(data: Mapping[str, Any], key: str, low: float, hint: str) -> None:
+    if key in data and (data[key] is None or data[key] < low):  # an option without the key: nothing
+        raise ConfigError(f"data.{key}", data[key], f"a number >= {low:g}", hint)
 
 
-def _choice(cfg: Run, key: str, allowed: tuple[Any, ...] | type[Choice], hint: str) -> None:
-    value = _get(cfg, key)
-    if isinstance(allowed, type):
-        allowed = tuple(m.value for m in allowed)
-    if value not in allowed:
-        raise ConfigError(key, value, one_of("null" if a is None else a for a in allowed), hint)
+def _choice(data: Mapping[str, Any], key: str, allowed: type[Choice], hint: str) -> None:
+    if key in data and data[key] not in tuple(allowed):
+        raise ConfigError(f"data.{key}", data[key], one_of(m.value for m in allowed), hint)
 
 
 def _check_monitoring(run: Run) -> None:
     """trainer.early_stop and checkpoint.keep_best watch a validation metric: its mode, counts and
     a validation set to measure it on (a run without one would never stop or keep a best)."""
-    _at_least(run, "trainer.early_stop.patience", 0, "0 never stops early.")
-    _at_least(run, "trainer.early_stop.min_delta", 0, "0 counts any improvement.")
-    _at_least(run, "checkpoint.keep_best", 0, "0 keeps no best checkpoints beside the newest `keep`.")
+    stop, ckpt = run.trainer.early_stop, run.checkpoint
     used = [
-        key
-        for key, on in (
-            ("trainer.early_stop.patience", run.trainer.early_stop.patience),
-            ("checkpoint.keep_best", run.checkpoint.keep_best),
-        )
-        if on
+        (k, v)
+        for k, v in (("trainer.early_stop.patience", stop.patience), ("checkpoint.keep_best", ckpt.keep_best))
+        if v
     ]
-    for key in ("trainer.early_stop.monitor", "checkpoint.monitor"):
-        monitor = _get(run, key)
+    for key, monitor in (("trainer.early_stop.monitor", stop.monitor), ("checkpoint.monitor", ckpt.monitor)):
         if used and monitor is not None and not str(monitor).startswith("val/"):
             raise ConfigError(
                 key, monitor, "a validation metric: val/loss, val/<the task's metric>", "e.g. val/loss."
             )
-    if used and not (run.data or {}).get("val"):
+    if used and not run.data.val:
         raise ConfigError(
-            used[0],
-            _get(run, used[0]),
+            *used[0],
             "0 for a run without a validation set",
             "it watches a validation metric: configure data.val (data.val_path=FILE for data=files).",
         )
-
-
-WORLD = ("nodes", "nproc_per_node", "node_rank", "master_addr", "master_port")
-
-
-def _get(run: Run, key: str) -> Any:
-    """The run's value at dotted `key` (`trainer.batch_size`, `nodes` from its world, `data.x` of
-    an open node); None where there is none."""
-    node: Any = run
-    for part in key.split("."):
-        node = run.world if node is run and part in WORLD else node
-        node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
-    return node
 
 
 def _check_plugins(run: Run) -> None:
@@ -109,19 +80,14 @@ def check_static(run: Run) -> None:
     extras.check_run(
         run.to_dict()
     )  # a tracker, fp8, peft without its package: the install command, before launch
-    _at_least(run, "backend.timeout", 1, "seconds; a hung collective fails after this long.")
     spec, strategy = specs.get(run.strategy.name), run.strategy
     if spec.check_static is not None:
         spec.check_static(run, strategy)
-    _at_least(run, "launcher.max_restarts", 0, "0 fails the run on the first rank failure.")
-    _at_least(run, "sweep.max_parallel", 0, "0 runs every job of a scheduler's sweep at once; 2 at most two.")
     launch_checks.check_static(run)  # rendezvous, elastic range, SLURM
     _check_amp(run)
     _check_peft(run)
     _check_trainer(run)
     _check_checkpoint(run)
-    _check_loader(run)
-    _check_targets(run)
     _check_plugins(run)
     _check_data(run)
     threads = run.threads_per_rank
@@ -129,28 +95,13 @@ def check_static(run: Run) -> None:
         raise ConfigError("threads_per_rank", threads, "null (cores / local ranks) or >= 1", "leave it null.")
 
 
-def _check_targets(run: Run) -> None:
-    data = run.data
-    if "targets" in data:
-        _choice(run, "data.targets", Targets, "the task group sets it: task=regression makes values.")
-    task = run.task
-    if not isinstance(task, dict) or not task.get("_target_"):
-        raise ConfigError(
-            "task",
-            task,
-            "a node with _target_: task=classification, regression, lm, model_loss, or your own",
-            "e.g. task=model_loss 'task.call={idx: x, targets: y}', or task._target_=mylab.MyTask.",
-        )
-
-
 def _check_amp(run: Run) -> None:
-    _choice(
-        run,
-        "amp.name",
-        tuple(AMP),
-        "amp=bf16 needs no loss scaling; amp=fp16 scales the loss; amp=fp8 runs Linear layers in float8.",
-    )
     name, dtype = run.amp.name, run.amp.dtype
+    if name not in AMP:
+        hint = (
+            "amp=bf16 needs no loss scaling; amp=fp16 scales the loss; amp=fp8 runs Linear layers in float8."
+        )
+        raise ConfigError("amp.name", name, one_of(AMP), hint)
     if dtype != AMP[name]:
         raise ConfigError(
             "amp.dtype", dtype, f"{AMP[name]} with amp={name}", f"choose the amp group: amp={name}."
@@ -173,9 +124,6 @@ def _check_amp(run: Run) -> None:
             if "bf16" in spec.amp
             else "use amp=off.",
         )
-    if name == "fp16":
-        _at_least(run, "amp.init_scale", 1, "65536 is the usual start; the scale adapts.")
-        _at_least(run, "amp.growth_interval", 1, "steps without overflow before the scale doubles.")
 
 
 def _check_peft(run: Run) -> None:
@@ -185,8 +133,7 @@ def _check_peft(run: Run) -> None:
 
 
 def _check_debug(run: Run) -> None:
-    _at_least(run, "debug.check_sync_every", 0, "0 disables the check; 100 is cheap.")
-    every, spec = _get(run, "debug.check_sync_every"), specs.get(run.strategy.name)
+    every, spec = run.debug.check_sync_every, specs.get(run.strategy.name)
     if every and not spec.replicated:
         replicated = ", ".join(s.name for s in specs.all() if s.replicated)
         raise ConfigError(
@@ -195,28 +142,12 @@ def _check_debug(run: Run) -> None:
             f"0 with strategy={spec.name} (checksums compare whole replicas: {replicated})",
             "sharded or split models hold different parameters on each rank by design.",
         )
-    for key in ("wait", "warmup", "active"):
-        _at_least(run, f"profiler.{key}", 1 if key == "active" else 0, "e.g. wait=1 warmup=1 active=3.")
-
-
-def _check_loader(run: Run) -> None:
-    """DataLoader knobs: torch rejects prefetch_factor without workers at the first batch; say it now."""
-    _at_least(run, "data.num_workers", 0, "0 loads in the training process; 2-4 overlap loading.")
-    prefetch = _get(run, "data.prefetch_factor")
-    if prefetch is not None and (run.data["num_workers"] == 0 or prefetch < 1):
-        raise ConfigError(
-            "data.prefetch_factor",
-            prefetch,
-            "null, or >= 1 with data.num_workers > 0",
-            "prefetching needs worker processes: set data.num_workers=2, or leave prefetch_factor null.",
-        )
 
 
 def _check_checkpoint(run: Run) -> None:
     """checkpoint block, resume and restarts: values with what is allowed."""
     import os
 
-    _at_least(run, "checkpoint.keep", 1, "keep >= 1; the newest committed checkpoint is never deleted.")
     ckpt_dir = run.checkpoint.dir
     if ckpt_dir is not None and not str(ckpt_dir).strip():
         raise ConfigError(
@@ -234,7 +165,7 @@ def _check_checkpoint(run: Run) -> None:
             "auto, null, or an existing checkpoint folder or run dir",
             "resume=auto continues from the run dir's latest checkpoint; `disttrain resume RUN_DIR` too.",
         )
-    restarts = _get(run, "launcher.max_restarts") or 0
+    restarts = run.launcher.max_restarts
     if restarts > 0 and not run.trainer.ckpt_every:
         import logging
 
@@ -249,8 +180,7 @@ def _urls(run: Run) -> list[tuple[str, str, bool]]:
     """(key, URL, whether it is written) of every object-store location the run names."""
     found = [("checkpoint.dir", run.checkpoint.dir, True), ("init.path", run.init.path, False)]
     found.append(("resume", run.resume, False))
-    data = run.data
-    found += [(f"data.{k}", data.get(k), False) for k in ("path", "val_path")]
+    found += [(f"data.{k}", run.data.kwargs.get(k), False) for k in ("path", "val_path")]
     return [(key, str(url), write) for key, url, write in found if is_url(url)]
 
 
@@ -292,17 +222,11 @@ def _probe_stores(run: Run) -> None:
 
 def _check_trainer(run: Run) -> None:
     t = run.trainer
-    _at_least(run, "trainer.batch_size", 1, "the per-rank batch; global = batch_size x world x grad_accum.")
-    _at_least(run, "trainer.grad_accum", 1, "1 means no accumulation.")
-    _at_least(run, "trainer.log_every", 1, "log every N optimizer steps.")
-    _at_least(run, "trainer.val_every", 0, "0 validates at the end of each epoch.")
-    _at_least(run, "trainer.ckpt_every", 0, "0 saves only the final checkpoint.")
-    if t.val_batches is not None:
-        _at_least(run, "trainer.val_batches", 1, "null validates on the whole set; e.g. 50 caps it.")
     if t.max_steps == 0 or t.max_steps < -1:
         raise ConfigError("trainer.max_steps", t.max_steps, "-1 (use max_epochs) or >= 1", "e.g. 1000.")
-    if t.max_steps == -1:
-        _at_least(run, "trainer.max_epochs", 1, "train at least one epoch, or set trainer.max_steps.")
+    if t.max_steps == -1 and t.max_epochs < 1:
+        hint = "train at least one epoch, or set trainer.max_steps."
+        raise ConfigError("trainer.max_epochs", t.max_epochs, "a number >= 1", hint)
     _check_monitoring(run)
     spec = specs.get(run.strategy.name)
     if t.compile and not spec.compile:
@@ -335,15 +259,13 @@ def _check_trainer(run: Run) -> None:
 
 
 def _check_ema(run: Run) -> None:
-    decay = _get(run, "trainer.ema.decay")
+    decay = run.trainer.ema.decay
     if not decay:
         return
     if not 0 < decay < 1:
         raise ConfigError(
             "trainer.ema.decay", decay, "null or 0 (off), or between 0 and 1", "0.999 is common."
         )
-    _at_least(run, "trainer.ema.every", 1, "1 updates the EMA after every optimizer step.")
-    _at_least(run, "trainer.ema.start_step", 0, "0 starts the EMA at the first optimizer step.")
     spec = specs.get(run.strategy.name)
     if not spec.ema:
         raise ConfigError(
@@ -356,7 +278,7 @@ def _check_ema(run: Run) -> None:
 
 def _check_data(run: Run) -> None:
     """Ranges of the built-in data options' own keys (text: block_size, val_fraction)."""
-    data = run.data
+    data = run.data.kwargs
     if data.get("streaming") and run.trainer.max_steps == -1:
         raise ConfigError(
             "trainer.max_steps",
@@ -365,7 +287,7 @@ def _check_data(run: Run) -> None:
             "a stream has no length, so an epoch count cannot say when training ends: set "
             "trainer.max_steps=N (optimizer steps), or data.streaming=false.",
         )
-    if data.get("streaming") and data.get("shard") == "auto":
+    if data.get("streaming") and run.data.shard == "auto":
         raise ConfigError(
             "data.shard",
             "auto",
@@ -374,20 +296,13 @@ def _check_data(run: Run) -> None:
             "loader workers by file; auto would split each part again and drop samples.",
         )
     _check_packing(run)
-    if "block_size" in data and (
-        data["block_size"] is not None or data.get("packing") or data.get("tokenizer")
-    ):
-        _at_least(run, "data.block_size", 1, "tokens per sample (a row), e.g. data.block_size=64.")
-    if "num_samples" in data:
-        _at_least(run, "data.num_samples", 1, "training samples to generate, e.g. data.num_samples=2048.")
-    if "num_val_samples" in data:
-        _at_least(run, "data.num_val_samples", 0, "validation samples to generate; 0 validates on nothing.")
-    if "shard" in data:
-        _choice(run, "data.shard", Shard, "auto: disttrain splits a stream; none: the stream splits itself.")
-    if "sampling" in data:
-        _choice(run, "data.sampling", Sampling, "random: nanoGPT's random windows; sequential: in order.")
+    if data.get("block_size") is not None or data.get("packing") or data.get("tokenizer"):
+        _at_least(data, "block_size", 1, "tokens per sample (a row), e.g. data.block_size=64.")
+    _at_least(data, "num_samples", 1, "training samples to generate, e.g. data.num_samples=2048.")
+    _at_least(data, "num_val_samples", 0, "validation samples to generate; 0 validates on nothing.")
+    _choice(data, "sampling", Sampling, "random: nanoGPT's random windows; sequential: in order.")
     if "dtype" in data and "sampling" in data:
-        _choice(run, "data.dtype", TokenDtype, "the dtype the token file was written with (nanoGPT: uint16).")
+        _choice(data, "dtype", TokenDtype, "the dtype the token file was written with (nanoGPT: uint16).")
     if "val_fraction" in data:
         fraction = data["val_fraction"]
         if fraction is None or not 0.0 <= fraction < 1.0:
@@ -401,7 +316,7 @@ def _check_data(run: Run) -> None:
 
 def _check_packing(run: Run) -> None:
     """data.packing / data.tokenizer: what rows of documents need (data/packing.py)."""
-    data = run.data
+    data = run.data.kwargs
     rows = bool(data.get("packing") or data.get("tokenizer"))
     if not rows:
         return
@@ -431,11 +346,11 @@ def _check_packing(run: Run) -> None:
         )
 
 
-def _empty_training_set(data: dict[str, Any], train: Any) -> None:
+def _empty_training_set(data: Data, train: Any) -> None:
     """No training sample at all: name the data key that causes it, not trainer.batch_size."""
     from disttrain.data.text import TextBlocks
 
-    path = data.get("path")
+    path = data.kwargs.get("path")
     if isinstance(train, TextBlocks):
         size, source = len(train.data), path or "the shipped corpus"
         if size > 1:
@@ -459,13 +374,13 @@ def _empty_training_set(data: dict[str, Any], train: Any) -> None:
             "a data file with at least one sample",
             "it holds none (an empty .csv, or empty arrays): write the samples into it.",
         )
-    knobs = ("num_samples", "val_fraction", "block_size")
-    shown = ", ".join(f"data.{k}={_show(data[k])}" for k in knobs if k in data) or "see `disttrain config`"
+    knobs = [k for k in ("num_samples", "val_fraction", "block_size") if k in data.kwargs]
+    shown = ", ".join(f"data.{k}={_show(data.kwargs[k])}" for k in knobs)
     raise ConfigError(
         "data",
-        data.get("name") or data.get("_target_") or "?",
+        data.name or "?",
         "a data set with at least one training sample",
-        f"it has 0 ({shown}): check what data.train builds.",
+        f"it has 0 ({shown or 'see `disttrain config`'}): check what data.train builds.",
     )
 
 
@@ -522,13 +437,12 @@ def _check_runtime(run: Run, launched: Mapping[str, Any] | None) -> dict[str, in
     gpus = check_nccl_ranks(run)  # compares what `auto` becomes, not the literal backend name
     check_bf16(run, gpus)
     check_fp8(run, gpus)
-    data = run.data
-    train, val = build_datasets(data)
+    train, val = build_datasets(run.data)
     replicas = specs.layout(run).dp  # ranks that split one model (pipeline, tp) share a batch
     per_step = replicas * run.trainer.batch_size * run.trainer.grad_accum
     streams = _check_streams(run, train, val)
     if not streams and len(train) == 0:
-        _empty_training_set(data, train)
+        _empty_training_set(run.data, train)
     if not streams and len(train) < per_step:
         raise ConfigError(
             "trainer.batch_size",
@@ -575,7 +489,7 @@ def _check_streams(run: Run, train: Any, val: Any) -> bool:
     stream validation set is read for trainer.val_batches batches. True when data.train is one."""
     from disttrain.data.streams import first_samples, is_stream
 
-    if val is not None and is_stream(val) and _get(run, "trainer.val_batches") is None:
+    if val is not None and is_stream(val) and run.trainer.val_batches is None:
         raise ConfigError(
             "trainer.val_batches",
             None,

@@ -281,7 +281,7 @@ def _check_targets(run: Run, task: Task, train: Any, sample_target: Any) -> None
         if not sample_target.is_floating_point():
             raise ConfigError(
                 "data.targets",
-                run.data.get("targets", str(sample_target.dtype)),
+                run.data.targets,
                 "float targets for task=regression",
                 f"the data set gives {describe(sample_target)}; with the built-in data sets set "
                 "data.targets=values, with your own return float targets.",
@@ -293,7 +293,7 @@ def _check_targets(run: Run, task: Task, train: Any, sample_target: Any) -> None
     labels = _all_targets(task, train, sample_target)
     if labels.is_floating_point() or labels.numel() == 0:
         return
-    classes = run.data.get("num_classes")
+    classes = run.data.num_classes
     ignore = getattr(task.criterion, "ignore_index", None)
     valid = labels[labels != ignore] if ignore is not None else labels
     low, high = int(valid.min()), int(valid.max())
@@ -309,7 +309,7 @@ def _check_targets(run: Run, task: Task, train: Any, sample_target: Any) -> None
 
 def _check_token_ids(run: Run, train: Any) -> None:
     """data=tokens: every id of the token files below data.num_classes (the embedding's rows)."""
-    classes = run.data.get("num_classes")
+    classes = run.data.num_classes
     if not isinstance(classes, int) or not hasattr(train, "first_id_at_least"):
         return
     found = train.first_id_at_least(classes)
@@ -320,7 +320,7 @@ def _check_token_ids(run: Run, train: Any) -> None:
             classes,
             f"more than every token id in the data: {path} holds id {token} at token {position}",
             f"set data.num_classes (the vocabulary size) to at least {token + 1}, or check data.dtype "
-            f"({run.data.get('dtype')}) and that the file was written with the tokenizer this model uses.",
+            f"({run.data.kwargs.get('dtype')}) and that the file was written with the tokenizer this model uses.",
         )
 
 
@@ -338,8 +338,7 @@ def _all_targets(task: Task, train: Any, sample_target: torch.Tensor) -> torch.T
 
 
 def _target(run: Run) -> str:
-    task = run.task  # None: a run without one reaches the dry step
-    return str(task.get("_target_")) if isinstance(task, dict) else str(task)
+    return "None" if run.task is None else run.task.target  # None: a run without one reaches the dry step
 
 
 def _model_target(model: nn.Module) -> str:

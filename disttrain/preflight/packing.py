@@ -31,10 +31,10 @@ ALLOWED = (
 
 
 def _refuse(run: Run, model: nn.Module, why: str) -> ConfigError:
-    key = "data.packing" if run.data.get("packing") else "data.tokenizer"
+    key = "packing" if run.data.kwargs.get("packing") else "tokenizer"
     return ConfigError(
-        key,
-        run.data.get(key.split(".")[1]),
+        f"data.{key}",
+        run.data.kwargs.get(key),
         ALLOWED,
         f"{type(model).__name__} {why}; set data.packing=false (each document padded to its own row), "
         "or use a model that takes position_ids.",

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from disttrain.config.schema import TaskTarget
 from disttrain.data.packing import IGNORE, is_packed
 from disttrain.tasks.batch import describe, field, leading_size
 
@@ -312,21 +313,21 @@ def find_loss(output: Any, at: str | int | None = None) -> torch.Tensor:
     )
 
 
-def build_task(spec: Any) -> Task:
+def build_task(node: TaskTarget | Mapping[str, Any] | None) -> Task:
     """The run's task from the `task` node; a plain function target becomes a StepFunction."""
     from disttrain.config.instantiate import build, locate
 
-    target = locate(spec.get("_target_"), "task._target_") if isinstance(spec, Mapping) else None
+    spec = TaskTarget.of(node)
+    target = locate(spec.target, "task._target_")
     if inspect.isfunction(target):
-        fn = build({**spec, "_partial_": True}, "task")
-        return StepFunction(fn)
-    task = build(spec, "task")
+        return StepFunction(build({"_target_": spec.target, **spec.kwargs, "_partial_": True}, "task"))
+    task = build({"_target_": spec.target, **spec.kwargs}, "task")
     if not isinstance(task, Task):
         from disttrain.config.errors import ConfigError
 
         raise ConfigError(
             "task._target_",
-            spec.get("_target_"),
+            spec.target,
             "a subclass of disttrain.tasks.Task, or a function step(model, batch) -> loss",
             "subclass Task and override what differs (unpack, forward, loss, metric_sum, count).",
         )

@@ -119,7 +119,7 @@ def activation_bytes(run: Run, model: Any, batch: int, act_bytes: int, ckpt: boo
 def _meta_forward_elements(run: Run, model: Any, batch: int) -> int | None:
     import torch
 
-    features = run.data.get("num_features")
+    features = run.data.num_features
     if not isinstance(features, int):
         return None
     total = [batch * features]

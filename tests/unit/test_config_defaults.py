@@ -24,15 +24,10 @@ PACKAGE = Path(disttrain.__file__).parent
 
 # (file under disttrain/, key): reads that may name a default, and why it is not the schema's.
 ALLOWED = {
-    # Hydra's own `hydra.sweeper` node, not a disttrain schema.
     # An error message names the nested node's `_target_`, else its parent spec's.
     ("config/instantiate.py", "_target_"),
-    # A message names the data set: its `name`, else its `_target_`, else "?".
-    ("preflight/checks.py", "name"),
     # `time` of a checkpoint's meta JSON (data read from disk), not launcher.time.
     ("launch/errors.py", "time"),
-    # Shows what a user's data set gave when its node has no `targets` key: not a default.
-    ("preflight/dry_step.py", "targets"),
     # torch.optim.SGD's own default for a swapped `optim._target_` (a clean node), not SGDConfig's 0.9.
     ("tools/planner.py", "momentum"),
     # The extras check reads the composed config before it is typed: an absent block needs no extra.

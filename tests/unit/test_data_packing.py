@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from unit_support import checked, engine_of
 
 from disttrain.config.errors import ConfigError
+from disttrain.config.schema import Data
 from disttrain.data import build_datasets
 from disttrain.data.packing import IGNORE, PackedRows, row, window_row
 from disttrain.models.gpt import GPT
@@ -281,7 +282,7 @@ def test_a_model_that_cannot_keep_documents_apart_is_refused(model: type, why: s
     from disttrain.preflight.packing import check_documents, check_model
 
     batch = {k: v[None] for k, v in row([(torch.arange(1, 6), torch.arange(1, 6))] * 2, 12).items()}
-    run: Any = SimpleNamespace(data={"packing": True})
+    run: Any = SimpleNamespace(data=Data.of({"packing": True}))
     with pytest.raises(ConfigError) as err:
         check_model(run, model(), batch)
         check_documents(run, model(), batch)

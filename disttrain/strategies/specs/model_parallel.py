@@ -186,7 +186,7 @@ def check_pipeline(run: Run, s: PipelineStrategyConfig) -> None:
             f"{ws * v - 1} layer name(s) ({ws * v} stages = {ws} ranks x stages_per_rank {v})",
             "each split point starts a new stage; or set split_points=null for an even split.",
         )
-    if not run.data["drop_last"]:
+    if not run.data.drop_last:
         raise ConfigError(
             "data.drop_last",
             "false",
