@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from unit_support import checkpoint_test_run
 
 from disttrain import checkpoint
 from disttrain.checkpoint.manager import Checkpointer, ModelState, run_info
-from disttrain.config.run import Run
 from disttrain.config.schema import CheckpointConfig
 from disttrain.dist import DistEnv
 from disttrain.engine.state import TrainState
@@ -23,14 +23,7 @@ from disttrain.strategies.specs.data_parallel import SingleStrategyConfig
 pytestmark = [pytest.mark.timeout(60), pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
 ENV = DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu"))
-CFG = {
-    "model": {"hidden": 4},
-    "optim": {"_target_": "torch.optim.SGD", "lr": 0.1},
-    "trainer": {"log_every": 1},
-}
-# The run whose run_info meta.json records: CFG and the fewest blocks a Run needs.
-RUN = Run.of({"name": "t", "nodes": 1, "nproc_per_node": 1, "backend": {}, "strategy": {"name": "single"}, "amp": {},
-              "launcher": {"name": "spawn"}, "sched": {"name": "constant"}, **CFG})  # fmt: skip
+RUN = checkpoint_test_run()  # what run_info's meta.json records
 
 
 class Counter:

@@ -355,3 +355,23 @@ def installed(
         specs.unregister(name)
         monkeypatch.delitem(sys.modules, package, raising=False)
         monkeypatch.delitem(sys.modules, f"{package}.strategy", raising=False)
+
+
+def checkpoint_test_run() -> Run:
+    """The fewest blocks a Run needs, with a model, an SGD optimizer and log_every=1: the run whose
+    run_info meta.json the checkpoint tests record."""
+    return Run.of(
+        {
+            "name": "t",
+            "nodes": 1,
+            "nproc_per_node": 1,
+            "backend": {},
+            "strategy": {"name": "single"},
+            "amp": {},
+            "launcher": {"name": "spawn"},
+            "sched": {"name": "constant"},
+            "model": {"hidden": 4},
+            "optim": {"_target_": "torch.optim.SGD", "lr": 0.1},
+            "trainer": {"log_every": 1},
+        }
+    )
