@@ -167,6 +167,10 @@ class Engine:
 
     # ------------------------------------------------------------------------------------ fit
     def fit(self) -> dict[str, Any]:
+        with host_memory.frozen_heap():  # the setup's objects out of the collector's way
+            return self._fit()
+
+    def _fit(self) -> dict[str, Any]:
         s, t = self.state, self.t
         started = time.perf_counter()
         self.early_stop = self.monitoring.stopped  # a resumed run that had stopped early trains no more
