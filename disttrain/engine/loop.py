@@ -359,8 +359,9 @@ class Engine:
     def train_step(self, micro_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over `grad_accum` micro-batches; all-reduce only on the last."""
         self.ckpt.staged("forward")  # an async save's staging copy overlaps the step, ends before changes
-        self.model.train()
-        total = torch.zeros((), device=self.env.device)
+        if not self.model.training:  # built in eval mode (from_pretrained), or after a validation
+            self.model.train()
+        total: torch.Tensor | None = None
         n = len(micro_batches)
         self.step_tokens, self.step_slots = 0, 0
         for i, batch in enumerate(micro_batches):
@@ -368,7 +369,9 @@ class Engine:
             self.step_tokens += self.task.tokens(inputs, target)
             self.step_slots += self.task.slots(inputs, target)
             with self.strategy.no_backward_sync(self.model, enabled=i < n - 1):
-                total += self.strategy.forward_backward(self.model, inputs, target, self.task, scale=1.0 / n)
+                loss = self.strategy.forward_backward(self.model, inputs, target, self.task, scale=1.0 / n)
+            total = loss if total is None else total + loss
+        assert total is not None  # a step has at least one micro-batch
         self.precision.unscale(self.optimizer)  # clipping and the norm see the true gradients
         grad_norm = self.strategy.clip_grad_norm(self.model, self.t.clip_grad_norm)
         if (self.state.step + 1) % self.t.log_every == 0 and (norms := self.guards.grad_norms()):

@@ -94,7 +94,9 @@ class Strategy:
         Strategies that split the model across ranks (pipeline) override this as a whole.
         """
         with self.precision.autocast():
-            loss = task.loss(task.forward(model, inputs, target), target) * scale
+            loss = task.loss(task.forward(model, inputs, target), target)
+            if scale != 1.0:  # no multiply (and its backward) without accumulation
+                loss = loss * scale
         self.backward(self.precision.scale(loss))
         return loss.detach().float()
 
