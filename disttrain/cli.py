@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         import time
 
         return _main(argv, entered=time.time())  # Enter is this call, not this process's start
+    from disttrain.procs import startup_without_collector
+
+    startup_without_collector()  # until the launch (launch.launch): the program's imports and checks
     try:
         rc = _main(sys.argv[1:])
     except SystemExit as exc:  # a launch failure's exit status (disttrain.commands.train)

@@ -95,10 +95,12 @@ def launch(run: Run, run_dir: Path, entry: str = WORKER) -> None:
     """
     from disttrain.launch.registry import launcher_for
     from disttrain.observe import phases
+    from disttrain.procs import collector_back
     from disttrain.rundir import RunDir
     from disttrain.timing import mark
 
     mark("launch")
+    collector_back()  # the program's start-up is over (cli.main)
     in_process = _in_process(run)
     phases.launching(RunDir(run_dir).logs, run.world.nproc_per_node, in_process)
     try:

@@ -30,7 +30,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any
 
-from disttrain.procs import ready_title
+from disttrain.procs import collector_back, ready_title, startup_without_collector
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
@@ -70,6 +70,10 @@ if os.environ.get(SERVER_FLAG) == "1":
     # from the environment strings behind it, and every rank forked from here inherits what it
     # found (each rank titles itself, `procs.name_process`; its own copy of the area).
     ready_title()
+    # The preloads (torch, the rank modules) without full collections over the growing heap. The
+    # server never turns the collector on again: after its preloads it only forks, and each rank
+    # turns it on for itself with the preloaded objects frozen (`rank_entry`, spawn's `_rank_main`).
+    startup_without_collector()
 
 START_METHOD = "forkserver"
 
@@ -246,6 +250,7 @@ def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str], stdio: La
     stdio.install()
     rank_signals()
     detach_from_server()
+    collector_back()  # off since the server's first preload
     own_session()
     ready_title()  # before the environment is rewritten (procs.ready_title)
     environ = rank_environment(launcher_env)

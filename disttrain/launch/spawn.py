@@ -19,7 +19,7 @@ from disttrain.launch.forkserver import (
     rank_signals,
     warm_up,
 )
-from disttrain.procs import ready_title
+from disttrain.procs import collector_back, ready_title
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
@@ -55,6 +55,7 @@ def _rank_main(
     stdio.install()
     rank_signals()
     detach_from_server()
+    collector_back()  # off since the server's first preload
     ready_title()  # before the environment is rewritten (procs.ready_title)
     os.environ.clear()
     os.environ.update(environ)

@@ -174,3 +174,33 @@ def test_a_forked_rank_leads_a_session_of_its_own(tmp_path: Path) -> None:
     sid, pgid, rank = (int(x) for x in (tmp_path / "ids").read_text().split())
     assert sid == pgid == rank == pid
     assert os.getsid(0) != pid
+
+
+def test_a_forked_rank_collects_garbage_with_the_servers_objects_frozen(tmp_path: Path) -> None:
+    """The fork server imports torch and the rank modules with the garbage collector off (1.1 CPU-s
+    of full collections over its growing heap, on the way to the first step), and a rank forked
+    from it inherits that: rank_entry turns it on again, with the server's objects frozen (never
+    scanned, their pages never touched). A rank left without a collector would leak every cycle its
+    training makes. A child forked from this process, with the collector off as in the server."""
+    from disttrain.launch.forkserver import LauncherStdio, rank_entry
+    from disttrain.procs import startup_without_collector
+
+    (tmp_path / "gc_probe.py").write_text(
+        "import gc\nfrom pathlib import Path\n\n"
+        "def run(run_dir):\n"
+        "    Path(run_dir, 'gc').write_text(f'{gc.isenabled()} {gc.get_freeze_count()}')\n"
+    )
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            sys.path.insert(0, str(tmp_path))
+            startup_without_collector()
+            rank_entry("gc_probe", str(tmp_path), dict(os.environ), LauncherStdio())
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    enabled, frozen = (tmp_path / "gc").read_text().split()
+    assert enabled == "True" and int(frozen) > 10_000, (enabled, frozen)  # torch's objects at least
