@@ -514,7 +514,8 @@ class Engine:
         while True:
             t0 = time.perf_counter()
             group = list(itertools.islice(batches, self.accum))
-            self.data_wait_s += time.perf_counter() - t0
+            self.group_wait = time.perf_counter() - t0  # part of the step's time, as map-style data's
+            self.data_wait_s += self.group_wait
             if len(group) < self.accum:
                 break
             filled = True

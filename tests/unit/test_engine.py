@@ -268,6 +268,23 @@ def test_on_a_device_step_times_come_from_its_events_read_only_where_the_engine_
     assert p50 == pytest.approx(2.5, abs=0.2) and p95 == pytest.approx(3 + 0.85 * 7, abs=0.2)
 
 
+def test_a_streams_data_wait_is_part_of_its_steps_time(tmp_path: Path) -> None:
+    """The step times hold each step's data wait, a stream's too (before: only map-style data's)."""
+    e = engine(tmp_path, "trainer.max_steps=2")
+
+    class Slow(torch.utils.data.IterableDataset[Any]):
+        def __iter__(self) -> Any:
+            import time
+
+            for _ in range(2):
+                time.sleep(0.2)
+                yield torch.zeros(16, 32), torch.zeros(16, dtype=torch.long)
+
+    e.stream, e.train_loader = True, torch.utils.data.DataLoader(Slow(), batch_size=None)
+    waits = [e.group_wait for _ in e._groups()]
+    assert len(waits) == 2 and min(waits) >= 0.2, waits
+
+
 def test_training_runs_with_the_setup_objects_frozen_and_gives_them_back(tmp_path: Path) -> None:
     """Issue 34: each rank's first full garbage collection during training scanned the whole setup
     heap (torch, config, model: 0.3-0.45 s on 2 cores) at a step of its own, and its peers waited
