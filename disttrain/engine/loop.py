@@ -142,7 +142,7 @@ class Engine:
         self.progress = Progress()  # the engine's collective sections, for the hang report
         self.hangs = HangWatch(self.progress, env.rank, env.world_size, timeout_s)
         self.step_clock = StepClock(env.device)  # this rank's step times, for p50/p95
-        self.group_wait = 0.0  # the data wait of the group being trained
+        self.step_began: Any = None  # the step clock's mark at the start of the group's data wait
 
     # ------------------------------------------------------------------------------------ resume
     def resume(self, location: Path | ObjectPath | None) -> Path | ObjectPath | None:
@@ -208,10 +208,9 @@ class Engine:
         while s.step < self.total_steps and not self.early_stop:
             self._set_epoch(s.epoch)
             for micro_batches in self._groups():
-                began = self.step_clock.begin()
                 with self.progress.section(f"{self.strategy.name} train step", s.step + 1):
                     loss, grad_norm = self._step_fitting_memory(micro_batches)
-                self.step_clock.end(began, self.group_wait)
+                self.step_clock.end(self.step_began)  # its data wait and itself
                 self.profiler.step()
                 s.step += 1
                 s.samples += self.global_batch
@@ -501,10 +500,10 @@ class Engine:
             yield from self._stream_groups(batches)
             return
         for _ in range(len(self.train_loader) // self.accum):
+            self.step_began = self.step_clock.begin()  # a step's time starts with its data wait
             t0 = time.perf_counter()
             group = [next(batches) for _ in range(self.accum)]
-            self.group_wait = time.perf_counter() - t0
-            self.data_wait_s += self.group_wait
+            self.data_wait_s += time.perf_counter() - t0
             yield group
 
     def _stream_groups(self, batches: Iterator[Any]) -> Iterator[list[Any]]:
@@ -512,10 +511,10 @@ class Engine:
         without one step (the first may be the tail of a resumed pass) mean a stream too short."""
         filled = False
         while True:
+            self.step_began = self.step_clock.begin()  # a step's time starts with its data wait
             t0 = time.perf_counter()
             group = list(itertools.islice(batches, self.accum))
-            self.group_wait = time.perf_counter() - t0  # part of the step's time, as map-style data's
-            self.data_wait_s += self.group_wait
+            self.data_wait_s += time.perf_counter() - t0
             if len(group) < self.accum:
                 break
             filled = True

@@ -4,10 +4,13 @@ device that runs it.
 
 On an accelerator a step's host time is how fast the host queued its kernels, not how long they ran:
 a GPU-bound run's host times flatter it, and the queue's drain lands in no step. There a pair of
-timing events (`torch.Event(enable_timing=True)`) brackets each step on the device's current stream;
-they are read only where the engine has already waited for the device (the log step's loss read,
-the end of training), or, when very many are pending, the oldest already completed ones are read
-without waiting. Nothing synchronises inside a step.
+timing events (`torch.Event(enable_timing=True)`) brackets each step on the device's current stream,
+the first recorded when the step's data wait starts: the device reaches it when it has finished the
+work queued before, so a data wait counts where the device idled through it and not where it
+overlapped the previous steps' queued work. The events are read only where the engine has already
+waited for the device (the log step's loss read, the end of training), or, when very many are
+pending, the oldest already completed ones are read without waiting. Nothing synchronises inside a
+step.
 
 On CPU ops run when called, so the host clock is the step's time. A wait the engine does later for
 the device (the log step's loss read) is still shared out over the steps since the previous one, so
@@ -51,8 +54,9 @@ def device_events(device: torch.device) -> Callable[[], Any] | None:
 
 
 class StepClock:
-    """Mark each step (`begin` ... `end`), resolve where the engine has synced (`synced`), read the
-    seconds of the last `kept` steps (`seconds`).
+    """Mark each step (`began = begin()` when its data wait starts ... `end(began)` once it is
+    queued), resolve where the engine has synced (`synced`), read the seconds of the last `kept`
+    steps (`seconds`).
 
     `events`: a factory of timing events (objects with `record()`, `query()`, `synchronize()` and
     `elapsed_time(end)` in milliseconds, as `torch.Event`), None for the host clock, or AUTO: the
@@ -64,7 +68,7 @@ class StepClock:
     def __init__(self, device: torch.device, kept: int = KEPT, events: Any = AUTO) -> None:
         self.times: deque[float] = deque(maxlen=kept)  # resolved steps, in order
         self.events: Callable[[], Any] | None = device_events(device) if events is AUTO else events
-        self._pending: list[tuple[Any, Any, float]] = []  # (start event, end event, data wait)
+        self._pending: list[tuple[Any, Any]] = []  # (start event, end event) of unread steps
         # `began = clock.begin()`: the host clock's reading itself (no call of ours per step), or a
         # start event recorded on the device's stream
         self.begin: Callable[[], Any] = time.perf_counter if self.events is None else self._record
@@ -75,12 +79,12 @@ class StepClock:
         event.record()
         return event
 
-    def end(self, began: Any, waited: float) -> None:
-        """The step that `began` (begin's value) has been queued; `waited`: its data wait (s)."""
+    def end(self, began: Any) -> None:
+        """The step that `began` (begin's value, at the start of its data wait) has been queued."""
         if self.events is None:
-            self.times.append(waited + time.perf_counter() - began)
+            self.times.append(time.perf_counter() - began)
             return
-        self._pending.append((began, self._record(), waited))
+        self._pending.append((began, self._record()))
         if len(self._pending) > self.MAX_PENDING:
             self._resolve(wait=False)
 
@@ -109,9 +113,9 @@ class StepClock:
         if wait:
             self._pending[-1][1].synchronize()  # the stream's last step: every earlier one is done
         done = 0
-        for start, end, waited in self._pending:
+        for start, end in self._pending:
             if not (wait or end.query()):
                 break
-            self.times.append(waited + start.elapsed_time(end) / 1000.0)  # ms
+            self.times.append(start.elapsed_time(end) / 1000.0)  # ms
             done += 1
         del self._pending[:done]

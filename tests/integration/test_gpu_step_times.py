@@ -17,19 +17,20 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_step_time_p50_is_the_devices_step_time(tmp_path: Path) -> None:
-    """Big matmuls (16384-wide layers, batch 4096: ~13 TFLOP, tens of ms of GPU per step, ~1 ms to
-    queue), batches loaded by workers into pinned memory (no data wait, no stream sync in the
-    copy), a log step every 20 steps: the host runs up to 20 steps ahead. The reference is the
-    second log window's step_time_s: its clock is read after the loss read waited for the device,
-    so it is device-synced. The p50 of the per-step times must match it (host-timed, it was the
-    queueing time: several times smaller)."""
+    """Big matmuls (12288-wide layers, batch 4096: ~7 TFLOP, ~20-40 ms of GPU per step, ~1 ms to
+    queue), batches loaded by 8 workers into pinned memory (a few ms each, no stream sync in the
+    copy), a log step every 20 steps: the host runs up to 20 steps ahead, its data waits overlap
+    the device's queued work. The reference is the second log window's step_time_s: its clock is
+    read after the loss read waited for the device, so it is device-synced. The p50 of the per-step
+    times must match it (host-timed, it was the queueing time, several times smaller; with the
+    host's data waits added to the device's time, it would count the overlapped waits twice)."""
     _proc, run_dir = run_cli(
         tmp_path,
         "data=synthetic",
         "data.num_samples=196608",  # 48 steps: no end of epoch (and its validation) in a window
-        "data.num_workers=4",
+        "data.num_workers=8",
         "data.pin_memory=true",
-        "model.hidden=[16384,16384,16384]",
+        "model.hidden=[12288,12288,12288]",  # 0.3 B parameters: a 3.6 GB final checkpoint
         "trainer.batch_size=4096",
         "trainer.max_steps=40",
         "trainer.log_every=20",

@@ -262,14 +262,15 @@ def test_on_a_device_step_times_come_from_its_events_read_only_where_the_engine_
         ("synchronize", 2),
         ("synchronize", 4),
     ], device.calls
-    # the device's seconds, plus each step's data wait (host: milliseconds)
-    assert e.step_clock.seconds() == pytest.approx([1.0, 2.0, 3.0, 10.0], abs=0.2)
+    # the device's seconds (its queue never ran dry while the host waited for data: no idle time)
+    assert e.step_clock.seconds() == pytest.approx([1.0, 2.0, 3.0, 10.0])
     (p50,), (p95,) = summary["step_time_p50_s_by_rank"], summary["step_time_p95_s_by_rank"]
-    assert p50 == pytest.approx(2.5, abs=0.2) and p95 == pytest.approx(3 + 0.85 * 7, abs=0.2)
+    assert p50 == pytest.approx(2.5) and p95 == pytest.approx(3 + 0.85 * 7)
 
 
 def test_a_streams_data_wait_is_part_of_its_steps_time(tmp_path: Path) -> None:
-    """The step times hold each step's data wait, a stream's too (before: only map-style data's)."""
+    """The step times hold each step's data wait, a stream's too (before: only map-style data's):
+    on the host clock a step starts when its data wait does."""
     e = engine(tmp_path, "trainer.max_steps=2")
 
     class Slow(torch.utils.data.IterableDataset[Any]):
@@ -281,8 +282,10 @@ def test_a_streams_data_wait_is_part_of_its_steps_time(tmp_path: Path) -> None:
                 yield torch.zeros(16, 32), torch.zeros(16, dtype=torch.long)
 
     e.stream, e.train_loader = True, torch.utils.data.DataLoader(Slow(), batch_size=None)
-    waits = [e.group_wait for _ in e._groups()]
-    assert len(waits) == 2 and min(waits) >= 0.2, waits
+    for _ in e._groups():
+        e.step_clock.end(e.step_began)
+    steps = e.step_clock.seconds()
+    assert len(steps) == 2 and min(steps) >= 0.2, steps
 
 
 def test_training_runs_with_the_setup_objects_frozen_and_gives_them_back(tmp_path: Path) -> None:

@@ -41,10 +41,10 @@ def test_many_pending_steps_are_read_as_they_complete_without_waiting() -> None:
     Event.waited = 0
     done[0] = 5_500.0  # the device finished the first 2 steps (their events at 0-1000, 2000-3000, ...)
     for _ in range(5):
-        steps.end(steps.begin(), 0.5)
-    assert list(steps.times) == [1.5, 1.5, 1.5] and len(steps._pending) == 2 and Event.waited == 0
+        steps.end(steps.begin())
+    assert list(steps.times) == [1.0, 1.0, 1.0] and len(steps._pending) == 2 and Event.waited == 0
     done[0] = float("inf")
-    assert steps.seconds() == [1.5] * 5 and Event.waited == 1 and not steps._pending
+    assert steps.seconds() == [1.0] * 5 and Event.waited == 1 and not steps._pending
 
 
 def test_a_wait_on_the_host_clock_is_shared_by_the_steps_it_drained() -> None:
@@ -53,7 +53,7 @@ def test_a_wait_on_the_host_clock_is_shared_by_the_steps_it_drained() -> None:
     steps = StepClock(torch.device("cpu"), kept=3)
     assert steps.begin is __import__("time").perf_counter  # the step's own clock reading, no call of ours
     for _ in range(4):
-        steps.end(steps.begin(), 0.0)
+        steps.end(steps.begin())
     before = list(steps.times)
     steps.synced(4, 1.2)
     assert list(steps.times) == pytest.approx([b + 0.3 for b in before])
