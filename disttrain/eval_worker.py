@@ -31,6 +31,7 @@ from disttrain.dist import DistEnv, destroy_process_group, init_process_group
 from disttrain.engine.ema import EMA, NullEMA
 from disttrain.engine.loop import val_batches, validation
 from disttrain.engine.state import TrainState
+from disttrain.observe import host_memory
 from disttrain.observe.log import get_logger, setup_logging, teardown_logging
 from disttrain.rundir import JOB, RunDir, read_config, write_json
 from disttrain.storage import ObjectPath
@@ -85,15 +86,17 @@ def evaluate(run: Run, env: DistEnv, job: dict[str, Any]) -> dict[str, Any]:
     where = {"checkpoint": str(restored[0]), "step": restored[1], "world_size": env.world_size}
     if isinstance(ema, EMA):
         where["weights"] = "ema"
+    # The loops run with the setup's objects frozen, as training does (host_memory.frozen_heap): a
+    # rank's first full collection would scan them all while its peers wait in a collective forward.
     if job["mode"] == "eval":
         cap = run.trainer.val_batches  # a stream's validation length (trainer.val_batches)
-        with ema.swapped_in():
+        with host_memory.frozen_heap(), ema.swapped_in():
             values = validation(strategy, parts.model, parts.task, parts.val_loader, env.device, cap)
         result = {**where, "metrics": values, "strategy": strategy.name}
         if env.is_zero:
             write_json(Path(job["out"]), result)
         return result
-    with ema.swapped_in():
+    with host_memory.frozen_heap(), ema.swapped_in():
         rows = predict(strategy, parts.model, parts.task, parts.val_loader, env)
     if env.is_zero:
         write_predictions(rows, Path(job["out"]))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from disttrain.observe.metrics import NullMetrics
 from disttrain.observe.phases import first_step_line
 from disttrain.observe.profiler import NullProfiler
 from disttrain.observe.progress import make_progress
+from disttrain.observe.steptimes import StepClock
 from disttrain.observe.throughput import Throughput, count_flops
 from disttrain.rng import set_rng_state
 from disttrain.storage import ObjectPath
@@ -141,8 +141,8 @@ class Engine:
         self.validated_at = -1
         self.progress = Progress()  # the engine's collective sections, for the hang report
         self.hangs = HangWatch(self.progress, env.rank, env.world_size, timeout_s)
-        self.step_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)  # this rank's, for p50/p95
-        self.group_wait = 0.0  # the data wait of the group being trained
+        self.step_clock = StepClock(env.device)  # this rank's step times, for p50/p95
+        self.step_began: Any = None  # the step clock's mark at the start of the group's data wait
 
     # ------------------------------------------------------------------------------------ resume
     def resume(self, location: Path | ObjectPath | None) -> Path | ObjectPath | None:
@@ -208,10 +208,9 @@ class Engine:
         while s.step < self.total_steps and not self.early_stop:
             self._set_epoch(s.epoch)
             for micro_batches in self._groups():
-                began = time.perf_counter()
                 with self.progress.section(f"{self.strategy.name} train step", s.step + 1):
                     loss, grad_norm = self._step_fitting_memory(micro_batches)
-                self.step_times.append(self.group_wait + time.perf_counter() - began)
+                self.step_clock.end(self.step_began)  # its data wait and itself
                 self.profiler.step()
                 s.step += 1
                 s.samples += self.global_batch
@@ -504,10 +503,10 @@ class Engine:
             yield from self._stream_groups(batches)
             return
         for _ in range(len(self.train_loader) // self.accum):
+            self.step_began = self.step_clock.begin()  # a step's time starts with its data wait
             t0 = time.perf_counter()
             group = [next(batches) for _ in range(self.accum)]
-            self.group_wait = time.perf_counter() - t0
-            self.data_wait_s += self.group_wait
+            self.data_wait_s += time.perf_counter() - t0
             yield group
 
     def _stream_groups(self, batches: Iterator[Any]) -> Iterator[list[Any]]:
@@ -515,6 +514,7 @@ class Engine:
         without one step (the first may be the tail of a resumed pass) mean a stream too short."""
         filled = False
         while True:
+            self.step_began = self.step_clock.begin()  # a step's time starts with its data wait
             t0 = time.perf_counter()
             group = list(itertools.islice(batches, self.accum))
             self.data_wait_s += time.perf_counter() - t0
@@ -560,8 +560,11 @@ class Engine:
         step's update), so the clock is read after it. Read before it, the queued work a GPU-bound
         run still has (up to about a step) would count in no window (review G2)."""
         with self.progress.section("all_reduce(train/loss)", self.state.step):
-            loss = self.strategy.all_reduce(window.loss_sum / window.steps, op="mean").item()
+            mean = self.strategy.all_reduce(window.loss_sum / window.steps, op="mean")
+            drain = time.perf_counter()
+            loss = mean.item()
         ended = time.perf_counter()
+        self.step_clock.synced(window.steps, ended - drain)  # the steps' times hold the drain
         elapsed = ended - window.started
         values = {
             "train/loss": loss,
@@ -624,11 +627,11 @@ class Engine:
         }
 
     def _step_time_quantiles(self) -> dict[str, list[float]]:
-        """Each rank's step time (its data wait + its step) p50 and p95 over the last
-        STEP_TIMES_KEPT steps, gathered once at the end in one small all-reduce: `disttrain show`
-        flags a rank much slower than the median (a straggler)."""
+        """Each rank's step time (its data wait + its step, on the device's clock: StepClock) p50
+        and p95 over the last `steptimes.KEPT` steps, gathered once at the end in one small
+        all-reduce: `disttrain show` flags a rank much slower than the median (a straggler)."""
         world, rank = self.env.world_size, self.env.rank
-        mine = torch.tensor(list(self.step_times) or [0.0], dtype=torch.float64)
+        mine = torch.tensor(self.step_clock.seconds() or [0.0], dtype=torch.float64)
         table = torch.zeros(world, 2, dtype=torch.float64)
         table[rank] = torch.quantile(mine, torch.tensor([0.5, 0.95], dtype=torch.float64))
         if dist.is_initialized() and world > 1:
@@ -639,9 +642,6 @@ class Engine:
             "step_time_p50_s_by_rank": [round(r[0], 6) for r in rows],
             "step_time_p95_s_by_rank": [round(r[1], 6) for r in rows],
         }
-
-
-STEP_TIMES_KEPT = 10_000  # per rank: the step-time quantiles cover the last this many steps
 
 
 @torch.no_grad()

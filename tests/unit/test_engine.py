@@ -187,6 +187,105 @@ def test_a_throughput_window_ends_after_the_device_drained(tmp_path: Path) -> No
     assert all(s >= QueuedWork.DRAIN for s in spent), spent  # before the fix: a few ms each
     assert all(r["samples_per_s"] <= 2 * 16 / QueuedWork.DRAIN for r in windows), windows
     assert sum(spent) <= summary["train_time_s"], (spent, summary["train_time_s"])
+    # Issue 34 #6: the per-step times (summary.json's p50/p95, the straggler check) hold the drain
+    # too: each log step's wait is shared by its window's steps (before: a few ms each, no drain).
+    (p50,), (p95,) = summary["step_time_p50_s_by_rank"], summary["step_time_p95_s_by_rank"]
+    assert QueuedWork.DRAIN / 2 <= p50 <= p95, summary
+    steps = e.step_clock.seconds()
+    assert len(steps) == 4 and min(steps) >= QueuedWork.DRAIN / 2, steps
+    assert sum(steps) <= summary["train_time_s"], (steps, summary["train_time_s"])
+
+
+class FakeDevice:
+    """A device whose work is queued: each forward-backward adds its seconds, which complete only
+    when the host reads a result back (`.item()`), or an event is waited for. Its timing events log
+    when (at which engine step) they are waited for and read."""
+
+    def __init__(self, e: Engine, seconds: dict[int, float]) -> None:
+        self.engine, self.seconds = e, seconds
+        self.now = 0.0  # the device's clock at the end of its queue
+        self.done = 0.0  # ... at the end of what it has finished
+        self.calls: list[tuple[str, int]] = []
+
+    def event(self) -> FakeEvent:
+        return FakeEvent(self)
+
+
+class FakeEvent:
+    def __init__(self, device: FakeDevice) -> None:
+        self.device, self.at = device, -1.0
+
+    def record(self) -> None:
+        self.at = self.device.now
+
+    def query(self) -> bool:
+        return 0.0 <= self.at <= self.device.done
+
+    def synchronize(self) -> None:
+        self.device.calls.append(("synchronize", self.device.engine.state.step))
+        self.device.done = max(self.device.done, self.at)
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.query() and end.query(), "read before the device finished"  # CUDA: an error
+        self.device.calls.append(("elapsed_time", self.device.engine.state.step))
+        return (end.at - self.at) * 1000.0
+
+
+def test_on_a_device_step_times_come_from_its_events_read_only_where_the_engine_synced(
+    tmp_path: Path,
+) -> None:
+    """Issue 34 #6: on an accelerator a step's host time is its queueing time. Each step is timed by
+    a pair of the device's timing events (here fake ones, injected), read at the log step, after the
+    loss read has waited for the device: no wait per step, and the step times are the device's."""
+    from disttrain.observe.steptimes import StepClock
+
+    e = engine(tmp_path, "trainer.max_steps=4", "trainer.log_every=2")
+    device = FakeDevice(e, {1: 1.0, 2: 2.0, 3: 3.0, 4: 10.0})  # device seconds per step
+    e.step_clock = StepClock(torch.device("cpu"), events=device.event)
+    step = e.strategy.forward_backward
+
+    class Queued(torch.Tensor):
+        def item(self) -> Any:  # type: ignore[override]
+            device.done = device.now  # a read back waits for everything queued
+            return super().item()
+
+    def queued(*args: Any, **kwargs: Any) -> torch.Tensor:
+        device.now += device.seconds[e.state.step + 1]
+        return step(*args, **kwargs).as_subclass(Queued)
+
+    e.strategy.forward_backward = queued  # type: ignore[method-assign]
+    summary = fit(e)
+    # read at the log steps only (steps 1-2 at step 2, 3-4 at step 4), never waited for in a step
+    assert sorted(device.calls) == [
+        *[("elapsed_time", 2)] * 2,
+        *[("elapsed_time", 4)] * 2,
+        ("synchronize", 2),
+        ("synchronize", 4),
+    ], device.calls
+    # the device's seconds (its queue never ran dry while the host waited for data: no idle time)
+    assert e.step_clock.seconds() == pytest.approx([1.0, 2.0, 3.0, 10.0])
+    (p50,), (p95,) = summary["step_time_p50_s_by_rank"], summary["step_time_p95_s_by_rank"]
+    assert p50 == pytest.approx(2.5) and p95 == pytest.approx(3 + 0.85 * 7)
+
+
+def test_a_streams_data_wait_is_part_of_its_steps_time(tmp_path: Path) -> None:
+    """The step times hold each step's data wait, a stream's too (before: only map-style data's):
+    on the host clock a step starts when its data wait does."""
+    e = engine(tmp_path, "trainer.max_steps=2")
+
+    class Slow(torch.utils.data.IterableDataset[Any]):
+        def __iter__(self) -> Any:
+            import time
+
+            for _ in range(2):
+                time.sleep(0.2)
+                yield torch.zeros(16, 32), torch.zeros(16, dtype=torch.long)
+
+    e.stream, e.train_loader = True, torch.utils.data.DataLoader(Slow(), batch_size=None)
+    for _ in e._groups():
+        e.step_clock.end(e.step_began)
+    steps = e.step_clock.seconds()
+    assert len(steps) == 2 and min(steps) >= 0.2, steps
 
 
 def test_training_runs_with_the_setup_objects_frozen_and_gives_them_back(tmp_path: Path) -> None:

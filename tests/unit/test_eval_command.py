@@ -193,6 +193,41 @@ def test_a_task_predict_hook_and_dict_outputs(tmp_path: Path) -> None:
     assert set(first) == {"index", "label", "score"}
 
 
+@pytest.mark.usefixtures("one_rank")
+def test_eval_and_predict_loop_with_the_setup_objects_frozen_and_give_them_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As training (issue 34): a rank's first full garbage collection in the loop scanned the whole
+    setup heap at a batch of its own while its peers waited in the next collective forward. The
+    loops run with the setup's objects frozen (`gc.freeze`), unfrozen after them."""
+    import gc
+
+    from disttrain import eval_worker
+    from disttrain.config.run import Run
+    from disttrain.dist import DistEnv
+
+    run = Run.of(checked(["data=synthetic", "data.num_val_samples=8", "threads_per_rank=1"]))
+    env = DistEnv(0, 0, 1, 1, "gloo", torch.device("cpu"))
+    frozen: list[int] = []
+
+    def counting(result: object) -> object:
+        def loop(*args: object, **kwargs: object) -> object:
+            frozen.append(gc.get_freeze_count())
+            return result
+
+        return loop
+
+    monkeypatch.setattr(eval_worker, "restore", lambda *args, **kwargs: (tmp_path, 30))
+    monkeypatch.setattr(eval_worker, "validation", counting({"val/loss": 1.0}))
+    monkeypatch.setattr(eval_worker, "predict", counting([]))
+    before = gc.get_freeze_count()
+    for mode in ("eval", "predict"):
+        job = {"mode": mode, "checkpoint": str(tmp_path), "out": str(tmp_path / f"{mode}.jsonl")}
+        eval_worker.evaluate(run, env, job)
+    assert len(frozen) == 2 and min(frozen) > before + 1000, (before, frozen)  # torch's objects at least
+    assert gc.get_freeze_count() == before == 0
+
+
 def test_a_batch_level_loss_beside_per_sample_outputs_is_dropped() -> None:
     """`model_loss` models return (logits, loss): predict keeps the logits, one row per sample."""
     from disttrain.eval_worker import _per_sample
