@@ -48,10 +48,10 @@ def choice_help(key: str) -> str:
 
     bases: dict[str, Any] = {"data": DataConfig, "optim": OptimConfig}  # open groups: their bases
     parts = key.split(".")
-    if parts[0] == "strategy" and len(parts) == 2:  # the strategies' own config classes
-        from disttrain.strategies.specs import STRATEGIES
+    if parts[0] in ("strategy", "data") and len(parts) == 2:  # the plug-ins' own config classes
+        from disttrain.config.schema import plugin_registries
 
-        for spec in STRATEGIES.all():
+        for spec in plugin_registries()[parts[0]].all():
             found = {f.name: f for f in dataclasses.fields(spec.config)}.get(parts[1])
             if found is not None and found.metadata.get("help"):
                 return str(found.metadata["help"])

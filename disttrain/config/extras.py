@@ -13,9 +13,12 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from disttrain.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from disttrain.config.run import Run
 
 
 @dataclass(frozen=True)
@@ -59,11 +62,11 @@ EXTRAS: dict[str, Extra] = {
 }
 
 
-def _sinks(*names: str) -> Callable[[Mapping[str, Any]], bool]:
+def _sinks(*names: str) -> Callable[[Run], bool]:
     """Whether `observe.sinks` lists one of the built-in sinks `names` (by alias or class path)."""
 
-    def uses(run: Mapping[str, Any]) -> bool:
-        for entry in (run.get("observe") or {}).get("sinks") or []:
+    def uses(run: Run) -> bool:
+        for entry in run.observe.sinks:
             target = entry.get("_target_") if isinstance(entry, Mapping) else entry
             name = str(target).rsplit(".", 1)[-1].lower()
             if name in names and (str(target) == name or str(target).startswith("disttrain.observe.sinks.")):
@@ -73,46 +76,30 @@ def _sinks(*names: str) -> Callable[[Mapping[str, Any]], bool]:
     return uses
 
 
-def _amp_fp8(run: Mapping[str, Any]) -> bool:
-    return (run.get("amp") or {}).get("name") == "fp8"
-
-
-def _peft(run: Mapping[str, Any]) -> bool:
-    return (run.get("peft") or {}).get("name") == "lora"  # peft=lora (peft=none: the default)
-
-
 @dataclass(frozen=True)
 class Need:
     """A config `key` whose value `uses(run)` needs the extra `extra`."""
 
     key: str
     value: str  # as the message shows it
-    uses: Callable[[Mapping[str, Any]], bool]
+    uses: Callable[[Run], bool]
     extra: str
 
 
-def _url(key: str, schemes: tuple[str, ...]) -> Callable[[Mapping[str, Any]], bool]:
-    """Whether the run's `key` (block.name) is an object-store URL of one of `schemes`."""
-    block, _, name = key.partition(".")
-
-    def uses(run: Mapping[str, Any]) -> bool:
-        node = run.get(block) if name else run
-        value = node.get(name or block) if isinstance(node, Mapping) else None
-        return isinstance(value, str) and value.partition("://")[0] in schemes and "://" in value
-
-    return uses
+def locations(run: Run) -> list[tuple[str, Any]]:
+    """(key, value) of each config key that may name an object store (s3:// or gs://)."""
+    found = [("checkpoint.dir", run.checkpoint.dir), ("init.path", run.init.path), ("resume", run.resume)]
+    return found + [(f"data.{k}", run.data.kwargs.get(k)) for k in ("path", "val_path")]
 
 
-# the keys that may name an object store (s3:// or gs://), each needing its fsspec backend
-URL_KEYS = ("checkpoint.dir", "init.path", "resume", "data.path", "data.val_path")
+# an object store's URL scheme -> the extra of its fsspec backend
+STORES = {"s3": "s3", "gs": "gcs", "gcs": "gcs"}
 
 NEEDS: tuple[Need, ...] = (
     Need("observe.sinks", "mlflow", _sinks("mlflow"), "mlflow"),
     Need("observe.sinks", "wandb", _sinks("wandb"), "wandb"),
-    Need("amp", "fp8", _amp_fp8, "fp8"),
-    Need("peft", "lora", _peft, "peft"),
-    *(Need(key, "s3://...", _url(key, ("s3",)), "s3") for key in URL_KEYS),
-    *(Need(key, "gs://...", _url(key, ("gs", "gcs")), "gcs") for key in URL_KEYS),
+    Need("amp", "fp8", lambda run: run.amp.name == "fp8", "fp8"),
+    Need("peft", "lora", lambda run: run.peft.name == "lora", "peft"),
 )
 
 # A config group's option that only an extra provides: (group, option) -> extra
@@ -131,11 +118,15 @@ def missing_extra(key: str, value: Any, extra: str, what: str) -> ConfigError:
     )
 
 
-def check_run(run: Mapping[str, Any]) -> None:
-    """Every extra the resolved `run` needs is installed (NEEDS), else a ConfigError naming the key."""
+def check_run(run: Run) -> None:
+    """Every extra the `run` needs is installed (NEEDS, an object store's backend), else a ConfigError naming the key."""
     for need in NEEDS:
         if need.uses(run) and EXTRAS[need.extra].missing():
             raise missing_extra(need.key, need.value, need.extra, f"{need.key}={need.value}")
+    for key, value in locations(run):
+        scheme, sep, _ = str(value).partition("://")
+        if sep and scheme in STORES and EXTRAS[STORES[scheme]].missing():
+            raise missing_extra(key, f"{scheme}://...", STORES[scheme], f"{key}={scheme}://...")
 
 
 def check_options(overrides: list[str]) -> None:

@@ -137,24 +137,6 @@ class DataConfig(Block):
         True,
     )
 
-
-@dataclass
-class Data(DataConfig):
-    """`run.data`, typed: DataConfig's keys (the loaders read them; their defaults where a node
-    lacks one, None for a required one), checked here; `kwargs`: the data option's own keys
-    (path, block_size, ...: what its train and val nodes interpolate)."""
-
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, node: Mapping[str, Any] | Data) -> Data:
-        if isinstance(node, Data):
-            return node
-        own = {
-            f.name: node.get(f.name, None if f.default == MISSING else f.default) for f in fields(DataConfig)
-        }
-        return cls(**own, kwargs={k: v for k, v in node.items() if k not in own})
-
     def __post_init__(self) -> None:
         self.targets = Targets.of("data.targets", self.targets)
         self.shard = Shard.of("data.shard", self.shard)
@@ -167,6 +149,46 @@ class Data(DataConfig):
                 "null, or >= 1 with data.num_workers > 0",
                 "prefetching needs worker processes: set data.num_workers=2, or leave prefetch_factor null.",
             )
+
+    @property
+    def rows(self) -> tuple[str, Any] | None:
+        """The key that packs documents into rows (data/packing.py) and its value; None: none does."""
+        return None
+
+    def check_run(self, run: Any) -> None:
+        """The option's keys against the rest of the run, before launch: rows of documents carry
+        position_ids, which a strategy whose stages pass one tensor cannot take."""
+        if self.rows is not None and STRATEGIES.get(run.strategy.name).one_tensor_batches:
+            raise ConfigError(
+                *self.rows,
+                f"false under strategy={run.strategy.name} (its stages pass one tensor: no position_ids "
+                "reach them)",
+                "use fsdp, ddp or tp with packed rows, or data.packing=false.",
+            )
+
+
+@dataclass
+class Data(DataConfig):
+    """`run.data`, typed: DataConfig's keys (the loaders read them; their defaults where a node
+    lacks one, None for a required one); `option`: the built-in (or registered) data option's own
+    config, chosen by `name` (data/specs.py: its keys typed and checked beside their fields), None
+    for data of yours; `kwargs`: the option's own keys as written (what its train and val nodes
+    interpolate)."""
+
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    option: DataConfig | None = None
+
+    @classmethod
+    def of(cls, node: Mapping[str, Any] | Data) -> Data:
+        if isinstance(node, Data):
+            return node
+        from disttrain.data.specs import option_of
+
+        own = {
+            f.name: node.get(f.name, None if f.default == MISSING else f.default) for f in fields(DataConfig)
+        }
+        kwargs = {k: v for k, v in node.items() if k not in own}
+        return cls(**own, kwargs=kwargs, option=option_of(node))
 
 
 # ------------------------------------------------------------------------------------------- task

@@ -73,17 +73,6 @@ def _schema(cls: type) -> Any:
     return node
 
 
-def as_dict(obj: Any) -> dict[str, Any]:
-    """A typed node back to a plain dict (for YAML, hashing and logs)."""
-    if is_dataclass(obj) and not isinstance(obj, type):
-        out = OmegaConf.to_container(OmegaConf.structured(copy.deepcopy(obj)), resolve=True, enum_to_str=True)
-        assert isinstance(out, dict)
-        return out  # type: ignore[return-value]
-    if isinstance(obj, dict):
-        return dict(obj)
-    raise TypeError(f"not a config node: {type(obj).__name__}")
-
-
 def default_of(cls: type, key: str) -> Any:
     """The schema's default of `cls.key` (a KeyError if it has none): the one home of that default."""
     field = {f.name: f for f in fields(cls)}[key]
@@ -100,4 +89,4 @@ def own_key(node: Mapping[str, Any], cls: type, key: str) -> Any:
     return node[key] if key in node else default_of(cls, key)
 
 
-__all__ = ["as_dict", "check_at_least", "default_of", "own_key", "typed"]
+__all__ = ["check_at_least", "default_of", "own_key", "typed"]

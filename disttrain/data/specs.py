@@ -9,13 +9,15 @@ spec (`data.train._target_=mylab.load`); a package that ships a data set with a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from omegaconf import II, MISSING
 
 from disttrain.config.common import Choice
 from disttrain.config.common import help_field as _h
+from disttrain.config.errors import ConfigError
 from disttrain.config.registry import Registry, TargetSpec, target_registry
 from disttrain.config.schema import DataConfig
 
@@ -69,8 +71,8 @@ class SyntheticDataConfig(DataConfig):
     name: str = "synthetic"
     num_features: int = 32
     num_classes: int = 4
-    num_samples: int = _h("training samples", 2048)
-    num_val_samples: int = _h("validation samples", 512)
+    num_samples: int = _h("training samples to generate", 2048, at_least=1)
+    num_val_samples: int = _h("validation samples to generate (0: none)", 512, at_least=0)
     noise: float = _h("std of the noise added around each class centre", 1.0)
     seed: int = _h("seed of the generated data (independent of the run seed)", 1234)
     train: Any = _synthetic("train", size="num_samples")
@@ -94,12 +96,27 @@ def _text(split: str) -> Any:
 class TextDataConfig(DataConfig):
     name: str = "text"
     path: str | None = _h("a text file (bytes are tokens); null: the shipped Python reference corpus", None)
-    block_size: int = _h("tokens per sample (the model's context length)", 64)
+    block_size: int = _h("tokens per sample (the model's context length)", 64, at_least=1)
     val_fraction: float = _h("the file's last fraction validates", 0.1)
     num_features: int = II("data.block_size")
     num_classes: int = 256
     train: Any = _text("train")
     val: Any = _text("val")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_fraction(self.val_fraction)
+
+
+def check_fraction(fraction: Any) -> None:
+    """data.val_fraction: the share of the data that validates."""
+    if fraction is None or not 0.0 <= fraction < 1.0:
+        raise ConfigError(
+            "data.val_fraction",
+            fraction,
+            "a fraction in [0, 1)",
+            "the share of the data that validates, e.g. 0.1; 0 validates on nothing.",
+        )
 
 
 def _files(path: str) -> Any:
@@ -164,7 +181,7 @@ class TokensDataConfig(DataConfig):
     name: str = "tokens"
     path: str = _h("a token file (nanoGPT's .bin: raw little-endian ids) or a glob of shards", MISSING)
     dtype: TokenDtype = _h("the ids' type: uint16 (vocab <= 65536) or uint32", TokenDtype.uint16)
-    block_size: int = _h("tokens per sample (the model's context length)", 256)
+    block_size: int = _h("tokens per sample (the model's context length)", 256, at_least=1)
     sampling: Sampling = _h(
         "random (nanoGPT's windows at random offsets, drawn from seed and sample index) or sequential "
         "(non-overlapping windows in order)",
@@ -181,6 +198,23 @@ class TokensDataConfig(DataConfig):
     eos_id: int | None = _h("the token id that ends each document (data.packing=true)", None)
     train: Any = _tokens("train")
     val: Any = _tokens("val")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.dtype = TokenDtype.of("data.dtype", self.dtype)
+        self.sampling = Sampling.of("data.sampling", self.sampling)
+        check_fraction(self.val_fraction)
+        if self.packing and self.eos_id is None:
+            raise ConfigError(
+                "data.eos_id",
+                None,
+                "the token id that ends each document in the token files, with data.packing=true",
+                "set data.eos_id (GPT-2's <|endoftext|> is 50256, what nanoGPT's prepare.py appends).",
+            )
+
+    @property
+    def rows(self) -> tuple[str, Any] | None:
+        return ("data.packing", True) if self.packing else None
 
 
 def _hf(role: str) -> Any:
@@ -239,7 +273,7 @@ class HFDataConfig(DataConfig):
         "messages are tokenized once (cached in data.cache_dir), the loss masked on prompt tokens",
         None,
     )
-    block_size: int | None = _h("tokens per row with data.tokenizer or data.packing", None)
+    block_size: int | None = _h("tokens per row with data.tokenizer or data.packing", None, at_least=1)
     packing: bool = _h(PACKING_HELP, False)
     cache_dir: str | None = _h(
         "where tokenized data is cached, one folder per hash of the files, tokenizer and settings; "
@@ -255,6 +289,45 @@ class HFDataConfig(DataConfig):
     )
     train: Any = _hf("train")
     val: Any = _hf("val")
+
+    @property
+    def rows(self) -> tuple[str, Any] | None:
+        if self.packing:
+            return "data.packing", True
+        return ("data.tokenizer", self.tokenizer) if self.tokenizer else None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rows and self.block_size is None:
+            raise ConfigError(
+                "data.block_size", None, "a number >= 1", "tokens per row, e.g. data.block_size=64."
+            )
+        if self.rows and self.streaming:
+            raise ConfigError(
+                *self.rows,
+                "false with data.streaming=true (rows are packed from a map-style data set's lengths)",
+                "set data.streaming=false (Arrow files are memory-mapped: a large set needs no stream), "
+                "or pack and tokenize beforehand.",
+            )
+        if self.streaming and self.shard == "auto":
+            raise ConfigError(
+                "data.shard",
+                "auto",
+                "none with data.streaming=true",
+                "data=hf splits its stream by data-parallel rank itself (split_dataset_by_node) and its "
+                "loader workers by file; auto would split each part again and drop samples.",
+            )
+
+    def check_run(self, run: Any) -> None:
+        if self.streaming and run.trainer.max_steps == -1:
+            raise ConfigError(
+                "trainer.max_steps",
+                -1,
+                ">= 1 with data.streaming=true",
+                "a stream has no length, so an epoch count cannot say when training ends: set "
+                "trainer.max_steps=N (optimizer steps), or data.streaming=false.",
+            )
+        super().check_run(run)
 
 
 def _mix() -> Any:
@@ -310,3 +383,16 @@ HF = DATA.register(
     TargetSpec("hf", HFDataConfig, "disttrain.data.hf.load_hf", "a Hugging Face datasets source")
 )
 MIX = DATA.register(TargetSpec("mix", MixDataConfig, "disttrain.data.mix.load_mix", "weighted sources mixed"))
+
+
+def option_of(node: Mapping[str, Any]) -> DataConfig | None:
+    """The data option a data node was composed from (its `name`, a registered one), typed and so
+    checked: None for data of yours. Built from the node's keys as they are (not through OmegaConf,
+    which would merge a swapped data.val into the option's own one)."""
+    try:
+        cls = DATA.get(str(node.get("name"))).config  # a name of yours: the entry points are read once
+    except ConfigError:
+        return None
+    names = {f.name for f in fields(cls)}
+    option: DataConfig = cls(**{k: v for k, v in node.items() if k in names})
+    return option

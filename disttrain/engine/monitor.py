@@ -20,9 +20,9 @@ from disttrain.engine.state import TrainState
 class Monitoring:
     def __init__(self, stop: EarlyStopConfig, ckpt: CheckpointConfig, state: TrainState) -> None:
         self.stop, self.state = stop, state
-        self.keep_best = int(getattr(ckpt, "keep_best", 0) or 0)
-        self.best_monitor = getattr(ckpt, "monitor", None) or stop.monitor
-        self.best_mode = getattr(ckpt, "mode", None) or stop.mode
+        self.keep_best = ckpt.keep_best
+        self.best_monitor = ckpt.monitor or stop.monitor
+        self.best_mode = ckpt.mode or stop.mode
 
     @property
     def stopped(self) -> str | None:

@@ -12,11 +12,9 @@ from typing import Any
 
 from disttrain import storage
 from disttrain.config import extras
-from disttrain.config.common import Choice
 from disttrain.config.errors import ConfigError, _show, one_of
 from disttrain.config.run import Run
 from disttrain.config.schema import Data, Sched
-from disttrain.data.specs import Sampling, TokenDtype
 from disttrain.observe.sinks import check_sinks
 from disttrain.preflight import launch_checks
 from disttrain.storage import is_url
@@ -24,17 +22,7 @@ from disttrain.strategies import specs
 
 AMP = {"off": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}  # amp -> amp.dtype
 # The ranges of the typed blocks' numbers sit beside their fields (`at_least`, checked as a Run
-# types them); the built-in data options' own keys (run.data.kwargs) are checked here.
-
-
-def _at_least(data: Mapping[str, Any], key: str, low: float, hint: str) -> None:
-    if key in data and (data[key] is None or data[key] < low):  # an option without the key: nothing
-        raise ConfigError(f"data.{key}", data[key], f"a number >= {low:g}", hint)
-
-
-def _choice(data: Mapping[str, Any], key: str, allowed: type[Choice], hint: str) -> None:
-    if key in data and data[key] not in tuple(allowed):
-        raise ConfigError(f"data.{key}", data[key], one_of(m.value for m in allowed), hint)
+# types them), the data options' own keys' too (data/specs.py).
 
 
 def _check_monitoring(run: Run) -> None:
@@ -77,9 +65,7 @@ def check_static(run: Run) -> None:
 
     phase("checks")  # the world, strategy and launcher names: checked by Run.of
     check_sinks(list(run.observe.sinks))
-    extras.check_run(
-        run.to_dict()
-    )  # a tracker, fp8, peft without its package: the install command, before launch
+    extras.check_run(run)  # a tracker, fp8, peft without its package: the install command, before launch
     spec, strategy = specs.get(run.strategy.name), run.strategy
     if spec.check_static is not None:
         spec.check_static(run, strategy)
@@ -89,7 +75,8 @@ def check_static(run: Run) -> None:
     _check_trainer(run)
     _check_checkpoint(run)
     _check_plugins(run)
-    _check_data(run)
+    if run.data.option is not None:
+        run.data.option.check_run(run)  # the data option's keys against the trainer and strategy
     threads = run.threads_per_rank
     if threads is not None and threads < 1:
         raise ConfigError("threads_per_rank", threads, "null (cores / local ranks) or >= 1", "leave it null.")
@@ -178,10 +165,7 @@ def _check_checkpoint(run: Run) -> None:
 
 def _urls(run: Run) -> list[tuple[str, str, bool]]:
     """(key, URL, whether it is written) of every object-store location the run names."""
-    found = [("checkpoint.dir", run.checkpoint.dir, True), ("init.path", run.init.path, False)]
-    found.append(("resume", run.resume, False))
-    found += [(f"data.{k}", run.data.kwargs.get(k), False) for k in ("path", "val_path")]
-    return [(key, str(url), write) for key, url, write in found if is_url(url)]
+    return [(key, str(url), key == "checkpoint.dir") for key, url in extras.locations(run) if is_url(url)]
 
 
 def _check_urls(run: Run) -> None:
@@ -273,76 +257,6 @@ def _check_ema(run: Run) -> None:
             decay,
             f"null with strategy={spec.name}",
             f"EMA works with {', '.join(s.name for s in specs.all() if s.ema)}; or drop trainer.ema.decay.",
-        )
-
-
-def _check_data(run: Run) -> None:
-    """Ranges of the built-in data options' own keys (text: block_size, val_fraction)."""
-    data = run.data.kwargs
-    if data.get("streaming") and run.trainer.max_steps == -1:
-        raise ConfigError(
-            "trainer.max_steps",
-            -1,
-            ">= 1 with data.streaming=true",
-            "a stream has no length, so an epoch count cannot say when training ends: set "
-            "trainer.max_steps=N (optimizer steps), or data.streaming=false.",
-        )
-    if data.get("streaming") and run.data.shard == "auto":
-        raise ConfigError(
-            "data.shard",
-            "auto",
-            "none with data.streaming=true",
-            "data=hf splits its stream by data-parallel rank itself (split_dataset_by_node) and its "
-            "loader workers by file; auto would split each part again and drop samples.",
-        )
-    _check_packing(run)
-    if data.get("block_size") is not None or data.get("packing") or data.get("tokenizer"):
-        _at_least(data, "block_size", 1, "tokens per sample (a row), e.g. data.block_size=64.")
-    _at_least(data, "num_samples", 1, "training samples to generate, e.g. data.num_samples=2048.")
-    _at_least(data, "num_val_samples", 0, "validation samples to generate; 0 validates on nothing.")
-    _choice(data, "sampling", Sampling, "random: nanoGPT's random windows; sequential: in order.")
-    if "dtype" in data and "sampling" in data:
-        _choice(data, "dtype", TokenDtype, "the dtype the token file was written with (nanoGPT: uint16).")
-    if "val_fraction" in data:
-        fraction = data["val_fraction"]
-        if fraction is None or not 0.0 <= fraction < 1.0:
-            raise ConfigError(
-                "data.val_fraction",
-                fraction,
-                "a fraction in [0, 1)",
-                "the share of the data that validates, e.g. 0.1; 0 validates on nothing.",
-            )
-
-
-def _check_packing(run: Run) -> None:
-    """data.packing / data.tokenizer: what rows of documents need (data/packing.py)."""
-    data = run.data.kwargs
-    rows = bool(data.get("packing") or data.get("tokenizer"))
-    if not rows:
-        return
-    key = "data.packing" if data.get("packing") else "data.tokenizer"
-    value = data.get("packing") or data.get("tokenizer")
-    if "eos_id" in data and data["eos_id"] is None:
-        raise ConfigError(
-            "data.eos_id",
-            None,
-            "the token id that ends each document in the token files, with data.packing=true",
-            "set data.eos_id (GPT-2's <|endoftext|> is 50256, what nanoGPT's prepare.py appends).",
-        )
-    if data.get("streaming"):
-        raise ConfigError(
-            key,
-            value,
-            "false with data.streaming=true (rows are packed from a map-style data set's lengths)",
-            "set data.streaming=false (Arrow files are memory-mapped: a large set needs no stream), "
-            "or pack and tokenize beforehand.",
-        )
-    if specs.get(run.strategy.name).one_tensor_batches:
-        raise ConfigError(
-            key,
-            value,
-            f"false under strategy={run.strategy.name} (its stages pass one tensor: no position_ids reach them)",
-            "use fsdp, ddp or tp with packed rows, or data.packing=false.",
         )
 
 

@@ -398,6 +398,25 @@ def test_a_hand_edited_closed_choice_is_named_before_launch() -> None:
     assert info.value.allowed == "one of off, auto_microbatch"
 
 
+def test_a_hand_edited_data_option_key_is_named_as_the_run_is_typed() -> None:
+    """Issue 39: the data option's own keys are typed and checked beside their fields (data/specs.py),
+    so a config.yaml edited after composition meets them in Run.of, as the fixed blocks do."""
+    import copy
+
+    cfg = resolve(compose(["data=tokens", "data.path=/t.bin", "model=gpt"]))
+    assert Run.of(cfg).data.option.sampling == "random"  # type: ignore[union-attr]
+    for key, value, allowed in [
+        ("dtype", "int8", "one of uint16, uint32"),
+        ("block_size", 0, "a number >= 1"),
+        ("val_fraction", 1.0, "a fraction in [0, 1)"),
+    ]:
+        edited = copy.deepcopy(cfg)
+        edited["data"][key] = value
+        with pytest.raises(ConfigError) as info:
+            Run.of(edited)
+        assert (info.value.key, info.value.value, info.value.allowed) == (f"data.{key}", value, allowed)
+
+
 @pytest.mark.parametrize("overrides", [[], ["strategy=fsdp", "data=tokens", "data.path=/t.bin", "model=gpt"]])
 def test_assignment_anywhere_under_a_run_raises(overrides: list[str]) -> None:
     """Issue 39: the Run is read-only to its leaves (review A.3: `run.trainer.batch_size = 999`

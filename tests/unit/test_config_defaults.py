@@ -30,10 +30,6 @@ ALLOWED = {
     ("launch/errors.py", "time"),
     # torch.optim.SGD's own default for a swapped `optim._target_` (a clean node), not SGDConfig's 0.9.
     ("tools/planner.py", "momentum"),
-    # The extras check reads the composed config before it is typed: an absent block needs no extra.
-    ("config/extras.py", "observe"),
-    ("config/extras.py", "sinks"),
-    ("config/extras.py", "peft"),
 }
 
 

@@ -8,11 +8,15 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from unit_support import disttrain_in_process, said
 
 from disttrain.config import extras
+from disttrain.config.errors import ConfigError
+from disttrain.config.schema import AmpConfig, CheckpointConfig, Data, InitConfig, ObserveConfig, PeftConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,17 +59,36 @@ def test_a_missing_extra_is_refused_before_anything_starts(
     assert list(tmp_path.iterdir()) == [], "no run dir, no sweep dir"
 
 
+def run(sinks: list[Any] = [], amp: str = "off", peft: str = "none", **where: Any) -> Any:  # noqa: B006
+    """What extras.check_run reads of a Run: its typed blocks; `where`: a checkpoint.dir or data.path."""
+    return SimpleNamespace(
+        observe=ObserveConfig(sinks),
+        amp=AmpConfig(amp),
+        peft=PeftConfig(peft),
+        checkpoint=CheckpointConfig(dir=where.get("dir")),
+        init=InitConfig(),
+        resume=None,
+        data=Data.of({"path": where.get("path")}),
+    )
+
+
 def test_needs_follow_the_config() -> None:
     """What each row looks at: a built-in sink by alias or class path (not a user's own class named
-    WandB), amp=fp8, and peft=lora."""
+    WandB), amp=fp8, and peft=lora (the typed Run's blocks)."""
     uses = {need.value: need.uses for need in extras.NEEDS}
-    assert uses["wandb"](
-        {"observe": {"sinks": ["tensorboard", {"_target_": "disttrain.observe.sinks.WandB"}]}}
-    )
-    assert not uses["wandb"]({"observe": {"sinks": [{"_target_": "mylab.sinks.WandB"}]}})
-    assert uses["mlflow"]({"observe": {"sinks": ["mlflow"]}}) and not uses["mlflow"](
-        {"observe": {"sinks": []}}
-    )
-    assert uses["fp8"]({"amp": {"name": "fp8"}}) and not uses["fp8"]({"amp": {"name": "bf16"}})
-    assert uses["lora"]({"peft": {"name": "lora"}}) and not uses["lora"]({"peft": {"name": "none"}})
-    assert not uses["lora"]({})  # a config.yaml from before the peft group
+
+    assert uses["wandb"](run(["tensorboard", {"_target_": "disttrain.observe.sinks.WandB"}]))
+    assert not uses["wandb"](run([{"_target_": "mylab.sinks.WandB"}]))
+    assert uses["mlflow"](run(["mlflow"])) and not uses["mlflow"](run([]))
+    assert uses["fp8"](run(amp="fp8")) and not uses["fp8"](run(amp="bf16"))
+    assert uses["lora"](run(peft="lora")) and not uses["lora"](run())
+
+
+def test_an_object_store_url_needs_its_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """checkpoint.dir=gs://... without gcsfs names the key and the gcs extra; a local path needs none."""
+    monkeypatch.setitem(sys.modules, "gcsfs", None)
+    extras.check_run(run(dir="/tmp/ckpt", path="train.bin"))
+    with pytest.raises(ConfigError) as err:
+        extras.check_run(run(dir="gs://bucket/ckpt"))
+    assert (err.value.key, err.value.value) == ("checkpoint.dir", "gs://...")
+    assert "pip install 'disttrain[gcs]'" in err.value.hint
