@@ -138,7 +138,10 @@ class WeightedCE(Classification):
 
 COMMON = ("trainer.log_every=2", "trainer.val_every=10", "checkpoint.export_final=false")
 DIGITS = ("trainer.max_steps=12", "sched=constant", "optim.lr=0.01", *COMMON)
-LM = ("data.block_size=32", "trainer.batch_size=8", "trainer.max_steps=10", *COMMON)
+# data=text's validation split is ~1,450 windows of 32: ~90 batches of 8 a rank, 9 times the
+# training steps of a 10-step run; two batches a rank show the validation as well
+FEW_VAL = "trainer.val_batches=2"
+LM = ("data.block_size=32", "trainer.batch_size=8", "trainer.max_steps=10", FEW_VAL, *COMMON)
 
 
 def _nanogpt(tmp_path: Path) -> Path:
@@ -162,7 +165,8 @@ NANOGPT_DDP = (*NANOGPT, *LM, "strategy=ddp", "trainer.log_every=1", "trainer.ck
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 HAS_XT = importlib.util.find_spec("x_transformers") is not None
-SHORT = (*COMMON, "data.block_size=32", "trainer.batch_size=8", "trainer.max_steps=4", "trainer.log_every=1")
+SHORT = (*COMMON, "data.block_size=32", "trainer.batch_size=8", "trainer.max_steps=4", "trainer.log_every=1",
+         FEW_VAL)  # fmt: skip
 XT_RUN = ("data=text", "task=model_loss", "task.call={x: x}", "model._target_=mylm.tiny_lm", *SHORT)
 # x-transformers' attention splits heads with a fixed count (Rearrange h=2): only its MLPs are split.
 XT_PLAN = (
@@ -188,6 +192,7 @@ PRETRAINED = (
     "trainer.max_steps=8",
     "trainer.log_every=1",
     "checkpoint.export_final=false",
+    FEW_VAL,
 )
 PRETRAINED_RUNS = {
     "ddp": ("strategy=ddp",),

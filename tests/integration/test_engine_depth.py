@@ -24,8 +24,13 @@ from .sweep import Sweep, run_sweep
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(750)]  # the sweep: 8 x JOB_BUDGET
 
 FAULT = ("data=synthetic", *FAULT_MLP, "trainer.log_every=1")
+# trainer.val_batches: data=text's validation split is ~1,450 windows of 32 (~45 batches of 16 a
+# rank, each validation); 2 batches a rank are the first 64 windows in every layout (ShardSampler:
+# every 2nd window a rank under fsdp; single's and fsdp+tp's first 2 batches of 32), so the
+# weighted results still compare
 GPT = (*TINY_GPT, "trainer.batch_size=16", "trainer.max_steps=6", "trainer.val_every=3",
-       "trainer.log_every=1", "trainer.clip_grad_norm=0.5", "backend.timeout=60")  # fmt: skip
+       "trainer.log_every=1", "trainer.clip_grad_norm=0.5", "backend.timeout=60",
+       "trainer.val_batches=2")  # fmt: skip
 GPT_RUNS = {
     "single": ("strategy=single", "nproc_per_node=1", "trainer.batch_size=32"),
     "fsdp": ("strategy=fsdp", "strategy.min_num_params=1000"),
@@ -33,12 +38,12 @@ GPT_RUNS = {
 }
 # tp with dropout (issue 27): a GPT of the test's own (tpdump.DumpGPT, written into the sweep's
 # folder) saves each rank's replicated parameters at every validation forward, so the test compares
-# them across the two tp ranks after the last step.
+# them across the two tp ranks after the last step (one validation batch: one dump, not one a batch).
 TP_DROPOUT = ("model=gpt", "data=text", "model._target_=tpdump.DumpGPT", "model.vocab_size=${data.num_classes}",
               "model.block_size=${data.num_features}", "model.dim=32", "model.n_layers=1", "model.n_heads=2",
               "data.block_size=32", "model.dropout=0.1", "model.dump_dir=tp_dumps", "strategy=tp",
               "trainer.batch_size=16", "trainer.max_steps=20", "trainer.val_every=20", "trainer.log_every=1",
-              "backend.timeout=60")  # fmt: skip
+              "backend.timeout=60", "trainer.val_batches=1")  # fmt: skip
 DUMP_GPT = """
 import os
 

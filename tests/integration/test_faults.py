@@ -36,7 +36,10 @@ FAULT = ("data=synthetic", "trainer.log_every=1", *FAULT_MLP)
 # Every run that is interrupted and resumed ends bitwise equal to one uninterrupted run of STEPS
 # steps: the constant schedule makes the horizon irrelevant, so a run stopped at any step and
 # resumed to STEPS meets the same reference (logging and checkpoint cadence do not touch the math).
-STEPS = 100
+# 40: past every stop the tests make (the hold at step 16, the signal checkpoints by step ~10 and
+# ~22); five runs here train to STEPS (the reference alone, as a CLI run at load 12: 100 steps
+# 15.4 CPU-s and 44 s, 40 steps 14.7 CPU-s and 26 s)
+STEPS = 40
 RUN = (*FAULT, "sched=constant")
 
 
@@ -241,9 +244,16 @@ def test_sigterm_far_from_a_log_step_saves_and_resumes_bitwise(
     assert "Received 15 death signal" in (run_dir / "logs" / "launcher.log").read_text()
     assert not _group_members(proc.pid), "ranks outlived the CLI"
 
-    resumed = run_disttrain(
-        [CLI, "resume", str(run_dir), f"trainer.max_steps={STEPS}", "model.delay=0"], tmp_path, 120
-    )
+    # no periodic saves after the resume (ckpt_every=3 made ~30 more): the cadence changes no number
+    resume = [
+        CLI,
+        "resume",
+        str(run_dir),
+        f"trainer.max_steps={STEPS}",
+        "model.delay=0",
+        "trainer.ckpt_every=0",
+    ]
+    resumed = run_disttrain(resume, tmp_path, 120)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     _assert_like_reference(run_dir, reference)
 
@@ -257,9 +267,10 @@ def test_sigkill_of_the_launcher_saves_a_signal_checkpoint_and_leaves_no_rank(
     bitwise equal to an uninterrupted run."""
     run = (*RUN, "trainer.ckpt_every=0")
     run_dir = tmp_path / "run"
-    # 0.1 s a step: the signal checkpoint must land before STEPS (100) for the resume to compare
-    # with the reference; with 0.02 s, a CI machine at load 10 took 132 steps from step 3 to the stop.
-    proc = _start(tmp_path, *run, "trainer.max_steps=2000", "+model.delay=0.1", f"hydra.run.dir={run_dir}")
+    # 0.5 s a step (sleep, no CPU): the signal checkpoint must land before STEPS (40) for the resume
+    # to compare with the reference. From step 3 to the stop took 2.6 s on a CI machine at load 10
+    # and 9.4 s here at load 20 (47 steps of 0.2 s): 19 steps of 0.5 s, half of the 37 there are.
+    proc = _start(tmp_path, *run, "trainer.max_steps=2000", "+model.delay=0.5", f"hydra.run.dir={run_dir}")
     _wait_for_step(proc, run_dir, 3)
     assert _group_members(proc.pid), "the ranks are found by their tag (remembered before the kill)"
     os.kill(proc.pid, signal.SIGKILL)
@@ -334,12 +345,16 @@ def test_sigkill_of_every_process_mid_save_leaves_the_previous_s3_checkpoint(
     assert checkpoint.read_latest(where) == "step_00000002"
     assert checkpoint.choose(where, "hash") == where / "step_00000002", "step 2 verifies"
 
-    resumed = run_disttrain([CLI, "resume", str(run_dir), "model.hold_saves_from=0"], tmp_path, 120)
+    # one periodic save (step 50: its prepare removes step 4's objects) instead of one every 2 steps:
+    # ~48 saves through the S3 server in this process, ~25 CPU-s, and the same final weights
+    resume = [CLI, "resume", str(run_dir), "model.hold_saves_from=0", "trainer.ckpt_every=50"]
+    resumed = run_disttrain(resume, tmp_path, 120)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     log = (run_dir / "logs" / "rank0.log").read_text()
     resuming = [line for line in log.splitlines() if "resuming from" in line]
     assert resuming and "step_00000002" in resuming[-1], log[-2000:]
     assert "step_00000004: a save that never committed" in log, log[-2000:]
+    assert not (where / "step_00000004").exists(), "removed (the resumed run saves no step 4 of its own)"
     final = torch.load(io.BytesIO((where / "final.pt").read_bytes()), weights_only=True)["model"]
     assert final.keys() == reference.keys() and all(torch.equal(final[k], reference[k]) for k in final)
 

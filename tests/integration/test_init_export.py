@@ -32,6 +32,10 @@ def _gpt(root: Path) -> tuple[str, ...]:
         f"model.pretrained_model_name_or_path={root / 'tiny'}",
         "trainer.batch_size=8",
         "trainer.log_every=1",
+        # data=text would validate on ~730 windows of 64 (~45 batches of 8 a rank), at the start
+        # and the end of each run; 2 a rank, the same in the source and in the run from its
+        # weights, compare as well
+        "trainer.val_batches=2",
     )
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from disttrain.testing import FAULT_MLP
+
 from .conftest import _TAG, CLI, FAST, QUICK, clean_env, run_cli, run_command, train_losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -257,7 +259,11 @@ def _submit(tmp_path: Path, env: dict[str, str], *overrides: str) -> tuple[str, 
 
 
 def test_time_limit_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slurm: dict[str, str]) -> None:
-    steps = ("data=synthetic", "trainer.max_steps=1500", "trainer.log_every=10", "trainer.ckpt_every=0")
+    # 0.03 s of sleep a step (FaultMLP's delay): the job is still training ~7 s after step 50, when
+    # the signal is sent, however fast the machine (1500 steps at full speed did that: measured as a
+    # plain 2-rank CLI run, 33.8 CPU-s against 18.9 for these 300)
+    steps = ("data=synthetic", *FAULT_MLP, "+model.delay=0.03", "trainer.max_steps=300", "trainer.log_every=10",
+             "trainer.ckpt_every=0")  # fmt: skip
     job, run_dir = _submit(tmp_path, slurm, *steps, "hydra.run.dir=sl_requeue")
     deadline = time.monotonic() + 180
     while _records(run_dir) < 5:
@@ -278,7 +284,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slur
     assert _wait_for(job, slurm, ("COMPLETED", "FAILED", "CANCELLED")) == "COMPLETED"
     log = (run_dir / "slurm" / f"job-{job}.out").read_text()
     assert "requeueing SLURM job" in log and "(saved: signal)" in log, log[-3000:]
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 1500
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 300
 
 
 def test_allocation_that_disagrees_with_the_config_fails_before_training(

@@ -234,8 +234,9 @@ def test_export_ema_keeps_tied_weights_averaged(tmp_path: Path, one_rank: None) 
     and the export writes the average under both names, not the trained head over it."""
     from shared_support import TINY_GPT
 
+    # one validation batch: the whole text split is ~180 batches of 8, twice (the model and its EMA)
     run(tmp_path, *TINY_GPT, "strategy=single", "trainer.max_steps=3", "trainer.ema.decay=0.5",
-        "trainer.batch_size=8")  # fmt: skip
+        "trainer.batch_size=8", "trainer.val_batches=1")  # fmt: skip
     ema, raw = exported(tmp_path, ema=True), exported(tmp_path, ema=False)
     tok, head = "embed.tok.weight", "head.out.weight"
     assert torch.equal(ema[tok], ema[head]) and torch.equal(raw[tok], raw[head])
