@@ -23,6 +23,7 @@ def train_as_launched_rank(args: Any) -> int:
     from disttrain.dist import DistEnv, exit_rank, init_process_group
     from disttrain.launch.external import agree, fill_local_env, launch_command, launched_shape, record
     from disttrain.preflight.checks import check_runtime, check_static
+    from disttrain.procs import collector_back
     from disttrain.rundir import freeze, run_status
     from disttrain.strategies import specs
 
@@ -34,6 +35,9 @@ def train_as_launched_rank(args: Any) -> int:
     run = launched_shape(composed, env)  # before the checks: data size vs the real world size
     check_static(run)
     check_runtime(run)
+    # The program's start-up is over (cli.main turned the collector off until a launch, and this
+    # rank makes none): on again, or the whole training would keep every cycle it makes.
+    collector_back()
     init_process_group(env, run.backend.timeout, cpu_collectives=specs.cpu_collectives(run))
     problem = agree(run, env)
     if problem:
