@@ -180,6 +180,10 @@ class Engine:
         progress = make_progress(self.env.is_zero, t.progress, self.total_steps, "train", epochs)
         gpu_memory.reset_peaks(self.env)
         host_memory.reset_peak()
+        # Every module in training mode once, as a hand-written loop's model.train(): a submodule the
+        # model's own __init__ left in eval mode trains as after a validation (train_step turns the
+        # model back only when its top module is not training), and as a resumed run's new model.
+        self.model.train()
         with self.stop, self.hangs, self.profiler, progress as bar:
             bar.update(s.step)
             try:
@@ -358,7 +362,7 @@ class Engine:
     def train_step(self, micro_batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over `grad_accum` micro-batches; all-reduce only on the last."""
         self.ckpt.staged("forward")  # an async save's staging copy overlaps the step, ends before changes
-        if not self.model.training:  # built in eval mode (from_pretrained), or after a validation
+        if not self.model.training:  # after a validation (fit sets the whole model training first)
             self.model.train()
         total: torch.Tensor | None = None
         n = len(micro_batches)

@@ -308,3 +308,23 @@ def test_training_runs_with_the_setup_objects_frozen_and_gives_them_back(tmp_pat
     fit(e)
     assert len(frozen) == 2 and min(frozen) > before + 1000, (before, frozen)  # torch's objects at least
     assert gc.get_freeze_count() == before == 0
+
+
+def test_every_step_trains_every_module_even_one_left_in_eval_mode_at_build(tmp_path: Path) -> None:
+    """A model whose own __init__ left a submodule in eval mode (its top module training) trains it
+    in training mode from the first step, as after a validation (which sets the whole model to eval,
+    the next step back to train): not in eval mode until the first validation, then in train mode,
+    so that a run resumed from a checkpoint (a new model) would train differently."""
+    e = engine(tmp_path, "trainer.max_steps=3", "trainer.val_every=2", "data.num_val_samples=16")
+    sub = next(m for m in e.model.modules() if m is not e.model)
+    sub.eval()  # as a user's __init__ may (the top module stays in training mode)
+    step = e.strategy.forward_backward
+    modes: list[bool] = []
+
+    def recording(*args: Any, **kwargs: Any) -> torch.Tensor:
+        modes.append(sub.training)
+        return step(*args, **kwargs)
+
+    e.strategy.forward_backward = recording  # type: ignore[method-assign]
+    fit(e)
+    assert modes == [True, True, True], modes
