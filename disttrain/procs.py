@@ -98,17 +98,24 @@ def startup_without_collector() -> None:
     gc.disable()
 
 
-def collector_back() -> None:
+def collector_back(collect: bool = True) -> None:
     """The collector on again after `startup_without_collector`, with the objects made so far out
     of its reach for good (`gc.freeze`). Unfrozen, they all sat in the youngest generation, and the
-    first collections after start-up scanned them anyway (the launcher: 0.48 of its 0.51 s). Start-up
-    leaves little garbage (full collections of the launcher's heap found 0-5,000 objects). A rank
-    forked from the fork server shares the server's objects copy-on-write: frozen, no collection
-    touches their pages. A no-op in a process that never turned it off (a test, a notebook)."""
+    first collections after start-up scanned them anyway (the launcher: 0.48 of its 0.51 s).
+
+    `collect`: free the start-up's garbage first (one collection over it all), or it is frozen with
+    the rest and held for the process's life: the launcher's checks leave some in cycles (with
+    model=gpt the dry step's model, 11 MB of CPU tensors, held by the tracebacks of exceptions
+    caught on the way; a model the checks build on the CPU may have up to 1e9 parameters). A rank
+    forked from the fork server passes False: it shares the server's objects copy-on-write, and a
+    collection would touch all their pages; the server's preloads are imports, which leave little
+    garbage. A no-op in a process that never turned it off (a test, a notebook)."""
     import gc
 
     if gc.isenabled():
         return
+    if collect:
+        gc.collect()
     gc.freeze()
     gc.enable()
 

@@ -250,7 +250,7 @@ def rank_entry(entry: str, run_dir: str, launcher_env: dict[str, str], stdio: La
     stdio.install()
     rank_signals()
     detach_from_server()
-    collector_back()  # off since the server's first preload
+    collector_back(collect=False)  # off since the server's first preload; its pages stay shared
     own_session()
     ready_title()  # before the environment is rewritten (procs.ready_title)
     environ = rank_environment(launcher_env)

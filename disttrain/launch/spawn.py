@@ -55,7 +55,7 @@ def _rank_main(
     stdio.install()
     rank_signals()
     detach_from_server()
-    collector_back()  # off since the server's first preload
+    collector_back(collect=False)  # off since the server's first preload; its pages stay shared
     ready_title()  # before the environment is rewritten (procs.ready_title)
     os.environ.clear()
     os.environ.update(environ)
