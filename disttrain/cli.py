@@ -79,6 +79,8 @@ def add_cwd_to_path() -> None:
 
 # Commands that train: they announce their start-up phases on stderr (disttrain.observe.phases).
 TRAINING_COMMANDS = ("train", "resume", "rerun")
+# Commands that start ranks (launch.launch), or run as a rank torchrun started (`train`).
+LAUNCHING_COMMANDS = (*TRAINING_COMMANDS, "eval", "predict")
 # Flags with which `train` prints instead of training (help, --cfg, --info, shell completion).
 PRINTING_FLAGS = frozenset(
     ("-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "-sc", "--shell-completion")
@@ -100,9 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         import time
 
         return _main(argv, entered=time.time())  # Enter is this call, not this process's start
-    from disttrain.procs import startup_without_collector
+    if sys.argv[1:2] and sys.argv[1] in LAUNCHING_COMMANDS:
+        from disttrain.procs import startup_without_collector
 
-    startup_without_collector()  # until the launch (launch.launch): the program's imports and checks
+        # until the launch (launch.launch, or a rank torchrun started: commands.launched); the
+        # other commands never turn it back on, and some of them (plan --simulate, export) are
+        # long enough to make garbage that only a collection frees
+        startup_without_collector()
     try:
         rc = _main(sys.argv[1:])
     except SystemExit as exc:  # a launch failure's exit status (disttrain.commands.train)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from disttrain.safefile import open_append, write_atomic
+from disttrain.safefile import open_append, remove_unfinished, write_atomic
 
 if TYPE_CHECKING:
     from disttrain.config.run import Run
@@ -268,6 +268,8 @@ def run_status(run_dir: Path) -> Iterator[None]:
             raise KeyboardInterrupt from None  # Ctrl-C reaches the CLI as Ctrl-C: "interrupted", exit 130
         raise
     finally:
+        if end["status"] != "finished":  # the ranks are gone: a write they began will not end
+            remove_unfinished(run_dir)
         write_json(run_dir / STATUS, {**base, **end, "ended": time.time()})
 
 

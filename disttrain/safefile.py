@@ -60,6 +60,27 @@ def write_atomic(path: Path, data: bytes | Callable[[IO[bytes]], Any], sync: boo
     return path
 
 
+def remove_unfinished(directory: Path) -> list[str]:
+    """Remove what `write_atomic`s that never finished left in `directory` (not below it): temp
+    files of its `.NAME.RANDOM.tmp` form, never following a link. A process killed inside a write
+    runs no cleanup: a rank that a Ctrl-C ends before its stop flag is up (SIGINT's default action,
+    `launch.forkserver.rank_signals`) or a SIGKILL. The names removed."""
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        if entry.name.startswith(".") and entry.name.endswith(".tmp") and entry.name.count(".") >= 3:
+            try:
+                if entry.is_symlink() or entry.is_file(follow_symlinks=False):
+                    os.unlink(entry.path)
+                    removed.append(entry.name)
+            except OSError:
+                continue
+    return removed
+
+
 def write_text_atomic(path: Path, text: str, mode: int | None = None) -> Path:
     """`write_atomic` of UTF-8 text; `mode` (e.g. 0o755) is set on the temp file before the rename."""
 

@@ -167,7 +167,7 @@ class PipelineStrategy(Strategy):
             self.busy.reset()
             self._warm = True
         if self.has_last:
-            return torch.stack([loss.detach() for loss in losses]).sum()
+            return torch.stack([loss.detach() for loss in losses]).sum().float()  # as forward_backward
         return torch.zeros((), device=self.env.device)
 
     @torch.no_grad()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -83,45 +84,47 @@ def test_launched_shape_is_the_real_world() -> None:
     assert (run.world.nodes, run.world.nproc_per_node) == (1, 2)  # a new run: the composed one stays
 
 
+LAUNCHED_RANK = """
+import gc, os, sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from disttrain import worker
+from disttrain.commands.launched import train_as_launched_rank
+from disttrain.procs import startup_without_collector
+
+seen, run_dir = Path(sys.argv[1]), sys.argv[2]
+os.chdir(seen.parent)
+worker.run = lambda run_dir: seen.write_text(f"{gc.isenabled()} {gc.get_freeze_count()}")
+startup_without_collector()  # as cli.main leaves it for `train`
+args = SimpleNamespace(overrides=["data=synthetic", f"hydra.run.dir={run_dir}"], config_dir=None, config_name=None)
+train_as_launched_rank(args)
+"""
+
+
 def test_a_rank_torchrun_started_trains_with_the_garbage_collector_on(tmp_path: Path) -> None:
     """`torchrun -m disttrain train`: each rank is the `disttrain` program, which starts with the
     collector off (`procs.startup_without_collector`) until a launch that such a rank never makes.
-    Left off, the whole training would leak every cycle it makes. A child forked from this process
-    runs the launched rank's flow with the collector off, as cli.main leaves it; the rank's training
-    (`worker.run`, a probe here) finds it on, with the start-up's objects frozen."""
-    import gc
-    import os
+    Left off, the whole training would leak every cycle it makes. A process (forked from a server
+    that only imported torch: a fork of pytest hung in its first torch op, the intra-op pool's
+    threads do not survive a fork) runs the launched rank's flow with the collector off, as
+    cli.main leaves it; the rank's training (`worker.run`, a probe here) finds it on, with the
+    start-up's objects frozen."""
     import socket
-    import sys
-    from types import SimpleNamespace
 
-    from disttrain import worker
-    from disttrain.commands.launched import train_as_launched_rank
-    from disttrain.procs import startup_without_collector
+    import forked
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    seen = tmp_path / "gc"
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest (exit_rank ends it)
-        code = 1
-        try:
-            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            os.chdir(tmp_path)
-            worker.run = lambda run_dir: seen.write_text(f"{gc.isenabled()} {gc.get_freeze_count()}")  # type: ignore[assignment,misc,return-value]
-            startup_without_collector()
-            args = SimpleNamespace(
-                overrides=["data=synthetic", f"hydra.run.dir={tmp_path / 'run'}"],
-                config_dir=None,
-                config_name=None,
-            )
-            train_as_launched_rank(args)
-        except BaseException as exc:  # said in the parent's assertion
-            sys.stderr.write(f"{exc!r}\n")
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0 and seen.is_file()
+    (tmp_path / "rank.py").write_text(LAUNCHED_RANK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "MASTER_"))}
+    env.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    seen, err = tmp_path / "gc", tmp_path / "rank.err"
+    rank = forked.start(
+        tmp_path / "rank.py", [str(seen), str(tmp_path / "run")], env, tmp_path / "rank.out", err
+    )
+    rank.join(300)
+    assert rank.exitcode == 0 and seen.is_file(), (rank.exitcode, err.read_text()[-3000:])
     enabled, frozen = seen.read_text().split()
     assert enabled == "True" and int(frozen) > 10_000, (enabled, frozen)  # torch's objects at least

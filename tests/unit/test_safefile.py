@@ -156,3 +156,32 @@ def test_job_script_replaces_a_planted_symlink_and_keeps_its_mode(
     assert victim.read_text() == "precious\n" and (victim.stat().st_mode & 0o777) == 0o600
     script = run_dir / slurm.SCRIPT
     assert not script.is_symlink() and (script.stat().st_mode & 0o777) == 0o755
+
+
+def test_an_interrupted_run_leaves_no_unfinished_write_in_its_run_dir(tmp_path: Path) -> None:
+    """The clean-clone CI at load 20: a Ctrl-C while the ranks started ended rank 0 inside its
+    env.json write (SIGINT's default action until the stop flag is up: no cleanup runs), and
+    `.env.json.RANDOM.tmp` stayed in the run dir. The launcher removes such leftovers once the ranks
+    are gone, after a failed or interrupted run; a planted link is removed, never followed."""
+    from disttrain.rundir import read_status, run_status
+    from disttrain.safefile import write_atomic
+
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ".env.json.8jro01cl.tmp").write_text("{")  # what the killed rank left
+    (run_dir / ".status.json.planted.tmp").symlink_to(target)
+    (run_dir / ".tmp-step_00000004").mkdir()  # a checkpoint's: resume's business, not this
+    (run_dir / "notes.tmp").write_text("the user's")
+    with pytest.raises(KeyboardInterrupt), run_status(run_dir):
+        write_atomic(run_dir / "config.yaml", b"x: 1\n")
+        raise KeyboardInterrupt
+    assert read_status(run_dir)["status"] == "interrupted"
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        ".tmp-step_00000004",
+        "config.yaml",
+        "notes.tmp",
+        "status.json",
+    ]
+    assert target.read_text() == "keep"
