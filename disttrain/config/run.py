@@ -132,6 +132,11 @@ class Run:
     _plain: dict[str, Any] = field(repr=False)  # the YAML form, read-only (a copy: plain dicts)
 
     def __post_init__(self) -> None:
+        if self.threads_per_rank is not None and self.threads_per_rank < 1:
+            hint = "leave it null."
+            raise ConfigError(
+                "threads_per_rank", self.threads_per_rank, "null (cores / local ranks) or >= 1", hint
+            )
         for f in fields(self):  # read-only to the leaves: assignment anywhere under a Run raises
             object.__setattr__(self, f.name, sealed(getattr(self, f.name)))
 

@@ -479,6 +479,12 @@ class EmaConfig(Block):
         "first optimizer step that updates the EMA (the first update copies the weights)", 0, at_least=0
     )
 
+    def __post_init__(self) -> None:
+        if self.decay and not 0 < self.decay < 1:
+            raise ConfigError(
+                "trainer.ema.decay", self.decay, "null or 0 (off), or between 0 and 1", "0.999 is common."
+            )
+
 
 @dataclass
 class TrainerConfig(Block):
@@ -549,6 +555,20 @@ class TrainerConfig(Block):
         self.activation_checkpointing = CheckpointMode.of(
             "trainer.activation_checkpointing", self.activation_checkpointing
         )
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ConfigError(
+                "trainer.max_steps", self.max_steps, "-1 (use max_epochs) or >= 1", "e.g. 1000."
+            )
+        if self.max_steps == -1 and self.max_epochs < 1:
+            hint = "train at least one epoch, or set trainer.max_steps."
+            raise ConfigError("trainer.max_epochs", self.max_epochs, "a number >= 1", hint)
+        if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
+            raise ConfigError(
+                "trainer.clip_grad_norm",
+                self.clip_grad_norm,
+                "null (no clipping) or > 0",
+                "1.0 is a common value.",
+            )
 
 
 # ------------------------------------------------------------------------------------------ init
@@ -654,6 +674,8 @@ def _keyword_field(name: str, type_name: str, default: Any, text: str) -> Any:
                     setattr(self, f.name, f.default)
             if values:
                 raise TypeError(f"{cls.__name__}: unexpected fields {sorted(values)}")
+            if hasattr(self, "__post_init__"):
+                self.__post_init__()
 
         cls.__init__ = __init__
         return cls
@@ -691,6 +713,15 @@ class CheckpointConfig(Block):
         "the validation metric keep_best ranks by; null: trainer.early_stop.monitor", None
     )
     mode: Mode | None = _h("min or max for checkpoint.monitor; null: trainer.early_stop.mode", None)
+
+    def __post_init__(self) -> None:
+        if self.dir is not None and not str(self.dir).strip():
+            raise ConfigError(
+                "checkpoint.dir",
+                self.dir,
+                "null (<run dir>/checkpoints), a path, or an object-store URL (s3://BUCKET/KEY, gs://BUCKET/KEY)",
+                "give the folder (or bucket prefix) that checkpoints go to, or leave it null.",
+            )
 
 
 @dataclass
