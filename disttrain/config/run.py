@@ -21,9 +21,9 @@ import copy
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, get_type_hints
 
-from disttrain.config.common import Keyed, sealed
+from disttrain.config.common import Block, Keyed, sealed
 from disttrain.config.errors import ConfigError
 from disttrain.config.schema import (
     AmpConfig,
@@ -160,25 +160,19 @@ class Run:
         check_name(plain)
         world = World.of(plain)
         strategy = strategy_of(plain)[1]  # an unknown strategy.name, or keys of another strategy
+        launcher: LauncherConfig = typed(
+            LAUNCHERS.get(plain["launcher"]["name"]).config, plain["launcher"], "launcher"
+        )
 
         def top(key: str) -> Any:  # a run dir frozen before the key existed: the schema's default
             return plain[key] if key in plain else getattr(Config, key, None)
 
         return cls(
             world=world,
-            backend=typed(BackendConfig, plain["backend"], "backend"),
             strategy=strategy,
-            amp=typed(AmpConfig, plain["amp"], "amp"),
-            peft=typed(PeftConfig, plain.get("peft"), "peft"),  # a run dir from before peft: none
-            launcher=typed(LAUNCHERS.get(plain["launcher"]["name"]).config, plain["launcher"], "launcher"),
-            trainer=typed(TrainerConfig, plain.get("trainer"), "trainer"),
-            checkpoint=typed(CheckpointConfig, plain.get("checkpoint"), "checkpoint"),
-            init=typed(InitConfig, plain.get("init"), "init"),
-            plan=typed(PlanConfig, plain.get("plan"), "plan"),
-            observe=typed(ObserveConfig, plain.get("observe"), "observe"),
-            debug=typed(DebugConfig, plain.get("debug"), "debug"),
-            profiler=typed(ProfilerConfig, plain.get("profiler"), "profiler"),
-            sweep=typed(SweepConfig, plain.get("sweep"), "sweep"),
+            launcher=launcher,
+            # every other schema block through its dataclass (absent in a run dir from before it: its defaults)
+            **{k: typed(t, plain.get(k), k) for k, t in get_type_hints(cls).items() if _schema_block(t)},
             name=str(top("name")),
             seed=int(top("seed")),
             resume=top("resume"),
@@ -200,6 +194,15 @@ class Run:
         """A new Run: this one's config with `changes` merged in (nested mappings key by key, any
         other value replaced), e.g. `run.updated({"checkpoint": {"dir": None}, "resume": "auto"})`."""
         return Run.of(_merged(self.to_dict(), changes))
+
+
+def _schema_block(t: Any) -> bool:
+    """A Run field typed by OmegaConf through its own schema class (not a registry's or `Keyed.of`'s)."""
+    return (
+        isinstance(t, type)
+        and issubclass(t, Block)
+        and not issubclass(t, (Keyed, StrategyConfig, LauncherConfig))
+    )
 
 
 def _merged(base: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
