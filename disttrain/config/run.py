@@ -77,12 +77,9 @@ class World(Keyed):
             raise ConfigError(
                 "node_rank", self.node_rank, f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0."
             )
-        self.nodes, self.nproc_per_node, self.node_rank = (
-            int(nodes),
-            int(self.nproc_per_node),
-            int(self.node_rank),
-        )
-        self.master_addr, self.master_port = str(self.master_addr), int(self.master_port)
+        for key in ("nodes", "nproc_per_node", "node_rank", "master_port"):
+            setattr(self, key, int(getattr(self, key)))
+        self.master_addr = str(self.master_addr)
 
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")
