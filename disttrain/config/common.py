@@ -8,9 +8,10 @@ world shape (a refused `Switch` value raises `errors.ConfigError`, imported wher
 
 from __future__ import annotations
 
+from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import FrozenInstanceError, field, fields, is_dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from omegaconf import MISSING
 
@@ -49,6 +50,31 @@ class Block:
     def _open(self, name: str) -> None:
         if self.__dict__.get("_sealed"):
             raise FrozenInstanceError(f"cannot assign {type(self).__name__}.{name}: {READ_ONLY}")
+
+
+K = TypeVar("K", bound="Keyed")
+
+
+class Keyed(Block):
+    """A Block built from a plain node's keys as they are (`Optim.of(node)`), not through OmegaConf:
+    each field the node's key (`target`: its `_target_`), else the field's default (None for a
+    required one: its check says so); a `kwargs` field holds the node's other keys as written (bar
+    `_partial_`): the target's own arguments. The fields' checks run in `__post_init__`."""
+
+    @classmethod
+    def of(cls: type[K], node: Any, **given: Any) -> K:  # a Mapping, or already one of `cls`
+        if isinstance(node, cls):
+            return node
+        own = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
+        read = {"_target_" if n == "target" else n: n for n in own if n not in given and n != "kwargs"}
+        values = {read[k]: v for k, v in node.items() if k in read}
+        for name, f in own.items():
+            if name not in values and f.default_factory is NO_DEFAULT and f.default in (NO_DEFAULT, MISSING):
+                values[name] = None
+        if "kwargs" in own:
+            skip = {*own, "_target_", "_partial_"} if "target" in own else set(own)
+            values["kwargs"] = {k: v for k, v in node.items() if k not in skip}
+        return cls(**values, **given)
 
 
 def _refuse(self: Any, *args: Any, **kwargs: Any) -> Any:

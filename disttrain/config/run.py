@@ -21,9 +21,9 @@ import copy
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, get_type_hints
 
-from disttrain.config.common import sealed
+from disttrain.config.common import Block, Keyed, sealed
 from disttrain.config.errors import ConfigError
 from disttrain.config.schema import (
     AmpConfig,
@@ -44,50 +44,42 @@ from disttrain.config.schema import (
     TaskTarget,
     TrainerConfig,
 )
-from disttrain.config.typed import own_key, typed
+from disttrain.config.typed import typed
 from disttrain.strategies.specs import StrategyConfig
 
 
-@dataclass(frozen=True)
-class World:
+@dataclass
+class World(Keyed):
     """The processes of a run: `nodes` machines x `nproc_per_node` ranks, this node's rank and the
-    rendezvous address of node 0 (their defaults are the schema's: `Run.of` fills them)."""
+    rendezvous address of node 0 (`World.of(plain)`: their keys in the plain config, checked here;
+    the defaults are the schema's)."""
 
     nodes: int
     nproc_per_node: int
-    node_rank: int
-    master_addr: str
-    master_port: int
+    node_rank: int = Config.node_rank
+    master_addr: str = Config.master_addr
+    master_port: int = Config.master_port
 
     @property
     def size(self) -> int:
         """Ranks in the whole run."""
         return self.nodes * self.nproc_per_node
 
-    @classmethod
-    def of(cls, plain: Mapping[str, Any]) -> World:
-        """The world of a plain config, checked: name, nodes, nproc_per_node, node_rank."""
-        check_name(plain)
-        nodes: Any = plain.get("nodes")
-        nproc: Any = plain.get("nproc_per_node")
-        node_rank = own_key(plain, Config, "node_rank")
+    def __post_init__(self) -> None:
+        nodes = self.nodes
         for key, value, hint in (
             ("nodes", nodes, "use nodes=1 for a single machine."),
-            ("nproc_per_node", nproc, "one rank per GPU; on CPU 2 is a good start."),
+            ("nproc_per_node", self.nproc_per_node, "one rank per GPU; on CPU 2 is a good start."),
         ):
             if value is None or value < 1:
                 raise ConfigError(key, value, "a number >= 1", hint)
-        if not 0 <= node_rank < nodes:
+        if not 0 <= self.node_rank < nodes:
             raise ConfigError(
-                "node_rank", node_rank, f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0."
+                "node_rank", self.node_rank, f"0..{nodes - 1} (nodes={nodes})", "number nodes from 0."
             )
-        return cls(
-            nodes=int(nodes),
-            nproc_per_node=int(nproc),
-            node_rank=int(node_rank),
-            master_addr=str(own_key(plain, Config, "master_addr")),
-            master_port=int(own_key(plain, Config, "master_port")),
-        )
+        for key in ("nodes", "nproc_per_node", "node_rank", "master_port"):
+            setattr(self, key, int(getattr(self, key)))
+        self.master_addr = str(self.master_addr)
 
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")
@@ -137,6 +129,11 @@ class Run:
     _plain: dict[str, Any] = field(repr=False)  # the YAML form, read-only (a copy: plain dicts)
 
     def __post_init__(self) -> None:
+        if self.threads_per_rank is not None and self.threads_per_rank < 1:
+            hint = "leave it null."
+            raise ConfigError(
+                "threads_per_rank", self.threads_per_rank, "null (cores / local ranks) or >= 1", hint
+            )
         for f in fields(self):  # read-only to the leaves: assignment anywhere under a Run raises
             object.__setattr__(self, f.name, sealed(getattr(self, f.name)))
 
@@ -157,29 +154,28 @@ class Run:
         from disttrain.strategies.specs import of as strategy_of
 
         plain = copy.deepcopy(dict(cfg))
+        check_name(plain)
         world = World.of(plain)
         strategy = strategy_of(plain)[1]  # an unknown strategy.name, or keys of another strategy
+        launcher: LauncherConfig = typed(
+            LAUNCHERS.get(plain["launcher"]["name"]).config, plain["launcher"], "launcher"
+        )
+
+        def top(key: str) -> Any:  # a run dir frozen before the key existed: the schema's default
+            return plain[key] if key in plain else getattr(Config, key, None)
+
         return cls(
             world=world,
-            backend=typed(BackendConfig, plain["backend"], "backend"),
             strategy=strategy,
-            amp=typed(AmpConfig, plain["amp"], "amp"),
-            peft=typed(PeftConfig, plain.get("peft"), "peft"),  # a run dir from before peft: none
-            launcher=typed(LAUNCHERS.get(plain["launcher"]["name"]).config, plain["launcher"], "launcher"),
-            trainer=typed(TrainerConfig, plain.get("trainer"), "trainer"),
-            checkpoint=typed(CheckpointConfig, plain.get("checkpoint"), "checkpoint"),
-            init=typed(InitConfig, plain.get("init"), "init"),
-            plan=typed(PlanConfig, plain.get("plan"), "plan"),
-            observe=typed(ObserveConfig, plain.get("observe"), "observe"),
-            debug=typed(DebugConfig, plain.get("debug"), "debug"),
-            profiler=typed(ProfilerConfig, plain.get("profiler"), "profiler"),
-            sweep=typed(SweepConfig, plain.get("sweep"), "sweep"),
-            name=str(own_key(plain, Config, "name")),
-            seed=int(own_key(plain, Config, "seed")),
-            resume=own_key(plain, Config, "resume"),
-            storage_options=dict(own_key(plain, Config, "storage_options") or {}),
-            threads_per_rank=own_key(plain, Config, "threads_per_rank"),
-            profile=bool(own_key(plain, Config, "profile")),
+            launcher=launcher,
+            # every other schema block through its dataclass (absent in a run dir from before it: its defaults)
+            **{k: typed(t, plain.get(k), k) for k, t in get_type_hints(cls).items() if _schema_block(t)},
+            name=str(top("name")),
+            seed=int(top("seed")),
+            resume=top("resume"),
+            storage_options=dict(top("storage_options") or {}),
+            threads_per_rank=top("threads_per_rank"),
+            profile=bool(top("profile")),
             optim=Optim.of(plain["optim"]),
             sched=Sched.of(plain["sched"]),
             data=Data.of(plain.get("data", {})),
@@ -195,6 +191,15 @@ class Run:
         """A new Run: this one's config with `changes` merged in (nested mappings key by key, any
         other value replaced), e.g. `run.updated({"checkpoint": {"dir": None}, "resume": "auto"})`."""
         return Run.of(_merged(self.to_dict(), changes))
+
+
+def _schema_block(t: Any) -> bool:
+    """A Run field typed by OmegaConf through its own schema class (not a registry's or `Keyed.of`'s)."""
+    return (
+        isinstance(t, type)
+        and issubclass(t, Block)
+        and not issubclass(t, (Keyed, StrategyConfig, LauncherConfig))
+    )
 
 
 def _merged(base: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,13 +19,13 @@ from typing import Any
 
 from omegaconf import II, MISSING, DictConfig
 
-from disttrain.config.common import Block, Choice, ComputeDtype, Switch
+from disttrain.config.common import Block, Choice, ComputeDtype, Keyed, Switch
 from disttrain.config.common import help_field as _h
 from disttrain.config.errors import ConfigError, one_of
 from disttrain.config.names import NO_DECAY as NO_DECAY  # optim.param_groups (the engine imports names)
 from disttrain.config.names import NO_DECAY_1D as NO_DECAY_1D
 from disttrain.config.registry import Registry, config_nodes
-from disttrain.config.typed import check_at_least, own_key
+from disttrain.config.typed import check_at_least
 from disttrain.strategies.specs import STRATEGIES, StrategyConfig
 
 
@@ -168,7 +168,7 @@ class DataConfig(Block):
 
 
 @dataclass
-class Data(DataConfig):
+class Data(DataConfig, Keyed):
     """`run.data`, typed: DataConfig's keys (the loaders read them; their defaults where a node
     lacks one, None for a required one); `option`: the built-in (or registered) data option's own
     config, chosen by `name` (data/specs.py: its keys typed and checked beside their fields), None
@@ -179,16 +179,10 @@ class Data(DataConfig):
     option: DataConfig | None = None
 
     @classmethod
-    def of(cls, node: Mapping[str, Any] | Data) -> Data:
-        if isinstance(node, Data):
-            return node
+    def of(cls, node: Mapping[str, Any] | Data, **given: Any) -> Data:
         from disttrain.data.specs import option_of
 
-        own = {
-            f.name: node.get(f.name, None if f.default == MISSING else f.default) for f in fields(DataConfig)
-        }
-        kwargs = {k: v for k, v in node.items() if k not in own}
-        return cls(**own, kwargs=kwargs, option=option_of(node))
+        return node if isinstance(node, Data) else super().of(node, option=option_of(node), **given)
 
 
 # ------------------------------------------------------------------------------------------- task
@@ -198,24 +192,22 @@ class TaskConfig(Block):
 
 
 @dataclass
-class TaskTarget(Block):
+class TaskTarget(Keyed):
     """`run.task`, typed: its `target` (a Task subclass or a step function) and the target's own `kwargs`."""
 
     target: str
-    kwargs: dict[str, Any]
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, node: Any) -> TaskTarget:
-        if isinstance(node, TaskTarget):
-            return node
-        if not isinstance(node, Mapping) or not node.get("_target_"):
+    def of(cls, node: Any, **given: Any) -> TaskTarget:
+        if not isinstance(node, TaskTarget) and (not isinstance(node, Mapping) or not node.get("_target_")):
             raise ConfigError(
                 "task",
                 node,
                 "a node with _target_: task=classification, regression, lm, model_loss, or your own",
                 "e.g. task=model_loss 'task.call={idx: x, targets: y}', or task._target_=mylab.MyTask.",
             )
-        return cls(str(node["_target_"]), {k: v for k, v in node.items() if k != "_target_"})
+        return super().of(node, **given)
 
 
 # -------------------------------------------------------------------------------------------- amp
@@ -303,24 +295,18 @@ class OptimConfig(Block):
 
 
 @dataclass
-class Optim(Block):
+class Optim(Keyed):
     """`run.optim`, typed: the keys disttrain reads (OptimConfig's, its defaults where a swapped
     `_target_` or an older run dir lacks one) and checks here; `kwargs`: the optimizer class's own
     other arguments (betas, momentum, foreach, ...)."""
 
     target: str
-    lr: float
-    weight_decay: float
-    scale_lr: ScaleLr
-    param_groups: Any
-    fused: Any
-    kwargs: dict[str, Any]
-
-    @classmethod
-    def of(cls, node: Mapping[str, Any]) -> Optim:
-        own = {k: own_key(node, OptimConfig, k) for k in OWN_OPTIM}
-        kwargs = {k: v for k, v in node.items() if k not in (*OWN_OPTIM, "_target_", "_partial_")}
-        return cls(target=str(node["_target_"]), kwargs=kwargs, **own)
+    lr: float = OptimConfig.lr
+    weight_decay: float = OptimConfig.weight_decay
+    scale_lr: ScaleLr = OptimConfig.scale_lr
+    param_groups: Any = OptimConfig.param_groups
+    fused: Any = OptimConfig.fused
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.lr, int | float) or self.lr <= 0:
@@ -347,9 +333,6 @@ class Optim(Block):
                 f"{NO_DECAY} embeddings too; "
                 "optim.param_groups._target_=mylab.groups calls your function with the model.",
             )
-
-
-OWN_OPTIM = ("lr", "weight_decay", "scale_lr", "param_groups", "fused")  # Optim's typed keys
 
 
 @dataclass
@@ -413,24 +396,22 @@ SCHEDULES = ("constant", "cosine")  # the built-in schedules (sched.name)
 
 
 @dataclass
-class Sched(Block):
+class Sched(Keyed):
     """`run.sched`, typed: a built-in schedule (`name`, `warmup_steps`, `min_lr_ratio`: SchedConfig's
     and CosineSchedConfig's keys, their defaults where a node lacks one), checked here; or a
     `target` scheduler class with its own `kwargs` (checked when it is built)."""
 
-    name: str | None
-    warmup_steps: int
-    min_lr_ratio: float
-    target: str | None
-    kwargs: dict[str, Any]
+    name: str | None = None
+    warmup_steps: int = SchedConfig.warmup_steps
+    min_lr_ratio: float = CosineSchedConfig.min_lr_ratio
+    target: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, node: Mapping[str, Any]) -> Sched:
-        if "_target_" in node:
-            kwargs = {k: v for k, v in node.items() if k not in ("_target_", "_partial_")}
-            return cls(None, 0, 0.0, str(node["_target_"]), kwargs)
-        warmup = own_key(node, SchedConfig, "warmup_steps")
-        return cls(node.get("name"), warmup, own_key(node, CosineSchedConfig, "min_lr_ratio"), None, {})
+    def of(cls, node: Mapping[str, Any] | Sched, **given: Any) -> Sched:
+        if isinstance(node, Mapping) and "_target_" in node:  # every other key is the class's argument
+            given = {k: getattr(cls, k) for k in ("warmup_steps", "min_lr_ratio")} | given
+        return super().of(node, **given)
 
     def __post_init__(self) -> None:
         if self.target is not None:
@@ -497,6 +478,12 @@ class EmaConfig(Block):
     start_step: int = _h(
         "first optimizer step that updates the EMA (the first update copies the weights)", 0, at_least=0
     )
+
+    def __post_init__(self) -> None:
+        if self.decay and not 0 < self.decay < 1:
+            raise ConfigError(
+                "trainer.ema.decay", self.decay, "null or 0 (off), or between 0 and 1", "0.999 is common."
+            )
 
 
 @dataclass
@@ -568,6 +555,20 @@ class TrainerConfig(Block):
         self.activation_checkpointing = CheckpointMode.of(
             "trainer.activation_checkpointing", self.activation_checkpointing
         )
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ConfigError(
+                "trainer.max_steps", self.max_steps, "-1 (use max_epochs) or >= 1", "e.g. 1000."
+            )
+        if self.max_steps == -1 and self.max_epochs < 1:
+            hint = "train at least one epoch, or set trainer.max_steps."
+            raise ConfigError("trainer.max_epochs", self.max_epochs, "a number >= 1", hint)
+        if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
+            raise ConfigError(
+                "trainer.clip_grad_norm",
+                self.clip_grad_norm,
+                "null (no clipping) or > 0",
+                "1.0 is a common value.",
+            )
 
 
 # ------------------------------------------------------------------------------------------ init
@@ -673,6 +674,8 @@ def _keyword_field(name: str, type_name: str, default: Any, text: str) -> Any:
                     setattr(self, f.name, f.default)
             if values:
                 raise TypeError(f"{cls.__name__}: unexpected fields {sorted(values)}")
+            if hasattr(self, "__post_init__"):
+                self.__post_init__()
 
         cls.__init__ = __init__
         return cls
@@ -710,6 +713,15 @@ class CheckpointConfig(Block):
         "the validation metric keep_best ranks by; null: trainer.early_stop.monitor", None
     )
     mode: Mode | None = _h("min or max for checkpoint.monitor; null: trainer.early_stop.mode", None)
+
+    def __post_init__(self) -> None:
+        if self.dir is not None and not str(self.dir).strip():
+            raise ConfigError(
+                "checkpoint.dir",
+                self.dir,
+                "null (<run dir>/checkpoints), a path, or an object-store URL (s3://BUCKET/KEY, gs://BUCKET/KEY)",
+                "give the folder (or bucket prefix) that checkpoints go to, or leave it null.",
+            )
 
 
 @dataclass

@@ -11,11 +11,9 @@ read-only containers go to OmegaConf as copies (plain dicts and lists: it takes 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from dataclasses import MISSING, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from typing import Any, TypeVar
 
-from omegaconf import MISSING as REQUIRED
 from omegaconf import OmegaConf
 
 T = TypeVar("T")
@@ -73,20 +71,4 @@ def _schema(cls: type) -> Any:
     return node
 
 
-def default_of(cls: type, key: str) -> Any:
-    """The schema's default of `cls.key` (a KeyError if it has none): the one home of that default."""
-    field = {f.name: f for f in fields(cls)}[key]
-    if field.default_factory is not MISSING:
-        return field.default_factory()
-    if field.default is MISSING or field.default == REQUIRED:  # `???`: the user must set it
-        raise KeyError(f"{cls.__name__}.{key} has no default")
-    return field.default
-
-
-def own_key(node: Mapping[str, Any], cls: type, key: str) -> Any:
-    """`node[key]`, or the schema's default where an open `_target_` node lacks the key: a swapped
-    `_target_` the user wrote, or a run dir frozen before the key existed (`disttrain resume`)."""
-    return node[key] if key in node else default_of(cls, key)
-
-
-__all__ = ["check_at_least", "default_of", "own_key", "typed"]
+__all__ = ["check_at_least", "typed"]

@@ -77,9 +77,6 @@ def check_static(run: Run) -> None:
     _check_plugins(run)
     if run.data.option is not None:
         run.data.option.check_run(run)  # the data option's keys against the trainer and strategy
-    threads = run.threads_per_rank
-    if threads is not None and threads < 1:
-        raise ConfigError("threads_per_rank", threads, "null (cores / local ranks) or >= 1", "leave it null.")
 
 
 def _check_amp(run: Run) -> None:
@@ -135,15 +132,7 @@ def _check_checkpoint(run: Run) -> None:
     """checkpoint block, resume and restarts: values with what is allowed."""
     import os
 
-    ckpt_dir = run.checkpoint.dir
-    if ckpt_dir is not None and not str(ckpt_dir).strip():
-        raise ConfigError(
-            "checkpoint.dir",
-            ckpt_dir,
-            "null (<run dir>/checkpoints), a path, or an object-store URL (s3://BUCKET/KEY, gs://BUCKET/KEY)",
-            "give the folder (or bucket prefix) that checkpoints go to, or leave it null.",
-        )
-    _check_urls(run)
+    _check_urls(run)  # a blank checkpoint.dir: CheckpointConfig's own check
     resume = run.resume
     if resume not in (None, "auto", "never") and not is_url(resume) and not os.path.exists(str(resume)):
         raise ConfigError(
@@ -205,12 +194,7 @@ def _probe_stores(run: Run) -> None:
 
 
 def _check_trainer(run: Run) -> None:
-    t = run.trainer
-    if t.max_steps == 0 or t.max_steps < -1:
-        raise ConfigError("trainer.max_steps", t.max_steps, "-1 (use max_epochs) or >= 1", "e.g. 1000.")
-    if t.max_steps == -1 and t.max_epochs < 1:
-        hint = "train at least one epoch, or set trainer.max_steps."
-        raise ConfigError("trainer.max_epochs", t.max_epochs, "a number >= 1", hint)
+    t = run.trainer  # its steps, epochs and clipping: checked beside their fields (TrainerConfig)
     _check_monitoring(run)
     spec = specs.get(run.strategy.name)
     if t.compile and not spec.compile:
@@ -235,23 +219,11 @@ def _check_trainer(run: Run) -> None:
         )
     _check_debug(run)
     _check_ema(run)
-    clip = t.clip_grad_norm
-    if clip is not None and clip <= 0:
-        raise ConfigError(
-            "trainer.clip_grad_norm", clip, "null (no clipping) or > 0", "1.0 is a common value."
-        )
 
 
 def _check_ema(run: Run) -> None:
-    decay = run.trainer.ema.decay
-    if not decay:
-        return
-    if not 0 < decay < 1:
-        raise ConfigError(
-            "trainer.ema.decay", decay, "null or 0 (off), or between 0 and 1", "0.999 is common."
-        )
-    spec = specs.get(run.strategy.name)
-    if not spec.ema:
+    decay, spec = run.trainer.ema.decay, specs.get(run.strategy.name)  # its range: EmaConfig's
+    if decay and not spec.ema:
         raise ConfigError(
             "trainer.ema.decay",
             decay,

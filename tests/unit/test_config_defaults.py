@@ -3,7 +3,7 @@
 After `resolve` every schema key is present (the structured merge fills its default), so code reads
 `cfg["key"]` or the typed object (`typed(TrainerConfig, cfg["trainer"])`). A second spelling of the
 default drifts (issue 15: `localsgd sync_every` was 4 in the schema and 1 in the code). Open
-`_target_` nodes that may lack a key read it with `config.typed.own_key`, which takes the schema's.
+`_target_` nodes that may lack a key are typed by `config.common.Keyed.of`, whose fields take the schema's.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import pytest
 
 import disttrain
 from disttrain.config import schema
-from disttrain.config.typed import default_of, own_key
 from disttrain.launch.registry import launcher_specs
 from disttrain.strategies import specs
 
@@ -83,7 +82,7 @@ def test_no_schema_default_is_restated_in_a_get() -> None:
                 offenders.append(f"disttrain/{rel}:{line}: .get({key!r}, ...)")
     assert not offenders, (
         "a schema key read with a restated default (read cfg[key] or the typed object after resolve; "
-        "an open `_target_` node: config.typed.own_key):\n" + "\n".join(offenders)
+        "an open `_target_` node: a Keyed block):\n" + "\n".join(offenders)
     )
     assert used == ALLOWED, f"stale allow-list entries: {sorted(ALLOWED - used)}"
 
@@ -96,10 +95,9 @@ def test_the_scan_sees_both_spellings(source: str) -> None:
     assert len(defaulted_reads(source)) == 1
 
 
-def test_own_key_takes_the_schema_default_only_when_the_key_is_absent() -> None:
-    assert own_key({"scale_lr": "linear"}, schema.OptimConfig, "scale_lr") == "linear"
-    assert own_key({}, schema.OptimConfig, "scale_lr") == default_of(schema.OptimConfig, "scale_lr") == "none"
-    assert own_key({}, schema.CosineSchedConfig, "min_lr_ratio") == 0.0
-    assert own_key({}, schema.ObserveConfig, "sinks") == ["tensorboard"]  # a factory: a fresh list
-    with pytest.raises(KeyError):
-        default_of(schema.DataConfig, "num_features")  # required (???): no default to take
+def test_keyed_blocks_take_the_schema_default_only_when_the_key_is_absent() -> None:
+    assert schema.Optim.of({"_target_": "x.Y", "scale_lr": "linear"}).scale_lr == "linear"
+    assert schema.Optim.of({"_target_": "x.Y"}).scale_lr == schema.OptimConfig.scale_lr == "none"
+    assert schema.Sched.of({"name": "cosine"}).min_lr_ratio == schema.CosineSchedConfig.min_lr_ratio == 0.0
+    assert schema.Sched.of({"name": "cosine"}).warmup_steps == schema.SchedConfig.warmup_steps == 0
+    assert schema.Data.of({}).num_features is None  # required (???): no default to take
