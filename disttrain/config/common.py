@@ -71,8 +71,11 @@ class Keyed(Block):
         for name, f in own.items():
             if name not in values and f.default_factory is NO_DEFAULT and f.default in (NO_DEFAULT, MISSING):
                 values[name] = None
-        if "kwargs" in own:
-            skip = {*own, "_target_", "_partial_"} if "target" in own else set(own)
+        if "kwargs" in own:  # the node's keys of the fields are theirs: `_target_`, not `target`,
+            # which is a task's own argument (lm's `task.target=labels`)
+            skip = {"_target_" if n == "target" else n for n in own} | (
+                {"_partial_"} if "target" in own else set()
+            )
             values["kwargs"] = {k: v for k, v in node.items() if k not in skip}
         return cls(**values, **given)
 

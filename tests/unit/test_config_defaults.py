@@ -101,3 +101,15 @@ def test_keyed_blocks_take_the_schema_default_only_when_the_key_is_absent() -> N
     assert schema.Sched.of({"name": "cosine"}).min_lr_ratio == schema.CosineSchedConfig.min_lr_ratio == 0.0
     assert schema.Sched.of({"name": "cosine"}).warmup_steps == schema.SchedConfig.warmup_steps == 0
     assert schema.Data.of({}).num_features is None  # required (???): no default to take
+
+
+def test_a_targets_own_argument_named_target_stays_its_argument() -> None:
+    """The clean-clone CI (test_data_streams' data=hf job): `task.target=labels`, lm's own argument,
+    was taken for the TaskTarget's field (whose key is `_target_`) and dropped, so the task read
+    the default field `y` and the dry step refused the run."""
+    task = schema.TaskTarget.of(
+        {"_target_": "disttrain.tasks.LanguageModel", "inputs": "input_ids", "target": "labels"}
+    )
+    assert task.target == "disttrain.tasks.LanguageModel"
+    assert dict(task.kwargs) == {"inputs": "input_ids", "target": "labels"}
+    assert "_partial_" not in schema.TaskTarget.of({"_target_": "x.f", "_partial_": True, "a": 1}).kwargs
