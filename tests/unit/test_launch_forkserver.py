@@ -148,29 +148,40 @@ def test_the_servers_preloads_never_probe_cuda() -> None:
         assert probes == [] and r["cuda_initialized"] is False, r
 
 
-def test_a_forked_rank_leads_a_session_of_its_own(tmp_path: Path) -> None:
-    """Issue 34: torchrun starts each rank in a new session; a rank forked into its launcher's
-    session shared one autogroup's CPU share with every other rank of the node (on a loaded
-    machine 15-20 % fewer tokens/s than nanoGPT's loop under torchrun). rank_entry in a child
-    forked from this process (not a process-group leader, as a rank forked by the server)."""
+def _rank_entry_in_a_child(tmp_path: Path, probe: str, collector_off: bool = False) -> int:
+    """rank_entry("probe", tmp_path) in a child forked from this process (not a process-group leader,
+    as a rank forked by the server), `probe`'s source as the module's; with `collector_off` the
+    child first turns the collector off, as the server's first preload does. Its pid, once it exited 0."""
     from disttrain.launch.forkserver import LauncherStdio, rank_entry
+    from disttrain.procs import startup_without_collector
 
-    (tmp_path / "session_probe.py").write_text(
-        "import os\nfrom pathlib import Path\n\n"
-        "def run(run_dir):\n"
-        "    Path(run_dir, 'ids').write_text(f'{os.getsid(0)} {os.getpgid(0)} {os.getpid()}')\n"
-    )
+    (tmp_path / "probe.py").write_text(probe)
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         code = 1
         try:
             sys.path.insert(0, str(tmp_path))
-            rank_entry("session_probe", str(tmp_path), dict(os.environ), LauncherStdio())
+            if collector_off:
+                startup_without_collector()
+            rank_entry("probe", str(tmp_path), dict(os.environ), LauncherStdio())
             code = 0
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+    return pid
+
+
+def test_a_forked_rank_leads_a_session_of_its_own(tmp_path: Path) -> None:
+    """Issue 34: torchrun starts each rank in a new session; a rank forked into its launcher's
+    session shared one autogroup's CPU share with every other rank of the node (on a loaded
+    machine 15-20 % fewer tokens/s than nanoGPT's loop under torchrun)."""
+    pid = _rank_entry_in_a_child(
+        tmp_path,
+        "import os\nfrom pathlib import Path\n\n"
+        "def run(run_dir):\n"
+        "    Path(run_dir, 'ids').write_text(f'{os.getsid(0)} {os.getpgid(0)} {os.getpid()}')\n",
+    )
     sid, pgid, rank = (int(x) for x in (tmp_path / "ids").read_text().split())
     assert sid == pgid == rank == pid
     assert os.getsid(0) != pid
@@ -181,26 +192,13 @@ def test_a_forked_rank_collects_garbage_with_the_servers_objects_frozen(tmp_path
     of full collections over its growing heap, on the way to the first step), and a rank forked
     from it inherits that: rank_entry turns it on again, with the server's objects frozen (never
     scanned, their pages never touched). A rank left without a collector would leak every cycle its
-    training makes. A child forked from this process, with the collector off as in the server."""
-    from disttrain.launch.forkserver import LauncherStdio, rank_entry
-    from disttrain.procs import startup_without_collector
-
-    (tmp_path / "gc_probe.py").write_text(
+    training makes."""
+    _rank_entry_in_a_child(
+        tmp_path,
         "import gc\nfrom pathlib import Path\n\n"
         "def run(run_dir):\n"
-        "    Path(run_dir, 'gc').write_text(f'{gc.isenabled()} {gc.get_freeze_count()}')\n"
+        "    Path(run_dir, 'gc').write_text(f'{gc.isenabled()} {gc.get_freeze_count()}')\n",
+        collector_off=True,
     )
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        code = 1
-        try:
-            sys.path.insert(0, str(tmp_path))
-            startup_without_collector()
-            rank_entry("gc_probe", str(tmp_path), dict(os.environ), LauncherStdio())
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
     enabled, frozen = (tmp_path / "gc").read_text().split()
     assert enabled == "True" and int(frozen) > 10_000, (enabled, frozen)  # torch's objects at least
